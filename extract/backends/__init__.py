@@ -1,0 +1,1 @@
+"""Extraction backends: `hf` (transformers), `vllm` (GPU), `dummy` (seeded, for tests)."""

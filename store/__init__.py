@@ -1,0 +1,1 @@
+"""The feature store: fingerprints, atomic shard writes, verifying readers, scenario assembly."""
