@@ -1,14 +1,67 @@
-"""Command line of the `evaluate` stage (typer). Thin: parse, validate, call run()."""
+"""Command line of the `evaluate` stage (typer). Thin: parse, validate, call report.run().
+
+walla-eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table as RichTable
+from walla.evaluate.report import EvalConfig, key_summary, run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla evaluate stage")
 
 
-@app.callback()
-def _root() -> None:
-    """walla evaluate stage."""
+def _fmt(s) -> str:
+    if not s.defined:
+        return "–"
+    return f"{100 * s.mean:.2f}" + ("" if s.ci is None else f" ± {100 * s.ci:.2f}")
+
+
+@app.command()
+def main_command(
+    report: Path = typer.Option(
+        ..., "--report", help="Markdown report to write; .tex/.csv/PNGs go next to it"
+    ),
+    scenario: list[str] = typer.Option([], "--scenario", help="scenario name under --runs (repeatable)"),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="runs directory written by walla-train"),
+    no_plots: bool = typer.Option(False, "--no-plots", help="tables only"),
+) -> None:
+    """Metrics with 95% CIs over seeds, the paper's tables (.md/.tex/.csv) and plots, from saved runs."""
+    console, err = Console(), Console(stderr=True)
+    if report.suffix.lower() != ".md":
+        err.print(
+            f"[red]error:[/red] --report {report}: expected a .md path (.tex/.csv are written beside it)"
+        )
+        raise typer.Exit(2)
+    cfg = EvalConfig(report=report, runs=runs, scenarios=tuple(scenario), plots=not no_plots)
+    try:
+        result = run(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    for ev in result.scenarios:
+        s = ev.data.scenario
+        keys = ["KLD", "DRegret"] if s.soft_target else ["ACC", "DRegret"]
+        t = RichTable(title=f"{s.name} · {s.dataset} · N={len(s.label)} test · seeds {len(ev.seeds)} (×100)")
+        t.add_column("method")
+        for k in keys:
+            t.add_column(k, justify="right")
+        for label, sums in key_summary(ev):
+            t.add_row(label, *(_fmt(v) for v in sums.values()))
+        console.print(t)
+    if result.problems:
+        err.print(
+            f"[yellow]warning:[/yellow] {len(result.problems)} run(s) missing, incomplete or unreadable "
+            f"(listed under 'Missing runs' in {report})",
+            highlight=False,
+        )
+    for path in result.files:
+        console.print(f"wrote {path}", highlight=False)
 
 
 def main() -> None:
-    app()
+    app(prog_name="walla-eval")

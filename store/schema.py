@@ -35,3 +35,8 @@ ROW_COLUMNS: dict[str, str] = {
     "n_prompt_tokens": "i32   number of prompt tokens incl. BOS",
     "context_source_id": "str | null   question_id whose context was shown (irrelevant variant), else null",
 }
+
+# Optional rows.parquet columns, after ROW_COLUMNS when present (all shards of a feature set agree).
+OPTIONAL_ROW_COLUMNS: dict[str, str] = {
+    "prompt": "str   the exact prompt text the model saw (fills ScenarioData.prompts for context routers)",
+}

@@ -1,0 +1,249 @@
+"""PNG figures of the paper, drawn from saved runs only (matplotlib, Agg backend).
+
+Per scenario:
+* alignment  learned wager vs realized advantage s_i - b_-i (the paper's alignment figure), Pearson r;
+* heads      predicted own score / predicted baseline vs the realized ones, and wager vs their difference
+             (only when a run saved the diagnostic heads: pred_score / pred_baseline non-null);
+* training   the metrics train_log.parquet has (D-Regret, MRR, ACC, ...) over training batches;
+* reliability  reliability diagram of the aggregate, WALLA I vs UniformAvg.
+Each function returns the written path, or None when the runs hold nothing to draw.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from walla.evaluate.load import Run, ScenarioRuns  # noqa: E402
+from walla.evaluate.metrics import ECE_BINS, ece, reliability  # noqa: E402
+from walla.store.schema import VARIANTS  # noqa: E402
+from walla.train.mechanism import brier_score  # noqa: E402
+
+MAX_POINTS = 20_000  # scatter points drawn (Pearson r always uses every point)
+LOG_AXES = ("step", "epoch", "n_seen")  # train_log columns that are x-axes, not metrics
+PREFERRED = ("regret", "mrr", "acc", "kl")  # train_log metrics shown first, in this order
+MAX_PANELS = 4
+
+
+def _save(fig, path: Path) -> Path:
+    """Write via a temp file + os.replace, so a crash never leaves half a PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson r of finite pairs; NaN when fewer than 2 or either side is constant."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _walla_run(data: ScenarioRuns, need: tuple[str, ...]) -> Run | None:
+    """The lowest-seed run of WALLA I (else the first WALLA method) that saved every column in `need`."""
+    methods = sorted(
+        (m for m, r in data.runs.items() if next(iter(r.values())).group == "walla"),
+        key=lambda m: m != "walla-i",
+    )
+    for method in methods:
+        for _, run in sorted(data.runs[method].items()):
+            if all(k in run.extras for k in need):
+                return run
+    return None
+
+
+def _consts(run: Run) -> tuple[float, float]:
+    """(c1, c2) of the run's mechanism (run.json, top level or under config/hparams), paper defaults else."""
+    for d in (run.meta, run.meta.get("config") or {}, run.meta.get("hparams") or {}):
+        if isinstance(d, dict) and "c1" in d and "c2" in d:
+            return float(d["c1"]), float(d["c2"])
+    return 1.0, 0.5
+
+
+def _groups(data: ScenarioRuns, m: int) -> tuple[np.ndarray, list[str]]:
+    """[N, M] group code per (question, agent) and the group names: the context variant when the
+    scenario routes contexts, else the agent slot."""
+    s = data.scenario
+    n = len(s.label)
+    if s.variant is not None and (s.variant != 0).any():
+        return s.variant.astype(int), [f"{v} context" for v in VARIANTS]
+    return np.broadcast_to(np.arange(m), (n, m)), [f"agent {i + 1}: {a}" for i, a in enumerate(s.agents)]
+
+
+def _scatter(ax, x, y, groups, names, rng) -> None:
+    """Scatter (subsampled to MAX_POINTS) colored by group, with each group's Pearson r in the legend."""
+    x, y, groups = x.ravel(), y.ravel(), groups.ravel()
+    keep = np.arange(len(x)) if len(x) <= MAX_POINTS else rng.choice(len(x), MAX_POINTS, replace=False)
+    for g in np.unique(groups):
+        sel = groups == g
+        shown = keep[sel[keep]]
+        ax.scatter(
+            x[shown], y[shown], s=6, alpha=0.4, label=f"{names[g]} (r = {pearson(x[sel], y[sel]):.2f})"
+        )
+    ax.legend(fontsize=7, markerscale=2, loc="best")
+
+
+def alignment_plot(data: ScenarioRuns, path: Path) -> Path | None:
+    """Learned wager (x) vs realized advantage s_i - b_-i (y), every agent, test split, one seed."""
+    run = _walla_run(data, ("wagers", "advantage"))
+    if run is None:
+        return None
+    w, adv = run.extras["wagers"], run.extras["advantage"]  # [N, M] each
+    groups, names = _groups(data, w.shape[1])
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    _scatter(ax, w, adv, groups, names, np.random.default_rng(0))
+    lo, hi = 0.0, float(np.nanmax(w)) if np.isfinite(w).any() else 1.0
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="_y = x")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("learned wager $w_i$")
+    ax.set_ylabel("realized advantage $s_i - b_{-i}$")
+    ax.set_title(
+        f"Wager vs realized advantage: {run.display}, {data.scenario.name}\n"
+        f"test split, seed {run.seed}; Pearson r = {pearson(w.ravel(), adv.ravel()):.3f} (dashed: y = x)",
+        fontsize=9,
+    )
+    return _save(fig, path)
+
+
+def heads_plot(data: ScenarioRuns, path: Path) -> Path | None:
+    """Diagnostic heads: predicted vs realized own score, predicted vs realized baseline, wager vs difference."""
+    run = _walla_run(data, ("wagers", "pred_score", "pred_baseline"))
+    if run is None:
+        return None
+    s = data.scenario
+    probs = run.agent_probs if run.agent_probs is not None else s.probs  # [N, M, K]
+    c1, c2 = _consts(run)
+    target = np.broadcast_to(s.target[:, None, :], probs.shape)
+    own = brier_score(torch.from_numpy(np.ascontiguousarray(probs)), torch.from_numpy(np.ascontiguousarray(target)),
+                      c1=c1, c2=c2).numpy()  # [N, M] realized s_i  # fmt: skip
+    w, ps, pb = run.extras["wagers"], run.extras["pred_score"], run.extras["pred_baseline"]
+    panels = [(own, ps, "realized own score $s_i$", "predicted own score")]
+    if "advantage" in run.extras:
+        panels.append((own - run.extras["advantage"], pb, "realized baseline $b_{-i}$", "predicted baseline"))
+    panels.append((w, ps - pb, "learned wager $w_i$", "predicted own score - predicted baseline"))
+    groups, names = _groups(data, w.shape[1])
+    rng = np.random.default_rng(0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
+    for ax, (x, y, xl, yl) in zip(np.atleast_1d(axes), panels, strict=True):
+        _scatter(ax, x, y, groups, names, rng)
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+        ax.set_title(
+            f"{yl} vs {xl.split(' $')[0]}\nPearson r = {pearson(x.ravel(), y.ravel()):.3f}", fontsize=9
+        )
+    fig.suptitle(f"Diagnostic heads of {run.display}, {s.name} (test split, seed {run.seed})", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _log_metrics(columns: list[str]) -> list[str]:
+    cols = [c for c in columns if c not in LOG_AXES]
+    ranked = sorted(
+        cols, key=lambda c: next((i for i, p in enumerate(PREFERRED) if p in c.lower()), len(PREFERRED))
+    )
+    return ranked[:MAX_PANELS]
+
+
+def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
+    """Metrics logged per training batch for the WALLA methods, one line per seed, rolling mean."""
+    logs = [
+        run
+        for by_seed in data.runs.values()
+        for run in by_seed.values()
+        if run.group == "walla" and run.train_log is not None and run.train_log.height > 0
+    ]
+    if not logs:
+        return None
+    numeric = [c for c, t in logs[0].train_log.schema.items() if t.is_numeric()]
+    metrics = _log_metrics(numeric)
+    if not metrics:
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
+    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r.method for r in logs))}
+    windows = set()
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for run in logs:
+            log = run.train_log
+            if metric not in log.columns:
+                continue
+            xcol = "n_seen" if "n_seen" in log.columns else "step" if "step" in log.columns else None
+            y = log[metric].cast(float).to_numpy()
+            x = log[xcol].to_numpy() if xcol else np.arange(len(y))
+            k = max(1, len(y) // 50)
+            windows.add(k)
+            smooth = np.convolve(y, np.ones(k) / k, mode="valid")
+            label = run.display if run.seed == min(data.runs[run.method]) else None
+            ax.plot(x[k - 1 :], smooth, color=colors[run.method], lw=1, alpha=0.8, label=label)
+        ax.set_xlabel("training examples seen" if "n_seen" in logs[0].train_log.columns else "training batch")
+        ax.set_title(metric, fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+        ax.legend(fontsize=7)
+    k = max(windows) if windows else 1
+    fig.suptitle(
+        f"Training metrics over time, {data.scenario.name} (per training batch, rolling mean over up to {k} "
+        f"batches, one line per seed)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def reliability_plot(data: ScenarioRuns, path: Path) -> Path | None:
+    """Reliability diagram of the aggregate (test split, seeds pooled): WALLA I vs UniformAvg."""
+    s = data.scenario
+    chosen = [m for m in ("walla-i", "uniform") if m in data.runs]
+    if not chosen:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="perfect calibration")
+    for method in chosen:
+        runs = list(data.runs[method].values())
+        p = np.concatenate([r.agg_probs for r in runs])  # [seeds*N, K]
+        label = np.tile(s.label, len(runs))
+        count, conf, acc = reliability(p, label)
+        used = count > 0
+        ax.plot(
+            conf[used], acc[used], "o-", ms=4, label=f"{runs[0].display} (ECE = {100 * ece(p, label):.2f})"
+        )
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("mean confidence (max aggregated probability) per bin")
+    ax.set_ylabel("accuracy per bin")
+    ax.set_title(
+        f"Reliability of the aggregate, {s.name}\n(test split, {ECE_BINS} bins, seeds pooled)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def scenario_plots(data: ScenarioRuns, prefix: Path) -> list[tuple[Path, str]]:
+    """Every plot the scenario's runs support: (path, caption) pairs, written as <prefix>-<kind>.png."""
+    out = []
+    for kind, fn, caption in (
+        ("alignment", alignment_plot, "Learned wager vs realized advantage"),
+        ("heads", heads_plot, "Diagnostic heads: predicted vs realized score and baseline"),
+        ("training", training_plot, "Training metrics over time"),
+        ("reliability", reliability_plot, "Reliability diagram of the aggregate"),
+    ):
+        path = fn(data, Path(f"{prefix}-{kind}.png"))
+        if path is not None:
+            out.append((path, caption))
+    return out

@@ -1,0 +1,83 @@
+"""`facts`: generated private-fact yes/no questions (DESIGN.md "Models").
+
+Each row is one short invented fact (the context, e.g. "The door of room 42 is painted red.") and
+a yes/no question about it ("Is the door of room 42 painted blue?"). The facts are arbitrary, so a
+model without the fact can only guess, while even a 135M model reads a one-sentence fact well:
+this is what lets the offline demo show WALLA discovering the informed agent.
+
+Balanced: exactly floor(n/2) "yes" rows (the question asks the fact's own value), the others ask
+a different value of the same kind. Ten templates (colours, numbers, names, cities, days,
+animals, materials, fruit, instruments, vehicles); every (template, entity number) pair is used
+once, so an irrelevant context (another row's fact) never talks about the same entity.
+"""
+
+from __future__ import annotations
+
+import random
+
+from walla.extract.datasets import DatasetRequest, Loaded, canonical_row
+
+DEFAULTS = {"n": 2000, "seed": 7}
+
+# (fact template, question template, values); {e} = entity number, {v} = value.
+TEMPLATES: list[tuple[str, str, list[str]]] = [
+    ("The door of room {e} is painted {v}.", "Is the door of room {e} painted {v}?",
+     ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]),
+    ("Locker {e} holds {v} boxes.", "Does locker {e} hold {v} boxes?",
+     ["two", "three", "four", "five", "six", "seven", "eight", "nine"]),
+    ("The bicycle with tag {e} belongs to {v}.", "Does the bicycle with tag {e} belong to {v}?",
+     ["Anna", "Omar", "Lena", "Carlos", "Mei", "Tom", "Priya", "Jonas"]),
+    ("Parcel {e} was sent to {v}.", "Was parcel {e} sent to {v}?",
+     ["Paris", "Tokyo", "Lima", "Cairo", "Oslo", "Delhi", "Boston", "Sydney"]),
+    ("The meeting of team {e} is on {v}.", "Is the meeting of team {e} on {v}?",
+     ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]),
+    ("The pet in flat {e} is a {v}.", "Is the pet in flat {e} a {v}?",
+     ["cat", "dog", "rabbit", "parrot", "turtle", "hamster", "goldfish", "snake"]),
+    ("The statue in hall {e} is made of {v}.", "Is the statue in hall {e} made of {v}?",
+     ["bronze", "marble", "wood", "glass", "iron", "clay", "stone", "silver"]),
+    ("Crate {e} is full of {v}.", "Is crate {e} full of {v}?",
+     ["apples", "pears", "lemons", "plums", "cherries", "mangoes", "grapes", "peaches"]),
+    ("The musician in band {e} plays the {v}.", "Does the musician in band {e} play the {v}?",
+     ["piano", "violin", "guitar", "drums", "flute", "trumpet", "cello", "harp"]),
+    ("Courier {e} delivers mail by {v}.", "Does courier {e} deliver mail by {v}?",
+     ["bike", "car", "train", "boat", "van", "scooter", "truck", "bus"]),
+]
+MAX_ENTITY = 9999
+
+
+def generate(n: int = 2000, seed: int = 7) -> list[dict]:
+    """n canonical rows, half "yes" (label 0), deterministic in (n, seed)."""
+    if n > len(TEMPLATES) * MAX_ENTITY:
+        raise ValueError(f"facts generator: n must be <= {len(TEMPLATES) * MAX_ENTITY}, got {n}")
+    rng = random.Random(seed)
+    answers = [0] * (n // 2) + [1] * (n - n // 2)  # 0 = yes, 1 = no
+    rng.shuffle(answers)
+    used: set[tuple[int, int]] = set()
+    rows = []
+    for i, label in enumerate(answers):
+        while True:
+            t, e = rng.randrange(len(TEMPLATES)), rng.randint(1, MAX_ENTITY)
+            if (t, e) not in used:
+                used.add((t, e))
+                break
+        fact_t, question_t, values = TEMPLATES[t]
+        value = rng.choice(values)
+        asked = value if label == 0 else rng.choice([v for v in values if v != value])
+        rows.append(canonical_row(
+            f"facts-{i:05d}", question_t.format(e=e, v=asked), ["yes", "no"], label,
+            option_labels=["Yes", "No"], context=fact_t.format(e=e, v=value), subject=fact_t.split(" {e}")[0],
+        ))
+    return rows
+
+
+def load(req: DatasetRequest) -> Loaded:
+    """Loader entry point: `generator: {n, seed}` from the manifest."""
+    params = {**DEFAULTS, **(req.generator or {})}
+    unknown = set(params) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"facts generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}")
+    n, seed = int(params["n"]), int(params["seed"])
+    if n < 2:
+        raise ValueError(f"facts generator: n must be >= 2, got {n}")
+    rows = generate(n, seed)
+    return Loaded(rows, [f"facts generator row {i}" for i in range(n)], {"generator": "facts", "params": params})

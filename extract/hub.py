@@ -1,0 +1,85 @@
+"""Hugging Face Hub access that fails fast and in one line.
+
+Without network, `datasets` and `transformers` retry each request for tens of seconds before
+giving up with a multi-line traceback. Before the first hub call we probe the endpoint with one
+short TCP connect; when it is unreachable we switch the process to offline mode (HF_HUB_OFFLINE),
+so cached copies still load instantly and anything uncached fails at once. Every failure becomes
+a `HubUnavailableError` whose message is one line: the id, why, and how to proceed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from urllib.parse import urlparse
+
+PROBE_TIMEOUT_S = 3.0
+_TRUE = {"1", "true", "yes", "on"}
+_probe_result: bool | None = None  # cached per process
+
+EMBEDDED_HINT = "or use an embedded offline model: --model smollm2-135m | gemma3-270m"
+
+
+class HubUnavailableError(RuntimeError):
+    """A hub model or dataset cannot be loaded (offline, gated, missing). The message is one line."""
+
+
+def offline_forced() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def hub_reachable(timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """One TCP connect to the hub endpoint (HF_ENDPOINT or huggingface.co:443); cached per process."""
+    global _probe_result
+    if _probe_result is None:
+        url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+                _probe_result = True
+        except OSError:
+            _probe_result = False
+    return _probe_result
+
+
+def set_offline() -> None:
+    """Switch this process to hub offline mode, also in the already-imported hub libraries."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    for mod, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
+                      ("datasets.config", "HF_DATASETS_OFFLINE"), ("transformers.utils.hub", "HF_HUB_OFFLINE")):
+        m = sys.modules.get(mod)
+        if m is not None and hasattr(m, attr):
+            setattr(m, attr, True)
+
+
+def prepare_hub_access() -> str:
+    """Call before any hub request. Returns why we are offline ("" when online)."""
+    if offline_forced():
+        set_offline()
+        return "HF_HUB_OFFLINE is set"
+    if not hub_reachable():
+        set_offline()
+        return "no network (the hub endpoint is unreachable)"
+    return ""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """Short reason for a hub failure, from the exception type (gated, missing, offline, ...)."""
+    name = type(exc).__name__
+    text = str(exc).splitlines()[0] if str(exc) else name
+    if name == "GatedRepoError" or "gated" in text.lower():
+        return "the repository is gated (accept its license on the hub and log in with `hf auth login`)"
+    if name in ("RepositoryNotFoundError", "DatasetNotFoundError") or "not found" in text.lower():
+        return "not found on the hub (check the id, or log in if it is private)"
+    if name in ("RevisionNotFoundError",):
+        return "the requested revision does not exist"
+    return f"{name}: {text[:200]}"
+
+
+def unavailable(kind: str, repo_id: str, why: str, local_hint: str) -> HubUnavailableError:
+    """Build the one-line error for a model/dataset that cannot be loaded."""
+    return HubUnavailableError(
+        f"cannot load {kind} {repo_id!r} from the Hugging Face Hub: {why}. To proceed: run where the hub is "
+        f"reachable, or download it once and set HF_HUB_OFFLINE=1, {local_hint}"
+    )

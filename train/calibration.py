@@ -1,0 +1,276 @@
+"""Adaptive temperature scaling of each agent's option distribution (SPEC §9, paper §4.5).
+
+    cal = fit_calibration(data, CalibrationConfig())      # training split only; frozen afterwards
+    probs = apply_calibration(cal, data, rows)            # [n, M, K] calibrated agent probs
+
+Per agent (and, for private-context scenarios, per context ROLE: one head for rows where the agent
+held the relevant context, one for all others) a small MLP on the agent's own hidden state predicts
+a temperature T(x) = min(softplus(out) + t_min, t_max); the calibrated distribution is
+softmax(log p / T). Initial T = t0 = 1 (zero-initialized last layer), so an untrained head is the
+identity. Each head is fitted on its training rows minus a seeded 10% holdout, with AdamW and
+cross-entropy against the target (soft targets for BayesX-like data, one-hot otherwise; the
+reference uses hard labels), early-stopped on the holdout NLL, best state restored.
+
+All heads train together as one batched module (stacked weights, per-head masked AdamW: a head
+whose epoch has run out of batches, or that has early-stopped, does not move at all), which gives
+each head exactly the updates it would get if trained alone. Calibration does not depend on the
+run's seed (the reference fits it once per pipeline too), so fit_many computes it once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from walla.store.schema import VARIANT_CODE
+from walla.train.config import CalibrationConfig
+from walla.train.heads import stack_hidden
+from walla.train.lit import seeded
+
+
+@dataclass
+class CalibrationState:
+    """Frozen temperature heads: head g serves agent `agent[g]` on rows of role `role[g]`."""
+
+    cfg: CalibrationConfig
+    agent: list[int]                   # [G] agent slot of each head
+    role: list[int]                    # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
+    fitted: list[bool]                 # [G] False: too few rows, T = t0
+    params: list[torch.Tensor]         # [flat [G, P]]: the temperature MLPs' parameters, head g = row g
+    in_dims: list[int]                 # [G] hidden size of each head's agent
+    holdout_nll: list[tuple[float, float]]  # [G] (before, after) on the head's holdout rows
+
+
+class _TempHeads(nn.Module):
+    """G temperature MLPs in one flat parameter [G, P]: x [G, B, Hmax] -> T [G, B]."""
+
+    def __init__(self, in_dims: list[int], cfg: CalibrationConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        dims = [max(in_dims), *cfg.hidden, 1]
+        self.slots: list[tuple[int, tuple[int, ...]]] = []  # (offset, shape): w0, b0, w1, b1, ...
+        off = 0
+        for a, b in zip(dims[:-1], dims[1:], strict=True):
+            for shape in ((a, b), (b,)):
+                self.slots.append((off, shape))
+                off += int(np.prod(shape))
+        self.flat = nn.Parameter(torch.zeros(len(in_dims), off))  # [G, P]
+        bias0 = math.log(math.expm1(cfg.t0 - cfg.t_min))  # softplus^-1(t0 - t_min): T starts at t0
+        with torch.no_grad():
+            for i, d in enumerate(in_dims):
+                with seeded(cfg.seed + i):  # nn.Linear default init, fan_in = the agent's real H
+                    layers = [nn.Linear(a, b) for a, b in zip([d, *cfg.hidden], cfg.hidden)]
+                for j, layer in enumerate(layers):
+                    self._view(self.flat, 2 * j)[i, : layer.in_features] = layer.weight.T
+                    self._view(self.flat, 2 * j + 1)[i] = layer.bias
+                self._view(self.flat, len(self.slots) - 1)[i] = bias0  # last layer: zero weight
+
+    def _view(self, t: torch.Tensor, k: int) -> torch.Tensor:
+        off, shape = self.slots[k]
+        return t[:, off : off + int(np.prod(shape))].view(t.shape[0], *shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x  # [G, B, Hmax]
+        n_layers = len(self.slots) // 2
+        for j in range(n_layers):
+            h = torch.baddbmm(self._view(self.flat, 2 * j + 1).unsqueeze(1), h, self._view(self.flat, 2 * j))
+            if j < n_layers - 1:
+                h = torch.relu(h)  # [G, B, d]
+        t = nn.functional.softplus(h.squeeze(-1)) + self.cfg.t_min  # [G, B]
+        return t.clamp(max=self.cfg.t_max)
+
+
+def _log_probs(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log p on enabled options, -inf on disabled ones. probs [..., K], mask [..., K] bool."""
+    return torch.where(mask, probs.clamp_min(1e-30).log(), torch.full_like(probs, -math.inf))
+
+
+def _scaled(logp: torch.Tensor, temp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log softmax(logp / T) over enabled options. logp [..., K], temp [...]."""
+    z = logp / temp.unsqueeze(-1)  # [..., K]
+    return torch.log_softmax(z.masked_fill(~mask, -math.inf), dim=-1)
+
+
+def _nll(logq: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy -sum_k y_k log q_k over enabled options -> [...]."""
+    return -(torch.where(mask, target * logq, torch.zeros_like(logq))).sum(-1)
+
+
+def _roles(data, by_role: str) -> np.ndarray | None:
+    """[N, M] role per row and agent (0 = held the relevant context, 1 = other), or None (one head)."""
+    routed = bool((data.variant == VARIANT_CODE["relevant"]).any())
+    if by_role == "no" or (by_role == "auto" and not routed):
+        return None
+    return np.where(data.variant == VARIANT_CODE["relevant"], 0, 1)
+
+
+def fit_calibration(data, cfg: CalibrationConfig | dict | None = None, device: str = "cpu") -> CalibrationState:
+    """Fit every agent's (per-role) temperature head on the training split; see module docstring.
+
+    Raises:
+        ValueError: bad config, or `agents` naming a slot outside [0, M).
+    """
+    cfg = cfg if isinstance(cfg, CalibrationConfig) else CalibrationConfig.from_dict(cfg)
+    m = data.n_agents
+    agents = list(range(m)) if cfg.agents is None else list(cfg.agents)
+    bad = [a for a in agents if not 0 <= a < m]
+    if bad:
+        raise ValueError(f"calibration agents {bad} out of range: the scenario has {m} agent slots (0..{m - 1})")
+    train = data.split_index("train")
+    roles = _roles(data, cfg.by_role)
+    head_agent, head_role, head_rows = [], [], []
+    for a in agents:
+        for r in ([-1] if roles is None else [0, 1]):
+            rows = train if r < 0 else train[roles[train, a] == r]
+            head_agent.append(a)
+            head_role.append(r)
+            head_rows.append(rows)
+    g_all = len(head_agent)
+    in_dims = [int(data.hidden[a].shape[1]) for a in head_agent]
+    fitted = [len(r) >= cfg.min_rows for r in head_rows]
+    # seeded holdout split per head (reference: RandomState(18 + head index))
+    fit_rows, hold_rows = [], []
+    for g, rows in enumerate(head_rows):
+        perm = np.random.RandomState(cfg.seed + g).permutation(len(rows))
+        n_hold = max(1, int(round(cfg.holdout * len(rows)))) if len(rows) >= 2 else 0
+        hold_rows.append(rows[perm[:n_hold]])
+        fit_rows.append(rows[perm[n_hold:]])
+
+    heads = _TempHeads(in_dims, cfg).to(device)
+    bank = stack_hidden(data.hidden, train).to(device)  # [M, n_train, Hmax]; rows addressed by position
+    pos = np.full(len(data.split), -1, dtype=np.int64)
+    pos[train] = np.arange(len(train))
+    probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float32)).to(device)  # [n_train, M, K]
+    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float32)).to(device)  # [n_train, K]
+    mask = torch.from_numpy(np.asarray(data.option_mask[train], dtype=bool)).to(device)  # [n_train, K]
+    agent_t = torch.tensor(head_agent, device=device)[:, None]  # [G, 1]
+
+    def padded(rows: list[np.ndarray], width: int | None = None) -> np.ndarray:
+        """[G, width] train positions per head, -1 = padding."""
+        width = width or max(1, max(len(r) for r in rows))
+        out = np.full((g_all, width), -1, dtype=np.int64)
+        for g, r in enumerate(rows):
+            out[g, : len(r)] = pos[r[:width]]
+        return out
+
+    def batch_terms(idx_np: np.ndarray) -> tuple[torch.Tensor, ...]:
+        idx = torch.from_numpy(idx_np).to(device)  # [G, b], -1 = padding
+        valid = idx >= 0
+        idx = idx.clamp_min(0)
+        x = bank[agent_t, idx].float() * valid.unsqueeze(-1)  # [G, b, Hmax]
+        logp = _log_probs(probs[idx, agent_t], mask[idx])  # [G, b, K]
+        return x, logp, target[idx], mask[idx], valid
+
+    def holdout_nll() -> torch.Tensor:
+        with torch.no_grad():
+            x, logp, y, msk, valid = batch_terms(hold_idx)
+            nll = _nll(_scaled(logp, heads(x), msk), y, msk)  # [G, b]
+            return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)  # [G]
+
+    hold_idx = padded(hold_rows)
+    with torch.no_grad():
+        x, logp, y, msk, valid = batch_terms(hold_idx)
+        nll_t1 = _nll(torch.log_softmax(logp.masked_fill(~msk, -math.inf), -1), y, msk)
+        nll_before = ((nll_t1 * valid).sum(1) / valid.sum(1).clamp_min(1)).tolist()
+
+    # ---- batched training with per-head masked AdamW (row g of `flat` = head g) ---------------------
+    flat = heads.flat
+    exp_avg, exp_sq = torch.zeros_like(flat), torch.zeros_like(flat)  # [G, P]
+    steps = torch.zeros(g_all, 1, device=device)  # per-head Adam step count
+    active = torch.tensor(fitted, device=device)
+    best = flat.detach().clone()
+    best_nll = holdout_nll().clone()
+    bad_epochs = torch.zeros(g_all, dtype=torch.long, device=device)
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    for epoch in range(cfg.epochs):
+        if not bool(active.any()):
+            break
+        orders = [r[np.random.RandomState((cfg.seed + g) * 1000 + epoch).permutation(len(r))]
+                  for g, r in enumerate(fit_rows)]
+        n_batches = np.array([math.ceil(len(r) / cfg.batch_size) for r in orders])
+        order_idx = padded(orders, int(n_batches.max(initial=1)) * cfg.batch_size)  # [G, nb * bs]
+        for t in range(int(n_batches.max(initial=0))):
+            step_on = active & torch.from_numpy(t < n_batches).to(device)  # [G]
+            if not bool(step_on.any()):
+                break
+            idx_np = order_idx[:, t * cfg.batch_size : (t + 1) * cfg.batch_size].copy()
+            idx_np[~step_on.cpu().numpy()] = -1
+            x, logp, y, msk, valid = batch_terms(idx_np)
+            nll = _nll(_scaled(logp, heads(x), msk), y, msk)  # [G, b]
+            loss = ((nll * valid).sum(1) / valid.sum(1).clamp_min(1)).sum()  # sum of per-head means
+            flat.grad = None
+            loss.backward()
+            with torch.no_grad():
+                on = step_on.unsqueeze(1)  # [G, 1]
+                norm = flat.grad.norm(dim=1, keepdim=True)  # [G, 1]
+                grad = flat.grad * (cfg.clip / (norm + 1e-6)).clamp(max=1.0)  # per-head clip_grad_norm_
+                steps += on.float()
+                t_g = steps.clamp_min(1)
+                flat.mul_(torch.where(on, 1 - cfg.lr * cfg.weight_decay, 1.0))  # decoupled decay (AdamW)
+                exp_avg.copy_(torch.where(on, beta1 * exp_avg + (1 - beta1) * grad, exp_avg))
+                exp_sq.copy_(torch.where(on, beta2 * exp_sq + (1 - beta2) * grad * grad, exp_sq))
+                denom = exp_sq.sqrt() / torch.sqrt(1 - beta2**t_g) + eps
+                flat.sub_(torch.where(on, (cfg.lr / (1 - beta1**t_g)) * exp_avg / denom, 0.0))
+        # ---- per-head early stopping on the holdout NLL ------------------------------------------
+        nll = holdout_nll()
+        improved = active & (nll < best_nll - cfg.min_delta)
+        with torch.no_grad():
+            best.copy_(torch.where(improved.unsqueeze(1), flat, best))
+        best_nll = torch.where(improved, nll, best_nll)
+        bad_epochs = torch.where(improved, torch.zeros_like(bad_epochs), bad_epochs + active.long())
+        active = active & (bad_epochs < cfg.patience)
+
+    with torch.no_grad():
+        flat.copy_(best)
+    after = holdout_nll().tolist()
+    return CalibrationState(
+        cfg=cfg,
+        agent=head_agent,
+        role=head_role,
+        fitted=fitted,
+        params=[flat.detach().cpu().clone()],
+        in_dims=in_dims,
+        holdout_nll=list(zip(nll_before, after, strict=True)),
+    )
+
+
+def temperatures(state: CalibrationState, data, rows: np.ndarray, batch: int = 4096) -> np.ndarray:
+    """Per-agent temperature [n, M] for the given rows (1.0 for uncalibrated agents / unfitted roles)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    m = data.n_agents
+    temps = np.ones((len(rows), m), dtype=np.float32)
+    heads = _TempHeads(state.in_dims, state.cfg)
+    with torch.no_grad():
+        for p, v in zip(heads.parameters(), state.params, strict=True):
+            p.copy_(v)
+    roles = _roles(data, state.cfg.by_role) if any(r >= 0 for r in state.role) else None
+    agent_t = torch.tensor(state.agent)[:, None]  # [G, 1]
+    for start in range(0, len(rows), batch):
+        chunk = rows[start : start + batch]
+        bank = stack_hidden(data.hidden, chunk)  # [M, n, Hmax]
+        x = bank[agent_t, torch.arange(len(chunk))[None, :]].float()  # [G, n, Hmax]
+        with torch.no_grad():
+            t = heads(x).numpy()  # [G, n]
+        for g, (a, r) in enumerate(zip(state.agent, state.role, strict=True)):
+            if not state.fitted[g]:
+                t_g = np.full(len(chunk), state.cfg.t0, dtype=np.float32)
+            else:
+                t_g = t[g]
+            sel = np.ones(len(chunk), dtype=bool) if r < 0 else roles[chunk, a] == r
+            temps[start : start + len(chunk), a][sel] = t_g[sel]
+    return temps
+
+
+def apply_calibration(state: CalibrationState, data, rows: np.ndarray) -> np.ndarray:
+    """Calibrated agent probs [n, M, K] = softmax(log p / T(x)) for the given rows (float32)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    temps = torch.from_numpy(temperatures(state, data, rows))  # [n, M]
+    probs = torch.from_numpy(np.asarray(data.probs[rows], dtype=np.float32))  # [n, M, K]
+    mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool))[:, None, :].expand_as(probs)
+    with torch.no_grad():
+        out = _scaled(_log_probs(probs, mask), temps, mask).exp()  # [n, M, K]
+    return out.numpy().astype(np.float32)

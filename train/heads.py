@@ -1,0 +1,173 @@
+"""Wager heads: one small MLP per agent on that agent's own last-layer hidden state (SPEC §5.1).
+
+    WagerHead(in_dim)             one agent's head, a plain nn.Module: x [B, H] -> raw score r [B]
+    StackedHeads(in_dims)         G independent heads evaluated as ONE module (batched matmuls):
+                                  x [G, B, Hmax] -> r [G, B]; head g only ever touches slice g of
+                                  every parameter, so per-slice gradients, Adam state and clipping
+                                  are exactly those of G separately trained WagerHeads.
+
+Architecture (paper: "a two-layer perceptron (512, 256)"): [Linear(H -> P)] -> Linear(-> 512) ->
+ReLU -> Dropout(0.1) -> Linear(512 -> 256) -> ReLU -> Dropout(0.1) -> Linear(256 -> 1). The
+optional projection P = `projection_dim` (4096 in the reference) has no nonlinearity after it, so
+it adds no expressiveness (SPEC §5.1 note); it is off by default and kept to reproduce the reference.
+
+Heterogeneous ensembles (different H_i) are zero-padded to Hmax: padded input coordinates are
+always 0, so their weights get zero gradient, zero Adam moments and never move or contribute.
+Initialization copies nn.Linear's default per head, with fan_in = the head's real H_i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def _layer_dims(in_dim: int, hidden: Sequence[int], projection_dim: int | None) -> list[int]:
+    dims = [in_dim] + ([projection_dim] if projection_dim else []) + list(hidden) + [1]
+    return dims
+
+
+class WagerHead(nn.Module):
+    """One agent's head (reference layout). x [B, H] -> r [B] (raw score; wager = sigmoid(r / T))."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: Sequence[int] = (512, 256),
+        dropout: float = 0.1,
+        projection_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        dims = _layer_dims(in_dim, hidden, projection_dim)
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.n_proj = 1 if projection_dim else 0  # leading layers without activation
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """`masks`: optional explicit dropout keep-masks (one [B, width] per hidden layer, values 0/1);
+        without them nn.functional.dropout is used (train mode) or nothing (eval mode)."""
+        h = x  # [B, H]
+        for j, layer in enumerate(self.layers):
+            h = layer(h)  # [B, d_j]
+            if j < self.n_proj or j == len(self.layers) - 1:
+                continue
+            h = torch.relu(h)
+            k = j - self.n_proj
+            if masks is not None:
+                h = h * masks[k] / (1.0 - self.dropout)
+            elif self.training and self.dropout > 0:
+                h = nn.functional.dropout(h, self.dropout, training=True)
+        return h.squeeze(-1)  # [B]
+
+
+class StackedHeads(nn.Module):
+    """G independent WagerHeads in ONE flat parameter [G, P] (head g owns row g).
+
+    Layer j's weight [G, d_j, d_j+1] and bias [G, d_j+1] are views into the flat row, so the whole
+    optimizer step and the per-head gradient clipping are a handful of ops on one [G, P] tensor,
+    whatever the depth (Adam is elementwise, so row g's update is exactly that of head g alone).
+    """
+
+    def __init__(
+        self,
+        in_dims: Sequence[int],
+        hidden: Sequence[int] = (512, 256),
+        dropout: float = 0.1,
+        projection_dim: int | None = None,
+        init: bool = True,
+    ) -> None:
+        super().__init__()
+        self.in_dims = [int(d) for d in in_dims]
+        self.hidden, self.dropout, self.projection_dim = tuple(hidden), dropout, projection_dim
+        self.n_proj = 1 if projection_dim else 0
+        self.dims = _layer_dims(max(self.in_dims), hidden, projection_dim)
+        self.slots: list[tuple[int, tuple[int, ...]]] = []  # (offset, shape) of w0, b0, w1, b1, ...
+        off = 0
+        for a, b in zip(self.dims[:-1], self.dims[1:], strict=True):
+            for shape in ((a, b), (b,)):
+                self.slots.append((off, shape))
+                off += int(np.prod(shape))
+        self.flat = nn.Parameter(torch.zeros(len(self.in_dims), off))  # [G, P]
+        if init:
+            for i, d in enumerate(self.in_dims):
+                self.load_head(i, WagerHead(d, hidden, dropout, projection_dim))
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.in_dims)
+
+    def _view(self, t: torch.Tensor, k: int) -> torch.Tensor:
+        off, shape = self.slots[k]
+        return t[:, off : off + int(np.prod(shape))].view(t.shape[0], *shape)
+
+    def weight(self, j: int, t: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer j's weights [G, d_in, d_out] (of `t` if given: a tensor shaped like `flat`, e.g. its grad)."""
+        return self._view(self.flat if t is None else t, 2 * j)
+
+    def bias(self, j: int, t: torch.Tensor | None = None) -> torch.Tensor:
+        return self._view(self.flat if t is None else t, 2 * j + 1)
+
+    @torch.no_grad()
+    def load_head(self, g: int, head: WagerHead) -> None:
+        """Copy a WagerHead's parameters into row g (zero-padding input rows beyond its H_g)."""
+        for j, layer in enumerate(head.layers):
+            w = layer.weight.detach().T  # [d_in, d_out]
+            self.weight(j)[g].zero_()
+            self.weight(j)[g, : w.shape[0]] = w
+            self.bias(j)[g] = layer.bias.detach()
+
+    @torch.no_grad()
+    def head(self, g: int) -> WagerHead:
+        """Row g as a plain WagerHead (same function; for inspection and tests)."""
+        out = WagerHead(self.in_dims[g], self.hidden, self.dropout, self.projection_dim)
+        for j, layer in enumerate(out.layers):
+            layer.weight.copy_(self.weight(j)[g, : layer.in_features].T)
+            layer.bias.copy_(self.bias(j)[g])
+        return out
+
+    def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """x [G, B, Hmax] (zero-padded) -> raw scores r [G, B].
+
+        `masks`: explicit dropout keep-masks, one [G, B, width] per hidden layer (0/1 floats); None means
+        no dropout (eval). Explicit masks let callers draw them from per-seed generators.
+        """
+        h = x  # [G, B, Hmax]
+        last = len(self.dims) - 2
+        for j in range(last + 1):
+            h = torch.baddbmm(self.bias(j).unsqueeze(1), h, self.weight(j))  # [G, B, d_j+1]
+            if j < self.n_proj or j == last:
+                continue
+            h = torch.relu(h)
+            if masks is not None:
+                h = h * masks[j - self.n_proj] * (1.0 / (1.0 - self.dropout))  # [G, B, d_j+1]
+        return h.squeeze(-1)  # [G, B]
+
+    @torch.no_grad()
+    def clip_per_head_(self, max_norm: float) -> torch.Tensor:
+        """Clip each head's gradient norm to max_norm exactly like torch.nn.utils.clip_grad_norm_ on
+        that head alone (coef = max_norm / (norm + 1e-6), capped at 1). Returns pre-clip norms [G]."""
+        if self.flat.grad is None:
+            return torch.zeros(self.n_heads)
+        norm = self.flat.grad.norm(dim=1)  # [G]
+        self.flat.grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0).unsqueeze(1))
+        return norm
+
+
+def stack_hidden(hidden: Sequence, rows: np.ndarray) -> torch.Tensor:
+    """Agents' hidden states for `rows` as one zero-padded tensor [M, n, Hmax].
+
+    Keeps float16 sources in float16 (the store's dtype: half the memory of a float32 copy);
+    callers cast each gathered batch with `.float()`.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    h_max = max(int(h.shape[1]) for h in hidden)
+    half = all(np.dtype(getattr(h, "dtype", np.float32)) == np.float16 for h in hidden)
+    dtype = torch.float16 if half else torch.float32
+    out = torch.zeros(len(hidden), len(rows), h_max, dtype=dtype)
+    for i, h in enumerate(hidden):
+        block = np.asarray(h[rows] if len(rows) else np.zeros((0, h.shape[1])))
+        out[i, :, : block.shape[1]] = torch.from_numpy(block.astype(np.float16 if half else np.float32, copy=False))
+    return out
