@@ -160,8 +160,7 @@ def read_scenario(path: Path) -> Scenario:
     table = pq.read_table(table_path)
     n_rows = table.num_rows
     where = str(table_path)
-    split = np.asarray(_column(table, "split", where).to_pylist())
-    table = table.filter(pa.array(split == "test"))
+    table = table.filter(pc.equal(_column(table, "split", where), "test"))
     if table.num_rows == 0:
         raise ValueError(f"{table_path}: no row with split == 'test' ({n_rows} rows in total)")
     target = list_matrix(table, "target", meta.get("K"), where)
@@ -207,6 +206,20 @@ def method_order(method: str, group: str) -> tuple[int, int, str]:
     return g, names.index(method) if method in names else len(names), method
 
 
+def _align(qid: np.ndarray, wanted: np.ndarray, where: str) -> np.ndarray:
+    """Row of `qid` holding each question of `wanted`; every one must be there exactly once."""
+    pos = {q: i for i, q in enumerate(qid)}
+    if len(pos) != len(qid):
+        raise ValueError(f"{where}: duplicate question_id among test rows")
+    missing = [q for q in wanted if q not in pos]
+    if missing or len(qid) != len(wanted):
+        raise ValueError(
+            f"{where}: test rows do not match {SCENARIO_TABLE} ({len(qid)} rows, "
+            f"{len(missing)} of {len(wanted)} scenario test questions missing, e.g. {missing[:3]})"
+        )
+    return np.fromiter((pos[q] for q in wanted), dtype=np.int64, count=len(qid))
+
+
 def read_run(path: Path, scenario: Scenario, method: str, seed: int) -> Run:
     """One complete run directory, aligned on the scenario's test questions."""
     meta = _read_json(path / RUN_META)
@@ -215,20 +228,10 @@ def read_run(path: Path, scenario: Scenario, method: str, seed: int) -> Run:
         raise FileNotFoundError(f"{pred_path}: missing although run.json exists")
     where = str(pred_path)
     table = pq.read_table(pred_path)
-    split = np.asarray(_column(table, "split", where).to_pylist())
-    table = table.filter(pa.array(split == "test"))
+    table = table.filter(pc.equal(_column(table, "split", where), "test"))
     qid = np.asarray(_column(table, "question_id", where).to_pylist(), dtype=object)
-    pos = {q: i for i, q in enumerate(qid)}
-    if len(pos) != len(qid):
-        raise ValueError(f"{where}: duplicate question_id among test rows")
-    missing = [q for q in scenario.question_id if q not in pos]
-    if missing or len(qid) != len(scenario.question_id):
-        raise ValueError(
-            f"{where}: test rows do not match {SCENARIO_TABLE} ({len(qid)} rows, "
-            f"{len(missing)} of {len(scenario.question_id)} scenario test questions missing, e.g. {missing[:3]})"
-        )
-    order = np.fromiter((pos[q] for q in scenario.question_id), dtype=np.int64, count=len(qid))
-    table = table.take(pa.array(order))
+    if not np.array_equal(qid, scenario.question_id):  # fast path: the writer kept the scenario's order
+        table = table.take(pa.array(_align(qid, scenario.question_id, where)))
     m, k = len(scenario.agents), scenario.target.shape[1]
     weights = list_matrix(table, "weights", m, where)
     agg = list_matrix(table, "agg_probs", k, where)

@@ -196,18 +196,33 @@ class EvalArrays:
     weights: np.ndarray  # [N, M] aggregation weights (rows sum to 1)
     label: np.ndarray  # [N] int, 0-based correct option
     target: np.ndarray  # [N, K] soft gold distribution or one-hot(label)
-    _agent_brier: np.ndarray | None = field(default=None, repr=False)
+    _agent_brier: np.ndarray | None = field(default=None, repr=False)  # [N, M] cache (may be passed in)
+    _agg_brier: np.ndarray | None = field(default=None, repr=False)  # [N] cache
 
     @property
-    def agent_brier(self) -> np.ndarray:  # [N, M], cached: MRR, Kendall tau and D-Regret all need it
+    def agent_brier(self) -> np.ndarray:  # [N, M]: MRR, Kendall tau and D-Regret all need it
         if self._agent_brier is None:
             self._agent_brier = per_agent_brier(self.probs, self.target)
         return self._agent_brier
 
+    @property
+    def agg_brier(self) -> np.ndarray:  # [N]: Brier and D-Regret
+        if self._agg_brier is None:
+            self._agg_brier = brier(self.p_agg, self.target)
+        return self._agg_brier
+
     def subset(self, mask: np.ndarray) -> EvalArrays:
+        """The same arrays on a subset of questions (caches sliced, not recomputed)."""
         ab = None if self._agent_brier is None else self._agent_brier[mask]
+        gb = None if self._agg_brier is None else self._agg_brier[mask]
         return EvalArrays(
-            self.p_agg[mask], self.probs[mask], self.weights[mask], self.label[mask], self.target[mask], ab
+            self.p_agg[mask],
+            self.probs[mask],
+            self.weights[mask],
+            self.label[mask],
+            self.target[mask],
+            ab,
+            gb,
         )
 
 
@@ -224,7 +239,7 @@ def _binary_metric(fn: Callable[[np.ndarray, np.ndarray], float]) -> Callable[[E
 
 def _d_regret(a: EvalArrays) -> float:
     """dynamic_regret reusing the cached per-agent Brier."""
-    return float(np.mean(brier(a.p_agg, a.target) - a.agent_brier.min(-1)))
+    return float(np.mean(a.agg_brier - a.agent_brier.min(-1)))
 
 
 @dataclass(frozen=True)
@@ -262,7 +277,7 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo("class_auc", "Class AUC", lambda a: class_auc(a.p_agg, a.label), True, applies=frozenset(),
                    description="usual AUROC of P(option 1) for label 1 (binary tasks)"),
         MetricInfo("nll", "NLL", lambda a: nll(a.p_agg, a.label), False, 1.0, 4, frozenset()),
-        MetricInfo("brier", "Brier", lambda a: float(np.mean(brier(a.p_agg, a.target))), False, 1.0, 4,
+        MetricInfo("brier", "Brier", lambda a: float(np.mean(a.agg_brier)), False, 1.0, 4,
                    frozenset()),
         MetricInfo("inverse_hhi", "Inv. HHI", lambda a: inverse_hhi(a.weights), None, 1.0, 4, frozenset(),
                    description="effective number of agents (sum w)^2 / sum w^2"),

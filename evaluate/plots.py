@@ -12,6 +12,7 @@ Each function returns the written path, or None when the runs hold nothing to dr
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -29,7 +30,27 @@ from walla.train.mechanism import brier_score  # noqa: E402
 
 MAX_POINTS = 20_000  # scatter points drawn (Pearson r always uses every point)
 LOG_AXES = ("step", "epoch", "n_seen")  # train_log columns that are x-axes, not metrics
-PREFERRED = ("regret", "mrr", "acc", "kl")  # train_log metrics shown first, in this order
+LOG_SKIP = ("grad_norm", "skipped")  # bookkeeping columns, not metrics
+# train_log metrics shown first, in this order (substring match); per-agent columns (wager_0, ...) are skipped
+PREFERRED = (
+    "regret",
+    "mrr",
+    "acc",
+    "kl",
+    "window_metric",
+    "stop_metric",
+    "payout_mean",
+    "wager_mean",
+    "loss",
+)
+LOG_TITLES = {  # what WALLA's own log columns mean (train/methods/walla.py)
+    "stop_metric": "early-stopping metric per batch\n(D-Regret; KL on soft targets)",
+    "window_metric": "early-stopping metric, window mean\n(D-Regret; KL on soft targets)",
+    "payout_mean": "mean net payout per agent",
+    "wager_mean": "mean wager",
+    "advantage_mean": "mean realized advantage",
+    "loss": "training loss",
+}
 MAX_PANELS = 4
 
 
@@ -40,6 +61,9 @@ def _save(fig, path: Path) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600
         os.replace(tmp, path)
     finally:
         plt.close(fig)
@@ -154,11 +178,21 @@ def heads_plot(data: ScenarioRuns, path: Path) -> Path | None:
 
 
 def _log_metrics(columns: list[str]) -> list[str]:
-    cols = [c for c in columns if c not in LOG_AXES]
+    cols = [c for c in columns if c not in LOG_AXES + LOG_SKIP and not re.search(r"_\d+$", c)]
     ranked = sorted(
         cols, key=lambda c: next((i for i, p in enumerate(PREFERRED) if p in c.lower()), len(PREFERRED))
     )
     return ranked[:MAX_PANELS]
+
+
+def rolling_mean(y: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the finite values in each window of k ([len - k + 1]); NaN where a window has none."""
+    ok = np.isfinite(y)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(ok, y, 0.0))])
+    cnt = np.concatenate([[0], np.cumsum(ok)])
+    n = cnt[k:] - cnt[:-k]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (csum[k:] - csum[:-k]) / n, np.nan)
 
 
 def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
@@ -188,18 +222,17 @@ def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
             x = log[xcol].to_numpy() if xcol else np.arange(len(y))
             k = max(1, len(y) // 50)
             windows.add(k)
-            smooth = np.convolve(y, np.ones(k) / k, mode="valid")
             label = run.display if run.seed == min(data.runs[run.method]) else None
-            ax.plot(x[k - 1 :], smooth, color=colors[run.method], lw=1, alpha=0.8, label=label)
+            ax.plot(x[k - 1 :], rolling_mean(y, k), color=colors[run.method], lw=1, alpha=0.8, label=label)
         ax.set_xlabel("training examples seen" if "n_seen" in logs[0].train_log.columns else "training batch")
-        ax.set_title(metric, fontsize=9)
+        ax.set_title(LOG_TITLES.get(metric, metric), fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
         ax.legend(fontsize=7)
     k = max(windows) if windows else 1
+    smoothing = f"rolling mean over up to {k} batches" if k > 1 else "no smoothing"
     fig.suptitle(
-        f"Training metrics over time, {data.scenario.name} (per training batch, rolling mean over up to {k} "
-        f"batches, one line per seed)",
+        f"Training metrics over time, {data.scenario.name} (per training batch, {smoothing}, one line per seed)",
         fontsize=10,
     )
     fig.tight_layout()

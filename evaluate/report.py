@@ -22,11 +22,12 @@ import csv
 import io
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from walla.evaluate import plots
+import torch
 from walla.evaluate.aggregate import Summary, summarize
 from walla.evaluate.load import Problem, Run, ScenarioRuns, list_scenarios, load_scenario_runs
 from walla.evaluate.metrics import (
@@ -37,10 +38,10 @@ from walla.evaluate.metrics import (
     compute_metrics,
     hard_subset,
     mean_per_agent,
+    per_agent_brier,
 )
 from walla.evaluate.tables import CSV_FIELDS, Cell, Column, Row, Table, to_csv_rows, to_latex, to_markdown
 
-SUBSETS = ("all", "hard")
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
 NOTE_VALUES = "Values ×100: mean ± 95% CI over seeds (t-interval); bold = best aggregation method per column (individual agents excluded)."  # noqa: E501
 
@@ -79,10 +80,11 @@ class ReportResult:
 # ----------------------------------------------------------------------------------------- metrics
 
 
-def _arrays(run: Run, data: ScenarioRuns) -> EvalArrays:
+def _arrays(run: Run, data: ScenarioRuns, agent_brier: np.ndarray) -> EvalArrays:
     s = data.scenario
-    probs = run.agent_probs if run.agent_probs is not None else s.probs
-    return EvalArrays(run.agg_probs, probs, run.weights, s.label, s.target)
+    if run.agent_probs is not None:  # the method pooled its own (e.g. calibrated) agent probabilities
+        return EvalArrays(run.agg_probs, run.agent_probs, run.weights, s.label, s.target)
+    return EvalArrays(run.agg_probs, s.probs, run.weights, s.label, s.target, agent_brier)
 
 
 def _both(arrays: EvalArrays, mask: np.ndarray) -> dict[str, dict[str, float]]:
@@ -95,18 +97,20 @@ def evaluate_scenario(data: ScenarioRuns) -> ScenarioEval:
     s = data.scenario
     n, m, _ = s.probs.shape
     mask = hard_subset(s.probs, s.label)
+    agent_brier = per_agent_brier(s.probs, s.target)  # [N, M], shared by every run that pooled s.probs
     individual = []
     for i in range(m):
         onehot = np.zeros((n, m))
         onehot[:, i] = 1.0
-        individual.append(_both(EvalArrays(s.probs[:, i], s.probs, onehot, s.label, s.target), mask))
+        arrays = EvalArrays(s.probs[:, i], s.probs, onehot, s.label, s.target, agent_brier, agent_brier[:, i])
+        individual.append(_both(arrays, mask))
     runs: dict[str, dict[int, dict]] = {}
     uniform = set()
     for method, by_seed in data.runs.items():
         equal = True
         for seed, run in by_seed.items():
             try:
-                runs.setdefault(method, {})[seed] = _both(_arrays(run, data), mask)
+                runs.setdefault(method, {})[seed] = _both(_arrays(run, data, agent_brier), mask)
             except ValueError as e:
                 data.problems.append(Problem("unreadable", s.name, method, seed, str(e)))
                 continue
@@ -178,7 +182,7 @@ def wager_table(ev: ScenarioEval) -> Table | None:
     """The paper's calibration table: per WALLA method, mean wager and mean net payout of each agent."""
     s = ev.data.scenario
     cols: list[Column] = []
-    per: dict[str, dict[str, list[np.ndarray]]] = {}  # column key -> extra -> per-seed [M] means
+    per: dict[str, list[np.ndarray]] = {}  # column key -> per-seed [M] means over test questions
     for method, by_seed in ev.data.runs.items():
         seeds = [r for seed, r in sorted(by_seed.items()) if seed in ev.runs.get(method, {})]
         if not seeds or seeds[0].group != "walla" or "wagers" not in seeds[0].extras:
@@ -217,12 +221,19 @@ def scenario_tables(ev: ScenarioEval) -> list[Table]:
 # ----------------------------------------------------------------------------------------- writing
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the report the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -259,6 +270,18 @@ def render_markdown(cfg: EvalConfig, evals: list[ScenarioEval], tables: list[Tab
     return "\n".join(out).rstrip() + "\n"
 
 
+@contextmanager
+def _torch_single_thread():
+    """Scoring calls torch on small arrays, where intra-op threads only add contention (10x slower on a
+    busy 2-core machine); restore the caller's setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run(cfg: EvalConfig) -> ReportResult:
     """Evaluate every (selected) scenario under cfg.runs and write the report files.
 
@@ -266,6 +289,11 @@ def run(cfg: EvalConfig) -> ReportResult:
         FileNotFoundError: the runs directory does not exist.
         ValueError: no scenario found, or a requested scenario is not there.
     """
+    with _torch_single_thread():
+        return _run(cfg)
+
+
+def _run(cfg: EvalConfig) -> ReportResult:
     available = list_scenarios(cfg.runs)
     if not available:
         raise ValueError(f"no scenario under {cfg.runs} (expected <runs>/<scenario>/scenario.parquet)")
@@ -287,6 +315,8 @@ def run(cfg: EvalConfig) -> ReportResult:
         result.scenarios.append(ev)
         result.tables += scenario_tables(ev)
         if cfg.plots:
+            from walla.evaluate import plots  # matplotlib only when drawing
+
             prefix = cfg.report.parent / f"{cfg.report.stem}-{name}"
             figures[name] = plots.scenario_plots(data, prefix)
             result.files += [p for p, _ in figures[name]]

@@ -167,7 +167,7 @@ def to_markdown(table: Table) -> str:
     notes = table.notes + used_notes(table)
     if notes:
         lines.append("")
-        lines.extend(f"{n}  " for n in notes[:-1])
+        lines.extend(f"{n}\\" for n in notes[:-1])  # trailing backslash: a hard line break
         lines.append(notes[-1])
     return "\n".join(lines) + "\n"
 

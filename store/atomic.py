@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 import polars as pl
-from walla.store.fingerprint import file_sha256
+from walla.store.fingerprint import file_checksum
 
 TMP_SUFFIX = ".tmp"
 
@@ -71,8 +71,8 @@ def dir_files(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
 
 
 def dir_checksums(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
-    """{relative path: sha256} of every file under root: the per-shard checksums `verify` recomputes."""
-    return {rel: file_sha256(root / rel) for rel in dir_files(root, exclude)}
+    """{relative path: "<algo>:<hex>"} of every file under root: the per-shard checksums `verify` recomputes."""
+    return {rel: file_checksum(root / rel) for rel in dir_files(root, exclude)}
 
 
 def dir_size(root: Path) -> int:

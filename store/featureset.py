@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 import zarr
 from walla.store import atomic
-from walla.store.fingerprint import canonical, file_sha256, fingerprint
+from walla.store.fingerprint import canonical, checksum_matches, fingerprint
 from walla.store.schema import FEATURE_SCHEMA_VERSION, OPTIONAL_ROW_COLUMNS, ROW_COLUMNS, VARIANTS
 
 FEATURES_DIR = "features"
@@ -561,7 +561,7 @@ def read_feature_set(path: Path, verify: bool = False) -> FeatureSet:
 
     Checks: meta.json present (completion), schema version, every checksummed file present, row count
     and question_id order identical in rows.parquet, meta.json and hidden.zarr attrs, hidden shape
-    [N, H] float16. With verify=True also recomputes every file's sha256.
+    [N, H] float16. With verify=True also recomputes every file checksum.
 
     Raises:
         IncompleteError, StaleSchemaError, StoreError: with the file and the command that fixes it.
@@ -610,9 +610,9 @@ def read_feature_set(path: Path, verify: bool = False) -> FeatureSet:
 
 
 def verify_checksums(path: Path, meta: dict) -> None:
-    """Recompute every file's sha256; raise StoreError naming the first file that changed."""
+    """Recompute every file checksum; raise StoreError naming the first file that changed."""
     for rel, want in sorted(meta["checksums"].items()):
-        if file_sha256(path / rel) != want:
+        if not checksum_matches(path / rel, want):
             raise StoreError(
                 f"checksum mismatch: {path / rel} changed after it was written (corrupt or edited)"
             )
@@ -648,6 +648,7 @@ class FeatureSetInfo:
     hidden_size: int | None
     created_at: str | None
     schema_version: int | None
+    questions_fp: str | None = None  # the question table the rows were cut from (complete sets)
 
     @property
     def size_bytes(self) -> int:
@@ -689,6 +690,7 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
             m.get("hidden_size"),
             m.get("created_at"),
             m.get("schema_version"),
+            m.get("questions_fp"),
         )
     w = {}
     with contextlib.suppress(OSError, ValueError):

@@ -83,10 +83,38 @@ def fingerprint(inputs: dict) -> str:
     return hashlib.sha256(canonical_json(inputs).encode("utf-8")).hexdigest()[:FP_LENGTH]
 
 
-def file_sha256(path: str | PurePath, block: int = 1 << 22) -> str:
-    """sha256 hex digest of a file's bytes, read in 4 MiB blocks."""
-    h = hashlib.sha256()
+def _hasher(algo: str):
+    if algo == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128()
+    if algo in ("blake2b", "sha256"):
+        return hashlib.new(algo)
+    raise ValueError(f"unknown checksum algorithm {algo!r} (expected xxh3_128, blake2b or sha256)")
+
+
+def _default_algo() -> str:
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:  # pragma: no cover - xxhash ships with `datasets`
+        return "blake2b"
+    return "xxh3_128"
+
+
+CHECKSUM_ALGO = _default_algo()  # xxh3: ~4 GB/s here vs ~140 MB/s for sha256 (no SHA extensions on this CPU)
+
+
+def file_checksum(path: str | PurePath, algo: str | None = None, block: int = 1 << 22) -> str:
+    """'<algo>:<hex>' checksum of a file's bytes (detects corruption; not a security boundary)."""
+    algo = algo or CHECKSUM_ALGO
+    h = _hasher(algo)
     with open(path, "rb") as f:
         while chunk := f.read(block):
             h.update(chunk)
-    return h.hexdigest()
+    return f"{algo}:{h.hexdigest()}"
+
+
+def checksum_matches(path: str | PurePath, recorded: str) -> bool:
+    """Recompute a file's checksum with the algorithm named in `recorded` and compare."""
+    algo, _, _ = recorded.partition(":")
+    return file_checksum(path, algo) == recorded

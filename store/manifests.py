@@ -45,53 +45,55 @@ class ManifestError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         n = len(self.problems)
-        super().__init__(f"{n} problem{'s' if n > 1 else ''} in manifests:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(
+            f"{n} problem{'s' if n > 1 else ''} in manifests:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    source: str                        # hub | package | local
-    hidden_size: int                   # H of the last-layer hidden state (checked against the store)
-    hub_id: str | None = None          # source=hub: "org/name"
-    revision: str = "main"             # hub commit/tag; "main" unless a pinned one is known
-    package: str | None = None         # source=package: importable module that ships the GGUF
-    gguf: str | None = None            # glob inside the package dir, "assemble()" (gemma3 package), or a hub filename
-    path: str | None = None            # source=local: directory or GGUF file
-    backend: str = "hf"                # hint: hf (transformers, CPU/GPU) | vllm (GPU)
-    dtype: str = "auto"                # auto | bfloat16 | float32 | float16 (reference: float32)
+    source: str  # hub | package | local
+    hidden_size: int  # H of the last-layer hidden state (checked against the store)
+    hub_id: str | None = None  # source=hub: "org/name"
+    revision: str = "main"  # hub commit/tag; "main" unless a pinned one is known
+    package: str | None = None  # source=package: importable module that ships the GGUF
+    gguf: str | None = None  # glob inside the package dir, "assemble()" (gemma3 package), or a hub filename
+    path: str | None = None  # source=local: directory or GGUF file
+    backend: str = "hf"  # hint: hf (transformers, CPU/GPU) | vllm (GPU)
+    dtype: str = "auto"  # auto | bfloat16 | float32 | float16 (reference: float32)
     trust_remote_code: bool = False
-    chat_template: bool = False        # the reference never applies one (SPEC §1.1)
+    chat_template: bool = False  # the reference never applies one (SPEC §1.1)
 
 
 @dataclass(frozen=True)
 class DatasetEntry:
     name: str
-    loader: str                        # extract loader registry name
-    split_protocol: dict               # {mode, ratios, seed}
-    hub: dict | None = None            # {path, name, split}
-    local_format: str | None = None    # format of a local DATA_FILE (None: detect from the path)
+    loader: str  # extract loader registry name
+    split_protocol: dict  # {mode, ratios, seed}
+    hub: dict | None = None  # {path, name, split}
+    local_format: str | None = None  # format of a local DATA_FILE (None: detect from the path)
     option_tokens: list[str] | None = None  # None: letters A, B, ... by position
-    soft_target: bool = False          # gold_dist is the target (BayesX posterior)
-    has_context: bool = False          # relevant / irrelevant prompt variants exist
-    generator: dict | None = None      # {n, seed, ...} for generated datasets
-    prompt: str | None = None          # prompt template name (None: the loader's default)
+    soft_target: bool = False  # gold_dist is the target (BayesX posterior)
+    has_context: bool = False  # relevant / irrelevant prompt variants exist
+    generator: dict | None = None  # {n, seed, ...} for generated datasets
+    prompt: str | None = None  # prompt template name (None: the loader's default)
 
 
 @dataclass(frozen=True)
 class ScenarioEntry:
     name: str
-    dataset: str                       # train/val/test rows (test too, unless eval_dataset is set)
-    agents: list[str]                  # model name per slot (M = len)
-    methods: list[str]                 # method registry names
+    dataset: str  # train/val/test rows (test too, unless eval_dataset is set)
+    agents: list[str]  # model name per slot (M = len)
+    methods: list[str]  # method registry names
     seeds: list[int]
     description: str
-    context_rule: str = "none"         # none | one_relevant | one_relevant_one_irrelevant
-    context_seed: int = 0              # seeds the per-split context assignment
-    eval_dataset: str | None = None    # OOD: every row of this dataset is test
+    context_rule: str = "none"  # none | one_relevant | one_relevant_one_irrelevant
+    context_seed: int = 0  # seeds the per-split context assignment
+    eval_dataset: str | None = None  # OOD: every row of this dataset is test
     hparams: dict = field(default_factory=dict)  # method -> resolved hyper-parameter dict
     calibrated: bool = False
-    source: str = ""                   # the YAML file it came from
+    source: str = ""  # the YAML file it came from
 
     @property
     def n_agents(self) -> int:
@@ -251,7 +253,9 @@ def _check_models(file: Path, problems: list[str]) -> dict[str, ModelEntry]:
         if need and not kw.get(need):
             problems.append(f"{where}: source {kw['source']!r} needs {need!r}")
         if kw["source"] == "package" and not kw.get("gguf"):
-            problems.append(f"{where}: source 'package' needs 'gguf' (a glob inside the package, or 'assemble()')")
+            problems.append(
+                f"{where}: source 'package' needs 'gguf' (a glob inside the package, or 'assemble()')"
+            )
         if kw["hidden_size"] <= 0:
             problems.append(f"{where}.hidden_size: must be > 0, got {kw['hidden_size']}")
         if len(problems) == n0:
@@ -274,8 +278,15 @@ def _check_datasets(file: Path, problems: list[str]) -> dict[str, DatasetEntry]:
                 problems.append(f"{where}.split_protocol: unknown key {k!r}; allowed: mode, ratios, seed")
         _choice(sp.get("mode"), SPLIT_MODES, f"{where}.split_protocol.mode", problems)
         ratios = sp.setdefault("ratios", [0.8, 0.1, 0.1])
-        if not (_type_ok(ratios, list[float]) and len(ratios) == 3 and abs(sum(ratios) - 1) < 1e-9 and min(ratios) >= 0):
-            problems.append(f"{where}.split_protocol.ratios: expected 3 non-negative numbers summing to 1, got {ratios!r}")
+        if not (
+            _type_ok(ratios, list[float])
+            and len(ratios) == 3
+            and abs(sum(ratios) - 1) < 1e-9
+            and min(ratios) >= 0
+        ):
+            problems.append(
+                f"{where}.split_protocol.ratios: expected 3 non-negative numbers summing to 1, got {ratios!r}"
+            )
         if not _type_ok(sp.get("seed", 0), int):
             problems.append(f"{where}.split_protocol.seed: expected int, got {sp.get('seed')!r}")
         hub = kw.get("hub")
@@ -290,7 +301,9 @@ def _check_datasets(file: Path, problems: list[str]) -> dict[str, DatasetEntry]:
         if isinstance(tokens, list):
             for i, t in enumerate(tokens):
                 if isinstance(t, bool):  # YAML 1.1 reads YES/NO/yes/no as booleans
-                    problems.append(f"{where}.option_tokens[{i}]: {t!r} is a YAML boolean; quote it, e.g. \"YES\"")
+                    problems.append(
+                        f'{where}.option_tokens[{i}]: {t!r} is a YAML boolean; quote it, e.g. "YES"'
+                    )
         if kw["loader"] in GENERATED and not kw.get("generator"):
             problems.append(f"{where}: loader {kw['loader']!r} needs a generator: {{n, seed}} block")
         if kw.get("soft_target") and kw.get("option_tokens") is None:
@@ -340,6 +353,14 @@ def method_family(info) -> str:
     return info.path.rsplit(".", 1)[-1].replace("_", "-")
 
 
+def _looks_numeric(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
 def _resolve_hparams(raw: dict, methods: list[str], where: str, problems: list[str]) -> dict[str, dict]:
     registry = _method_registry()
     families: dict[str, list[str]] = {}
@@ -349,10 +370,17 @@ def _resolve_hparams(raw: dict, methods: list[str], where: str, problems: list[s
         if key not in registry and key not in families:
             close = difflib.get_close_matches(str(key), [*registry, *families], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(f"{where}.hparams: unknown method or family {key!r}{hint}; "
-                            f"families: {', '.join(families)}")
+            problems.append(
+                f"{where}.hparams: unknown method or family {key!r}{hint}; families: {', '.join(families)}"
+            )
         elif not isinstance(val, dict):
             problems.append(f"{where}.hparams.{key}: expected a mapping of hyper-parameters, got {val!r}")
+        else:
+            for k, v in val.items():
+                if isinstance(v, str) and _looks_numeric(v):  # PyYAML reads 5e-7 (no dot) as a string
+                    problems.append(
+                        f"{where}.hparams.{key}.{k}: {v!r} is a string; write it as a float, e.g. 5.0e-7"
+                    )
     out = {}
     for m in methods:
         if m not in registry:
@@ -400,10 +428,14 @@ def load_scenario(
         avail = list_scenarios()
         close = difflib.get_close_matches(str(name_or_path), avail, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ManifestError([f"{path}: no such scenario {str(name_or_path)!r}{hint}; available: {', '.join(avail)}"])
+        raise ManifestError(
+            [f"{path}: no such scenario {str(name_or_path)!r}{hint}; available: {', '.join(avail)}"]
+        )
     problems: list[str] = []
     models = models if models is not None else _check_models(manifests_dir() / "models.yaml", problems)
-    datasets = datasets if datasets is not None else _check_datasets(manifests_dir() / "datasets.yaml", problems)
+    datasets = (
+        datasets if datasets is not None else _check_datasets(manifests_dir() / "datasets.yaml", problems)
+    )
     entry = _check_scenario(path, models, datasets, problems)
     _raise(problems)
     return entry
@@ -415,7 +447,9 @@ def _check_scenario(path: Path, models: dict, datasets: dict, problems: list[str
     where = str(path)
     if "name" in raw:
         if raw["name"] != name:
-            problems.append(f"{where}: name {raw['name']!r} differs from the file name {name!r}; drop the key")
+            problems.append(
+                f"{where}: name {raw['name']!r} differs from the file name {name!r}; drop the key"
+            )
         raw.pop("name")
     n0 = len(problems)
     kw = _fields(ScenarioEntry, raw, where, problems, {"name": name, "source": str(path)})
@@ -434,8 +468,10 @@ def _check_scenario(path: Path, models: dict, datasets: dict, problems: list[str
         for key in ("dataset", "eval_dataset"):
             ds = datasets.get(kw.get(key))
             if ds is not None and not ds.has_context:
-                problems.append(f"{where}: context_rule {rule!r} needs a dataset with contexts; "
-                                f"{key} {ds.name!r} has has_context: false")
+                problems.append(
+                    f"{where}: context_rule {rule!r} needs a dataset with contexts; "
+                    f"{key} {ds.name!r} has has_context: false"
+                )
     if rule == "one_relevant_one_irrelevant" and len(kw["agents"]) < 2:
         problems.append(f"{where}: context_rule {rule!r} needs at least 2 agents")
     registry = _method_registry()
@@ -444,7 +480,9 @@ def _check_scenario(path: Path, models: dict, datasets: dict, problems: list[str
     for i, m in enumerate(kw["methods"]):
         _ref(m, registry, "method", f"{where}: methods[{i}]", problems)
     if len(set(kw["methods"])) != len(kw["methods"]):
-        problems.append(f"{where}: methods: listed twice: {sorted({m for m in kw['methods'] if kw['methods'].count(m) > 1})}")
+        problems.append(
+            f"{where}: methods: listed twice: {sorted({m for m in kw['methods'] if kw['methods'].count(m) > 1})}"
+        )
     if not kw["seeds"] or len(set(kw["seeds"])) != len(kw["seeds"]):
         problems.append(f"{where}: seeds: expected a non-empty list of distinct ints, got {kw['seeds']!r}")
     kw["hparams"] = _resolve_hparams(kw.get("hparams", {}), kw["methods"], where, problems)

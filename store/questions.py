@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 from walla.store import atomic
 from walla.store.featureset import check_name
-from walla.store.fingerprint import canonical, file_sha256, fingerprint
+from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
 from walla.store.schema import FEATURE_SCHEMA_VERSION, QUESTION_COLUMNS, SPLITS
 
 QUESTIONS_DIR = "questions"
@@ -181,7 +181,7 @@ def write_question_table(store: Path, dataset: str, df: pl.DataFrame, source: di
             "content_sha256": content,
             "n_rows": df.height,
             "split_counts": {s: int(n) for s, n in zip(counts["split"], counts["count"], strict=True)},
-            "checksums": {TABLE_FILE: file_sha256(tmp / TABLE_FILE)},
+            "checksums": {TABLE_FILE: file_checksum(tmp / TABLE_FILE)},
             "versions": atomic.library_versions(),
             "created_at": atomic.now_iso(),
         }
@@ -248,7 +248,7 @@ def read_question_table(
         )
     if verify:
         for rel, want in meta["checksums"].items():
-            if file_sha256(path / rel) != want:
+            if not checksum_matches(path / rel, want):
                 raise ValueError(f"checksum mismatch in {path / rel}: the file changed after it was written")
     df = pl.read_parquet(path / TABLE_FILE)
     if df.height != meta["n_rows"] or df.columns != list(QUESTION_COLUMNS):

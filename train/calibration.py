@@ -85,8 +85,9 @@ class _TempHeads(nn.Module):
 
 
 def _log_probs(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log p on enabled options, -inf on disabled ones. probs [..., K], mask [..., K] bool."""
-    return torch.where(mask, probs.clamp_min(1e-30).log(), torch.full_like(probs, -math.inf))
+    """log p on enabled options, 0 on disabled ones (finite, so d(logp / T)/dT never sees -inf * 0;
+    `_scaled` masks them out). probs [..., K], mask [..., K] bool."""
+    return torch.where(mask, probs.clamp_min(1e-30).log(), torch.zeros_like(probs))
 
 
 def _scaled(logp: torch.Tensor, temp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -141,7 +142,8 @@ def fit_calibration(data, cfg: CalibrationConfig | dict | None = None, device: s
         fit_rows.append(rows[perm[n_hold:]])
 
     heads = _TempHeads(in_dims, cfg).to(device)
-    bank = stack_hidden(data.hidden, train).to(device)  # [M, n_train, Hmax]; rows addressed by position
+    h_max = max(in_dims)
+    bank = stack_hidden(data.hidden, train)[:, :, :h_max].to(device)  # [M, n_train, Hmax]; rows by position
     pos = np.full(len(data.split), -1, dtype=np.int64)
     pos[train] = np.arange(len(train))
     probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float32)).to(device)  # [n_train, M, K]
@@ -251,7 +253,7 @@ def temperatures(state: CalibrationState, data, rows: np.ndarray, batch: int = 4
     agent_t = torch.tensor(state.agent)[:, None]  # [G, 1]
     for start in range(0, len(rows), batch):
         chunk = rows[start : start + batch]
-        bank = stack_hidden(data.hidden, chunk)  # [M, n, Hmax]
+        bank = stack_hidden(data.hidden, chunk)[:, :, : max(state.in_dims)]  # [M, n, Hmax]
         x = bank[agent_t, torch.arange(len(chunk))[None, :]].float()  # [G, n, Hmax]
         with torch.no_grad():
             t = heads(x).numpy()  # [G, n]

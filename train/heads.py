@@ -64,11 +64,10 @@ class WagerHead(nn.Module):
 
 
 class StackedHeads(nn.Module):
-    """G independent WagerHeads in ONE flat parameter [G, P] (head g owns row g).
+    """G independent WagerHeads as stacked parameters: weights[j] [G, d_j, d_j+1], biases[j] [G, d_j+1].
 
-    Layer j's weight [G, d_j, d_j+1] and bias [G, d_j+1] are views into the flat row, so the whole
-    optimizer step and the per-head gradient clipping are a handful of ops on one [G, P] tensor,
-    whatever the depth (Adam is elementwise, so row g's update is exactly that of head g alone).
+    Head g only ever touches slice g of every parameter; Adam is elementwise, so slice g's update is
+    exactly that of head g trained alone (with per-head clipping, `clip_per_head_`).
     """
 
     def __init__(
@@ -84,13 +83,10 @@ class StackedHeads(nn.Module):
         self.hidden, self.dropout, self.projection_dim = tuple(hidden), dropout, projection_dim
         self.n_proj = 1 if projection_dim else 0
         self.dims = _layer_dims(max(self.in_dims), hidden, projection_dim)
-        self.slots: list[tuple[int, tuple[int, ...]]] = []  # (offset, shape) of w0, b0, w1, b1, ...
-        off = 0
-        for a, b in zip(self.dims[:-1], self.dims[1:], strict=True):
-            for shape in ((a, b), (b,)):
-                self.slots.append((off, shape))
-                off += int(np.prod(shape))
-        self.flat = nn.Parameter(torch.zeros(len(self.in_dims), off))  # [G, P]
+        g = len(self.in_dims)
+        pairs = list(zip(self.dims[:-1], self.dims[1:], strict=True))
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b)) for a, b in pairs)
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b)) for _, b in pairs)
         if init:
             for i, d in enumerate(self.in_dims):
                 self.load_head(i, WagerHead(d, hidden, dropout, projection_dim))
@@ -99,34 +95,32 @@ class StackedHeads(nn.Module):
     def n_heads(self) -> int:
         return len(self.in_dims)
 
-    def _view(self, t: torch.Tensor, k: int) -> torch.Tensor:
-        off, shape = self.slots[k]
-        return t[:, off : off + int(np.prod(shape))].view(t.shape[0], *shape)
-
-    def weight(self, j: int, t: torch.Tensor | None = None) -> torch.Tensor:
-        """Layer j's weights [G, d_in, d_out] (of `t` if given: a tensor shaped like `flat`, e.g. its grad)."""
-        return self._view(self.flat if t is None else t, 2 * j)
-
-    def bias(self, j: int, t: torch.Tensor | None = None) -> torch.Tensor:
-        return self._view(self.flat if t is None else t, 2 * j + 1)
-
     @torch.no_grad()
     def load_head(self, g: int, head: WagerHead) -> None:
-        """Copy a WagerHead's parameters into row g (zero-padding input rows beyond its H_g)."""
+        """Copy a WagerHead's parameters into slice g (zero-padding input rows beyond its H_g)."""
         for j, layer in enumerate(head.layers):
             w = layer.weight.detach().T  # [d_in, d_out]
-            self.weight(j)[g].zero_()
-            self.weight(j)[g, : w.shape[0]] = w
-            self.bias(j)[g] = layer.bias.detach()
+            self.weights[j][g].zero_()
+            self.weights[j][g, : w.shape[0]] = w
+            self.biases[j][g] = layer.bias.detach()
 
     @torch.no_grad()
     def head(self, g: int) -> WagerHead:
-        """Row g as a plain WagerHead (same function; for inspection and tests)."""
+        """Slice g as a plain WagerHead (same function; for inspection and tests)."""
         out = WagerHead(self.in_dims[g], self.hidden, self.dropout, self.projection_dim)
         for j, layer in enumerate(out.layers):
-            layer.weight.copy_(self.weight(j)[g, : layer.in_features].T)
-            layer.bias.copy_(self.bias(j)[g])
+            layer.weight.copy_(self.weights[j][g, : layer.in_features].T)
+            layer.bias.copy_(self.biases[j][g])
         return out
+
+    def state_rows(self, rows: slice) -> list[torch.Tensor]:
+        """Detached copies of the parameters of heads `rows` (weights then biases)."""
+        return [p.detach()[rows].clone() for p in self.parameters()]
+
+    @torch.no_grad()
+    def load_rows(self, rows: slice, values: Sequence[torch.Tensor]) -> None:
+        for p, v in zip(self.parameters(), values, strict=True):
+            p[rows] = v
 
     def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """x [G, B, Hmax] (zero-padded) -> raw scores r [G, B].
@@ -135,9 +129,9 @@ class StackedHeads(nn.Module):
         no dropout (eval). Explicit masks let callers draw them from per-seed generators.
         """
         h = x  # [G, B, Hmax]
-        last = len(self.dims) - 2
-        for j in range(last + 1):
-            h = torch.baddbmm(self.bias(j).unsqueeze(1), h, self.weight(j))  # [G, B, d_j+1]
+        last = len(self.weights) - 1
+        for j, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = torch.baddbmm(b.unsqueeze(1), h, w)  # [G, B, d_j+1]
             if j < self.n_proj or j == last:
                 continue
             h = torch.relu(h)
@@ -147,12 +141,16 @@ class StackedHeads(nn.Module):
 
     @torch.no_grad()
     def clip_per_head_(self, max_norm: float) -> torch.Tensor:
-        """Clip each head's gradient norm to max_norm exactly like torch.nn.utils.clip_grad_norm_ on
-        that head alone (coef = max_norm / (norm + 1e-6), capped at 1). Returns pre-clip norms [G]."""
-        if self.flat.grad is None:
+        """Clip each head's gradient norm (over all its parameters) to max_norm exactly like
+        torch.nn.utils.clip_grad_norm_ on that head alone (coef = max_norm / (norm + 1e-6), capped at 1).
+        Returns the pre-clip norms [G]."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
             return torch.zeros(self.n_heads)
-        norm = self.flat.grad.norm(dim=1)  # [G]
-        self.flat.grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0).unsqueeze(1))
+        norm = sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads).sqrt()  # [G]
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # [G]
+        for g in grads:
+            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
         return norm
 
 

@@ -22,6 +22,7 @@ Edge cases (documented choices, see loo_baseline):
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -32,31 +33,37 @@ VARIANTS = ("I", "II")
 POOL_KINDS = ("linear", "log")
 WSWM_SCORES = ("brier", "scaled_linear")
 
-LOO_EPS = (
-    1e-16  # opposing stake below which a uniform phantom agent tops up the LOO baseline (reference: 1e-16)
-)
+LOO_EPS = 1e-16  # opposing stake below which a uniform phantom agent tops it up (reference: 1e-16)
 LOG_POOL_EPS = 1e-30  # probability floor inside log pooling; normal in float32 and float64
-SIMPLEX_ATOL = 1e-4  # tolerated |sum - 1| and negativity of probability vectors (float32 softmax is ~1e-7)
+SIMPLEX_ATOL = (
+    1e-4  # tolerated |sum - 1| and negativity of probabilities (float32 softmax: ~1e-7; fp16: K ulp)
+)
 
 
 # ----------------------------------------------------------------------------------------- validation
 
 
-def _as_float(x: object, name: str, dtype: torch.dtype | None = None) -> Tensor:
+def _as_float(x: object) -> Tensor:
+    """Tensor view of an array-like; integer/bool input (e.g. a one-hot target) becomes float."""
     t = x if isinstance(x, Tensor) else torch.as_tensor(x)
-    if dtype is not None:
-        return t.to(dtype)
-    if not t.is_floating_point():
-        return t.to(torch.get_default_dtype())
-    return t
+    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
+
+
+def _simplex_atol(k: int, *originals: Tensor) -> float:
+    """SIMPLEX_ATOL, widened to the rounding of half-precision inputs (float16 sums are off by ~K ulp)."""
+    eps = max((torch.finfo(t.dtype).eps for t in originals if t.is_floating_point()), default=0.0)
+    return max(SIMPLEX_ATOL, k * eps)
 
 
 def _common_dtype(*tensors: Tensor) -> torch.dtype:
+    """Promoted float dtype of the inputs; half precision is computed in float32 (scores need the bits)."""
     dtype = None
     for t in tensors:
         if t.is_floating_point():
             dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
-    return dtype if dtype is not None else torch.get_default_dtype()
+    if dtype is None or dtype not in (torch.float32, torch.float64):
+        return torch.float32
+    return dtype
 
 
 def _where(bad: Tensor) -> str:
@@ -141,7 +148,7 @@ def _check_shapes(probs: Tensor, wagers: Tensor | None, target: Tensor | None, w
 
 def _check_consts(**consts: float) -> None:
     for name, value in consts.items():
-        if not (isinstance(value, int | float) and value > 0 and value < float("inf")):
+        if not (isinstance(value, numbers.Real) and value > 0 and value < float("inf")):
             raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
 
 
@@ -173,14 +180,15 @@ def _as_mask(option_mask: object, p: Tensor, *others: Tensor) -> Tensor | None:
 
 
 def _prepare(probs, wagers, target, validate: bool, option_mask=None, wname: str = "wagers"):
-    p, w, q = (_as_float(x, n) for x, n in ((probs, "probs"), (wagers, wname), (target, "target")))
-    dtype = _common_dtype(p, w, q)
-    p, w, q = p.to(dtype), w.to(dtype), q.to(dtype)
+    p0, w0, q0 = _as_float(probs), _as_float(wagers), _as_float(target)
+    dtype = _common_dtype(p0, w0, q0)
+    p, w, q = p0.to(dtype), w0.to(dtype), q0.to(dtype)
     _check_shapes(p, w, q, wname)
     mask = _as_mask(option_mask, p, w, q)
     if validate:
         masks = [("option_mask", mask)] if mask is not None else []
-        _check_values(simplex=[("probs", p), ("target", q)], nonneg=[(wname, w)], masks=masks)
+        atol = _simplex_atol(p.shape[-1], p0, q0)
+        _check_values(simplex=[("probs", p), ("target", q)], nonneg=[(wname, w)], masks=masks, atol=atol)
     return p, w, q, mask
 
 
@@ -216,9 +224,9 @@ def brier_score(
     One-hot target: the realized score. Distribution target (BayesX posterior, a belief): the expected
     score c1 - c2 (1 + sum p^2 - 2 sum p q) of SPEC §5.2. Returns ``[...]`` (broadcast leading dims).
     """
-    p, q = _as_float(probs, "probs"), _as_float(target, "target")
-    dtype = _common_dtype(p, q)
-    p, q = p.to(dtype), q.to(dtype)
+    p0, q0 = _as_float(probs), _as_float(target)
+    dtype = _common_dtype(p0, q0)
+    p, q = p0.to(dtype), q0.to(dtype)
     if p.shape[-1:] != q.shape[-1:]:
         raise ValueError(f"target: last dim must match probs ({tuple(p.shape)}), got {tuple(q.shape)}")
     try:
@@ -229,7 +237,7 @@ def brier_score(
         ) from None
     if validate:
         _check_consts(c2=c2)
-        _check_values(simplex=[("probs", p), ("target", q)])
+        _check_values(simplex=[("probs", p), ("target", q)], atol=_simplex_atol(p.shape[-1], p0, q0))
     return c1 - c2 * brier_loss(p, q)
 
 
@@ -310,7 +318,11 @@ def advantage(
     option_mask: Tensor | None = None,
     validate: bool = True,
 ) -> Tensor:
-    """Comparative advantage A_i = s(p_i, y) - b_-i: ``[..., M]`` (training regresses wagers onto it)."""
+    """Comparative advantage A_i = s(p_i, y) - b_-i: ``[..., M]`` (training regresses wagers onto it).
+
+    b_-i depends on the *other* agents' wagers, so autograd links agents through it: detach A before
+    using it as agent i's regression target if agents must learn independently (SPEC §5.3).
+    """
     _check_choice("variant", variant, VARIANTS)
     p, w, q, mask = _prepare(probs, wagers, target, validate, option_mask)
     if validate:
@@ -333,7 +345,7 @@ def net_payout(
     """WALLA net payout pi_i = w_i (s_i - b_-i - c3 w_i): ``[..., M]`` (Def. "Net Payout Function")."""
     if validate:
         _check_consts(c3=c3)
-    w = _as_float(wagers, "wagers")
+    w = _as_float(wagers)
     adv = advantage(probs, w, target, variant, c1, c2, option_mask, validate)
     w = w.to(adv.dtype)
     return w * (adv - c3 * w)
@@ -353,7 +365,7 @@ def best_response_wager(
         raise ValueError(f"w_max: must be >= w_min={w_min}, got {w_max!r}")
     if w_min < 0:
         raise ValueError(f"w_min: must be >= 0, got {w_min!r}")
-    a = _as_float(advantage, "advantage")
+    a = _as_float(advantage)
     return (a / (2.0 * c3)).clamp(min=w_min, max=w_max)
 
 
@@ -410,14 +422,15 @@ def pool(
     and the rest is renormalized (datasets with 3-5 options padded to K).
     """
     _check_choice("kind", kind, POOL_KINDS)
-    p, w = _as_float(probs, "probs"), _as_float(weights, "weights")
-    dtype = _common_dtype(p, w)
-    p, w = p.to(dtype), w.to(dtype)
+    p0, w = _as_float(probs), _as_float(weights)
+    dtype = _common_dtype(p0, w)
+    p, w = p0.to(dtype), w.to(dtype)
     _check_shapes(p, w, None, "weights")
     mask = _as_mask(option_mask, p, w)
     if validate:
         masks = [("option_mask", mask)] if mask is not None else []
-        _check_values(simplex=[("probs", p)], nonneg=[("weights", w)], masks=masks)
+        atol = _simplex_atol(p.shape[-1], p0)
+        _check_values(simplex=[("probs", p)], nonneg=[("weights", w)], masks=masks, atol=atol)
     total = w.sum(-1, keepdim=True)  # [..., 1]
     has_stake = total > 0
     w_norm = torch.where(
@@ -458,7 +471,7 @@ def deficit_bound_w(wagers: Tensor, c2: float = 0.5, c3: float = 0.5, validate: 
     With the Brier score s_max - s_min = 2 c2 and W = sum_i w_i. ``wagers[..., M]`` -> ``[...]``; 0 when W = 0
     (then every payout is 0).
     """
-    w = _as_float(wagers, "wagers")
+    w = _as_float(wagers)
     if w.dim() < 1:
         raise ValueError(f"wagers: expected shape [..., M], got {tuple(w.shape)}")
     if validate:

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
-
 from walla.evaluate.aggregate import summarize
 
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
-
 from walla.evaluate import metrics as M
 
 
@@ -66,6 +65,7 @@ def test_ece_first_bin_edge_at_0_05_and_value_on_an_edge():
     # 20 options, uniform -> confidence exactly 0.05 -> first bin [0, 0.05] (argmax = option 0 = label)
     uniform = np.full((1, 20), 0.05)
     assert M.ece(uniform, np.array([0])) == pytest.approx(0.95)
+
     # confidences 0.15 and 0.1500001 (wrong both) land in different bins; 0.15 shares (0.1, 0.15] with 0.12
     def row(c):
         r = np.full(20, (1 - c) / 19)
@@ -162,7 +162,9 @@ def test_bernoulli_kld_tvd_vs_scipy():
     pred = np.array([0.7, 0.2, 0.5, 1.0])
     target = np.array([0.6, 0.0, 0.5, 0.9])
     clip = lambda x: np.clip(x, 1e-10, 1 - 1e-10)  # noqa: E731
-    expected = np.mean([stats.entropy([t, 1 - t], [p, 1 - p]) for p, t in zip(clip(pred), clip(target), strict=True)])
+    expected = np.mean(
+        [stats.entropy([t, 1 - t], [p, 1 - p]) for p, t in zip(clip(pred), clip(target), strict=True)]
+    )
     assert M.bernoulli_kld(pred, target) == pytest.approx(expected)
     assert M.bernoulli_tvd(pred, target) == pytest.approx((0.1 + 0.2 + 0 + 0.1) / 4)
 

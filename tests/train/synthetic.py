@@ -10,7 +10,7 @@ evidence -- the comparative advantage WALLA must discover.
 
 Two regimes:
 - default (PubMedQA-like): the informed agent is confident and right most of the time; the
-  uninformed agents guess (random logits, sometimes confidently wrong). Hard one-hot targets.
+  uninformed agents guess (small random logits), 15% of them confidently wrong. Hard one-hot targets.
 - `informed_less_confident=True` (BayesX-like, soft targets): a prior answer `a` and an evidence
   answer `b != a`; the soft ground truth puts ~0.5-0.68 on `b`. Uninformed agents follow the prior
   confidently (~0.9 on `a`, i.e. confidently wrong-ish); the informed agent reports a noisy copy of
@@ -102,8 +102,10 @@ def make_private_context_scenario(
     if not informed_less_confident:
         label = (rng.random(n) * n_options).astype(np.int64)  # [N] uniform over present options
         target = np.eye(k, dtype=np.float32)[label]  # [N, K] one-hot
-        noise = rng.normal(0.0, 1.5, size=(n, m, k))  # uninformed guesses, sometimes confident
-        logits = noise.copy()
+        logits = rng.normal(0.0, 0.7, size=(n, m, k))  # uninformed: mostly unsure guesses ...
+        wrong = (label[:, None] + 1 + (rng.random((n, m)) * (n_options[:, None] - 1)).astype(np.int64)) % n_options[:, None]
+        halluc = rng.random((n, m)) < 0.15  # ... but 15% confidently wrong (hurts confidence weighting)
+        logits[halluc, wrong[halluc]] += 3.0
         sharp = rng.uniform(2.5, 4.5, size=n)  # informed agent's confidence
         inf_logits = rng.normal(0.0, 1.0, size=(n, k))
         inf_logits[np.arange(n), label] += sharp

@@ -7,6 +7,7 @@ Run: .venv/bin/pytest tests/train/test_mechanism.py
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -283,7 +284,8 @@ def test_float32_and_float64_agree():
         lo = fn(p.float(), w.float(), q.float())
         assert hi.dtype == F64 and lo.dtype == torch.float32, name
         torch.testing.assert_close(lo.double(), hi, rtol=1e-5, atol=1e-6, msg=name)
-    # mixed precision promotes; an integer one-hot target is accepted
+    # half precision is computed in float32; mixed precision promotes; an integer one-hot target is accepted
+    assert pool(p.half(), w.half()).dtype == torch.float32
     assert net_payout(p.float(), w, q).dtype == F64
     torch.testing.assert_close(net_payout(p, w, q.long()), net_payout(p, w, q))
 
@@ -312,46 +314,48 @@ W = torch.tensor([1.0, 0.5], dtype=F64)
 Q = torch.tensor([1.0, 0.0], dtype=F64)
 
 
+BAD_INPUTS = [
+    (lambda: net_payout(P, torch.tensor([1.0, -0.5], dtype=F64), Q), r"wagers: must be >= 0, got -0.5"),
+    (lambda: net_payout(P, torch.tensor([1.0, math.nan], dtype=F64), Q), r"wagers: non-finite value nan"),
+    (lambda: net_payout(P, torch.tensor([1.0, math.inf], dtype=F64), Q), r"wagers: non-finite value inf"),
+    (
+        lambda: net_payout(torch.tensor([[0.5, 0.5], [0.9, 0.3]], dtype=F64), W, Q),
+        r"probs: not a probability vector .* index 1: sums to 1.2",
+    ),
+    (
+        lambda: net_payout(torch.tensor([[0.5, 0.5], [1.2, -0.2]], dtype=F64), W, Q),
+        r"probs: negative probability -0.2 at index \(1, 1\)",
+    ),
+    (
+        lambda: net_payout(torch.tensor([[0.5, 0.5], [math.nan, 0.5]]), W, Q),
+        r"probs: non-finite value nan",
+    ),
+    (lambda: loo_baseline(P, W, torch.tensor([0.7, 0.7], dtype=F64)), r"target: .* sums to 1.4"),
+    (lambda: advantage(P, W, torch.tensor([math.nan, 1.0], dtype=F64)), r"target: non-finite value nan"),
+    (lambda: net_payout(P, torch.ones(3, dtype=F64), Q), r"wagers: expected shape \[\.\.\., M=2\]"),
+    (lambda: net_payout(P, W, torch.tensor([1.0, 0.0, 0.0])), r"target: expected shape \[\.\.\., K=2\]"),
+    (lambda: net_payout(P.expand(3, 2, 2), W.expand(4, 2), Q), r"batch dims do not broadcast"),
+    (lambda: net_payout(P[0], W, Q), r"probs: expected shape \[\.\.\., M, K\]"),
+    (lambda: net_payout(P, W, Q, variant="III"), r"variant: expected one of \['I', 'II'\], got 'III'"),
+    (lambda: net_payout(P, W, Q, c3=0.0), r"c3: must be a positive finite number, got 0.0"),
+    (lambda: loo_baseline(P, W, Q, c2=-1.0), r"c2: must be a positive finite number, got -1.0"),
+    (lambda: brier_score(P, torch.tensor([1.0, 0.0, 0.0])), r"target: last dim must match probs"),
+    (lambda: brier_score(torch.tensor([0.6, 0.6]), Q), r"probs: .* sums to 1.2"),
+    (lambda: pool(P, W, kind="geometric"), r"kind: expected one of \['linear', 'log'\], got 'geometric'"),
+    (lambda: pool(P, torch.tensor([-1.0, 1.0], dtype=F64)), r"weights: must be >= 0, got -1"),
+    (lambda: pool(P, W, option_mask=torch.tensor([1, 1])), r"option_mask: expected a bool tensor"),
+    (lambda: pool(P, W, option_mask=torch.tensor([True, True, True])), r"option_mask: expected shape"),
+    (lambda: pool(P, W, option_mask=torch.tensor([False, False])), r"option_mask: no option enabled"),
+    (lambda: wswm_payout(P, W, Q, score="log"), r"score: expected one of"),
+    (lambda: best_response_wager(torch.tensor([0.1]), c3=-2.0), r"c3: must be a positive finite number"),
+    (lambda: best_response_wager(torch.tensor([0.1]), w_max=-1.0), r"w_max: must be >= w_min"),
+    (lambda: deficit_bound(0.5, 0.0), r"c3: must be a positive finite number"),
+    (lambda: deficit_bound_w(torch.tensor([1.0, -2.0])), r"wagers: must be >= 0, got -2"),
+]
+
+
 @pytest.mark.parametrize(
-    "call, pattern",
-    [
-        (lambda: net_payout(P, torch.tensor([1.0, -0.5], dtype=F64), Q), r"wagers: must be >= 0, got -0.5"),
-        (lambda: net_payout(P, torch.tensor([1.0, math.nan], dtype=F64), Q), r"wagers: non-finite value nan"),
-        (lambda: net_payout(P, torch.tensor([1.0, math.inf], dtype=F64), Q), r"wagers: non-finite value inf"),
-        (
-            lambda: net_payout(torch.tensor([[0.5, 0.5], [0.9, 0.3]], dtype=F64), W, Q),
-            r"probs: not a probability vector .* index 1: sums to 1.2",
-        ),
-        (
-            lambda: net_payout(torch.tensor([[0.5, 0.5], [1.2, -0.2]], dtype=F64), W, Q),
-            r"probs: negative probability -0.2 at index \(1, 1\)",
-        ),
-        (
-            lambda: net_payout(torch.tensor([[0.5, 0.5], [math.nan, 0.5]]), W, Q),
-            r"probs: non-finite value nan",
-        ),
-        (lambda: loo_baseline(P, W, torch.tensor([0.7, 0.7], dtype=F64)), r"target: .* sums to 1.4"),
-        (lambda: advantage(P, W, torch.tensor([math.nan, 1.0], dtype=F64)), r"target: non-finite value nan"),
-        (lambda: net_payout(P, torch.ones(3, dtype=F64), Q), r"wagers: expected shape \[\.\.\., M=2\]"),
-        (lambda: net_payout(P, W, torch.tensor([1.0, 0.0, 0.0])), r"target: expected shape \[\.\.\., K=2\]"),
-        (lambda: net_payout(P.expand(3, 2, 2), W.expand(4, 2), Q), r"batch dims do not broadcast"),
-        (lambda: net_payout(P[0], W, Q), r"probs: expected shape \[\.\.\., M, K\]"),
-        (lambda: net_payout(P, W, Q, variant="III"), r"variant: expected one of \['I', 'II'\], got 'III'"),
-        (lambda: net_payout(P, W, Q, c3=0.0), r"c3: must be a positive finite number, got 0.0"),
-        (lambda: loo_baseline(P, W, Q, c2=-1.0), r"c2: must be a positive finite number, got -1.0"),
-        (lambda: brier_score(P, torch.tensor([1.0, 0.0, 0.0])), r"target: last dim must match probs"),
-        (lambda: brier_score(torch.tensor([0.6, 0.6]), Q), r"probs: .* sums to 1.2"),
-        (lambda: pool(P, W, kind="geometric"), r"kind: expected one of \['linear', 'log'\], got 'geometric'"),
-        (lambda: pool(P, torch.tensor([-1.0, 1.0], dtype=F64)), r"weights: must be >= 0, got -1"),
-        (lambda: pool(P, W, option_mask=torch.tensor([1, 1])), r"option_mask: expected a bool tensor"),
-        (lambda: pool(P, W, option_mask=torch.tensor([True, True, True])), r"option_mask: expected shape"),
-        (lambda: pool(P, W, option_mask=torch.tensor([False, False])), r"option_mask: no option enabled"),
-        (lambda: wswm_payout(P, W, Q, score="log"), r"score: expected one of"),
-        (lambda: best_response_wager(torch.tensor([0.1]), c3=-2.0), r"c3: must be a positive finite number"),
-        (lambda: best_response_wager(torch.tensor([0.1]), w_max=-1.0), r"w_max: must be >= w_min"),
-        (lambda: deficit_bound(0.5, 0.0), r"c3: must be a positive finite number"),
-        (lambda: deficit_bound_w(torch.tensor([1.0, -2.0])), r"wagers: must be >= 0, got -2"),
-    ],
+    "call, pattern", BAD_INPUTS, ids=[re.sub(r"\W+", "-", pat)[:48].strip("-") for _, pat in BAD_INPUTS]
 )
 def test_bad_input_raises_value_error_naming_argument(call, pattern):
     with pytest.raises(ValueError, match=pattern):

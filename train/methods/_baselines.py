@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-
 from walla.train.lit import FitResult, fit_module, row_batches
 from walla.train.mechanism import brier_loss, pool
 from walla.train.methods import MethodOutput
@@ -83,7 +82,9 @@ def build_config(cls: type, cfg: dict | None, method: str):
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(cfg) - set(names))
     if unknown:
-        raise ValueError(f"{method}: unknown config key {unknown[0]!r} (allowed: {', '.join(names) or 'none'})")
+        raise ValueError(
+            f"{method}: unknown config key {unknown[0]!r} (allowed: {', '.join(names) or 'none'})"
+        )
     kwargs = {k: _coerce(v, hints[k], f"{method}: config key {k!r}") for k, v in cfg.items()}
     out = cls(**kwargs)
     check = getattr(out, "check", None)
@@ -127,7 +128,9 @@ def scenario_tensors(data) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def as_rows(rows: np.ndarray, n: int) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     if rows.size and (rows.min() < 0 or rows.max() >= n):
-        raise ValueError(f"rows must index the scenario's {n} questions, got range [{rows.min()}, {rows.max()}]")
+        raise ValueError(
+            f"rows must index the scenario's {n} questions, got range [{rows.min()}, {rows.max()}]"
+        )
     return rows
 
 
@@ -138,8 +141,9 @@ def pooled_output(data, rows: np.ndarray, weights: torch.Tensor, extras: dict | 
     w = weights.detach().to(torch.float32)
     w = w / w.sum(-1, keepdim=True)  # [n, M] rows sum to 1
     agg = pool(probs, w, kind="linear", option_mask=mask)  # [n, K], 0 on absent options
-    return MethodOutput(weights=w.numpy().astype(np.float32), agg_probs=agg.numpy().astype(np.float32),
-                        extras=extras or {})
+    return MethodOutput(
+        weights=w.numpy().astype(np.float32), agg_probs=agg.numpy().astype(np.float32), extras=extras or {}
+    )
 
 
 def store_dir(explicit: str | None, data) -> Path | None:
@@ -276,7 +280,9 @@ def router_param_groups(net: RouterNet, c) -> list[dict]:
     """Head at ``lr``; the encoder (finetune mode) at ``encoder_lr``; grads clipped per group."""
     groups = [{"params": [p for p in net.head.parameters() if p.requires_grad], "lr": c.lr}]
     if net.encoder is not None:
-        groups.append({"params": [p for p in net.encoder.parameters() if p.requires_grad], "lr": c.encoder_lr})
+        groups.append(
+            {"params": [p for p in net.encoder.parameters() if p.requires_grad], "lr": c.encoder_lr}
+        )
     return groups
 
 
@@ -286,8 +292,10 @@ def router_predict(state: dict, data, rows: np.ndarray, method: str) -> MethodOu
     rows = as_rows(rows, len(data.split))
     x, _, d_in = router_input(data, c, method, encoder=net.encoder)
     if d_in != state["d_in"]:
-        raise ValueError(f"{method}: router input width {d_in} differs from the fitted {state['d_in']} "
-                         "(different encoder or agent count)")
+        raise ValueError(
+            f"{method}: router input width {d_in} differs from the fitted {state['d_in']} "
+            "(different encoder or agent count)"
+        )
     net.eval()
     step = 4096 if net.encoder is None else 64
     out = []

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-
 from walla.train.encoders import OFFLINE_DEFAULT
 from walla.train.lit import seeded
 from walla.train.methods import LogFn, MethodOutput
@@ -44,21 +43,21 @@ P_CLAMP = 1e-6
 @dataclass(frozen=True)
 class NIRTConfig:
     with_context: bool = False
-    encoder: str = OFFLINE_DEFAULT         # paper: bert-base-uncased (truncation from the left)
-    encoder_mode: str = "frozen"           # frozen (cached embeddings) | finetune (paper)
+    encoder: str = OFFLINE_DEFAULT  # paper: bert-base-uncased (truncation from the left)
+    encoder_mode: str = "frozen"  # frozen (cached embeddings) | finetune (paper)
     pooling: str | None = None
     max_len: int | None = None
-    truncation_side: str | None = None     # paper: left (SPEC §6); None shares the frozen cache
+    truncation_side: str | None = None  # paper: left (SPEC §6); None shares the frozen cache
     embedding_cache: str | None = None
-    lr: float = 1e-2                       # head learning rate (paper, with the encoder: 1e-4)
-    encoder_lr: float = 1e-4               # finetune mode only (paper)
+    lr: float = 1e-2  # head learning rate (paper, with the encoder: 1e-4)
+    encoder_lr: float = 1e-4  # finetune mode only (paper)
     weight_decay: float = 0.01
     knowledge_dim: int = 25
-    agent_dim: int = 256                   # agent embedding size
-    hidden_dim: int = 512                  # PosLinear hidden width
-    discrimination_scale: float = 9.0      # e = scale * sigmoid(.)
+    agent_dim: int = 256  # agent embedding size
+    hidden_dim: int = 512  # PosLinear hidden width
+    discrimination_scale: float = 9.0  # e = scale * sigmoid(.)
     dropout: float = 0.5
-    temperature: float = 1.0               # weights = softmax(logit(p) / temperature)
+    temperature: float = 1.0  # weights = softmax(logit(p) / temperature)
     bce_weight: float = 1.0
     ce_weight: float = 0.25
     reg_weight: float = 1e-4
@@ -106,8 +105,14 @@ class NIRTHead(nn.Module):
 
     def reg_layers(self) -> list[torch.Tensor]:
         """Weights of the six non-encoder layers (the 1e-4 mean-square penalty)."""
-        return [self.agent.weight, self.stat.weight, self.difficulty.weight, self.discrimination.weight,
-                self.l1.weight, self.l2.weight]
+        return [
+            self.agent.weight,
+            self.stat.weight,
+            self.difficulty.weight,
+            self.discrimination.weight,
+            self.l1.weight,
+            self.l2.weight,
+        ]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         stat = torch.sigmoid(self.stat(self.agent.weight))  # [M, C]
@@ -145,10 +150,24 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         loss = c.bce_weight * bce + c.ce_weight * ce + c.reg_weight * reg
         return loss, {"bce": float(bce.detach()), "mixture_ce": float(ce.detach())}
 
-    res = fit_weight_model(net, data, loss_fn, weights_fn, c, seed, log,
-                           param_groups=router_param_groups(net, c), optimizer="adamw")
-    return {"config": c, "net": res.module, "d_in": d_in, "best_epoch": res.best_epoch,
-            "epochs_run": res.epochs_run}
+    res = fit_weight_model(
+        net,
+        data,
+        loss_fn,
+        weights_fn,
+        c,
+        seed,
+        log,
+        param_groups=router_param_groups(net, c),
+        optimizer="adamw",
+    )
+    return {
+        "config": c,
+        "net": res.module,
+        "d_in": d_in,
+        "best_epoch": res.best_epoch,
+        "epochs_run": res.epochs_run,
+    }
 
 
 def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.methods._baselines import as_rows, build_config, pooled_output
 
@@ -32,8 +31,10 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     """Nothing to learn; validates cfg and that prompt NLLs are usable."""
     nll = np.asarray(data.prompt_nll)
     if nll.shape != (len(data.split), data.n_agents):
-        raise ValueError(f"scenario {data.name!r}: prompt_nll has shape {nll.shape}, "
-                         f"expected [{len(data.split)}, {data.n_agents}]")
+        raise ValueError(
+            f"scenario {data.name!r}: prompt_nll has shape {nll.shape}, "
+            f"expected [{len(data.split)}, {data.n_agents}]"
+        )
     return {"config": build_config(PackLLMConfig, cfg, NAME)}
 
 
@@ -43,8 +44,10 @@ def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
     nll = torch.as_tensor(np.asarray(data.prompt_nll[rows], dtype=np.float64))  # [n, M] mean prompt NLL
     if not torch.isfinite(nll).all():
         bad = np.argwhere(~np.isfinite(nll.numpy()))[0]
-        raise ValueError(f"scenario {data.name!r}: prompt_nll is not finite at question "
-                         f"{data.question_id[rows[bad[0]]]!r}, agent slot {bad[1]}")
+        raise ValueError(
+            f"scenario {data.name!r}: prompt_nll is not finite at question "
+            f"{data.question_id[rows[bad[0]]]!r}, agent slot {bad[1]}"
+        )
     log_ppl = nll.clamp_min(math.log(PPL_CLIP))  # [n, M]
     weights = torch.softmax(-log_ppl / c.tau, dim=-1)  # [n, M], proportional to 1/ppl at tau = 1
     return pooled_output(data, rows, weights)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-
 from walla.train.encoders import OFFLINE_DEFAULT
 from walla.train.lit import seeded
 from walla.train.methods import LogFn, MethodOutput
@@ -38,23 +37,23 @@ NAME = "route-llm"
 
 @dataclass(frozen=True)
 class RouteLLMConfig:
-    with_context: bool = False             # encode each agent's own prompt and concatenate (route-llm-ctx)
-    encoder: str = OFFLINE_DEFAULT         # paper: bert-base-uncased
-    encoder_mode: str = "frozen"           # frozen (cached embeddings) | finetune (paper)
-    pooling: str | None = None             # None: the encoder's default (BERT: pooler output)
-    max_len: int | None = None             # None: the encoder's default (paper: 512)
+    with_context: bool = False  # encode each agent's own prompt and concatenate (route-llm-ctx)
+    encoder: str = OFFLINE_DEFAULT  # paper: bert-base-uncased
+    encoder_mode: str = "frozen"  # frozen (cached embeddings) | finetune (paper)
+    pooling: str | None = None  # None: the encoder's default (BERT: pooler output)
+    max_len: int | None = None  # None: the encoder's default (paper: 512)
     truncation_side: str | None = None
-    embedding_cache: str | None = None     # cache dir; None: <store>/embeddings of the scenario, or memory
-    lr: float = 1e-2                       # head learning rate (paper, finetuning everything: 5e-5)
-    encoder_lr: float = 5e-5               # finetune mode only (paper)
+    embedding_cache: str | None = None  # cache dir; None: <store>/embeddings of the scenario, or memory
+    lr: float = 3e-2  # head learning rate (paper, finetuning everything: 5e-5)
+    encoder_lr: float = 5e-5  # finetune mode only (paper)
     weight_decay: float = 0.01
     dropout: float = 0.1
-    temperature: float = 2.0               # weights = softmax(logits / temperature)
+    temperature: float = 2.0  # weights = softmax(logits / temperature)
     clip: float = 1.0
-    batch_size: int = 50                   # paper: 50 (PubMedQA hetero 100, PubMedQA x12 30)
+    batch_size: int = 50  # paper: 50 (PubMedQA hetero 100, PubMedQA x12 30)
     epochs: int = 5
     patience: int = 5
-    reference_early_stopping: bool = False # SPEC §10.2: all epochs, keep the last (soft targets: best KL)
+    reference_early_stopping: bool = False  # SPEC §10.2: all epochs, keep the last (soft targets: best KL)
     engine: str = "lightning"
 
     def check(self, method: str) -> None:
@@ -75,10 +74,24 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     def loss_fn(module: nn.Module, rows: np.ndarray):
         return mixture_ce(weights_fn(module, rows), probs[rows], target[rows])
 
-    res = fit_weight_model(net, data, loss_fn, weights_fn, c, seed, log,
-                           param_groups=router_param_groups(net, c), optimizer="adamw")
-    return {"config": c, "net": res.module, "d_in": d_in, "best_epoch": res.best_epoch,
-            "epochs_run": res.epochs_run}
+    res = fit_weight_model(
+        net,
+        data,
+        loss_fn,
+        weights_fn,
+        c,
+        seed,
+        log,
+        param_groups=router_param_groups(net, c),
+        optimizer="adamw",
+    )
+    return {
+        "config": c,
+        "net": res.module,
+        "d_in": d_in,
+        "best_epoch": res.best_epoch,
+        "epochs_run": res.epochs_run,
+    }
 
 
 def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:

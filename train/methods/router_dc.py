@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-
 from walla.train.encoders import OFFLINE_DEFAULT
 from walla.train.lit import seeded
 from walla.train.methods import LogFn, MethodOutput
@@ -38,26 +37,26 @@ from walla.train.methods._baselines import (
 )
 
 NAME = "router-dc"
-NEG_MAX_P = 0.5    # a negative whose p_gold exceeds this is not a negative
-POS_MIN_P = 0.01   # a positive whose p_gold is below this contributes nothing
+NEG_MAX_P = 0.5  # a negative whose p_gold exceeds this is not a negative
+POS_MIN_P = 0.01  # a positive whose p_gold is below this contributes nothing
 
 
 @dataclass(frozen=True)
 class RouterDCConfig:
     with_context: bool = False
-    encoder: str = OFFLINE_DEFAULT         # paper: microsoft/mdeberta-v3-base
-    encoder_mode: str = "frozen"           # frozen (cached embeddings) | finetune (paper)
-    pooling: str | None = None             # None: the encoder's default (mdeberta: [CLS])
+    encoder: str = OFFLINE_DEFAULT  # paper: microsoft/mdeberta-v3-base
+    encoder_mode: str = "frozen"  # frozen (cached embeddings) | finetune (paper)
+    pooling: str | None = None  # None: the encoder's default (mdeberta: [CLS])
     max_len: int | None = None
-    truncation_side: str | None = None     # None: the encoder's default (mdeberta: left)
+    truncation_side: str | None = None  # None: the encoder's default (mdeberta: left)
     embedding_cache: str | None = None
-    lr: float = 5e-2                       # expert embeddings (paper: 1e-6 .. 5e-5, with the encoder)
-    encoder_lr: float = 1e-8               # finetune mode only (paper hetero: 1e-6 * 0.01)
+    lr: float = 5e-2  # expert embeddings (paper: 1e-6 .. 5e-5, with the encoder)
+    encoder_lr: float = 1e-8  # finetune mode only (paper hetero: 1e-6 * 0.01)
     weight_decay: float = 0.01
-    temperature: float = 1.0               # logits = cos / temperature
+    temperature: float = 1.0  # logits = cos / temperature
     expert_init_std: float = 0.78
-    top_k: int = 3                         # clamped to M
-    last_k: int = 3                        # clamped to M
+    top_k: int = 3  # clamped to M
+    last_k: int = 3  # clamped to M
     clip: float = 1.0
     skip_grad_norm_above: float | None = 1000.0
     batch_size: int = 32
@@ -120,11 +119,25 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         logits = module(x[torch.from_numpy(rows)]) / c.temperature  # [B, M]
         return contrastive_loss(logits, p_gold[rows], c.top_k, c.last_k)
 
-    res = fit_weight_model(net, data, loss_fn, weights_fn, c, seed, log,
-                           param_groups=router_param_groups(net, c), optimizer="adamw",
-                           skip_grad_norm_above=c.skip_grad_norm_above)
-    return {"config": c, "net": res.module, "d_in": d_in, "best_epoch": res.best_epoch,
-            "epochs_run": res.epochs_run}
+    res = fit_weight_model(
+        net,
+        data,
+        loss_fn,
+        weights_fn,
+        c,
+        seed,
+        log,
+        param_groups=router_param_groups(net, c),
+        optimizer="adamw",
+        skip_grad_norm_above=c.skip_grad_norm_above,
+    )
+    return {
+        "config": c,
+        "net": res.module,
+        "d_in": d_in,
+        "best_epoch": res.best_epoch,
+        "epochs_run": res.epochs_run,
+    }
 
 
 def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:

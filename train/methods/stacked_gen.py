@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-
 from walla.train.lit import seeded
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.methods._baselines import (
@@ -43,14 +42,16 @@ class StackedGenConfig:
     batch_size: int = 100
     hidden: tuple[int, ...] = (512, 256)
     dropout: float = 0.1
-    temperature: float = 2.0               # weights = softmax(logits / temperature)
-    projection_dim: int | None = None      # reference: 4096 (per-agent Linear before the MLP)
-    normalize_hidden: bool = False         # L2-normalize each agent's hidden state (reference: PubMedQA hetero)
+    temperature: float = 2.0  # weights = softmax(logits / temperature)
+    projection_dim: int | None = None  # reference: 4096 (per-agent Linear before the MLP)
+    normalize_hidden: bool = False  # L2-normalize each agent's hidden state (reference: PubMedQA hetero)
     clip: float = 1.0
     weight_decay: float = 0.0
-    patience: int = 5                      # validation epochs without improvement (wrong-context: 50)
-    reference_early_stopping: bool = False # SPEC §10.2: train all epochs, keep the last (soft targets: best KL)
-    engine: str = "lightning"              # lit.fit_module engine: lightning | loop (same steps)
+    patience: int = 5  # validation epochs without improvement (wrong-context: 50)
+    reference_early_stopping: bool = (
+        False  # SPEC §10.2: train all epochs, keep the last (soft targets: best KL)
+    )
+    engine: str = "lightning"  # lit.fit_module engine: lightning | loop (same steps)
 
     def check(self, method: str) -> None:
         check_common(self, method)
@@ -66,8 +67,11 @@ class StackedNet(nn.Module):
     def __init__(self, sizes: list[int], c: StackedGenConfig):
         super().__init__()
         self.sizes, self.normalize = list(sizes), c.normalize_hidden
-        self.proj = (nn.ModuleList(nn.Linear(h, c.projection_dim) for h in sizes)
-                     if c.projection_dim is not None else None)
+        self.proj = (
+            nn.ModuleList(nn.Linear(h, c.projection_dim) for h in sizes)
+            if c.projection_dim is not None
+            else None
+        )
         width = c.projection_dim * len(sizes) if c.projection_dim is not None else sum(sizes)
         layers: list[nn.Module] = []
         for h in c.hidden:
@@ -120,11 +124,14 @@ class HiddenRows:
 
 def _check_hidden(data) -> None:
     if len(data.hidden) != data.n_agents:
-        raise ValueError(f"scenario {data.name!r}: {len(data.hidden)} hidden arrays for {data.n_agents} agents")
+        raise ValueError(
+            f"scenario {data.name!r}: {len(data.hidden)} hidden arrays for {data.n_agents} agents"
+        )
     for i, h in enumerate(data.hidden):
         if h.ndim != 2 or h.shape[0] != len(data.split):
-            raise ValueError(f"scenario {data.name!r}: hidden[{i}] has shape {h.shape}, "
-                             f"expected [{len(data.split)}, H]")
+            raise ValueError(
+                f"scenario {data.name!r}: hidden[{i}] has shape {h.shape}, expected [{len(data.split)}, H]"
+            )
 
 
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
@@ -146,10 +153,16 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     groups = [{"params": list(net.mlp.parameters())}]
     if net.proj is not None:
         groups.append({"params": list(net.proj.parameters())})  # clipped separately (reference)
-    res = fit_weight_model(net, data, loss_fn, weights_fn, c, seed, log, param_groups=groups,
-                           optimizer="adam")
-    return {"config": c, "net": res.module, "sizes": x.sizes, "best_epoch": res.best_epoch,
-            "epochs_run": res.epochs_run}
+    res = fit_weight_model(
+        net, data, loss_fn, weights_fn, c, seed, log, param_groups=groups, optimizer="adam"
+    )
+    return {
+        "config": c,
+        "net": res.module,
+        "sizes": x.sizes,
+        "best_epoch": res.best_epoch,
+        "epochs_run": res.epochs_run,
+    }
 
 
 def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
@@ -158,7 +171,9 @@ def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
     _check_hidden(data)
     sizes = [int(h.shape[1]) for h in data.hidden]
     if sizes != state["sizes"]:
-        raise ValueError(f"scenario {data.name!r}: hidden sizes {sizes} differ from the fitted {state['sizes']}")
+        raise ValueError(
+            f"scenario {data.name!r}: hidden sizes {sizes} differ from the fitted {state['sizes']}"
+        )
     x = HiddenRows(data.hidden)
     net.eval()
     out = []

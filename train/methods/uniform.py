@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.methods._baselines import as_rows, build_config, pooled_output
 

@@ -17,8 +17,8 @@ Per agent i a head on i's OWN last-layer hidden state outputs r_i; its wager is 
 
 Decentralization is exact: nothing reaches agent i's parameters except its own hidden states and its
 own realized advantage. All agents of all seeds live in one StackedHeads module (row g = head g of
-seed s), trained as one Adam over one flat parameter [G, P]: Adam is elementwise, the loss is a sum of
-per-head means, clipping is per row, dropout masks come from per-seed generators. So each agent's
+seed s), trained by one Adam over stacked parameters [G, ...]: Adam is elementwise, the loss is a sum
+of per-head means, gradient clipping is per head, dropout masks come from per-seed generators. So each agent's
 trajectory is exactly the one it would follow trained alone against the same sequence of opponents'
 wagers (tests/train/test_walla_decentralized.py checks this against a plain nn.Module + its own Adam),
 and each seed's trajectory is independent of which other seeds share the module.
@@ -76,24 +76,25 @@ class TrainedHeads:
     seeds: list[int]
     in_dims: list[int]                 # [M] real hidden size per agent
     n_kinds: int                       # 1 (wager) or 3 (wager, own-score, baseline diagnostics)
-    last: torch.Tensor                 # [G, P] parameters after the last step
-    best: torch.Tensor                 # [G, P] restored state (best window metric; last if none)
+    last: list[torch.Tensor]           # StackedHeads parameters after the last step (heads on axis 0)
+    best: list[torch.Tensor]           # restored state (best window metric; last if none)
     best_step: list[int | None]        # per seed
     stop_step: list[int | None]        # per seed: step at which patience ran out (None: ran all epochs)
     steps: int
     calibration: CalibrationState | None
 
 
-def _draw_masks(gens: list[torch.Generator], m: int, n_kinds: int, b: int, widths: Sequence[int], keep: float):
+def _draw_masks(gens: list[torch.Generator], diag_gens: list[torch.Generator], m: int, n_kinds: int, b: int,
+                widths: Sequence[int], keep: float) -> list[torch.Tensor]:
     """Dropout keep-masks, one [G, b, width] per hidden layer, from per-seed generators.
 
-    Per seed, all wager-head masks are drawn before any diagnostic-head mask, so the wager heads see
-    the same masks whether or not diagnostics are on.
+    Diagnostic heads draw from their own per-seed generators, so the wager heads see the same masks
+    (and hence the same trajectory) whether or not diagnostics are on.
     """
     per_seed = []
-    for g in gens:
-        wager = [torch.empty(m, b, w).bernoulli_(keep, generator=g) for w in widths]  # [M, b, w]
-        diag = [torch.empty((n_kinds - 1) * m, b, w).bernoulli_(keep, generator=g) for w in widths]
+    for g, dg in zip(gens, diag_gens, strict=True):
+        wager = [(torch.rand(m, b, w, generator=g) < keep).float() for w in widths]  # [M, b, w]
+        diag = [(torch.rand((n_kinds - 1) * m, b, w, generator=dg) < keep).float() for w in widths]
         per_seed.append([torch.cat([wm, dm]) for wm, dm in zip(wager, diag, strict=True)])
     return [torch.cat([seed_masks[j] for seed_masks in per_seed]) for j in range(len(widths))]
 
@@ -162,7 +163,8 @@ def train_heads(
     g_n = s_n * a_n
 
     heads = _init_heads(seeds, in_dims, cfg, n_kinds).to(device)
-    gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]  # dropout, per seed
+    gens = [torch.Generator().manual_seed(seed) for seed in seeds]  # wager-head dropout, per seed
+    diag_gens = [torch.Generator().manual_seed(seed + 7919) for seed in seeds]  # diagnostic heads' dropout
     rngs = [np.random.default_rng(seed) for seed in seeds]  # data order, per seed
     n, bs = len(train), cfg.batch_size
     n_batches = math.ceil(n / bs)
@@ -186,7 +188,7 @@ def train_heads(
         if n_kinds > 1:
             x = x.unsqueeze(1).expand(s_n, n_kinds, m, b, x.shape[-1])  # [S, D, M, b, H]
         x = x.reshape(g_n, b, -1).float()  # [G, b, H]
-        masks = _draw_masks(gens, m, n_kinds, b, widths, keep) if cfg.dropout > 0 else None
+        masks = _draw_masks(gens, diag_gens, m, n_kinds, b, widths, keep) if cfg.dropout > 0 else None
         masks = [mk.to(device) for mk in masks] if masks is not None else None
         r = module(x, masks).view(s_n, n_kinds, m, b)  # [S, D, M, b]
         w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
@@ -223,7 +225,7 @@ def train_heads(
     best_val = torch.full((s_n,), math.inf, dtype=torch.float64)
     bad = torch.zeros(s_n, dtype=torch.long)
     active = [True] * s_n
-    best = heads.flat.detach().clone()
+    best = [p.detach().clone() for p in heads.parameters()]
     best_step: list[int | None] = [None] * s_n
     stop_step: list[int | None] = [None] * s_n
     n_seen = 0
@@ -246,7 +248,8 @@ def train_heads(
                     if wm[s] < best_val[s]:
                         best_val[s], bad[s], best_step[s] = wm[s], 0, step
                         rows = slice(s * a_n, (s + 1) * a_n)
-                        best[rows] = heads.flat.detach()[rows]  # state AFTER this batch's update
+                        for bp, p in zip(best, heads.parameters(), strict=True):
+                            bp[rows] = p.detach()[rows]  # state AFTER this batch's update
                     else:
                         bad[s] += 1
         for s in range(s_n):
@@ -282,12 +285,15 @@ def train_heads(
         logger=None,
         device=cfg.device,
     )
-    last = heads.flat.detach().clone()
+    last = [p.detach().clone() for p in heads.parameters()]
     for s in range(s_n):  # a seed whose window never improved keeps its last state
         if best_step[s] is None:
-            best[s * a_n : (s + 1) * a_n] = last[s * a_n : (s + 1) * a_n]
+            rows = slice(s * a_n, (s + 1) * a_n)
+            for bp, lp in zip(best, last, strict=True):
+                bp[rows] = lp[rows]
     return TrainedHeads(
-        cfg=cfg, seeds=seeds, in_dims=in_dims, n_kinds=n_kinds, last=last.cpu(), best=best.cpu(),
+        cfg=cfg, seeds=seeds, in_dims=in_dims, n_kinds=n_kinds, last=[t.cpu() for t in last],
+        best=[t.cpu() for t in best],
         best_step=best_step, stop_step=stop_step, steps=res.steps, calibration=calibration,
     )
 
@@ -296,7 +302,7 @@ def _seed_chunks(data, cfg: WallaConfig, seeds: list[int]) -> list[list[int]]:
     """Seeds per batched module so that parameters + grads + Adam moments + best copy fit the budget."""
     heads = StackedHeads([max(int(h.shape[1]) for h in data.hidden)], cfg.hidden, cfg.dropout,
                          cfg.projection_dim, init=False)
-    per_seed = heads.flat.shape[1] * data.n_agents * (3 if cfg.diagnostics else 1) * 4 * 6
+    per_seed = sum(p.numel() for p in heads.parameters()) * data.n_agents * (3 if cfg.diagnostics else 1) * 4 * 6
     k = max(1, int(PARAM_BUDGET_BYTES // per_seed))
     return [seeds[i : i + k] for i in range(0, len(seeds), k)]
 
@@ -315,7 +321,7 @@ def fit_many(data, cfg: dict | None, seeds: Sequence[int], logs: Sequence[LogFn 
         for j, seed in enumerate(chunk):
             states.append({
                 "cfg": c.to_dict(), "seed": seed, "in_dims": th.in_dims, "n_kinds": th.n_kinds,
-                "flat": th.best[j * a_n : (j + 1) * a_n].clone(),
+                "params": [t[j * a_n : (j + 1) * a_n].clone() for t in th.best],
                 "best_step": th.best_step[j], "stop_step": th.stop_step[j], "steps": th.steps,
                 "calibration": calibration,
             })
@@ -335,8 +341,7 @@ def predict(state: dict, data, rows: np.ndarray, chunk: int = 2048) -> MethodOut
     if len(state["in_dims"]) != m:
         raise ValueError(f"state was trained with {len(state['in_dims'])} agents, scenario has {m}")
     heads = StackedHeads(state["in_dims"] * n_kinds, cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
-    with torch.no_grad():
-        heads.flat.copy_(state["flat"])
+    heads.load_rows(slice(None), state["params"])
     heads.eval()
     cal = state.get("calibration")
     probs_np = apply_calibration(cal, data, rows) if cal is not None else np.asarray(data.probs[rows], np.float32)

@@ -1,0 +1,344 @@
+"""transformers backend (CPU or GPU; safetensors or GGUF): one forward pass per prompt batch.
+
+Per prompt it returns the full-vocabulary log-probs of the option tokens at the LAST prompt
+position, the last-layer hidden state there (after the final norm: = hidden_states[-1]), and the
+mean next-token NLL over the prompt's real tokens (PackLLM). It never builds a [batch, seq, vocab]
+logits tensor: the decoder (`model.get_decoder()`) gives final hidden states [B, L, d]; the LM head
+is applied to the last position only ([B, V]) and, for the NLL, to the real positions in
+(token x vocabulary) chunks with a running logsumexp. Unlike the reference (SPEC §10.15), pad
+positions are never scored, so the NLL does not depend on batch composition.
+
+Batches are length-bucketed under a token budget (`batch_tokens` = rows x padded length), longest
+first, and returned in input order. Right padding without an attention mask is the default: with
+causal attention a real token never sees the pads after it, so every row equals its unpadded run
+and SDPA keeps its fast causal path. Left padding (mask + position ids from the mask) is available
+for comparison and tested to give the same hidden states.
+
+GGUF files (the embedded models) load through transformers' `gguf_file=` (dequantized). That load
+takes 20-90 s on a small CPU, so the first load saves the dequantized model as safetensors under
+`$WALLA_CACHE` (default ~/.cache/walla)/gguf/<sha256[:16]>/, keyed by the GGUF file's sha256; later
+loads take ~1 s and give identical weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from walla.extract import hub
+from walla.extract.backends import Progress, ScoreResult
+from walla.extract.models import ResolvedModel
+from walla.extract.scoring import plan_batches, restore_order
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHUNK_ELEMS = 1 << 22  # logits elements per NLL chunk (16 MiB in fp32)
+VOCAB_CHUNK = 4096  # vocabulary rows per NLL chunk: the weight slice stays in cache while tokens stream
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 matmuls are only faster than fp32 on CPUs with AMX or AVX512-BF16 (measured: 4x SLOWER without)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`auto`: bf16 on GPUs (fp16 where bf16 is unsupported) and on CPUs with native bf16, else fp32."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+        return DTYPES[name]
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("WALLA_CACHE", Path.home() / ".cache" / "walla"))
+
+
+@contextlib.contextmanager
+def _fast_gguf_reads():
+    """transformers parses the GGUF header twice and rebuilds gguf's tensor-name map once per tensor
+    (~400 times, ~15 s); share one reader and memoize the map for the duration of one load."""
+    import gguf
+
+    orig_map, orig_reader = gguf.get_tensor_name_map, gguf.GGUFReader
+    readers: dict = {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = orig_reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(orig_map)
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map, gguf.GGUFReader = orig_map, orig_reader
+
+
+def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
+    """Safetensors copy of a GGUF model (built on first use; see module docstring)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_root() / "gguf" / sha256[:16]
+    if (out / "walla-converted.json").exists():
+        return out
+    log.warning("first load of %s: converting the GGUF to safetensors in %s (once)", gguf_path.name, out)
+    with _fast_gguf_reads():
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # weights are dequantized: load them as plain safetensors
+    model.hf_quantizer = None
+    tmp = out.with_name(f"{out.name}.{uuid.uuid4().hex[:8]}.incomplete")
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "walla-converted.json").write_text(json.dumps({"gguf": gguf_path.name, "sha256": sha256}))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "walla-converted.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
+    """(model, tokenizer) for a resolved model; hub failures become one-line HubUnavailableError."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
+    is_hub = rm.identity.get("source") == "hub"
+    if rm.gguf_file and not is_hub:
+        src = str(converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"]))
+    else:
+        src = rm.load_from
+        if rm.gguf_file:
+            kwargs["gguf_file"] = rm.gguf_file
+        if rm.revision:
+            kwargs["revision"] = rm.revision
+    why = hub.prepare_hub_access() if is_hub else ""
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation="sdpa", **kwargs)
+        except ValueError as e:  # architectures without SDPA support
+            if "sdpa" not in str(e).lower():
+                raise
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation="eager", **kwargs)
+    except (OSError, ValueError, RuntimeError) as e:
+        if not is_hub or isinstance(e, hub.HubUnavailableError):
+            raise
+        reason = (why + " and it is not in the local cache") if why else hub.describe_failure(e)
+        raise hub.unavailable("model", rm.load_from, reason, hub.EMBEDDED_HINT) from e
+    return model.to(device).eval(), tok
+
+
+class HFBackend:
+    """See the module docstring. Core classes take flat arguments (STYLE item 3)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, *, batch_tokens: int = 4096, chat_template: bool = False,
+                 padding_side: str = "right", identity: dict | None = None, max_batch_rows: int | None = None,
+                 chunk_elems: int = CHUNK_ELEMS, vocab_chunk: int = VOCAB_CHUNK):
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        self.model = model.eval()
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.hidden_size = int(cfg.hidden_size)
+        self.tok = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        self.batch_tokens = int(batch_tokens)
+        self.max_batch_rows = max_batch_rows
+        self.chat_template = chat_template
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("--chat-template was asked but this tokenizer has no chat template")
+        self.padding_side = padding_side
+        self.chunk_elems, self.vocab_chunk = chunk_elems, vocab_chunk
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._identity = identity or {}
+
+    # -- text -> ids ------------------------------------------------------------------------------------
+
+    def identity(self) -> dict:
+        import transformers
+
+        return {**self._identity, "backend": "hf", "transformers": transformers.__version__,
+                "torch": torch.__version__.split("+")[0], "dtype": str(self.dtype).removeprefix("torch."),
+                "chat_template": self.chat_template}
+
+    def format_prompt(self, text: str) -> str:
+        if not self.chat_template:
+            return text
+        return self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                            add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        # with a chat template the special tokens are part of the text already
+        return list(self.tok(text, add_special_tokens=not self.chat_template)["input_ids"])
+
+    def encode_bare(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(x) for x in self.tok(texts, add_special_tokens=not self.chat_template)["input_ids"]]
+
+    # -- the forward pass -------------------------------------------------------------------------------
+
+    def _cap(self, z: torch.Tensor) -> torch.Tensor:
+        return z if not self.softcap else torch.tanh(z / self.softcap) * self.softcap
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on selected positions only: [n, d] -> [n, V] float32."""
+        return self._cap(self.head(h).float())
+
+    def _token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """-log p(target | position) for T positions without materializing [T, V]: [T, d], [T] -> [T]."""
+        w, b = self.head.weight, getattr(self.head, "bias", None)  # [V, d], [V] | None
+        n_vocab = w.shape[0]
+        vc = min(n_vocab, self.vocab_chunk)
+        tc = max(1, self.chunk_elems // vc)
+        out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+        for t0 in range(0, h.shape[0], tc):
+            hc, tg = h[t0 : t0 + tc], targets[t0 : t0 + tc]  # [tc, d], [tc]
+            lse = torch.full((hc.shape[0],), -torch.inf, device=h.device)
+            tgt_logit = torch.zeros(hc.shape[0], device=h.device)
+            for v0 in range(0, n_vocab, vc):
+                z = hc @ w[v0 : v0 + vc].T  # [tc, vc]
+                if b is not None:
+                    z = z + b[v0 : v0 + vc]
+                z = self._cap(z.float())
+                lse = torch.logaddexp(lse, torch.logsumexp(z, dim=-1))
+                hit = (tg >= v0) & (tg < v0 + vc)  # targets whose logit lives in this vocabulary slice
+                if hit.any():
+                    rows = hit.nonzero().squeeze(1)
+                    tgt_logit[rows] = z[rows, tg[rows] - v0]
+            out[t0 : t0 + tc] = lse - tgt_logit
+        return out
+
+    @torch.inference_mode()
+    def forward_batch(self, seqs: list[list[int]], cand: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """One padded batch -> (raw option log-probs [n, U], hidden [n, d], nll [n], n_tokens [n])."""
+        n = len(seqs)
+        lens = torch.tensor([len(s) for s in seqs])  # [n]
+        if int(lens.min()) < 1:
+            raise ValueError("a prompt encoded to zero tokens")
+        width = int(lens.max())
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)  # [n, L]
+        real = torch.zeros((n, width), dtype=torch.bool)  # [n, L] True at real tokens
+        for i, s in enumerate(seqs):
+            if self.padding_side == "right":
+                ids[i, : len(s)] = torch.tensor(s)
+                real[i, : len(s)] = True
+            else:
+                ids[i, width - len(s) :] = torch.tensor(s)
+                real[i, width - len(s) :] = True
+        ids, real = ids.to(self.device), real.to(self.device)
+        if self.padding_side == "right" or bool(real.all()):
+            # causal attention: no real token attends to the pads after it -> no mask needed (SDPA is_causal path)
+            out = self.decoder(input_ids=ids, use_cache=False)
+            last = (lens - 1).to(self.device)  # [n]
+        else:
+            pos = (real.long().cumsum(-1) - 1).clamp(min=0)  # [n, L] positions count real tokens only
+            out = self.decoder(input_ids=ids, attention_mask=real.long(), position_ids=pos, use_cache=False)
+            last = torch.full((n,), width - 1, device=self.device)
+        h = out.last_hidden_state  # [n, L, d], after the final norm
+        h_last = h[torch.arange(n, device=self.device), last]  # [n, d]
+        logp = torch.log_softmax(self._logits(h_last), dim=-1)  # [n, V] last position only
+        opt = logp[:, cand.to(self.device)]  # [n, U]
+        # prompt NLL: position t predicts token t+1; both must be real tokens
+        pred = real[:, :-1] & real[:, 1:]  # [n, L-1]
+        row_of = torch.arange(n, device=self.device).unsqueeze(1).expand(n, width - 1)[pred]  # [T]
+        tok_nll = self._token_nll(h[:, :-1][pred], ids[:, 1:][pred])  # [T]
+        sums = torch.zeros(n, device=self.device).index_add_(0, row_of, tok_nll)  # [n]
+        counts = (lens - 1).clamp(min=1).to(self.device)  # a 1-token prompt has NLL 0 (reference clamps too)
+        return (opt.float().cpu().numpy(), h_last.float().cpu().numpy(), (sums / counts).cpu().numpy(),
+                lens.numpy().astype(np.int32))
+
+    def score(self, prompts: list[str], token_ids: list[int], progress: Progress | None = None) -> ScoreResult:
+        """Score prompts (already formatted) in length buckets; results in input order."""
+        enc = self.encode_batch(prompts)
+        lengths = np.array([len(e) for e in enc])
+        batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)
+        cand = torch.tensor(token_ids, dtype=torch.long)
+        parts: list[tuple[np.ndarray, ...]] = []
+        for idx in batches:
+            parts.append(self.forward_batch([enc[i] for i in idx], cand))
+            if progress is not None:
+                progress(len(idx), int(lengths[idx].sum()))
+        fields = [restore_order(batches, [p[k] for p in parts], len(prompts)) for k in range(4)]
+        return ScoreResult(*fields)
+
+    @torch.inference_mode()
+    def self_check(self, text: str = "The capital of France is Paris. The capital of Italy is") -> float:
+        """Compare our head path with the model's own forward (logits, hidden_states[-1]) on one prompt.
+
+        Catches architectures whose logits need more than `lm_head(norm(h))` (+ soft-capping).
+        Returns the max abs log-prob difference; raises RuntimeError when it is too large.
+        """
+        ids = self.encode(text)
+        x = torch.tensor([ids], device=self.device)
+        full = self.model(input_ids=x, output_hidden_states=True, use_cache=False)
+        ref_lp = torch.log_softmax(full.logits[0].float(), dim=-1)  # [L, V] (one short prompt)
+        cand = torch.arange(min(64, ref_lp.shape[-1]))
+        opt, hid, nll, _ = self.forward_batch([ids], cand)
+        ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
+        ref_h = full.hidden_states[-1][0, -1].float().cpu().numpy()
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        err = max(float(np.abs(opt[0] - ref_lp[-1, cand].cpu().numpy()).max()), abs(float(nll[0]) - ref_nll))
+        herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
+        if err > tol or herr > tol:
+            raise RuntimeError(f"self-check failed: option log-probs/NLL differ from model(...).logits by {err:.2e}, "
+                               f"hidden state by {herr:.2e} (tolerance {tol}); this architecture post-processes "
+                               "logits in a way the hf backend does not reproduce")
+        return err
+
+    def close(self) -> None:
+        self.model = self.decoder = self.head = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def load_hf_backend(rm: ResolvedModel, *, dtype: str = "auto", device: str | None = None, batch_tokens: int = 4096,
+                    chat_template: bool = False) -> HFBackend:
+    """Load a resolved model and wrap it; runs the self-check once."""
+    device = device or default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    model, tok = load_model(rm, torch_dtype, device)
+    backend = HFBackend(model, tok, batch_tokens=batch_tokens, chat_template=chat_template,
+                        identity={"model": rm.identity})
+    if rm.hidden_size and rm.hidden_size != backend.hidden_size:
+        raise ValueError(f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
+                         f"{backend.hidden_size}; fix manifests/models.yaml")
+    backend.self_check()
+    return backend

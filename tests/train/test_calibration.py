@@ -1,0 +1,91 @@
+"""Adaptive temperature calibration (SPEC §9): fitted on train only, per context role, lowers NLL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from synthetic import make_private_context_scenario
+
+from walla.train.calibration import apply_calibration, fit_calibration, temperatures
+from walla.train.methods import walla
+
+FAST = {"lr": 1e-2, "epochs": 15}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _sharpen(probs: np.ndarray, factor: float) -> np.ndarray:
+    z = np.log(np.clip(probs, 1e-30, 1)) * factor
+    z -= z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _nll(probs: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Per-agent mean NLL [M]: probs [n, M, K], target [n, K]."""
+    return -np.log(np.clip((probs * target[:, None, :]).sum(-1), 1e-10, 1)).mean(0)
+
+
+@pytest.fixture(scope="module")
+def overconfident():
+    data = make_private_context_scenario(n=800, m=3, k=3, h=[16, 24, 16], seed=4, min_options=2)
+    data.probs[:, 0] = _sharpen(data.probs[:, 0], 4.0)  # agent 0: deliberately over-confident
+    return data
+
+
+def test_calibration_lowers_heldout_nll_of_overconfident_agent(overconfident):
+    data = overconfident
+    state = fit_calibration(data, FAST)
+    assert state.agent == [0, 0, 1, 1, 2, 2] and state.role == [0, 1] * 3  # per context role
+    assert all(state.fitted)
+    test = data.split_index("test")
+    raw, cal = _nll(data.probs[test], data.target[test]), _nll(apply_calibration(state, data, test), data.target[test])
+    assert cal[0] < 0.6 * raw[0]  # the over-confident agent improves a lot on unseen rows
+    temps = temperatures(state, data, test)
+    assert temps[:, 0].mean() > 1.5  # ... by being cooled down
+    before, after = zip(*state.holdout_nll, strict=True)
+    assert all(a <= b + 1e-6 for a, b in zip(after, before, strict=True))  # best state restored
+
+
+def test_calibration_uses_training_rows_only(overconfident):
+    data = overconfident
+    a = fit_calibration(data, {**FAST, "epochs": 2})
+    changed = make_private_context_scenario(n=800, m=3, k=3, h=[16, 24, 16], seed=4, min_options=2)
+    changed.probs[:, 0] = data.probs[:, 0]
+    held = np.flatnonzero(changed.split != "train")
+    changed.probs[held] = changed.probs[held][:, ::-1]  # scramble val/test predictions
+    changed.hidden[0][held] = 0.0
+    b = fit_calibration(changed, {**FAST, "epochs": 2})
+    torch.testing.assert_close(a.params[0], b.params[0])
+
+
+def test_subset_of_agents_and_identity_at_init(overconfident):
+    data = overconfident
+    state = fit_calibration(data, {**FAST, "agents": [0], "by_role": "no", "epochs": 1, "lr": 1e-12})
+    assert state.agent == [0] and state.role == [-1]
+    rows = np.arange(50)
+    out = apply_calibration(state, data, rows)
+    np.testing.assert_allclose(out[:, 1:], data.probs[rows, 1:], atol=1e-6)  # uncalibrated agents pass through
+    np.testing.assert_allclose(out[:, 0], data.probs[rows, 0], atol=1e-4)  # T ~ t0 = 1 at (near) init
+    absent = np.broadcast_to(~data.option_mask[rows][:, None, :], out.shape)
+    assert absent.any() and out[absent].max() == 0.0  # absent options stay at probability 0
+    with pytest.raises(ValueError, match="calibration agents \\[5\\] out of range"):
+        fit_calibration(data, {"agents": [5]})
+
+
+def test_walla_calibrated_outputs_agent_probs(overconfident):
+    data = overconfident
+    cfg = {"lr": 3e-3, "epochs": 1, "calibrated": True, "calibration": {**FAST, "epochs": 3}}
+    state = walla.fit(data, cfg, seed=18)
+    rows = data.split_index("test")
+    out = walla.predict(state, data, rows)
+    expect = apply_calibration(state["calibration"], data, rows)
+    np.testing.assert_allclose(out.extras["agent_probs"], expect, atol=1e-6)
+    assert not np.allclose(out.extras["agent_probs"], data.probs[rows], atol=1e-3)
