@@ -68,6 +68,7 @@ ROW_DTYPES: dict[str, pl.DataType] = {
     "prompt": pl.String(),  # optional
 }
 assert list(ROW_DTYPES) == [*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS]
+_FS_DIR_RE = re.compile(r"^[0-9a-f]{16}(\.incomplete)?$")
 _SHARD_RE = re.compile(r"^rows-(\d{12})-(\d{12})\.parquet$")
 
 
@@ -237,9 +238,8 @@ class FeatureSetWriter:
             dtype="float16",
             compressors=None,  # float16 activations barely compress; raw chunks read at disk speed
             fill_value=0,
-            config={
-                "write_empty_chunks": True
-            },  # every chunk file exists: checksums and raw reads stay simple
+            # every chunk file exists, even all-zero ones: checksums and raw reads stay simple
+            config={"write_empty_chunks": True},
         )
         atomic.write_json(
             self.tmp / WRITER_FILE,
@@ -317,11 +317,10 @@ class FeatureSetWriter:
         if dup:
             raise ValueError(f"question_id {sorted(dup)[0]!r} was already written to this feature set")
 
-        _write_hidden(self.array, start, h16)  # 1. data first ...
         end = start + n
-        atomic.write_parquet(
-            self.tmp / SHARDS_DIR / f"rows-{start:012d}-{end:012d}.parquet", rows
-        )  # 2. ... then marker
+        _write_hidden(self.array, start, h16)  # 1. data first ...
+        shard = self.tmp / SHARDS_DIR / f"rows-{start:012d}-{end:012d}.parquet"
+        atomic.write_parquet(shard, rows)  # 2. ... then the rename that makes the shard durable
         self._ids.update(ids)
         self._columns = rows.columns
         self.done_rows = end
@@ -347,9 +346,8 @@ class FeatureSetWriter:
                 rows = pl.read_parquet(self.tmp / ROWS_FILE)
             else:
                 parts = [pl.read_parquet(p) for p, _, _ in _durable_shards(self.tmp)]
-                rows = pl.concat(
-                    parts, how="vertical"
-                ).rechunk()  # rechunk: same bytes however it was sharded
+                # rechunk: one contiguous table, so the same rows give the same bytes however they were sharded
+                rows = pl.concat(parts, how="vertical").rechunk()
                 if rows.height != self.total_rows:
                     raise StoreError(
                         f"{self.tmp}: shards hold {rows.height} rows, expected {self.total_rows}"
@@ -735,7 +733,10 @@ def list_feature_sets(
         for ddir in _subdirs(mdir, dataset):
             for vdir in _subdirs(ddir, variant):
                 for d in _subdirs(vdir, None):
-                    out.append(_info(mdir.name, ddir.name, vdir.name, d))
+                    if not _FS_DIR_RE.match(d.name):  # e.g. a directory `rm` is deleting right now
+                        continue
+                    with contextlib.suppress(FileNotFoundError):  # removed or renamed while we looked
+                        out.append(_info(mdir.name, ddir.name, vdir.name, d))
     return out
 
 

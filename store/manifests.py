@@ -268,6 +268,17 @@ def _check_datasets(file: Path, problems: list[str]) -> dict[str, DatasetEntry]:
     for name, raw in _entries(file, problems).items():
         where = f"{file}: {name}"
         n0 = len(problems)
+        tokens = raw.get("option_tokens")
+        if isinstance(tokens, list) and any(isinstance(t, bool) for t in tokens):
+            for i, t in enumerate(tokens):
+                if isinstance(t, bool):  # YAML 1.1 reads YES/NO/yes/no/on/off as booleans
+                    problems.append(
+                        f'{where}.option_tokens[{i}]: {t!r} is a YAML boolean; quote it, e.g. "YES"'
+                    )
+            raw = {
+                **raw,
+                "option_tokens": [str(t) for t in tokens],
+            }  # reported once, not again as a type error
         kw = _fields(DatasetEntry, raw, where, problems, {"name": str(name)})
         if kw is None:
             continue
@@ -297,13 +308,6 @@ def _check_datasets(file: Path, problems: list[str]) -> dict[str, DatasetEntry]:
             for k in ("path", "split"):
                 if not isinstance(hub.get(k), str):
                     problems.append(f"{where}.hub.{k}: expected a string, got {hub.get(k)!r}")
-        tokens = raw.get("option_tokens")
-        if isinstance(tokens, list):
-            for i, t in enumerate(tokens):
-                if isinstance(t, bool):  # YAML 1.1 reads YES/NO/yes/no as booleans
-                    problems.append(
-                        f'{where}.option_tokens[{i}]: {t!r} is a YAML boolean; quote it, e.g. "YES"'
-                    )
         if kw["loader"] in GENERATED and not kw.get("generator"):
             problems.append(f"{where}: loader {kw['loader']!r} needs a generator: {{n, seed}} block")
         if kw.get("soft_target") and kw.get("option_tokens") is None:

@@ -13,7 +13,9 @@ the chunk files into the preallocated [N, H] output of each slot (store/hidden_i
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from walla.store.featureset import (
     read_feature_set,
 )
 from walla.store.hidden_io import HiddenReader
-from walla.store.manifests import DatasetEntry, ScenarioEntry, load_datasets
+from walla.store.manifests import DatasetEntry, ModelEntry, ScenarioEntry, load_datasets, load_models
 from walla.store.questions import read_question_table
 from walla.store.schema import SPLITS, VARIANT_CODE, VARIANTS
 
@@ -74,6 +76,7 @@ class ScenarioData:
 # assembly
 
 BLOCK_BYTES = 32 << 20  # hidden rows read per block and variant: large sequential reads, bounded extra memory
+COPY_THREADS = 4  # threads copying blocks into the slots' outputs (capped by CPU count and M)
 
 
 @dataclass
@@ -288,10 +291,20 @@ def _read_rows(reader: HiddenReader, rows: np.ndarray, out: np.ndarray) -> None:
 
 
 def _fill_hidden(
-    outs: list[np.ndarray], slots: list[int], model: str, variant: np.ndarray, part: _Part, budget: int
+    outs: list[np.ndarray],
+    slots: list[int],
+    model: str,
+    variant: np.ndarray,
+    part: _Part,
+    budget: int,
+    pool: ThreadPoolExecutor,
 ) -> None:
     """Write the hidden rows of every slot of `model` for one part: each variant's block is read once,
-    then copied into each slot (the slot's majority variant wholesale, the other variants' rows on top)."""
+    then copied into each slot (the slot's majority variant wholesale, the other variants' rows on top).
+
+    The per-slot copies run on `pool`: writing fresh output pages is the cost here (page faults), and
+    numpy releases the GIL while copying, so slots fill in parallel.
+    """
     keys = [v for v in VARIANTS if (model, v) in part.fs]
     readers = {v: HiddenReader(part.fs[(model, v)].path / "hidden.zarr") for v in keys}
     h = readers[keys[0]].shape[1]
@@ -301,27 +314,35 @@ def _fill_hidden(
     block = max(1, min(BLOCK_BYTES, budget // len(keys)) // (2 * h))
     block = max(chunk, block // chunk * chunk)
     bufs = {v: np.empty((min(block, part.n), h), np.float16) for v in keys}  # [B, H] per variant
+
+    def copy_slot(col: int, s: int, j0: int, j1: int, codes: np.ndarray, used: list[str]) -> None:
+        c = codes[:, col]  # [nb] variant code of this slot per row
+        dst = outs[s][part.offset + j0 : part.offset + j1]  # [nb, H] view into the slot's output
+        counts = {v: int(np.count_nonzero(c == VARIANT_CODE[v])) for v in used}
+        major = max(counts, key=counts.__getitem__)
+        dst[...] = bufs[major][: j1 - j0]
+        for v in used:
+            if v != major and counts[v]:
+                idx = np.flatnonzero(c == VARIANT_CODE[v])
+                dst[idx] = bufs[v][idx]
+
     for j0 in range(0, part.n, block):
         j1 = min(part.n, j0 + block)
-        nb = j1 - j0
         codes = variant[part.offset + j0 : part.offset + j1][:, slots]  # [nb, S]
         used = [v for v in keys if (codes == VARIANT_CODE[v]).any()]
         for v in used:
-            _read_rows(readers[v], part.src[(model, v)][j0:j1], bufs[v][:nb])
-        for col, s in enumerate(slots):
-            c = codes[:, col]
-            dst = outs[s][part.offset + j0 : part.offset + j1]  # [nb, H] view into the slot's output
-            counts = {v: int(np.count_nonzero(c == VARIANT_CODE[v])) for v in used}
-            major = max(counts, key=counts.__getitem__)
-            dst[...] = bufs[major][:nb]
-            for v in used:
-                if v != major and counts[v]:
-                    idx = np.flatnonzero(c == VARIANT_CODE[v])
-                    dst[idx] = bufs[v][idx]
+            _read_rows(readers[v], part.src[(model, v)][j0:j1], bufs[v][: j1 - j0])
+        jobs = [pool.submit(copy_slot, col, s, j0, j1, codes, used) for col, s in enumerate(slots)]
+        for job in jobs:
+            job.result()  # re-raises a worker's exception; buffers are reused only after all copies
 
 
 def assemble_scenario(
-    entry: ScenarioEntry, store: Path, *, datasets: dict[str, DatasetEntry] | None = None
+    entry: ScenarioEntry,
+    store: Path,
+    *,
+    datasets: dict[str, DatasetEntry] | None = None,
+    models: dict[str, ModelEntry] | None = None,
 ) -> ScenarioData:
     """Build the ScenarioData of a scenario from the feature sets in `store`.
 
@@ -329,6 +350,7 @@ def assemble_scenario(
         entry: the scenario (load_scenario).
         store: store root.
         datasets: dataset table (default: the package's datasets.yaml).
+        models: model table (default: the package's models.yaml); hidden sizes are checked against it.
     Returns:
         ScenarioData over every question of the used splits (OOD: train/val of `dataset`, then all rows of
         `eval_dataset` as test); `meta` records the manifest, the context seed and per-split assignment
@@ -346,8 +368,9 @@ def assemble_scenario(
             raise KeyError(
                 f"scenario {entry.name!r}: {key} {name!r} is not in datasets.yaml ({', '.join(datasets)})"
             )
+    model_table = models if models is not None else load_models()
     m = entry.n_agents
-    models = list(dict.fromkeys(entry.agents))  # unique, slot order
+    unique = list(dict.fromkeys(entry.agents))  # model names, slot order
     variants = routing.variants_needed(entry.context_rule, m)
     plan = [(entry.dataset, SPLITS if entry.eval_dataset is None else ("train", "val"), False)]
     if entry.eval_dataset is not None:
@@ -355,13 +378,22 @@ def assemble_scenario(
 
     missing: list = []
     notes: list[str] = []
-    chosen = [_select(store, d, models, variants, missing, notes) for d, _, _ in plan]
+    chosen = [_select(store, d, unique, variants, missing, notes) for d, _, _ in plan]
     if missing:
         _raise_missing(entry, store, missing)
     parts, offset = [], 0
     for (d, keep, force_test), ch in zip(plan, chosen, strict=True):
         parts.append(_load_part(store, d, datasets[d], ch, keep, force_test, offset))
         offset += parts[-1].n
+    hidden_size = {model: parts[0].fs[(model, variants[0])].hidden_size for model in unique}
+    for p in parts:
+        for (model, _), f in p.fs.items():
+            want = model_table[model].hidden_size if model in model_table else hidden_size[model]
+            if f.hidden_size != want:
+                raise StoreError(
+                    f"feature set {f.path} has hidden size {f.hidden_size}, expected {want} for model {model!r} "
+                    "(models.yaml / its other feature sets); was it extracted from another model?"
+                )
     t_load = time.perf_counter()
     soft = {p.entry.soft_target for p in parts}
     if len(soft) > 1:
@@ -414,19 +446,13 @@ def assemble_scenario(
 
     t_arrays = time.perf_counter()
     # hidden states: one [N, H] array per slot, filled block by block straight from the chunk files
-    hidden_size = {model: parts[0].fs[(model, variants[0])].hidden_size for model in models}
-    for p in parts:
-        for model in models:
-            if any(f.hidden_size != hidden_size[model] for (mm, _), f in p.fs.items() if mm == model):
-                raise StoreError(
-                    f"model {model!r}: feature sets disagree on hidden size across datasets/variants"
-                )
     hidden = [np.empty((n, hidden_size[a]), np.float16) for a in entry.agents]  # [M] x [N, H_i]
-    for p in parts:
-        for model in models:
-            slots = [s for s, a in enumerate(entry.agents) if a == model]
-            budget = sum(hidden[s].nbytes for s in slots) // 20  # buffers <= 5% of this model's output
-            _fill_hidden(hidden, slots, model, variant, p, budget)
+    with ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, os.cpu_count() or 1, m))) as pool:
+        for p in parts:
+            for model in unique:
+                slots = [s for s, a in enumerate(entry.agents) if a == model]
+                budget = sum(hidden[s].nbytes for s in slots) // 20  # buffers <= 5% of this model's output
+                _fill_hidden(hidden, slots, model, variant, p, budget, pool)
 
     t_hidden = time.perf_counter()
     fingerprints, used = {}, {}

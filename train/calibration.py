@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-
 from walla.store.schema import VARIANT_CODE
 from walla.train.config import CalibrationConfig
 from walla.train.heads import stack_hidden
@@ -37,11 +36,11 @@ class CalibrationState:
     """Frozen temperature heads: head g serves agent `agent[g]` on rows of role `role[g]`."""
 
     cfg: CalibrationConfig
-    agent: list[int]                   # [G] agent slot of each head
-    role: list[int]                    # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
-    fitted: list[bool]                 # [G] False: too few rows, T = t0
-    params: list[torch.Tensor]         # [flat [G, P]]: the temperature MLPs' parameters, head g = row g
-    in_dims: list[int]                 # [G] hidden size of each head's agent
+    agent: list[int]  # [G] agent slot of each head
+    role: list[int]  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
+    fitted: list[bool]  # [G] False: too few rows, T = t0
+    params: list[torch.Tensor]  # [flat [G, P]]: the temperature MLPs' parameters, head g = row g
+    in_dims: list[int]  # [G] hidden size of each head's agent
     holdout_nll: list[tuple[float, float]]  # [G] (before, after) on the head's holdout rows
 
 
@@ -63,7 +62,7 @@ class _TempHeads(nn.Module):
         with torch.no_grad():
             for i, d in enumerate(in_dims):
                 with seeded(cfg.seed + i):  # nn.Linear default init, fan_in = the agent's real H
-                    layers = [nn.Linear(a, b) for a, b in zip([d, *cfg.hidden], cfg.hidden)]
+                    layers = [nn.Linear(a, b) for a, b in zip([d, *cfg.hidden], cfg.hidden, strict=False)]
                 for j, layer in enumerate(layers):
                     self._view(self.flat, 2 * j)[i, : layer.in_features] = layer.weight.T
                     self._view(self.flat, 2 * j + 1)[i] = layer.bias
@@ -109,7 +108,9 @@ def _roles(data, by_role: str) -> np.ndarray | None:
     return np.where(data.variant == VARIANT_CODE["relevant"], 0, 1)
 
 
-def fit_calibration(data, cfg: CalibrationConfig | dict | None = None, device: str = "cpu") -> CalibrationState:
+def fit_calibration(
+    data, cfg: CalibrationConfig | dict | None = None, device: str = "cpu"
+) -> CalibrationState:
     """Fit every agent's (per-role) temperature head on the training split; see module docstring.
 
     Raises:
@@ -120,12 +121,14 @@ def fit_calibration(data, cfg: CalibrationConfig | dict | None = None, device: s
     agents = list(range(m)) if cfg.agents is None else list(cfg.agents)
     bad = [a for a in agents if not 0 <= a < m]
     if bad:
-        raise ValueError(f"calibration agents {bad} out of range: the scenario has {m} agent slots (0..{m - 1})")
+        raise ValueError(
+            f"calibration agents {bad} out of range: the scenario has {m} agent slots (0..{m - 1})"
+        )
     train = data.split_index("train")
     roles = _roles(data, cfg.by_role)
     head_agent, head_role, head_rows = [], [], []
     for a in agents:
-        for r in ([-1] if roles is None else [0, 1]):
+        for r in [-1] if roles is None else [0, 1]:
             rows = train if r < 0 else train[roles[train, a] == r]
             head_agent.append(a)
             head_role.append(r)
@@ -191,8 +194,10 @@ def fit_calibration(data, cfg: CalibrationConfig | dict | None = None, device: s
     for epoch in range(cfg.epochs):
         if not bool(active.any()):
             break
-        orders = [r[np.random.RandomState((cfg.seed + g) * 1000 + epoch).permutation(len(r))]
-                  for g, r in enumerate(fit_rows)]
+        orders = [
+            r[np.random.RandomState((cfg.seed + g) * 1000 + epoch).permutation(len(r))]
+            for g, r in enumerate(fit_rows)
+        ]
         n_batches = np.array([math.ceil(len(r) / cfg.batch_size) for r in orders])
         order_idx = padded(orders, int(n_batches.max(initial=1)) * cfg.batch_size)  # [G, nb * bs]
         for t in range(int(n_batches.max(initial=0))):

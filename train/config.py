@@ -34,7 +34,9 @@ def _from_dict(cls, cfg: dict | None, what: str):
         for k in unknown:
             close = difflib.get_close_matches(k, names, n=1)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"{what}: unknown config key(s) {', '.join(hints)}; allowed: {', '.join(sorted(names))}")
+        raise ValueError(
+            f"{what}: unknown config key(s) {', '.join(hints)}; allowed: {', '.join(sorted(names))}"
+        )
     return cls(**cfg)
 
 
@@ -48,28 +50,32 @@ class CalibrationConfig:
     """Adaptive temperature heads (SPEC §9); defaults are the reference's."""
 
     hidden: tuple[int, ...] = (256, 64)
-    t0: float = 1.0                   # initial temperature (last layer zero-init, bias = softplus^-1(t0 - t_min))
-    t_min: float = 0.05               # T = softplus(out) + t_min, clamped at t_max
+    t0: float = 1.0  # initial temperature (last layer zero-init, bias = softplus^-1(t0 - t_min))
+    t_min: float = 0.05  # T = softplus(out) + t_min, clamped at t_max
     t_max: float = 10.0
-    lr: float = 1e-4                  # AdamW
+    lr: float = 1e-4  # AdamW
     weight_decay: float = 1e-5
     batch_size: int = 64
     epochs: int = 25
     clip: float = 1.0
-    holdout: float = 0.1              # share of each head's training rows held out for early stopping
-    patience: int = 5                 # epochs without held-out NLL improvement (> min_delta)
+    holdout: float = 0.1  # share of each head's training rows held out for early stopping
+    patience: int = 5  # epochs without held-out NLL improvement (> min_delta)
     min_delta: float = 1e-8
-    seed: int = 18                    # head g: holdout, init and order seeded by seed + g (seed-independent)
-    by_role: str = "auto"             # auto: one head per context role when the scenario routes context
+    seed: int = 18  # head g: holdout, init and order seeded by seed + g (seed-independent)
+    by_role: str = "auto"  # auto: one head per context role when the scenario routes context
     agents: tuple[int, ...] | None = None  # slots to calibrate; None = all (reference: Gemma only = (0,))
-    min_rows: int = 20                # a role with fewer training rows keeps T = t0 (identity at t0 = 1)
+    min_rows: int = 20  # a role with fewer training rows keeps T = t0 (identity at t0 = 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         if self.agents is not None:
             object.__setattr__(self, "agents", tuple(int(a) for a in self.agents))
-        _check(0 < self.t_min < self.t0 < self.t_max, "calibration t_min < t0 < t_max", "0 < t_min < t0 < t_max",
-               (self.t_min, self.t0, self.t_max))
+        _check(
+            0 < self.t_min < self.t0 < self.t_max,
+            "calibration t_min < t0 < t_max",
+            "0 < t_min < t0 < t_max",
+            (self.t_min, self.t0, self.t_max),
+        )
         _check(self.lr > 0, "calibration lr", "> 0", self.lr)
         _check(self.batch_size >= 1, "calibration batch_size", ">= 1", self.batch_size)
         _check(self.epochs >= 1, "calibration epochs", ">= 1", self.epochs)
@@ -86,28 +92,28 @@ class CalibrationConfig:
 class WallaConfig:
     """Decentralized WALLA wager heads (paper §3.3, SPEC §4-§5)."""
 
-    variant: str = "I"                # "I": weighted-score baseline | "II": weighted-prediction baseline
-    pooling: str = "linear"           # aggregate: linear | log (variant II's peer pool stays linear)
-    preset: str = "auto"              # SPEC §4.4 family: auto | hetero | homogeneous | bayesx
-    lr: float | None = None           # Adam lr; None = preset
-    epochs: int | None = None         # None = preset
-    patience: int | None = None       # training batches without window improvement; None = preset
+    variant: str = "I"  # "I": weighted-score baseline | "II": weighted-prediction baseline
+    pooling: str = "linear"  # aggregate: linear | log (variant II's peer pool stays linear)
+    preset: str = "auto"  # SPEC §4.4 family: auto | hetero | homogeneous | bayesx
+    lr: float | None = None  # Adam lr; None = preset
+    epochs: int | None = None  # None = preset
+    patience: int | None = None  # training batches without window improvement; None = preset
     batch_size: int = 100
-    temperature: float = 2.0          # wager = sigmoid(r / T)
-    clip: float = 1.0                 # per-agent gradient-norm clipping
+    temperature: float = 2.0  # wager = sigmoid(r / T)
+    clip: float = 1.0  # per-agent gradient-norm clipping
     hidden: tuple[int, ...] = (512, 256)
     dropout: float = 0.1
     projection_dim: int | None = None  # 4096 reproduces the reference's per-agent projection
-    c1: float = 1.0                   # score s = c1 - c2 * Brier
+    c1: float = 1.0  # score s = c1 - c2 * Brier
     c2: float = 0.5
-    c3: float = 0.5                   # payout w (s - b - c3 w); target w* = clip((s - b) / 2c3, 0, 1)
-    stop_metric: str = "auto"         # auto (kl for soft targets, else brier_regret) | brier_regret | kl | none
-    window: int | None = None         # rolling window (batches); None = max(1, round(|val| / batch_size))
-    shuffle: str = "once"             # training order: "once" per seed (SPEC §3.2) | "epoch"
-    diagnostics: bool = False         # extra heads predicting own score and baseline (never used for wagers)
-    calibrated: bool = False          # adaptive temperature heads before everything (SPEC §9)
+    c3: float = 0.5  # payout w (s - b - c3 w); target w* = clip((s - b) / 2c3, 0, 1)
+    stop_metric: str = "auto"  # auto (kl for soft targets, else brier_regret) | brier_regret | kl | none
+    window: int | None = None  # rolling window (batches); None = max(1, round(|val| / batch_size))
+    shuffle: str = "once"  # training order: "once" per seed (SPEC §3.2) | "epoch"
+    diagnostics: bool = False  # extra heads predicting own score and baseline (never used for wagers)
+    calibrated: bool = False  # adaptive temperature heads before everything (SPEC §9)
     calibration: dict = field(default_factory=dict)  # CalibrationConfig overrides
-    engine: str = "loop"              # loop | lightning: same steps (walla.py says why loop is default)
+    engine: str = "loop"  # loop | lightning: same steps (walla.py says why loop is default)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -122,12 +128,25 @@ class WallaConfig:
         _check(self.temperature > 0, "temperature", "> 0", self.temperature)
         _check(self.clip > 0, "clip", "> 0", self.clip)
         _check(0 <= self.dropout < 1, "dropout", "in [0, 1)", self.dropout)
-        _check(len(self.hidden) >= 1 and min(self.hidden) >= 1, "hidden", "a non-empty list of sizes", self.hidden)
-        _check(self.projection_dim is None or self.projection_dim >= 1, "projection_dim", ">= 1 or null",
-               self.projection_dim)
+        _check(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1,
+            "hidden",
+            "a non-empty list of sizes",
+            self.hidden,
+        )
+        _check(
+            self.projection_dim is None or self.projection_dim >= 1,
+            "projection_dim",
+            ">= 1 or null",
+            self.projection_dim,
+        )
         _check(self.c2 > 0 and self.c3 > 0, "c2 and c3", "> 0", (self.c2, self.c3))
-        _check(self.stop_metric in ("auto", "brier_regret", "kl", "none"), "stop_metric",
-               "auto | brier_regret | kl | none", self.stop_metric)
+        _check(
+            self.stop_metric in ("auto", "brier_regret", "kl", "none"),
+            "stop_metric",
+            "auto | brier_regret | kl | none",
+            self.stop_metric,
+        )
         _check(self.window is None or self.window >= 1, "window", ">= 1 batch or null", self.window)
         _check(self.shuffle in ("once", "epoch"), "shuffle", "'once' or 'epoch'", self.shuffle)
         _check(self.engine in ("loop", "lightning"), "engine", "'loop' or 'lightning'", self.engine)
@@ -164,19 +183,23 @@ class WallaConfig:
 class TrainConfig:
     """One `walla-train` invocation (the CLI builds it; run.run_scenario consumes its fields)."""
 
-    scenario: str                     # scenario name or manifest path
+    scenario: str  # scenario name or manifest path
     methods: tuple[str, ...] | None = None  # None = the scenario's own list
     seeds: tuple[int, ...] = (18, 19, 20, 21, 22)  # SPEC §4.5: 18 + r
     store: str = "walla-store"
     runs: str = "runs"
     device: str = "cpu"
     force: bool = False
-    calibrated: bool = False          # calibrate agents for every WALLA method
-    limit_rows: int | None = None     # keep ~N rows (split shares preserved) for quick looks
+    calibrated: bool = False  # calibrate agents for every WALLA method
+    limit_rows: int | None = None  # keep ~N rows (split shares preserved) for quick looks
 
     def __post_init__(self) -> None:
         _check(len(self.seeds) >= 1, "seeds", "at least one seed", self.seeds)
         _check(len(set(self.seeds)) == len(self.seeds), "seeds", "distinct", self.seeds)
-        _check(self.device in ("cpu", "cuda") or self.device.startswith("cuda:"), "device", "cpu | cuda",
-               self.device)
+        _check(
+            self.device in ("cpu", "cuda") or self.device.startswith("cuda:"),
+            "device",
+            "cpu | cuda",
+            self.device,
+        )
         _check(self.limit_rows is None or self.limit_rows >= 3, "limit_rows", ">= 3", self.limit_rows)

@@ -167,5 +167,7 @@ def stack_hidden(hidden: Sequence, rows: np.ndarray) -> torch.Tensor:
     out = torch.zeros(len(hidden), len(rows), h_max, dtype=dtype)
     for i, h in enumerate(hidden):
         block = np.asarray(h[rows] if len(rows) else np.zeros((0, h.shape[1])))
-        out[i, :, : block.shape[1]] = torch.from_numpy(block.astype(np.float16 if half else np.float32, copy=False))
+        out[i, :, : block.shape[1]] = torch.from_numpy(
+            block.astype(np.float16 if half else np.float32, copy=False)
+        )
     return out

@@ -51,10 +51,10 @@ ENGINES = ("lightning", "loop")
 
 @dataclass
 class FitResult:
-    module: nn.Module                  # best state if val_fn improved at least once, else the last state
-    steps: int                         # optimizer steps attempted (skipped ones included)
+    module: nn.Module  # best state if val_fn improved at least once, else the last state
+    steps: int  # optimizer steps attempted (skipped ones included)
     epochs_run: int
-    best_epoch: int | None             # 0-based epoch whose val was best (None without val_fn)
+    best_epoch: int | None  # 0-based epoch whose val was best (None without val_fn)
     best_val: float | None
     stopped_early: bool
     history: list[dict[str, float]] = field(default_factory=list)  # per epoch: epoch, val, train_loss
@@ -159,8 +159,15 @@ class _Stepper:
         self.step += 1
         self.n_seen += int(metrics.pop("batch_size", _batch_len(batch)))
         self.loss_sum, self.loss_n = self.loss_sum + float(loss.detach()), self.loss_n + 1
-        row = {"step": self.step, "epoch": self.epoch, "n_seen": self.n_seen, "loss": float(loss.detach()),
-               "grad_norm": norm, **({"skipped": 1.0} if skipped else {}), **metrics}
+        row = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "n_seen": self.n_seen,
+            "loss": float(loss.detach()),
+            "grad_norm": norm,
+            **({"skipped": 1.0} if skipped else {}),
+            **metrics,
+        }
         self.last = row
         if self.log is not None:
             self.log(row)
@@ -201,6 +208,7 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*GPU available.*")
     warnings.filterwarnings("ignore", message=".*LightningModule.*optimizer.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning's own pytree deprecation notice
 
 
 def _identity(x: Any) -> Any:
@@ -273,7 +281,9 @@ def fit_module(
     if isinstance(optimizer, torch.optim.Optimizer):
         opt = optimizer
     else:
-        params = param_groups if param_groups is not None else [p for p in module.parameters() if p.requires_grad]
+        params = (
+            param_groups if param_groups is not None else [p for p in module.parameters() if p.requires_grad]
+        )
         opt = make_optimizer(params, optimizer, lr, weight_decay, betas)
     batches_for = train_batches if callable(train_batches) else (lambda _epoch: train_batches)
     stepper = _Stepper(loss_fn, clip, clip_fn, skip_grad_norm_above, log, on_step)

@@ -2,7 +2,8 @@
 
 Every durable step of the writer goes through `atomic.replace` (a rename) or `featureset._write_hidden`
 (zarr region write). The child counts those calls and, at call number `crash_at`, does:
-    _write_hidden  "before": nothing (exactly at a shard boundary)  "mid": the first half of the shard
+    _write_hidden  "before": nothing (exactly at a shard boundary)  "mid": the first half of the shard,
+                   plus a stray zarr chunk temp file (as a kill inside zarr's chunk write leaves)
     replace        "before": nothing (temp file left behind)         "after"/"mid": the rename
 and then SIGKILLs itself, so no `finally`, no atexit and no lock release in Python runs.
 """
@@ -19,7 +20,6 @@ N_ROWS, HIDDEN, SHARD, CHUNK_ROWS = 40, 8, 16, 6  # shard boundaries (16, 32) fa
 def spec_and_data():
     import polars as pl  # noqa: F401  (imported here so the forkserver preload stays cheap)
     from store_fixtures import make_questions, make_rows
-
     from walla.store.featureset import FeatureSetSpec
 
     q = make_questions(N_ROWS, seed=3)
@@ -87,6 +87,10 @@ def crash_run(store: str, crash_at: int, flavor: str) -> None:
         if hit():
             if flavor != "before":
                 orig_hidden(arr, start, h[: len(h) // 2])
+                # what a kill inside zarr's own atomic chunk write leaves behind: a temp next to the chunk
+                chunk_dir = Path(store).glob("features/*/*/*/*.incomplete/hidden.zarr/c/0")
+                for d in chunk_dir:
+                    (d / "0.deadbeef.partial").write_bytes(b"half a chunk")
             die()
         orig_hidden(arr, start, h)
 

@@ -11,14 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-
 from walla.store.featureset import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
 from walla.store.schema import SPLITS, VARIANT_CODE
 
 
 def make_questions(
-    n: int, *, seed: int = 0, k_min: int = 2, k_max: int = 2, soft: bool = False, context: bool = True, prefix: str = "q"
+    n: int,
+    *,
+    seed: int = 0,
+    k_min: int = 2,
+    k_max: int = 2,
+    soft: bool = False,
+    context: bool = True,
+    prefix: str = "q",
 ) -> pl.DataFrame:
     """A valid canonical question table with n rows, option counts in [k_min, k_max], splits ~8:1:1."""
     rng = np.random.default_rng(seed)
@@ -63,7 +69,13 @@ def irrelevant_sources(q: pl.DataFrame, seed: int = 0) -> list[str]:
 
 
 def make_rows(
-    q: pl.DataFrame, variant: str, *, model_tag: int = 0, hidden_size: int = 8, seed: int = 0, prompt: bool = False
+    q: pl.DataFrame,
+    variant: str,
+    *,
+    model_tag: int = 0,
+    hidden_size: int = 8,
+    seed: int = 0,
+    prompt: bool = False,
 ) -> tuple[pl.DataFrame, np.ndarray]:
     """Rows (schema.ROW_COLUMNS) and tagged hidden states [n, H] for one feature set."""
     n = q.height
@@ -110,14 +122,20 @@ def write_feature_set(
     prompt: bool = False,
 ) -> Path:
     rows, hidden = make_rows(q, variant, model_tag=model_tag, hidden_size=hidden_size, prompt=prompt)
-    spec = FeatureSetSpec(model, dataset, variant, {"questions_fp": qfp, "model_tag": model_tag, **(extra_inputs or {})})
-    with open_writer(store, spec, hidden_size=hidden_size, total_rows=rows.height, chunk_rows=chunk_rows) as w:
+    spec = FeatureSetSpec(
+        model, dataset, variant, {"questions_fp": qfp, "model_tag": model_tag, **(extra_inputs or {})}
+    )
+    with open_writer(
+        store, spec, hidden_size=hidden_size, total_rows=rows.height, chunk_rows=chunk_rows
+    ) as w:
         for s in range(w.done_rows, rows.height, shard):
             w.write_shard(rows[s : s + shard], hidden[s : s + shard])
         return w.commit()
 
 
-def build_store(store: Path, dataset: str, q: pl.DataFrame, models: dict[str, int], variants: list[str], **kw) -> str:
+def build_store(
+    store: Path, dataset: str, q: pl.DataFrame, models: dict[str, int], variants: list[str], **kw
+) -> str:
     """Write the question table and one feature set per (model, variant); return the question-table fp."""
     qfp = write_question_table(store, dataset, q, {"synthetic": True})
     for model, tag in models.items():

@@ -3,7 +3,6 @@ from __future__ import annotations
 import polars as pl
 from store_fixtures import build_store, make_questions, make_rows
 from typer.testing import CliRunner
-
 from walla.store.cli import app
 from walla.store.featureset import FeatureSetSpec, list_feature_sets, open_writer
 
@@ -34,7 +33,11 @@ def test_ls_filled(tmp_path):
     for info in list_feature_sets(tmp_path):
         (line,) = [ln for ln in lines if info.fingerprint in ln]
         assert info.model in line and info.variant in line
-        assert ("complete" in line and " 50 " in line) if info.model == "aloe" else ("incomplete" in line and "20/50" in line)
+        assert (
+            ("complete" in line and " 50 " in line)
+            if info.model == "aloe"
+            else ("incomplete" in line and "20/50" in line)
+        )
     assert any(qfp in ln and "questions" in ln for ln in lines)
     assert "3 feature sets (2 complete, 1 incomplete), 1 question tables" in r.output
 
@@ -44,7 +47,9 @@ def test_verify_detects_flipped_byte_and_rm(tmp_path):
     r = runner.invoke(app, ["verify", "--store", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert r.output.count("OK") == 3 and "SKIP" in r.output
-    target = next(i for i in list_feature_sets(tmp_path) if i.variant == "relevant" and i.status == "complete")
+    target = next(
+        i for i in list_feature_sets(tmp_path) if i.variant == "relevant" and i.status == "complete"
+    )
     rows_file = target.path / "rows.parquet"
     data = bytearray(rows_file.read_bytes())
     data[len(data) // 2] ^= 0xFF

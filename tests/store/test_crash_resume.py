@@ -6,13 +6,11 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 import store_crash_writer as cw
-
 from walla.store.featureset import (
     IncompleteError,
     LockedError,
@@ -65,9 +63,13 @@ def test_kill_at_every_step_then_resume(ctx, clean, tmp_path):
                 infos = list_feature_sets(store)
                 assert [i.status for i in infos] in ([], ["incomplete"])
                 for info in infos:
-                    with pytest.raises(IncompleteError, match="make extract MODEL=crashy DATASET=toy VARIANTS=none"):
+                    with pytest.raises(
+                        IncompleteError, match="make extract MODEL=crashy DATASET=toy VARIANTS=none"
+                    ):
                         read_feature_set(info.path)
-            with open_writer(store, spec, hidden_size=cw.HIDDEN, total_rows=cw.N_ROWS, chunk_rows=cw.CHUNK_ROWS) as w:
+            with open_writer(
+                store, spec, hidden_size=cw.HIDDEN, total_rows=cw.N_ROWS, chunk_rows=cw.CHUNK_ROWS
+            ) as w:
                 assert w.done_rows in boundaries  # resumes from the last complete shard, never mid-shard
             path = cw.write_all(store)  # the rerun
             got = read_feature_set(path, verify=True)
@@ -106,5 +108,7 @@ def test_dead_writer_releases_lock_and_live_one_blocks(ctx, tmp_path):
     fs = read_feature_set(path, verify=True)
     assert fs.rows["question_id"].to_list() == rows["question_id"].to_list()
     np.testing.assert_array_equal(fs.hidden[:], hidden)
-    assert fs.rows.drop("context_source_id").equals(rows.drop("context_source_id").cast(fs.rows.drop("context_source_id").schema))
+    assert fs.rows.drop("context_source_id").equals(
+        rows.drop("context_source_id").cast(fs.rows.drop("context_source_id").schema)
+    )
     assert pl.read_parquet(path / "rows.parquet").height == cw.N_ROWS

@@ -7,7 +7,6 @@ import numpy as np
 import polars as pl
 import pytest
 from store_fixtures import make_questions, make_rows, write_feature_set
-
 from walla.store.featureset import (
     FeatureSetSpec,
     IncompleteError,
@@ -88,8 +87,10 @@ def test_bad_shards_rejected_with_one_clear_line(tmp_path):
         with pytest.raises(ValueError, match="already written"):
             w.write_shard(rows[3:6], hidden[3:6])
         with pytest.raises(ValueError, match="overflows"):
-            w.write_shard(pl.concat([rows[4:], rows[4:5].with_columns(question_id=pl.lit("extra"))]),
-                          np.concatenate([hidden[4:], hidden[4:5]]))
+            w.write_shard(
+                pl.concat([rows[4:], rows[4:5].with_columns(question_id=pl.lit("extra"))]),
+                np.concatenate([hidden[4:], hidden[4:5]]),
+            )
         with pytest.raises(StoreError, match="after 4 of 10 rows"):
             w.commit()
     irr, h_irr = make_rows(q, "irrelevant")
@@ -164,7 +165,9 @@ def test_stale_schema_is_one_clear_error(tmp_path, version):
     meta = json.loads((path / "meta.json").read_text())
     meta["schema_version"] = version
     (path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(StaleSchemaError, match=f"schema version {version}.*make extract MODEL=aloe DATASET=toy VARIANTS=none"):
+    with pytest.raises(
+        StaleSchemaError, match=f"schema version {version}.*make extract MODEL=aloe DATASET=toy VARIANTS=none"
+    ):
         read_feature_set(path)
     assert [i.status for i in list_feature_sets(tmp_path)] == ["stale"]
 

@@ -2,7 +2,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from walla.store.featureset import FeatureSetSpec
 from walla.store.fingerprint import canonical_json, fingerprint
 
@@ -75,7 +74,10 @@ def test_rejects_unhashable_inputs():
 
 def test_spec_fingerprint_includes_schema_version_and_names(monkeypatch):
     spec = FeatureSetSpec("aloe", "pubmedqa", "none", {"questions_fp": "abc", "x": 1})
-    assert spec.fingerprint == FeatureSetSpec("aloe", "pubmedqa", "none", {"x": 1, "questions_fp": "abc"}).fingerprint
+    assert (
+        spec.fingerprint
+        == FeatureSetSpec("aloe", "pubmedqa", "none", {"x": 1, "questions_fp": "abc"}).fingerprint
+    )
     assert spec.fingerprint != FeatureSetSpec("aloe", "pubmedqa", "relevant", spec.inputs).fingerprint
     assert spec.fingerprint != FeatureSetSpec("gemma2", "pubmedqa", "none", spec.inputs).fingerprint
     import walla.store.featureset as fsmod

@@ -22,7 +22,6 @@ Two regimes:
 from __future__ import annotations
 
 import numpy as np
-
 from walla.store.scenario import ScenarioData
 from walla.store.schema import VARIANT_CODE
 
@@ -103,7 +102,9 @@ def make_private_context_scenario(
         label = (rng.random(n) * n_options).astype(np.int64)  # [N] uniform over present options
         target = np.eye(k, dtype=np.float32)[label]  # [N, K] one-hot
         logits = rng.normal(0.0, 0.7, size=(n, m, k))  # uninformed: mostly unsure guesses ...
-        wrong = (label[:, None] + 1 + (rng.random((n, m)) * (n_options[:, None] - 1)).astype(np.int64)) % n_options[:, None]
+        wrong = (
+            label[:, None] + 1 + (rng.random((n, m)) * (n_options[:, None] - 1)).astype(np.int64)
+        ) % n_options[:, None]
         halluc = rng.random((n, m)) < 0.15  # ... but 15% confidently wrong (hurts confidence weighting)
         logits[halluc, wrong[halluc]] += 3.0
         sharp = rng.uniform(2.5, 4.5, size=n)  # informed agent's confidence

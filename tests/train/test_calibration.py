@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-
 from walla.train.calibration import apply_calibration, fit_calibration, temperatures
 from walla.train.methods import walla
 
@@ -46,7 +45,10 @@ def test_calibration_lowers_heldout_nll_of_overconfident_agent(overconfident):
     assert state.agent == [0, 0, 1, 1, 2, 2] and state.role == [0, 1] * 3  # per context role
     assert all(state.fitted)
     test = data.split_index("test")
-    raw, cal = _nll(data.probs[test], data.target[test]), _nll(apply_calibration(state, data, test), data.target[test])
+    raw, cal = (
+        _nll(data.probs[test], data.target[test]),
+        _nll(apply_calibration(state, data, test), data.target[test]),
+    )
     assert cal[0] < 0.6 * raw[0]  # the over-confident agent improves a lot on unseen rows
     temps = temperatures(state, data, test)
     assert temps[:, 0].mean() > 1.5  # ... by being cooled down
@@ -72,7 +74,9 @@ def test_subset_of_agents_and_identity_at_init(overconfident):
     assert state.agent == [0] and state.role == [-1]
     rows = np.arange(50)
     out = apply_calibration(state, data, rows)
-    np.testing.assert_allclose(out[:, 1:], data.probs[rows, 1:], atol=1e-6)  # uncalibrated agents pass through
+    np.testing.assert_allclose(
+        out[:, 1:], data.probs[rows, 1:], atol=1e-6
+    )  # uncalibrated agents pass through
     np.testing.assert_allclose(out[:, 0], data.probs[rows, 0], atol=1e-4)  # T ~ t0 = 1 at (near) init
     absent = np.broadcast_to(~data.option_mask[rows][:, None, :], out.shape)
     assert absent.any() and out[absent].max() == 0.0  # absent options stay at probability 0

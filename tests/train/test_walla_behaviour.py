@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-
 from walla.train import mechanism
 from walla.train.methods import walla
 
@@ -106,7 +105,9 @@ def test_log_pooling_and_diagnostics_outputs(bayesx):
     rows = np.arange(len(data.split))
     out = walla.predict(state, data, rows)
     assert set(out.extras) >= {"wagers", "payouts", "advantage", "pred_score", "pred_baseline"}
-    expect = mechanism.pool(torch.from_numpy(data.probs), torch.from_numpy(out.extras["wagers"]), "log").numpy()
+    expect = mechanism.pool(
+        torch.from_numpy(data.probs), torch.from_numpy(out.extras["wagers"]), "log"
+    ).numpy()
     np.testing.assert_allclose(out.agg_probs, expect, atol=1e-6)
     assert np.all((out.extras["pred_score"] > 0) & (out.extras["pred_score"] < 1))
 

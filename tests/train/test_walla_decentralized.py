@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-
 from walla.train import mechanism
 from walla.train.heads import StackedHeads
 from walla.train.methods import walla
@@ -75,7 +74,8 @@ def test_each_agent_equals_training_alone_hetero_hidden_sizes():
     for s, agent in [(0, 0), (0, 1), (1, 2)]:
         solo = _solo_replay(data, cfg, records, init, s, agent)
         batched = trained.head(s * data.n_agents + agent)
-        moved = max((a - b).abs().max().item() for a, b in zip(solo.parameters(), init.head(s * 3 + agent).parameters()))
+        start = init.head(s * 3 + agent).parameters()
+        moved = max((a - b).abs().max().item() for a, b in zip(solo.parameters(), start, strict=True))
         assert moved > 1e-3  # training did something
         for a, b in zip(solo.parameters(), batched.parameters(), strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -93,6 +93,12 @@ def build_config(cls: type, cfg: dict | None, method: str):
     return out
 
 
+def resolved_dict(cls: type, cfg: dict | None, method: str) -> dict:
+    """Every hyper-parameter with defaults filled in (what run.json records): JSON-ready."""
+    out = dataclasses.asdict(build_config(cls, cfg, method))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
 def check_common(c, method: str) -> None:
     """Range checks for the training keys most configs share."""
     for key in ("lr", "encoder_lr", "clip", "temperature"):
@@ -196,6 +202,7 @@ def fit_weight_model(
     param_groups: list[dict] | None = None,
     optimizer: str = "adam",
     skip_grad_norm_above: float | None = None,
+    val_chunk: int = 4096,
 ) -> FitResult:
     """Train ``net`` on the train split with per-epoch validation early stopping (SPEC §4.3, §10.2).
 
@@ -203,6 +210,7 @@ def fit_weight_model(
     every epoch; training stops after ``c.patience`` epochs without improvement and the best state is
     restored. ``c.reference_early_stopping``: the reference's behaviour -- all ``c.epochs``, last state
     kept, except soft-target datasets, where it did select the best epoch by validation KL.
+    Validation weights are computed ``val_chunk`` rows at a time (small for a fine-tuned encoder).
     """
     train_rows = data.split_index("train")
     val_rows = data.split_index("val")
@@ -215,7 +223,10 @@ def fit_weight_model(
         vp, vt = probs[val_rows], target[val_rows]
 
         def val_fn(module: nn.Module) -> float:
-            return val_metric(weights_fn(module, val_rows), vp, vt, bool(data.soft_target))
+            chunks = [
+                weights_fn(module, val_rows[s : s + val_chunk]) for s in range(0, len(val_rows), val_chunk)
+            ]
+            return val_metric(torch.cat(chunks), vp, vt, bool(data.soft_target))  # weights [n_val, M]
 
     return fit_module(
         net,

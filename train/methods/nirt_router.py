@@ -30,6 +30,7 @@ from walla.train.methods._baselines import (
     check_common,
     fit_weight_model,
     mixture_ce,
+    resolved_dict,
     router_input,
     router_param_groups,
     router_predict,
@@ -129,6 +130,11 @@ def correctness(probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return target.gather(1, top)  # [N, M]
 
 
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(NIRTConfig, cfg, NAME)
+
+
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     c = build_config(NIRTConfig, cfg, NAME)
     probs, target, _ = scenario_tensors(data)
@@ -159,6 +165,7 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         seed,
         log,
         param_groups=router_param_groups(net, c),
+        val_chunk=4096 if encoder is None else 64,
         optimizer="adamw",
     )
     return {

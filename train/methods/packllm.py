@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import as_rows, build_config, pooled_output
+from walla.train.methods._baselines import as_rows, build_config, pooled_output, resolved_dict
 
 NAME = "packllm"
 PPL_CLIP = 1e-12
@@ -25,6 +25,11 @@ class PackLLMConfig:
     def check(self, method: str) -> None:
         if not self.tau > 0:
             raise ValueError(f"{method}: config key 'tau' must be > 0, got {self.tau!r}")
+
+
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(PackLLMConfig, cfg, NAME)
 
 
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:

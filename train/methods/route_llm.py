@@ -26,6 +26,7 @@ from walla.train.methods._baselines import (
     check_common,
     fit_weight_model,
     mixture_ce,
+    resolved_dict,
     router_input,
     router_param_groups,
     router_predict,
@@ -60,6 +61,11 @@ class RouteLLMConfig:
         check_common(self, method)
 
 
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(RouteLLMConfig, cfg, NAME)
+
+
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     c = build_config(RouteLLMConfig, cfg, NAME)
     probs, target, _ = scenario_tensors(data)
@@ -83,6 +89,7 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         seed,
         log,
         param_groups=router_param_groups(net, c),
+        val_chunk=4096 if encoder is None else 64,
         optimizer="adamw",
     )
     return {

@@ -30,6 +30,7 @@ from walla.train.methods._baselines import (
     build_config,
     check_common,
     fit_weight_model,
+    resolved_dict,
     router_input,
     router_param_groups,
     router_predict,
@@ -103,6 +104,11 @@ def contrastive_loss(logits: torch.Tensor, p_gold: torch.Tensor, top_k: int, las
     return term.mean(0).mean()  # batch mean per rank, then mean over ranks
 
 
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(RouterDCConfig, cfg, NAME)
+
+
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     c = build_config(RouterDCConfig, cfg, NAME)
     probs, target, _ = scenario_tensors(data)
@@ -128,6 +134,7 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         seed,
         log,
         param_groups=router_param_groups(net, c),
+        val_chunk=4096 if encoder is None else 64,
         optimizer="adamw",
         skip_grad_norm_above=c.skip_grad_norm_above,
     )

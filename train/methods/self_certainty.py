@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import as_rows, build_config, pooled_output
+from walla.train.methods._baselines import as_rows, build_config, pooled_output, resolved_dict
 
 NAME = "self-certainty"
 PROB_CLIP = 1e-12
@@ -34,6 +34,11 @@ def confidence(probs: torch.Tensor, option_mask: torch.Tensor) -> torch.Tensor:
     k_q = m.sum(-1)  # [n, 1] real option count
     logp = torch.log(probs.clamp_min(PROB_CLIP)) * m  # [n, M, K], absent options contribute 0
     return -torch.log(k_q) - logp.sum(-1) / k_q  # [n, M]
+
+
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(SelfCertaintyConfig, cfg, NAME)
 
 
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:

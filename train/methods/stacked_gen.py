@@ -28,6 +28,7 @@ from walla.train.methods._baselines import (
     fit_weight_model,
     mixture_ce,
     pooled_output,
+    resolved_dict,
     scenario_tensors,
 )
 
@@ -132,6 +133,11 @@ def _check_hidden(data) -> None:
             raise ValueError(
                 f"scenario {data.name!r}: hidden[{i}] has shape {h.shape}, expected [{len(data.split)}, H]"
             )
+
+
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(StackedGenConfig, cfg, NAME)
 
 
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:

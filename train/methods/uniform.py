@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import as_rows, build_config, pooled_output
+from walla.train.methods._baselines import as_rows, build_config, pooled_output, resolved_dict
 
 NAME = "uniform"
 
@@ -15,6 +15,11 @@ NAME = "uniform"
 @dataclass(frozen=True)
 class UniformConfig:
     """No hyper-parameters: equal weights."""
+
+
+def resolve(data, cfg: dict | None) -> dict:
+    """The fully resolved config (defaults filled in) that run.json records."""
+    return resolved_dict(UniformConfig, cfg, NAME)
 
 
 def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from walla.train import mechanism
 from walla.train.calibration import CalibrationState, apply_calibration, fit_calibration
 from walla.train.config import WallaConfig
@@ -74,18 +73,25 @@ class TrainedHeads:
 
     cfg: WallaConfig
     seeds: list[int]
-    in_dims: list[int]                 # [M] real hidden size per agent
-    n_kinds: int                       # 1 (wager) or 3 (wager, own-score, baseline diagnostics)
-    last: list[torch.Tensor]           # StackedHeads parameters after the last step (heads on axis 0)
-    best: list[torch.Tensor]           # restored state (best window metric; last if none)
-    best_step: list[int | None]        # per seed
-    stop_step: list[int | None]        # per seed: step at which patience ran out (None: ran all epochs)
+    in_dims: list[int]  # [M] real hidden size per agent
+    n_kinds: int  # 1 (wager) or 3 (wager, own-score, baseline diagnostics)
+    last: list[torch.Tensor]  # StackedHeads parameters after the last step (heads on axis 0)
+    best: list[torch.Tensor]  # restored state (best window metric; last if none)
+    best_step: list[int | None]  # per seed
+    stop_step: list[int | None]  # per seed: step at which patience ran out (None: ran all epochs)
     steps: int
     calibration: CalibrationState | None
 
 
-def _draw_masks(gens: list[torch.Generator], diag_gens: list[torch.Generator], m: int, n_kinds: int, b: int,
-                widths: Sequence[int], keep: float) -> list[torch.Tensor]:
+def _draw_masks(
+    gens: list[torch.Generator],
+    diag_gens: list[torch.Generator],
+    m: int,
+    n_kinds: int,
+    b: int,
+    widths: Sequence[int],
+    keep: float,
+) -> list[torch.Tensor]:
     """Dropout keep-masks, one [G, b, width] per hidden layer, from per-seed generators.
 
     Diagnostic heads draw from their own per-seed generators, so the wager heads see the same masks
@@ -103,12 +109,16 @@ def _init_heads(seeds: Sequence[int], in_dims: list[int], cfg: WallaConfig, n_ki
     """nn.Linear default init per head under seeded(seed): wager heads of agents 0..M-1 first, then the
     diagnostic heads, so wager-head init does not depend on `diagnostics`."""
     m = len(in_dims)
-    heads = StackedHeads(in_dims * (n_kinds * len(seeds)), cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
+    heads = StackedHeads(
+        in_dims * (n_kinds * len(seeds)), cfg.hidden, cfg.dropout, cfg.projection_dim, init=False
+    )
     for s, seed in enumerate(seeds):
         with seeded(seed):
             for k in range(n_kinds):
                 for i, d in enumerate(in_dims):
-                    heads.load_head((s * n_kinds + k) * m + i, WagerHead(d, cfg.hidden, cfg.dropout, cfg.projection_dim))
+                    heads.load_head(
+                        (s * n_kinds + k) * m + i, WagerHead(d, cfg.hidden, cfg.dropout, cfg.projection_dim)
+                    )
     return heads
 
 
@@ -117,7 +127,9 @@ def _stop_metric(kind: str, agg: torch.Tensor, probs: torch.Tensor, target: torc
     if kind == "kl":  # KL(gold || aggregate), SPEC §8 validation form
         return (target * ((target + 1e-10).log() - agg.clamp_min(1e-10).log())).sum(-1)
     # Brier dynamic regret: Brier(aggregate) - min_i Brier(p_i) (unhalved, expected under soft targets)
-    return mechanism.brier_loss(agg, target) - mechanism.brier_loss(probs, target.unsqueeze(-2)).min(-1).values
+    return (
+        mechanism.brier_loss(agg, target) - mechanism.brier_loss(probs, target.unsqueeze(-2)).min(-1).values
+    )
 
 
 def train_heads(
@@ -146,7 +158,9 @@ def train_heads(
     seeds = [int(s) for s in seeds]
     m = data.n_agents
     if m < 2:
-        raise ValueError(f"WALLA needs >= 2 agents (a leave-one-out baseline), scenario {data.name!r} has {m}")
+        raise ValueError(
+            f"WALLA needs >= 2 agents (a leave-one-out baseline), scenario {data.name!r} has {m}"
+        )
     train = data.split_index("train")
     if len(train) == 0:
         raise ValueError(f"scenario {data.name!r} has no 'train' rows to fit WALLA on")
@@ -205,16 +219,26 @@ def train_heads(
                 base = score - adv
             pred_s = torch.sigmoid(r[:, 1]).transpose(1, 2)  # [S, b, M]
             pred_b = torch.sigmoid(r[:, 2]).transpose(1, 2)
-            loss = loss + ((pred_s - score.clamp(0, 1)) ** 2).mean(1).sum() + ((pred_b - base.clamp(0, 1)) ** 2).mean(1).sum()
+            loss = (
+                loss
+                + ((pred_s - score.clamp(0, 1)) ** 2).mean(1).sum()
+                + ((pred_b - base.clamp(0, 1)) ** 2).mean(1).sum()
+            )
         with torch.no_grad():
             agg = mechanism.pool(p, wd, cfg.pooling, validate=False)  # [S, b, K]
             metric = _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if cfg.stop_metric != "none" else None
             step_out.update(
-                b=b, mse=mse.detach().mean(1), metric=metric, wager=wd.mean(1), adv=adv.mean(1),
+                b=b,
+                mse=mse.detach().mean(1),
+                metric=metric,
+                wager=wd.mean(1),
+                adv=adv.mean(1),
                 payout=(wd * (adv - cfg.c3 * wd)).mean(1),
             )
         if trace is not None:
-            trace({"idx": idx.cpu(), "wagers": wd.cpu(), "masks": [mk.cpu() for mk in masks] if masks else None})
+            trace(
+                {"idx": idx.cpu(), "wagers": wd.cpu(), "masks": [mk.cpu() for mk in masks] if masks else None}
+            )
         return loss, {"batch_size": b}
 
     # ---- per-seed online early stopping (SPEC §4.2) -----------------------------------------------
@@ -257,10 +281,15 @@ def train_heads(
                 continue
             if logs[s] is not None:
                 entry = {
-                    "step": step, "epoch": row["epoch"], "n_seen": n_seen,
+                    "step": step,
+                    "epoch": row["epoch"],
+                    "n_seen": n_seen,
                     "loss": float(step_out["mse"][s]),
-                    "stop_metric": float(step_out["metric"][s]) if step_out["metric"] is not None else math.nan,
-                    "window_metric": float(wm[s]), "wager_mean": float(step_out["wager"][s].mean()),
+                    "stop_metric": float(step_out["metric"][s])
+                    if step_out["metric"] is not None
+                    else math.nan,
+                    "window_metric": float(wm[s]),
+                    "wager_mean": float(step_out["wager"][s].mean()),
                     "advantage_mean": float(step_out["adv"][s].mean()),
                     "payout_mean": float(step_out["payout"][s].mean()),
                 }
@@ -292,22 +321,34 @@ def train_heads(
             for bp, lp in zip(best, last, strict=True):
                 bp[rows] = lp[rows]
     return TrainedHeads(
-        cfg=cfg, seeds=seeds, in_dims=in_dims, n_kinds=n_kinds, last=[t.cpu() for t in last],
+        cfg=cfg,
+        seeds=seeds,
+        in_dims=in_dims,
+        n_kinds=n_kinds,
+        last=[t.cpu() for t in last],
         best=[t.cpu() for t in best],
-        best_step=best_step, stop_step=stop_step, steps=res.steps, calibration=calibration,
+        best_step=best_step,
+        stop_step=stop_step,
+        steps=res.steps,
+        calibration=calibration,
     )
 
 
 def _seed_chunks(data, cfg: WallaConfig, seeds: list[int]) -> list[list[int]]:
     """Seeds per batched module so that parameters + grads + Adam moments + best copy fit the budget."""
-    heads = StackedHeads([max(int(h.shape[1]) for h in data.hidden)], cfg.hidden, cfg.dropout,
-                         cfg.projection_dim, init=False)
-    per_seed = sum(p.numel() for p in heads.parameters()) * data.n_agents * (3 if cfg.diagnostics else 1) * 4 * 6
+    heads = StackedHeads(
+        [max(int(h.shape[1]) for h in data.hidden)], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False
+    )
+    per_seed = (
+        sum(p.numel() for p in heads.parameters()) * data.n_agents * (3 if cfg.diagnostics else 1) * 4 * 6
+    )
     k = max(1, int(PARAM_BUDGET_BYTES // per_seed))
     return [seeds[i : i + k] for i in range(0, len(seeds), k)]
 
 
-def fit_many(data, cfg: dict | None, seeds: Sequence[int], logs: Sequence[LogFn | None] | None = None) -> list[dict]:
+def fit_many(
+    data, cfg: dict | None, seeds: Sequence[int], logs: Sequence[LogFn | None] | None = None
+) -> list[dict]:
     """Fit one state per seed, all seeds batched in one module (chunked if memory demands it)."""
     c = _config(data, cfg)
     seeds = [int(s) for s in seeds]
@@ -319,12 +360,19 @@ def fit_many(data, cfg: dict | None, seeds: Sequence[int], logs: Sequence[LogFn 
         th = train_heads(data, c, chunk, chunk_logs, calibration=calibration)
         a_n = th.n_kinds * data.n_agents
         for j, seed in enumerate(chunk):
-            states.append({
-                "cfg": c.to_dict(), "seed": seed, "in_dims": th.in_dims, "n_kinds": th.n_kinds,
-                "params": [t[j * a_n : (j + 1) * a_n].clone() for t in th.best],
-                "best_step": th.best_step[j], "stop_step": th.stop_step[j], "steps": th.steps,
-                "calibration": calibration,
-            })
+            states.append(
+                {
+                    "cfg": c.to_dict(),
+                    "seed": seed,
+                    "in_dims": th.in_dims,
+                    "n_kinds": th.n_kinds,
+                    "params": [t[j * a_n : (j + 1) * a_n].clone() for t in th.best],
+                    "best_step": th.best_step[j],
+                    "stop_step": th.stop_step[j],
+                    "steps": th.steps,
+                    "calibration": calibration,
+                }
+            )
     return states
 
 
@@ -344,7 +392,9 @@ def predict(state: dict, data, rows: np.ndarray, chunk: int = 2048) -> MethodOut
     heads.load_rows(slice(None), state["params"])
     heads.eval()
     cal = state.get("calibration")
-    probs_np = apply_calibration(cal, data, rows) if cal is not None else np.asarray(data.probs[rows], np.float32)
+    probs_np = (
+        apply_calibration(cal, data, rows) if cal is not None else np.asarray(data.probs[rows], np.float32)
+    )
     raw = []
     with torch.no_grad():
         for start in range(0, len(rows), chunk):
@@ -371,5 +421,6 @@ def predict(state: dict, data, rows: np.ndarray, chunk: int = 2048) -> MethodOut
         extras["pred_baseline"] = torch.sigmoid(r[2 * m : 3 * m]).T.numpy().astype(np.float32)
     if cal is not None:
         extras["agent_probs"] = probs_np.astype(np.float32)
-    return MethodOutput(weights=weights.numpy().astype(np.float32), agg_probs=agg.numpy().astype(np.float32),
-                        extras=extras)
+    return MethodOutput(
+        weights=weights.numpy().astype(np.float32), agg_probs=agg.numpy().astype(np.float32), extras=extras
+    )
