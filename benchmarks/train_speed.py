@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -125,7 +126,7 @@ def main() -> None:
                 missing.append(f"{name} ({e})")
         if missing:
             print("excluded (module missing): " + "; ".join(missing))
-        entry = type("Entry", (), {"hparams": hp})()
+        entry = SimpleNamespace(hparams=hp, calibrated=False)
         with tempfile.TemporaryDirectory() as runs:
             per_method = {}
             t_all = time.perf_counter()
@@ -141,7 +142,7 @@ def main() -> None:
               f"({'all registered methods' if not missing else f'{len(missing)} excluded'})")
 
     # ---- 2. WALLA I: batched trainer vs the reference's per-agent loop ------------------------------
-    cfg = {**method_config("walla-i", type("E", (), {"hparams": hp})()), "patience": 10**9}
+    cfg = {**method_config("walla-i", SimpleNamespace(hparams=hp)), "patience": 10**9}
     walla.fit_many(data, {**cfg, "epochs": 1}, seeds[:1])  # warm-up (first-call allocations)
     timings = {}
     for engine in ("loop", "lightning"):

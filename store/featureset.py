@@ -29,10 +29,7 @@ touched by a killed shard are simply rewritten, so the result is byte-identical 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
-import os
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,69 +41,29 @@ import polars as pl
 import zarr
 from walla.store import atomic
 from walla.store.fingerprint import canonical, checksum_matches, fingerprint
-from walla.store.schema import FEATURE_SCHEMA_VERSION, OPTIONAL_ROW_COLUMNS, ROW_COLUMNS, VARIANTS
+from walla.store.layout import (  # noqa: F401  (re-exported: the store API lives in this module)
+    FEATURES_DIR,
+    HIDDEN_DIR,
+    INCOMPLETE,
+    LOCK,
+    META_FILE,
+    ROWS_FILE,
+    SHARDS_DIR,
+    WRITER_FILE,
+    IncompleteError,
+    LockedError,
+    StaleSchemaError,
+    StoreError,
+    check_name,
+    durable_shards,
+    extract_command,
+    remove_temp_files,
+)
+from walla.store.listing import FeatureSetInfo, list_feature_sets, remove_feature_set  # noqa: F401
+from walla.store.rows import ROW_DTYPES, validate_rows  # noqa: F401
+from walla.store.schema import FEATURE_SCHEMA_VERSION, ROW_COLUMNS, VARIANTS
 
-FEATURES_DIR = "features"
-ROWS_FILE = "rows.parquet"
-HIDDEN_DIR = "hidden.zarr"
-META_FILE = "meta.json"  # completion marker
-WRITER_FILE = "writer.json"  # written when a write starts; checked on resume
-SHARDS_DIR = "shards"
-INCOMPLETE = ".incomplete"
-LOCK = ".lock"
 CHUNK_BYTES = 4 << 20  # target bytes per zarr chunk (zarr guide: >= ~1 MB; one file per chunk)
-LOGSUMEXP_TOL = 1e-3  # option_logprobs must be renormalized over the options
-
-ROW_DTYPES: dict[str, pl.DataType] = {
-    "question_id": pl.String(),
-    "n_options": pl.Int32(),
-    "option_logprobs": pl.List(pl.Float32()),
-    "raw_option_logprobs": pl.List(pl.Float32()),
-    "prompt_nll": pl.Float32(),
-    "n_prompt_tokens": pl.Int32(),
-    "context_source_id": pl.String(),
-    "prompt": pl.String(),  # optional
-}
-assert list(ROW_DTYPES) == [*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS]
-_FS_DIR_RE = re.compile(r"^[0-9a-f]{16}(\.incomplete)?$")
-_SHARD_RE = re.compile(r"^rows-(\d{12})-(\d{12})\.parquet$")
-
-
-class StoreError(ValueError):
-    """A store artifact is missing, incomplete, locked, stale or corrupt (message says what to do)."""
-
-
-class StaleSchemaError(StoreError):
-    """A feature set written by another FEATURE_SCHEMA_VERSION."""
-
-
-class IncompleteError(StoreError):
-    """A feature set that was never committed (still writing, or the writer died)."""
-
-
-class LockedError(StoreError):
-    """Another process holds the writer lock of this feature set."""
-
-
-def extract_command(model: str, dataset: str, variants: str | list[str]) -> str:
-    """The exact command that (re)creates feature sets; every 'missing/stale' error quotes it."""
-    v = variants if isinstance(variants, str) else ",".join(variants)
-    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={v}"
-
-
-def check_name(name: str, what: str) -> None:
-    """Names become directory names: refuse anything that could escape or collide in the store layout."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or "/" in name
-        or "\\" in name
-        or name.startswith(".")
-        or name != name.strip()
-    ):
-        raise ValueError(
-            f"{what} name {name!r} is not usable as a directory name (non-empty, no '/', no leading '.')"
-        )
 
 
 @dataclass(frozen=True)
@@ -264,8 +221,8 @@ class FeatureSetWriter:
         if (self.tmp / META_FILE).exists() or (self.tmp / ROWS_FILE).exists():  # killed inside commit()
             self.done_rows = self.total_rows
             return
-        _remove_temp_files(self.tmp)  # a shard or chunk killed before its rename: not durable
-        shards = _durable_shards(self.tmp)
+        remove_temp_files(self.tmp)  # a shard or chunk killed before its rename: not durable
+        shards = durable_shards(self.tmp)
         for path, _start, end in shards:
             ids = pl.read_parquet(path, columns=["question_id"])["question_id"].to_list()
             self._ids.update(ids)
@@ -341,11 +298,11 @@ class FeatureSetWriter:
                 "shards first (a rerun resumes from done_rows)"
             )
         if not (self.tmp / META_FILE).exists():
-            _remove_temp_files(self.tmp)  # leftovers of writes killed before their rename
+            remove_temp_files(self.tmp)  # leftovers of writes killed before their rename
             if (self.tmp / ROWS_FILE).exists():
                 rows = pl.read_parquet(self.tmp / ROWS_FILE)
             else:
-                parts = [pl.read_parquet(p) for p, _, _ in _durable_shards(self.tmp)]
+                parts = [pl.read_parquet(p) for p, _, _ in durable_shards(self.tmp)]
                 # rechunk: one contiguous table, so the same rows give the same bytes however they were sharded
                 rows = pl.concat(parts, how="vertical").rechunk()
                 if rows.height != self.total_rows:
@@ -389,32 +346,6 @@ class FeatureSetWriter:
         return self.final
 
 
-def _remove_temp_files(root: Path) -> None:
-    """Delete temp files of killed writes: ours (`*.tmp`) and zarr's chunk temps (`*.partial`)."""
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            if name.endswith((atomic.TMP_SUFFIX, ".partial")):
-                os.unlink(os.path.join(dirpath, name))
-
-
-def _durable_shards(tmp: Path) -> list[tuple[Path, int, int]]:
-    """Committed shard files of an incomplete feature set, in row order; they must tile [0, end)."""
-    shards = []
-    d = tmp / SHARDS_DIR
-    for p in sorted(d.iterdir()) if d.is_dir() else []:
-        m = _SHARD_RE.match(p.name)
-        if m:
-            shards.append((p, int(m.group(1)), int(m.group(2))))
-    expect = 0
-    for p, start, end in shards:
-        if start != expect:
-            raise StoreError(
-                f"{p}: shard starts at row {start}, expected {expect}; the store was modified by hand"
-            )
-        expect = end
-    return shards
-
-
 @contextlib.contextmanager
 def open_writer(
     store: Path,
@@ -454,76 +385,6 @@ def open_writer(
         yield FeatureSetWriter(Path(store), spec, hidden_size, total_rows, chunk_rows)
     finally:
         lock.release()
-
-
-def validate_rows(rows: pl.DataFrame, variant: str, where: str = "rows") -> pl.DataFrame:
-    """Check one shard of rows against schema.ROW_COLUMNS (+ optional columns); return it cast.
-
-    Raises:
-        ValueError: naming the first offending question and column.
-    """
-    cols = list(rows.columns)
-    base = list(ROW_COLUMNS)
-    if cols[: len(base)] != base or any(c not in OPTIONAL_ROW_COLUMNS for c in cols[len(base) :]):
-        raise ValueError(
-            f"{where}: columns {cols}; expected {base} in this order, optionally followed by {list(OPTIONAL_ROW_COLUMNS)}"
-        )
-    if rows.height == 0:
-        raise ValueError(f"{where}: empty shard")
-    try:
-        rows = rows.select([pl.col(c).cast(ROW_DTYPES[c], strict=True) for c in cols])
-    except Exception as e:  # polars raises several exception types for bad casts
-        raise ValueError(
-            f"{where}: a column has the wrong type ({e.__class__.__name__}: {str(e).splitlines()[0]})"
-        ) from e
-
-    def fail(mask: pl.Series | np.ndarray, what: str) -> None:
-        idx = np.flatnonzero(np.asarray(mask))
-        if idx.size:
-            raise ValueError(f"{where}: question {rows['question_id'][int(idx[0])]!r}: {what}")
-
-    for c in cols:
-        if c != "context_source_id" and rows[c].null_count():
-            fail(rows[c].is_null().to_numpy(), f"{c} is null")
-    if rows["question_id"].n_unique() != rows.height:
-        fail(rows["question_id"].is_duplicated().to_numpy(), "question_id appears twice in the shard")
-    k = rows["n_options"].to_numpy()
-    fail(k < 2, "n_options must be >= 2")
-    for c in ("option_logprobs", "raw_option_logprobs"):
-        fail(rows[c].list.len().to_numpy() != k, f"{c} has a length different from n_options")
-    lp = rows["option_logprobs"].explode().to_numpy().astype(np.float64)
-    fail_idx = np.repeat(np.arange(rows.height), k)
-    if not np.isfinite(lp).all():
-        fail(np.isin(np.arange(rows.height), fail_idx[~np.isfinite(lp)]), "option_logprobs has NaN/inf")
-    lse = np.full(rows.height, -np.inf)
-    np.logaddexp.at(lse, fail_idx, lp)
-    fail(
-        np.abs(lse) > LOGSUMEXP_TOL, "option_logprobs are not renormalized over the options (logsumexp != 0)"
-    )
-    raw = rows["raw_option_logprobs"].explode().to_numpy()
-    if np.isnan(raw).any():
-        fail(np.isin(np.arange(rows.height), fail_idx[np.isnan(raw)]), "raw_option_logprobs has NaN")
-    nll = rows["prompt_nll"].to_numpy()
-    fail(~np.isfinite(nll) | (nll < 0), "prompt_nll must be finite and >= 0")
-    fail(rows["n_prompt_tokens"].to_numpy() < 1, "n_prompt_tokens must be >= 1")
-    src = rows["context_source_id"]
-    if variant == "irrelevant":
-        fail(src.is_null().to_numpy(), "irrelevant variant rows must record context_source_id")
-        fail(
-            (src == rows["question_id"]).to_numpy(),
-            "context_source_id is the question itself (not irrelevant)",
-        )
-    elif variant == "none":
-        fail(
-            src.is_not_null().to_numpy(),
-            "the none variant shows no context, so context_source_id must be null",
-        )
-    else:
-        fail(
-            (src.is_not_null() & (src != rows["question_id"])).to_numpy(),
-            "the relevant variant shows the question's own context; context_source_id must be null or itself",
-        )
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -625,134 +486,3 @@ def _hint_from_writer(path: Path) -> str:
         if len(parts) >= 5 and parts[-5] == FEATURES_DIR:
             return extract_command(parts[-4], parts[-3], parts[-2])
         return "make extract MODEL=<model> DATASET=<dataset> VARIANTS=<variant>"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# listing
-
-
-@dataclass
-class FeatureSetInfo:
-    """One directory under features/, complete or not (what `walla-store ls` shows)."""
-
-    model: str
-    dataset: str
-    variant: str
-    fingerprint: str
-    path: Path
-    status: str  # complete | stale | writing | incomplete
-    n_rows: int | None  # total rows (when known)
-    done_rows: int | None  # durable rows of an incomplete write
-    hidden_size: int | None
-    created_at: str | None
-    schema_version: int | None
-    questions_fp: str | None = None  # the question table the rows were cut from (complete sets)
-
-    @property
-    def size_bytes(self) -> int:
-        return atomic.dir_size(self.path)
-
-
-def _lock_held(lock_path: Path) -> bool:
-    """True if a live process holds the flock (a dead writer's lock is released by the kernel)."""
-    if not lock_path.exists():
-        return False
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        return False
-    with open(lock_path, "a") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    return False
-
-
-def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
-    incomplete = d.name.endswith(INCOMPLETE)
-    fp = d.name[: -len(INCOMPLETE)] if incomplete else d.name
-    if not incomplete and (d / META_FILE).exists():
-        m = atomic.read_json(d / META_FILE)
-        status = "complete" if m.get("schema_version") == FEATURE_SCHEMA_VERSION else "stale"
-        return FeatureSetInfo(
-            model,
-            dataset,
-            variant,
-            fp,
-            d,
-            status,
-            m.get("n_rows"),
-            m.get("n_rows"),
-            m.get("hidden_size"),
-            m.get("created_at"),
-            m.get("schema_version"),
-            m.get("questions_fp"),
-        )
-    w = {}
-    with contextlib.suppress(OSError, ValueError):
-        w = atomic.read_json(d / WRITER_FILE)
-    done = 0
-    if (d / ROWS_FILE).exists() or (d / META_FILE).exists():
-        done = w.get("total_rows", 0)
-    else:
-        with contextlib.suppress(StoreError, OSError):
-            shards = _durable_shards(d)
-            done = shards[-1][2] if shards else 0
-    status = "writing" if _lock_held(d.with_name(fp + LOCK)) else "incomplete"
-    return FeatureSetInfo(
-        model,
-        dataset,
-        variant,
-        fp,
-        d,
-        status,
-        w.get("total_rows"),
-        done,
-        w.get("hidden_size"),
-        _mtime_iso(d / WRITER_FILE),
-        FEATURE_SCHEMA_VERSION if w else None,
-    )
-
-
-def _mtime_iso(path: Path) -> str | None:
-    try:
-        return datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat()
-    except OSError:
-        return None
-
-
-def list_feature_sets(
-    store: Path, model: str | None = None, dataset: str | None = None, variant: str | None = None
-) -> list[FeatureSetInfo]:
-    """Every feature-set directory (complete, stale, writing, incomplete), optionally filtered, sorted by path."""
-    root = Path(store) / FEATURES_DIR
-    out = []
-    for mdir in _subdirs(root, model):
-        for ddir in _subdirs(mdir, dataset):
-            for vdir in _subdirs(ddir, variant):
-                for d in _subdirs(vdir, None):
-                    if not _FS_DIR_RE.match(d.name):  # e.g. a directory `rm` is deleting right now
-                        continue
-                    with contextlib.suppress(FileNotFoundError):  # removed or renamed while we looked
-                        out.append(_info(mdir.name, ddir.name, vdir.name, d))
-    return out
-
-
-def _subdirs(root: Path, only: str | None) -> list[Path]:
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (only is None or p.name == only))
-
-
-def remove_feature_set(info: FeatureSetInfo) -> None:
-    """Delete one feature-set directory (complete or not) and its lock file; refuses while it is being written."""
-    lock_path = info.path.with_name(info.fingerprint + LOCK)
-    if _lock_held(lock_path):
-        raise LockedError(f"feature set {info.path} is being written right now; stop that writer first")
-    # rename first so a reader never sees a half-deleted complete directory
-    doomed = info.path.with_name(f"{info.path.name}.deleting-{os.getpid()}")
-    os.rename(info.path, doomed)
-    shutil.rmtree(doomed)
-    lock_path.unlink(missing_ok=True)

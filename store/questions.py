@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from walla.store import atomic
-from walla.store.featureset import check_name
 from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
+from walla.store.layout import check_name
 from walla.store.schema import FEATURE_SCHEMA_VERSION, QUESTION_COLUMNS, SPLITS
 
 QUESTIONS_DIR = "questions"

@@ -299,42 +299,43 @@ def _fill_hidden(
     budget: int,
     pool: ThreadPoolExecutor,
 ) -> None:
-    """Write the hidden rows of every slot of `model` for one part: each variant's block is read once,
-    then copied into each slot (the slot's majority variant wholesale, the other variants' rows on top).
+    """Write the hidden rows of every slot of `model` for one part.
 
-    The per-slot copies run on `pool`: writing fresh output pages is the cost here (page faults), and
-    numpy releases the GIL while copying, so slots fill in parallel.
+    Per block of rows, each variant's rows are read once into one stacked buffer [V * B, H]; each slot's
+    output block is then a single `np.take` from it (row i from the slot's variant of row i): every output
+    byte is written once, with no temporaries. The per-slot takes run on `pool`: writing fresh output
+    pages is most of the cost, and numpy releases the GIL while copying.
     """
     keys = [v for v in VARIANTS if (model, v) in part.fs]
-    readers = {v: HiddenReader(part.fs[(model, v)].path / "hidden.zarr") for v in keys}
-    h = readers[keys[0]].shape[1]
-    chunk = readers[keys[0]].chunk_rows
-    # block rows: <= BLOCK_BYTES per variant buffer and <= `budget` bytes for all buffers together (extra
-    # memory stays a small fraction of the output), whole chunks so reads are aligned
+    readers = [HiddenReader(part.fs[(model, v)].path / "hidden.zarr") for v in keys]
+    h = readers[0].shape[1]
+    chunk = readers[0].chunk_rows
+    # block rows: <= BLOCK_BYTES per variant and <= `budget` bytes for the whole stack (extra memory stays a
+    # small fraction of the output), whole chunks so reads are aligned
     block = max(1, min(BLOCK_BYTES, budget // len(keys)) // (2 * h))
-    block = max(chunk, block // chunk * chunk)
-    bufs = {v: np.empty((min(block, part.n), h), np.float16) for v in keys}  # [B, H] per variant
+    block = min(max(chunk, block // chunk * chunk), part.n)
+    stack = np.empty(
+        (len(keys) * block, h), np.float16
+    )  # [V * B, H]: variant i's rows at [i * B, i * B + nb)
+    lut = np.zeros(len(VARIANTS), np.int64)  # variant code -> row offset of its block in the stack
+    for i, v in enumerate(keys):
+        lut[VARIANT_CODE[v]] = i * block
 
-    def copy_slot(col: int, s: int, j0: int, j1: int, codes: np.ndarray, used: list[str]) -> None:
-        c = codes[:, col]  # [nb] variant code of this slot per row
+    def take(s: int, j0: int, j1: int, rows: np.ndarray) -> None:
         dst = outs[s][part.offset + j0 : part.offset + j1]  # [nb, H] view into the slot's output
-        counts = {v: int(np.count_nonzero(c == VARIANT_CODE[v])) for v in used}
-        major = max(counts, key=counts.__getitem__)
-        dst[...] = bufs[major][: j1 - j0]
-        for v in used:
-            if v != major and counts[v]:
-                idx = np.flatnonzero(c == VARIANT_CODE[v])
-                dst[idx] = bufs[v][idx]
+        np.take(stack, rows, axis=0, out=dst, mode="clip")  # mode=clip: no buffered copy of the output
 
     for j0 in range(0, part.n, block):
         j1 = min(part.n, j0 + block)
+        nb = j1 - j0
         codes = variant[part.offset + j0 : part.offset + j1][:, slots]  # [nb, S]
-        used = [v for v in keys if (codes == VARIANT_CODE[v]).any()]
-        for v in used:
-            _read_rows(readers[v], part.src[(model, v)][j0:j1], bufs[v][: j1 - j0])
-        jobs = [pool.submit(copy_slot, col, s, j0, j1, codes, used) for col, s in enumerate(slots)]
+        for i, v in enumerate(keys):
+            if (codes == VARIANT_CODE[v]).any():
+                _read_rows(readers[i], part.src[(model, v)][j0:j1], stack[i * block : i * block + nb])
+        base = np.arange(nb)
+        jobs = [pool.submit(take, s, j0, j1, lut[codes[:, col]] + base) for col, s in enumerate(slots)]
         for job in jobs:
-            job.result()  # re-raises a worker's exception; buffers are reused only after all copies
+            job.result()  # re-raises a worker's exception; the stack is refilled only after every take
 
 
 def assemble_scenario(

@@ -189,7 +189,8 @@ def run_scenario(
             get_method(name)  # raises KeyError with suggestions
     if limit is not None:
         data = limit_rows(data, limit)
-    calibrated = bool(entry.calibrated) if calibrated is None and entry is not None else bool(calibrated)
+    if calibrated is None:
+        calibrated = bool(getattr(entry, "calibrated", False))
     runs_dir = Path(runs_dir)
     write_scenario_table(runs_dir, data, methods, seeds)
     raw_data = data

@@ -101,3 +101,12 @@ def test_seed_trajectory_independent_of_batch_companions():
     assert together[1]["seed"] == 19 and together[1]["best_step"] == alone["best_step"]
     for a, b in zip(together[1]["params"], alone["params"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_lightning_engine_runs_the_same_steps():
+    data = make_private_context_scenario(n=150, m=3, k=2, h=8, seed=8)
+    loop = walla.train_heads(data, {**CFG, "engine": "loop"}, seeds=[18])
+    lit = walla.train_heads(data, {**CFG, "engine": "lightning"}, seeds=[18])
+    assert loop.steps == lit.steps
+    for a, b in zip(loop.last, lit.last, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

@@ -1,0 +1,86 @@
+"""Feature-store layout: directory/file names, store errors, and the shard bookkeeping that the writer,
+the reader and the listing share (see featureset.py for the whole picture).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from walla.store import atomic
+
+FEATURES_DIR = "features"
+ROWS_FILE = "rows.parquet"
+HIDDEN_DIR = "hidden.zarr"
+META_FILE = "meta.json"  # completion marker
+WRITER_FILE = "writer.json"  # written when a write starts; checked on resume
+SHARDS_DIR = "shards"
+INCOMPLETE = ".incomplete"
+LOCK = ".lock"
+
+FS_DIR_RE = re.compile(r"^[0-9a-f]{16}(\.incomplete)?$")
+SHARD_RE = re.compile(r"^rows-(\d{12})-(\d{12})\.parquet$")
+
+
+class StoreError(ValueError):
+    """A store artifact is missing, incomplete, locked, stale or corrupt (message says what to do)."""
+
+
+class StaleSchemaError(StoreError):
+    """A feature set written by another FEATURE_SCHEMA_VERSION."""
+
+
+class IncompleteError(StoreError):
+    """A feature set that was never committed (still writing, or the writer died)."""
+
+
+class LockedError(StoreError):
+    """Another process holds the writer lock of this feature set."""
+
+
+def extract_command(model: str, dataset: str, variants: str | list[str]) -> str:
+    """The exact command that (re)creates feature sets; every 'missing/stale' error quotes it."""
+    v = variants if isinstance(variants, str) else ",".join(variants)
+    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={v}"
+
+
+def check_name(name: str, what: str) -> None:
+    """Names become directory names: refuse anything that could escape or collide in the store layout."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or "/" in name
+        or "\\" in name
+        or name.startswith(".")
+        or name != name.strip()
+    ):
+        raise ValueError(
+            f"{what} name {name!r} is not usable as a directory name (non-empty, no '/', no leading '.')"
+        )
+
+
+def remove_temp_files(root: Path) -> None:
+    """Delete temp files of killed writes: ours (`*.tmp`) and zarr's chunk temps (`*.partial`)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name.endswith((atomic.TMP_SUFFIX, ".partial")):
+                os.unlink(os.path.join(dirpath, name))
+
+
+def durable_shards(tmp: Path) -> list[tuple[Path, int, int]]:
+    """Committed shard files of an incomplete feature set, in row order; they must tile [0, end)."""
+    shards = []
+    d = tmp / SHARDS_DIR
+    for p in sorted(d.iterdir()) if d.is_dir() else []:
+        m = SHARD_RE.match(p.name)
+        if m:
+            shards.append((p, int(m.group(1)), int(m.group(2))))
+    expect = 0
+    for p, start, end in shards:
+        if start != expect:
+            raise StoreError(
+                f"{p}: shard starts at row {start}, expected {expect}; the store was modified by hand"
+            )
+        expect = end
+    return shards

@@ -1,0 +1,154 @@
+"""Listing and removing feature-set directories (complete, stale, being written, or left by a dead writer):
+what `walla-store ls` and `walla-store rm` show and do, and how assembly finds candidates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from walla.store import atomic
+from walla.store.layout import (
+    FEATURES_DIR,
+    FS_DIR_RE,
+    INCOMPLETE,
+    LOCK,
+    META_FILE,
+    ROWS_FILE,
+    WRITER_FILE,
+    LockedError,
+    StoreError,
+    durable_shards,
+)
+from walla.store.schema import FEATURE_SCHEMA_VERSION
+
+
+@dataclass
+class FeatureSetInfo:
+    """One directory under features/, complete or not (what `walla-store ls` shows)."""
+
+    model: str
+    dataset: str
+    variant: str
+    fingerprint: str
+    path: Path
+    status: str  # complete | stale | writing | incomplete
+    n_rows: int | None  # total rows (when known)
+    done_rows: int | None  # durable rows of an incomplete write
+    hidden_size: int | None
+    created_at: str | None
+    schema_version: int | None
+    questions_fp: str | None = None  # the question table the rows were cut from (complete sets)
+
+    @property
+    def size_bytes(self) -> int:
+        return atomic.dir_size(self.path)
+
+
+def _lock_held(lock_path: Path) -> bool:
+    """True if a live process holds the flock (a dead writer's lock is released by the kernel)."""
+    if not lock_path.exists():
+        return False
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        return False
+    with open(lock_path, "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return False
+
+
+def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
+    incomplete = d.name.endswith(INCOMPLETE)
+    fp = d.name[: -len(INCOMPLETE)] if incomplete else d.name
+    if not incomplete and (d / META_FILE).exists():
+        m = atomic.read_json(d / META_FILE)
+        status = "complete" if m.get("schema_version") == FEATURE_SCHEMA_VERSION else "stale"
+        return FeatureSetInfo(
+            model,
+            dataset,
+            variant,
+            fp,
+            d,
+            status,
+            m.get("n_rows"),
+            m.get("n_rows"),
+            m.get("hidden_size"),
+            m.get("created_at"),
+            m.get("schema_version"),
+            m.get("questions_fp"),
+        )
+    w = {}
+    with contextlib.suppress(OSError, ValueError):
+        w = atomic.read_json(d / WRITER_FILE)
+    done = 0
+    if (d / ROWS_FILE).exists() or (d / META_FILE).exists():
+        done = w.get("total_rows", 0)
+    else:
+        with contextlib.suppress(StoreError, OSError):
+            shards = durable_shards(d)
+            done = shards[-1][2] if shards else 0
+    status = "writing" if _lock_held(d.with_name(fp + LOCK)) else "incomplete"
+    return FeatureSetInfo(
+        model,
+        dataset,
+        variant,
+        fp,
+        d,
+        status,
+        w.get("total_rows"),
+        done,
+        w.get("hidden_size"),
+        _mtime_iso(d / WRITER_FILE),
+        FEATURE_SCHEMA_VERSION if w else None,
+    )
+
+
+def _mtime_iso(path: Path) -> str | None:
+    try:
+        return datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc).isoformat()
+    except OSError:
+        return None
+
+
+def list_feature_sets(
+    store: Path, model: str | None = None, dataset: str | None = None, variant: str | None = None
+) -> list[FeatureSetInfo]:
+    """Every feature-set directory (complete, stale, writing, incomplete), optionally filtered, sorted by path."""
+    root = Path(store) / FEATURES_DIR
+    out = []
+    for mdir in _subdirs(root, model):
+        for ddir in _subdirs(mdir, dataset):
+            for vdir in _subdirs(ddir, variant):
+                for d in _subdirs(vdir, None):
+                    if not FS_DIR_RE.match(d.name):  # e.g. a directory `rm` is deleting right now
+                        continue
+                    with contextlib.suppress(FileNotFoundError):  # removed or renamed while we looked
+                        out.append(_info(mdir.name, ddir.name, vdir.name, d))
+    return out
+
+
+def _subdirs(root: Path, only: str | None) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (only is None or p.name == only))
+
+
+def remove_feature_set(info: FeatureSetInfo) -> None:
+    """Delete one feature-set directory (complete or not) and its lock file; refuses while it is being written."""
+    lock_path = info.path.with_name(info.fingerprint + LOCK)
+    if _lock_held(lock_path):
+        raise LockedError(f"feature set {info.path} is being written right now; stop that writer first")
+    # rename first so a reader never sees a half-deleted complete directory
+    doomed = info.path.with_name(f"{info.path.name}.deleting-{os.getpid()}")
+    os.rename(info.path, doomed)
+    shutil.rmtree(doomed)
+    lock_path.unlink(missing_ok=True)
