@@ -32,7 +32,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "train"))
 from synthetic import make_private_context_scenario  # noqa: E402
-
 from walla.train import mechanism  # noqa: E402
 from walla.train.heads import WagerHead  # noqa: E402
 from walla.train.lit import seeded  # noqa: E402
@@ -57,7 +56,6 @@ def per_agent_loop(data, cfg: dict, seed: int) -> float:
     """The reference's training loop for one seed: returns wall seconds."""
     c = walla._config(data, cfg)
     train = data.split_index("train")
-    m = data.n_agents
     x = [torch.from_numpy(np.asarray(h[train], dtype=np.float32)) for h in data.hidden]  # [n, H] each
     probs = torch.from_numpy(data.probs[train])  # [n, M, K]
     target = torch.from_numpy(data.target[train])  # [n, K]
@@ -75,13 +73,17 @@ def per_agent_loop(data, cfg: dict, seed: int) -> float:
             for h in heads:
                 h.train()
             with torch.no_grad():  # compute_wagers (train mode) -> aggregate -> batch metric
-                w = torch.stack([torch.sigmoid(h(xi[rows]) / c.temperature) for h, xi in zip(heads, x, strict=True)], 1)
+                w = torch.stack(
+                    [torch.sigmoid(h(xi[rows]) / c.temperature) for h, xi in zip(heads, x, strict=True)], 1
+                )
                 agg = mechanism.pool(p, w, c.pooling, validate=False)
                 metric = float(walla._stop_metric(c.stop_metric, agg, p, y).mean())
             # update(): a fresh forward per agent, targets from these wagers, one step per agent
             w_new = [torch.sigmoid(h(xi[rows]) / c.temperature) for h, xi in zip(heads, x, strict=True)]
             with torch.no_grad():
-                adv = mechanism.advantage(p, torch.stack([wi.detach() for wi in w_new], 1), y, c.variant, validate=False)
+                adv = mechanism.advantage(
+                    p, torch.stack([wi.detach() for wi in w_new], 1), y, c.variant, validate=False
+                )
                 w_star = mechanism.best_response_wager(adv, c.c3, w_max=1.0)
             for i, (h, opt) in enumerate(zip(heads, opts, strict=True)):
                 loss = ((w_new[i] - w_star[:, i]) ** 2).mean()
@@ -111,8 +113,10 @@ def main() -> None:
     seeds = [18 + r for r in range(args.seeds)]
     data = make_private_context_scenario(n=1000, m=12, k=2, h=576, seed=0, name="bench-train-speed")
     hp = scenario_hparams()
-    print(f"synthetic scenario: N=1000 (8:1:1), M=12, H=576, K=2; {len(seeds)} seeds; torch threads "
-          f"{torch.get_num_threads()}; hyper-parameters of {SCENARIO_HPARAMS}")
+    print(
+        f"synthetic scenario: N=1000 (8:1:1), M=12, H=576, K=2; {len(seeds)} seeds; torch threads "
+        f"{torch.get_num_threads()}; hyper-parameters of {SCENARIO_HPARAMS}"
+    )
 
     # ---- 1. every registered method x seeds, the walla-train path ----------------------------------
     total = math.nan
@@ -138,8 +142,10 @@ def main() -> None:
         for name, s in per_method.items():
             cfg = method_config(name, entry)
             print(f"  {name:<16} {s:7.2f} s  ({len(seeds)} seeds)  cfg: {cfg}")
-        print(f"all {len(usable)} methods x {len(seeds)} seeds: {total:.2f} s "
-              f"({'all registered methods' if not missing else f'{len(missing)} excluded'})")
+        print(
+            f"all {len(usable)} methods x {len(seeds)} seeds: {total:.2f} s "
+            f"({'all registered methods' if not missing else f'{len(missing)} excluded'})"
+        )
 
     # ---- 2. WALLA I: batched trainer vs the reference's per-agent loop ------------------------------
     cfg = {**method_config("walla-i", SimpleNamespace(hparams=hp)), "patience": 10**9}

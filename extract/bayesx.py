@@ -53,10 +53,17 @@ def generate(n: int = 10_000, seed: int = 42, tpr_range=(0.90, 0.95), fpr_range=
         tpr = round(rng.uniform(*tpr_range), 2)
         fpr = round(rng.uniform(*fpr_range), 2)
         post = round(posterior(prior, tpr, fpr, w), 8)
-        rows.append(canonical_row(
-            f"bayesx-{i:05d}", question_text(prior), ["1", "0"], 0 if post > 0.5 else 1,
-            option_labels=["1", "0"], context=context_text(tpr, fpr, w), gold_dist=[post, round(1 - post, 8)],
-        ))
+        rows.append(
+            canonical_row(
+                f"bayesx-{i:05d}",
+                question_text(prior),
+                ["1", "0"],
+                0 if post > 0.5 else 1,
+                option_labels=["1", "0"],
+                context=context_text(tpr, fpr, w),
+                gold_dist=[post, round(1 - post, 8)],
+            )
+        )
     return rows
 
 
@@ -65,10 +72,18 @@ def load(req: DatasetRequest) -> Loaded:
     params = {**DEFAULTS, **(req.generator or {})}
     unknown = set(params) - set(DEFAULTS)
     if unknown:
-        raise ValueError(f"bayesx generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}")
+        raise ValueError(
+            f"bayesx generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}"
+        )
     n, seed = int(params["n"]), int(params["seed"])
     if n < 1:
         raise ValueError(f"bayesx generator: n must be >= 1, got {n}")
     rows = generate(n, seed, tuple(params["tpr_range"]), tuple(params["fpr_range"]))
-    return Loaded(rows, [f"bayesx generator row {i}" for i in range(n)],
-                  {"generator": "bayesx", "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}})
+    return Loaded(
+        rows,
+        [f"bayesx generator row {i}" for i in range(n)],
+        {
+            "generator": "bayesx",
+            "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+        },
+    )

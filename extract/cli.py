@@ -1,14 +1,101 @@
-"""Command line of the `extract` stage (typer). Thin: parse, validate, call run()."""
+"""`walla-extract`: run the extraction recipe (extract/run.py) for one model and one dataset.
+
+    walla-extract --model smollm2-135m --dataset facts
+    walla-extract --model smollm2-135m --dataset arc-challenge --data-file ARC-Challenge-Dev.jsonl
+    walla-extract --model aloe --dataset pubmedqa --backend vllm --variants none,relevant
+
+Thin: parse, build an ExtractConfig, call run(). Every failure is ONE line on stderr:
+exit 2 for an unknown model/dataset name or bad option, 3 when the hub cannot serve a model or
+dataset, 1 for bad data or store problems, 130 when interrupted (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla extract stage")
+app = typer.Typer(add_completion=False, help="walla extract stage: LLM features of a dataset into the store")
 
 
-@app.callback()
-def _root() -> None:
-    """walla extract stage."""
+def _fail(msg: str, code: int) -> None:
+    typer.echo(f"walla-extract: error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def extract(
+    model: str = typer.Option(
+        ..., help="model name from manifests/models.yaml (e.g. smollm2-135m, gemma3-270m)"
+    ),
+    dataset: str = typer.Option(..., help="dataset name from manifests/datasets.yaml"),
+    variants: str = typer.Option(
+        None, help="comma list of none,relevant,irrelevant (default: all the dataset has)"
+    ),
+    backend: str = typer.Option(None, help="hf | vllm | dummy (default: the model's manifest hint)"),
+    data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
+    split: str = typer.Option(None, help="source split to read (e.g. test for cais/mmlu)"),
+    hub_config: str = typer.Option(None, "--hub-config", help="hub config name (e.g. anatomy for cais/mmlu)"),
+    limit: int = typer.Option(None, help="keep the first N questions"),
+    size: int = typer.Option(None, help="rows of a generated dataset (bayesx, facts)"),
+    store: Path = typer.Option(Path("walla-store"), help="feature store directory"),
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", help="padded tokens per forward pass"),
+    shard_rows: int = typer.Option(256, "--shard-rows", help="rows per durable store shard"),
+    dtype: str = typer.Option(
+        None, help="auto | float32 | bfloat16 | float16 (default: the model's manifest)"
+    ),
+    chat_template: bool = typer.Option(
+        None, "--chat-template/--no-chat-template", help="wrap prompts in the chat template"
+    ),
+    device: str = typer.Option(None, help="cpu | cuda (default: cuda when available)"),
+    context_seed: int = typer.Option(0, "--context-seed", help="seed of the irrelevant-context derangement"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+) -> None:
+    """Extract option log-probs, last-token hidden states and prompt NLL for every prompt variant."""
+    logging.basicConfig(level=logging.WARNING, format="walla-extract: %(message)s")
+    from walla.extract.config import ExtractConfig
+    from walla.extract.hub import HubUnavailableError
+    from walla.extract.run import run
+
+    try:
+        cfg = ExtractConfig(
+            model=model,
+            dataset=dataset,
+            backend=backend,
+            data_file=data_file,
+            split=split,
+            hub_config=hub_config,
+            variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
+            limit=limit,
+            size=size,
+            store=store,
+            batch_tokens=batch_tokens,
+            shard_rows=shard_rows,
+            dtype=dtype,
+            chat_template=chat_template,
+            device=device,
+            context_seed=context_seed,
+            progress=progress,
+        )
+    except ValueError as e:
+        _fail(str(e), 2)
+    try:
+        run(cfg, out=typer.echo)
+    except KeyError as e:
+        _fail(str(e.args[0] if e.args else e), 2)
+    except HubUnavailableError as e:
+        _fail(str(e), 3)
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+        _fail(" ".join(str(e).split()), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted; rerun the same command to resume after the last durable shard", 130)
 
 
 def main() -> None:
-    app()
+    app(prog_name="walla-extract")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
-
 from walla.extract import hub
 from walla.extract.splits import SplitProtocol, assign_splits
 from walla.store.schema import QUESTION_COLUMNS, SPLITS
@@ -80,7 +79,9 @@ def need(rec: dict, key: str, where: str, types: type | tuple = object):
         raise ValueError(f"{where}: missing field {key!r}")
     val = rec[key]
     if not isinstance(val, types):
-        raise ValueError(f"{where}: field {key!r} must be {_typename(types)}, got {type(val).__name__} {val!r:.60}")
+        raise ValueError(
+            f"{where}: field {key!r} must be {_typename(types)}, got {type(val).__name__} {val!r:.60}"
+        )
     return val
 
 
@@ -90,8 +91,9 @@ def _typename(types) -> str:
     return types.__name__
 
 
-def canonical_row(qid, question, options, label, *, option_labels=None, context=None, subject=None,
-                  gold_dist=None) -> dict:
+def canonical_row(
+    qid, question, options, label, *, option_labels=None, context=None, subject=None, gold_dist=None
+) -> dict:
     return {
         "question_id": str(qid),
         "question": question,
@@ -112,7 +114,9 @@ def check_row(row: dict, where: str) -> None:
     if len(opts) < 2:
         raise ValueError(f"{where}: field 'options' needs at least 2 options, got {len(opts)}")
     if len(opts) > len(LETTERS):
-        raise ValueError(f"{where}: field 'options' has {len(opts)} options; at most {len(LETTERS)} are supported")
+        raise ValueError(
+            f"{where}: field 'options' has {len(opts)} options; at most {len(LETTERS)} are supported"
+        )
     if any(not isinstance(o, str) for o in opts):
         raise ValueError(f"{where}: field 'options' must be a list of strings")
     if not 0 <= row["label"] < len(opts):
@@ -120,7 +124,9 @@ def check_row(row: dict, where: str) -> None:
     gd = row["gold_dist"]
     if gd is not None:
         if len(gd) != len(opts) or any(x < 0 for x in gd) or abs(sum(gd) - 1) > 1e-6:
-            raise ValueError(f"{where}: field 'gold_dist' must be {len(opts)} non-negative numbers summing to 1")
+            raise ValueError(
+                f"{where}: field 'gold_dist' must be {len(opts)} non-negative numbers summing to 1"
+            )
 
 
 def read_json_records(path: Path) -> Iterator[tuple[str, object]]:
@@ -203,9 +209,16 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
         reason = why or hub.describe_failure(e)
         if why:
             reason += " and it is not in the local cache"
-        raise hub.unavailable("dataset", f"{path}" + (f" ({name})" if name else ""), reason,
-                              "pass a local copy with --data-file PATH") from e
-    return ds, {"hub": {"path": path, "name": name, "split": split}, "fingerprint": getattr(ds, "_fingerprint", None)}
+        raise hub.unavailable(
+            "dataset",
+            f"{path}" + (f" ({name})" if name else ""),
+            reason,
+            "pass a local copy with --data-file PATH",
+        ) from e
+    return ds, {
+        "hub": {"path": path, "name": name, "split": split},
+        "fingerprint": getattr(ds, "_fingerprint", None),
+    }
 
 
 # ----------------------------------------------------------------------------- PubMedQA
@@ -214,7 +227,9 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
 def pubmedqa_context(contexts: list[str], labels: list[str] | None, where: str) -> str:
     """Abstract sections joined by newlines, each prefixed "(Title-case label) " (SPEC §1.3)."""
     if labels is not None and len(labels) != len(contexts):
-        raise ValueError(f"{where}: field 'labels' has {len(labels)} entries but 'contexts' has {len(contexts)}")
+        raise ValueError(
+            f"{where}: field 'labels' has {len(labels)} entries but 'contexts' has {len(contexts)}"
+        )
     parts = []
     for i, text in enumerate(contexts):
         lab = labels[i] if labels else None
@@ -222,7 +237,9 @@ def pubmedqa_context(contexts: list[str], labels: list[str] | None, where: str) 
     return "\n".join(parts)
 
 
-def _pubmedqa_row(qid, question, contexts, labels, decision, long_answer, where, dropped: Counter) -> dict | None:
+def _pubmedqa_row(
+    qid, question, contexts, labels, decision, long_answer, where, dropped: Counter
+) -> dict | None:
     dec = str(decision).strip().lower()
     if dec not in ("yes", "no"):
         dropped[f"final_decision {dec!r}"] += 1
@@ -232,8 +249,14 @@ def _pubmedqa_row(qid, question, contexts, labels, decision, long_answer, where,
         return None
     if not isinstance(contexts, list) or not contexts:
         raise ValueError(f"{where}: field 'contexts' must be a non-empty list of abstract sections")
-    return canonical_row(qid, str(question).strip(), ["yes", "no"], 0 if dec == "yes" else 1,
-                         option_labels=["YES", "NO"], context=pubmedqa_context(contexts, labels, where))
+    return canonical_row(
+        qid,
+        str(question).strip(),
+        ["yes", "no"],
+        0 if dec == "yes" else 1,
+        option_labels=["YES", "NO"],
+        context=pubmedqa_context(contexts, labels, where),
+    )
 
 
 def load_pubmedqa(req: DatasetRequest) -> Loaded:
@@ -246,21 +269,36 @@ def load_pubmedqa(req: DatasetRequest) -> Loaded:
             qid = rec.get("_key") or rec.get("pubid") if isinstance(rec, dict) else None
             if qid is None:
                 raise ValueError(f"{where}: missing field 'pubid' (or a PubMed id as the object key)")
-            row = _pubmedqa_row(qid, need(rec, "QUESTION", where, str), need(rec, "CONTEXTS", where, list),
-                                rec.get("LABELS"), need(rec, "final_decision", where, str),
-                                rec.get("LONG_ANSWER"), where, dropped)
+            row = _pubmedqa_row(
+                qid,
+                need(rec, "QUESTION", where, str),
+                need(rec, "CONTEXTS", where, list),
+                rec.get("LABELS"),
+                need(rec, "final_decision", where, str),
+                rec.get("LONG_ANSWER"),
+                where,
+                dropped,
+            )
             if row is not None:
                 rows.append(row)
                 wheres.append(where)
     else:
-        records, source = hub_records(req.hub or {"path": "qiaojin/PubMedQA", "name": "pqa_labeled", "split": "train"},
-                                      req.data_file)
+        records, source = hub_records(
+            req.hub or {"path": "qiaojin/PubMedQA", "name": "pqa_labeled", "split": "train"}, req.data_file
+        )
         for i, rec in enumerate(records):
             where = f"{_src(source)}, row {i}"
             ctx = need(rec, "context", where, dict)
-            row = _pubmedqa_row(need(rec, "pubid", where, (int, str)), need(rec, "question", where, str),
-                                need(ctx, "contexts", where + " field 'context'", list), ctx.get("labels"),
-                                need(rec, "final_decision", where, str), rec.get("long_answer"), where, dropped)
+            row = _pubmedqa_row(
+                need(rec, "pubid", where, (int, str)),
+                need(rec, "question", where, str),
+                need(ctx, "contexts", where + " field 'context'", list),
+                ctx.get("labels"),
+                need(rec, "final_decision", where, str),
+                rec.get("long_answer"),
+                where,
+                dropped,
+            )
             if row is not None:
                 rows.append(row)
                 wheres.append(where)
@@ -301,8 +339,14 @@ def _medmcqa_row(rec: dict, where: str, cop_base: int, fallback_id: str, dropped
         dropped["fewer than 2 non-empty options"] += 1
         return None
     qid = rec.get("id") or fallback_id
-    return canonical_row(qid, question, [texts[i] for i in keep], keep.index(answer),
-                         option_labels=[LETTERS[i] for i in keep], subject=rec.get("subject_name"))
+    return canonical_row(
+        qid,
+        question,
+        [texts[i] for i in keep],
+        keep.index(answer),
+        option_labels=[LETTERS[i] for i in keep],
+        subject=rec.get("subject_name"),
+    )
 
 
 def load_medmcqa(req: DatasetRequest) -> Loaded:
@@ -313,8 +357,9 @@ def load_medmcqa(req: DatasetRequest) -> Loaded:
         source = {"data_file": str(path), "format": "original"}
         it: Iterable = ((w, r, 1) for w, r in read_json_records(path))
     else:
-        records, source = hub_records(req.hub or {"path": "openlifescienceai/medmcqa", "split": "train"},
-                                      req.data_file)
+        records, source = hub_records(
+            req.hub or {"path": "openlifescienceai/medmcqa", "split": "train"}, req.data_file
+        )
         it = ((f"{_src(source)}, row {i}", r, 0) for i, r in enumerate(records))
     for n, (where, rec, base) in enumerate(it):
         row = _medmcqa_row(rec, where, base, f"row{n}", dropped)
@@ -334,7 +379,9 @@ def _mmlu_answer(ans, n_opts: int, where: str) -> int:
     try:
         idx = int(s)
     except ValueError:
-        raise ValueError(f"{where}: field 'answer' must be a letter A-{LETTERS[n_opts - 1]} or a 0-based index, got {s!r}") from None
+        raise ValueError(
+            f"{where}: field 'answer' must be a letter A-{LETTERS[n_opts - 1]} or a 0-based index, got {s!r}"
+        ) from None
     if not 0 <= idx < n_opts:
         raise ValueError(f"{where}: answer index {idx} is out of range for {n_opts} options")
     return idx
@@ -356,13 +403,22 @@ def _read_mmlu_csv(path: Path, rows: list, wheres: list) -> None:
             where = f"{path}, line {reader.line_num}"
             if not rec or all(not c.strip() for c in rec):
                 continue
-            if i == 0 and rec[-1].strip().lower() == "answer":  # header row (the no-header original starts with a question)
+            if (
+                i == 0 and rec[-1].strip().lower() == "answer"
+            ):  # header row (the no-header original starts with a question)
                 continue
             if len(rec) < 4:
-                raise ValueError(f"{where}: expected question, >=2 choices and answer columns, got {len(rec)} columns")
+                raise ValueError(
+                    f"{where}: expected question, >=2 choices and answer columns, got {len(rec)} columns"
+                )
             question, options = rec[0].strip(), [c.strip() for c in rec[1:-1]]
-            row = canonical_row(f"{path.stem}-{i}", question, options, _mmlu_answer(rec[-1], len(options), where),
-                                subject=subject)
+            row = canonical_row(
+                f"{path.stem}-{i}",
+                question,
+                options,
+                _mmlu_answer(rec[-1], len(options), where),
+                subject=subject,
+            )
             rows.append(row)
             wheres.append(where)
 
@@ -379,8 +435,9 @@ def load_mmlu(req: DatasetRequest) -> Loaded:
         for f in files:
             _read_mmlu_csv(f, rows, wheres)
         return Loaded(rows, wheres, {"data_file": str(path), "format": "original", "files": len(files)})
-    records, source = hub_records(req.hub or {"path": "cais/mmlu", "name": "all", "split": "auxiliary_train"},
-                                  req.data_file)
+    records, source = hub_records(
+        req.hub or {"path": "cais/mmlu", "name": "all", "split": "auxiliary_train"}, req.data_file
+    )
     split = source.get("hub", {}).get("split", "local")
     for i, rec in enumerate(records):
         where = f"{_src(source)}, row {i}"
@@ -390,8 +447,15 @@ def load_mmlu(req: DatasetRequest) -> Loaded:
         if len(options) < 2:
             raise ValueError(f"{where}: field 'choices' needs at least 2 options, got {len(options)}")
         label = _mmlu_answer(need(rec, "answer", where, (int, str)), len(options), where)
-        rows.append(canonical_row(f"{split}-{i}", need(rec, "question", where, str).strip(), options, label,
-                                  subject=rec.get("subject") or None))
+        rows.append(
+            canonical_row(
+                f"{split}-{i}",
+                need(rec, "question", where, str).strip(),
+                options,
+                label,
+                subject=rec.get("subject") or None,
+            )
+        )
         wheres.append(where)
     return Loaded(rows, wheres, source)
 
@@ -408,8 +472,9 @@ def _arc_row(qid, stem, texts, labels, answer_key, where) -> dict:
     key = str(answer_key).strip()
     if key not in labels:
         raise ValueError(f"{where}: field 'answerKey' {key!r} is not one of the choice labels {labels}")
-    return canonical_row(qid, str(stem).strip(), [str(t).strip() for t in texts], labels.index(key),
-                         option_labels=labels)
+    return canonical_row(
+        qid, str(stem).strip(), [str(t).strip() for t in texts], labels.index(key), option_labels=labels
+    )
 
 
 def load_arc(req: DatasetRequest) -> Loaded:
@@ -428,20 +493,34 @@ def load_arc(req: DatasetRequest) -> Loaded:
             for c in choices:
                 need(c, "text", where + " field 'choices'")
                 need(c, "label", where + " field 'choices'")
-            rows.append(_arc_row(need(rec, "id", where, str), need(q, "stem", where + " field 'question'", str),
-                                 [c["text"] for c in choices], [c["label"] for c in choices],
-                                 need(rec, "answerKey", where, (str, int)), where))
+            rows.append(
+                _arc_row(
+                    need(rec, "id", where, str),
+                    need(q, "stem", where + " field 'question'", str),
+                    [c["text"] for c in choices],
+                    [c["label"] for c in choices],
+                    need(rec, "answerKey", where, (str, int)),
+                    where,
+                )
+            )
             wheres.append(where)
         return Loaded(rows, wheres, source)
-    records, source = hub_records(req.hub or {"path": "allenai/ai2_arc", "name": "ARC-Challenge", "split": "test"},
-                                  req.data_file)
+    records, source = hub_records(
+        req.hub or {"path": "allenai/ai2_arc", "name": "ARC-Challenge", "split": "test"}, req.data_file
+    )
     for i, rec in enumerate(records):
         where = f"{_src(source)}, row {i}"
         ch = need(rec, "choices", where, dict)
-        rows.append(_arc_row(need(rec, "id", where, str), need(rec, "question", where, str),
-                             need(ch, "text", where + " field 'choices'", list),
-                             need(ch, "label", where + " field 'choices'", list),
-                             need(rec, "answerKey", where, (str, int)), where))
+        rows.append(
+            _arc_row(
+                need(rec, "id", where, str),
+                need(rec, "question", where, str),
+                need(ch, "text", where + " field 'choices'", list),
+                need(ch, "label", where + " field 'choices'", list),
+                need(rec, "answerKey", where, (str, int)),
+                where,
+            )
+        )
         wheres.append(where)
     return Loaded(rows, wheres, source)
 
@@ -487,9 +566,16 @@ def load_jsonl(req: DatasetRequest) -> Loaded:
         split = rec.get("split")
         if split is not None and split not in SPLITS:
             raise ValueError(f"{where}: field 'split' is {split!r}; expected one of {SPLITS}")
-        row = canonical_row(qid, need(rec, "question", where, str).strip(), [str(o) for o in options], label,
-                            option_labels=[str(x) for x in labels] if labels else None,
-                            context=ctx or None, subject=rec.get("subject"), gold_dist=gd)
+        row = canonical_row(
+            qid,
+            need(rec, "question", where, str).strip(),
+            [str(o) for o in options],
+            label,
+            option_labels=[str(x) for x in labels] if labels else None,
+            context=ctx or None,
+            subject=rec.get("subject"),
+            gold_dist=gd,
+        )
         row["_split"] = split
         rows.append(row)
         wheres.append(where)
@@ -524,22 +610,30 @@ LOADERS: dict[str, Callable[..., Loaded]] = {
 }
 
 
-def build_table(loaded: Loaded, protocol: SplitProtocol, limit: int | None = None) -> tuple[pl.DataFrame, dict]:
+def build_table(
+    loaded: Loaded, protocol: SplitProtocol, limit: int | None = None
+) -> tuple[pl.DataFrame, dict]:
     """Validate rows, assign splits, apply the limit; return (question table, source metadata)."""
     seen: dict[str, str] = {}
     for row, where in zip(loaded.rows, loaded.wheres, strict=True):
         check_row(row, where)
         if row["question_id"] in seen:
-            raise ValueError(f"{where}: duplicate id {row['question_id']!r} (first seen at {seen[row['question_id']]})")
+            raise ValueError(
+                f"{where}: duplicate id {row['question_id']!r} (first seen at {seen[row['question_id']]})"
+            )
         seen[row["question_id"]] = where
     if not loaded.rows:
-        raise ValueError(f"{_src(loaded.source) if loaded.source else 'dataset'}: no usable rows "
-                         f"(dropped: {dict(loaded.dropped) or 'none'})")
+        raise ValueError(
+            f"{_src(loaded.source) if loaded.source else 'dataset'}: no usable rows "
+            f"(dropped: {dict(loaded.dropped) or 'none'})"
+        )
     given = [r.get("_split") for r in loaded.rows]
     if any(s is not None for s in given):
         if any(s is None for s in given):
             missing = next(w for w, s in zip(loaded.wheres, given, strict=True) if s is None)
-            raise ValueError(f"{missing}: missing field 'split' (some rows have one: give it on every row or on none)")
+            raise ValueError(
+                f"{missing}: missing field 'split' (some rows have one: give it on every row or on none)"
+            )
         protocol = SplitProtocol(mode="given", ratios=protocol.ratios, seed=protocol.seed)
     res = assign_splits([r["label"] for r in loaded.rows], protocol, given)
     dropped = Counter(loaded.dropped)
@@ -554,14 +648,28 @@ def build_table(loaded: Loaded, protocol: SplitProtocol, limit: int | None = Non
     for row, split in keep:
         for c in QUESTION_COLUMNS:
             data[c].append(split if c == "split" else row[c])
-    df = pl.DataFrame(data, schema={
-        "question_id": pl.String, "split": pl.String, "question": pl.String, "options": pl.List(pl.String),
-        "option_labels": pl.List(pl.String), "label": pl.Int64, "gold_dist": pl.List(pl.Float64),
-        "context": pl.String, "subject": pl.String,
-    })
+    df = pl.DataFrame(
+        data,
+        schema={
+            "question_id": pl.String,
+            "split": pl.String,
+            "question": pl.String,
+            "options": pl.List(pl.String),
+            "option_labels": pl.List(pl.String),
+            "label": pl.Int64,
+            "gold_dist": pl.List(pl.Float64),
+            "context": pl.String,
+            "subject": pl.String,
+        },
+    )
     source = dict(loaded.source)
-    source.update({"split_protocol": {"mode": protocol.mode, "ratios": list(protocol.ratios), "seed": protocol.seed},
-                   "dropped": dict(dropped), "limit": limit})
+    source.update(
+        {
+            "split_protocol": {"mode": protocol.mode, "ratios": list(protocol.ratios), "seed": protocol.seed},
+            "dropped": dict(dropped),
+            "limit": limit,
+        }
+    )
     return df, source
 
 

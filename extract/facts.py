@@ -6,9 +6,11 @@ model without the fact can only guess, while even a 135M model reads a one-sente
 this is what lets the offline demo show WALLA discovering the informed agent.
 
 Balanced: exactly floor(n/2) "yes" rows (the question asks the fact's own value), the others ask
-a different value of the same kind. Ten templates (colours, numbers, names, cities, days,
-animals, materials, fruit, instruments, vehicles); every (template, entity number) pair is used
-once, so an irrelevant context (another row's fact) never talks about the same entity.
+a different value of the same kind. Ten templates (colours, counts, cities, days, animals,
+materials, fruit, instruments, vehicles); every (template, entity number) pair is used once, so
+an irrelevant context (another row's fact) never talks about the same entity. Person names were
+tried and dropped: SmolLM2-135M cannot use a fact about who owns what (AUC ~0.5 with the fact),
+while on each template kept here it ranks yes above no with AUC 0.8-0.99 given the fact.
 """
 
 from __future__ import annotations
@@ -21,26 +23,56 @@ DEFAULTS = {"n": 2000, "seed": 7}
 
 # (fact template, question template, values); {e} = entity number, {v} = value.
 TEMPLATES: list[tuple[str, str, list[str]]] = [
-    ("The door of room {e} is painted {v}.", "Is the door of room {e} painted {v}?",
-     ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]),
-    ("Locker {e} holds {v} boxes.", "Does locker {e} hold {v} boxes?",
-     ["two", "three", "four", "five", "six", "seven", "eight", "nine"]),
-    ("The bicycle with tag {e} belongs to {v}.", "Does the bicycle with tag {e} belong to {v}?",
-     ["Anna", "Omar", "Lena", "Carlos", "Mei", "Tom", "Priya", "Jonas"]),
-    ("Parcel {e} was sent to {v}.", "Was parcel {e} sent to {v}?",
-     ["Paris", "Tokyo", "Lima", "Cairo", "Oslo", "Delhi", "Boston", "Sydney"]),
-    ("The meeting of team {e} is on {v}.", "Is the meeting of team {e} on {v}?",
-     ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]),
-    ("The pet in flat {e} is a {v}.", "Is the pet in flat {e} a {v}?",
-     ["cat", "dog", "rabbit", "parrot", "turtle", "hamster", "goldfish", "snake"]),
-    ("The statue in hall {e} is made of {v}.", "Is the statue in hall {e} made of {v}?",
-     ["bronze", "marble", "wood", "glass", "iron", "clay", "stone", "silver"]),
-    ("Crate {e} is full of {v}.", "Is crate {e} full of {v}?",
-     ["apples", "pears", "lemons", "plums", "cherries", "mangoes", "grapes", "peaches"]),
-    ("The musician in band {e} plays the {v}.", "Does the musician in band {e} play the {v}?",
-     ["piano", "violin", "guitar", "drums", "flute", "trumpet", "cello", "harp"]),
-    ("Courier {e} delivers mail by {v}.", "Does courier {e} deliver mail by {v}?",
-     ["bike", "car", "train", "boat", "van", "scooter", "truck", "bus"]),
+    (
+        "The door of room {e} is painted {v}.",
+        "Is the door of room {e} painted {v}?",
+        ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"],
+    ),
+    (
+        "Locker {e} holds {v} boxes.",
+        "Does locker {e} hold {v} boxes?",
+        ["two", "three", "four", "five", "six", "seven", "eight", "nine"],
+    ),
+    (
+        "Ship {e} sails to {v}.",
+        "Does ship {e} sail to {v}?",
+        ["Paris", "Tokyo", "Lima", "Cairo", "Oslo", "Delhi", "Boston", "Sydney"],
+    ),
+    (
+        "The train {e} leaves on {v}.",
+        "Does the train {e} leave on {v}?",
+        ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
+    ),
+    (
+        "The pet in flat {e} is a {v}.",
+        "Is the pet in flat {e} a {v}?",
+        ["cat", "dog", "rabbit", "parrot", "turtle", "hamster", "goldfish", "snake"],
+    ),
+    (
+        "The statue in hall {e} is made of {v}.",
+        "Is the statue in hall {e} made of {v}?",
+        ["bronze", "marble", "wood", "glass", "iron", "clay", "stone", "silver"],
+    ),
+    (
+        "Crate {e} is full of {v}.",
+        "Is crate {e} full of {v}?",
+        ["apples", "pears", "lemons", "plums", "cherries", "mangoes", "grapes", "peaches"],
+    ),
+    (
+        "The musician in band {e} plays the {v}.",
+        "Does the musician in band {e} play the {v}?",
+        ["piano", "violin", "guitar", "drums", "flute", "trumpet", "cello", "harp"],
+    ),
+    (
+        "Courier {e} delivers mail by {v}.",
+        "Does courier {e} deliver mail by {v}?",
+        ["bike", "car", "train", "boat", "van", "scooter", "truck", "bus"],
+    ),
+    (
+        "The flag of club {e} is {v}.",
+        "Is the flag of club {e} {v}?",
+        ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"],
+    ),
 ]
 MAX_ENTITY = 9999
 
@@ -63,10 +95,17 @@ def generate(n: int = 2000, seed: int = 7) -> list[dict]:
         fact_t, question_t, values = TEMPLATES[t]
         value = rng.choice(values)
         asked = value if label == 0 else rng.choice([v for v in values if v != value])
-        rows.append(canonical_row(
-            f"facts-{i:05d}", question_t.format(e=e, v=asked), ["yes", "no"], label,
-            option_labels=["Yes", "No"], context=fact_t.format(e=e, v=value), subject=fact_t.split(" {e}")[0],
-        ))
+        rows.append(
+            canonical_row(
+                f"facts-{i:05d}",
+                question_t.format(e=e, v=asked),
+                ["yes", "no"],
+                label,
+                option_labels=["Yes", "No"],
+                context=fact_t.format(e=e, v=value),
+                subject=fact_t.split(" {e}")[0],
+            )
+        )
     return rows
 
 
@@ -75,9 +114,13 @@ def load(req: DatasetRequest) -> Loaded:
     params = {**DEFAULTS, **(req.generator or {})}
     unknown = set(params) - set(DEFAULTS)
     if unknown:
-        raise ValueError(f"facts generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}")
+        raise ValueError(
+            f"facts generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}"
+        )
     n, seed = int(params["n"]), int(params["seed"])
     if n < 2:
         raise ValueError(f"facts generator: n must be >= 2, got {n}")
     rows = generate(n, seed)
-    return Loaded(rows, [f"facts generator row {i}" for i in range(n)], {"generator": "facts", "params": params})
+    return Loaded(
+        rows, [f"facts generator row {i}" for i in range(n)], {"generator": "facts", "params": params}
+    )

@@ -46,8 +46,12 @@ def hub_reachable(timeout: float = PROBE_TIMEOUT_S) -> bool:
 def set_offline() -> None:
     """Switch this process to hub offline mode, also in the already-imported hub libraries."""
     os.environ["HF_HUB_OFFLINE"] = "1"
-    for mod, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
-                      ("datasets.config", "HF_DATASETS_OFFLINE"), ("transformers.utils.hub", "HF_HUB_OFFLINE")):
+    for mod, attr in (
+        ("huggingface_hub.constants", "HF_HUB_OFFLINE"),
+        ("datasets.config", "HF_HUB_OFFLINE"),
+        ("datasets.config", "HF_DATASETS_OFFLINE"),
+        ("transformers.utils.hub", "HF_HUB_OFFLINE"),
+    ):
         m = sys.modules.get(mod)
         if m is not None and hasattr(m, attr):
             setattr(m, attr, True)

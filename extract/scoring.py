@@ -43,8 +43,10 @@ def resolve_option_token_ids(
     inverse: dict[int, str] = {}
     for opt, tid in out.items():
         if tid in inverse:
-            raise ValueError(f"options {inverse[tid]!r} and {opt!r} map to the same token id {tid}; "
-                             "choose distinct option_tokens")
+            raise ValueError(
+                f"options {inverse[tid]!r} and {opt!r} map to the same token id {tid}; "
+                "choose distinct option_tokens"
+            )
         inverse[tid] = opt
     return out
 

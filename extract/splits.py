@@ -18,7 +18,6 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from walla.store.schema import SPLITS
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,9 @@ class SplitProtocol:
         if self.mode not in MODES:
             raise ValueError(f"split_protocol.mode must be one of {MODES}, got {self.mode!r}")
         if len(self.ratios) != 3 or any(r < 0 for r in self.ratios) or abs(sum(self.ratios) - 1) > 1e-9:
-            raise ValueError(f"split_protocol.ratios must be 3 non-negative numbers summing to 1, got {self.ratios}")
+            raise ValueError(
+                f"split_protocol.ratios must be 3 non-negative numbers summing to 1, got {self.ratios}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SplitProtocol:
@@ -47,7 +48,9 @@ class SplitProtocol:
             return d
         unknown = set(d) - {"mode", "ratios", "seed"}
         if unknown:
-            raise ValueError(f"split_protocol has unknown keys {sorted(unknown)}; expected mode, ratios, seed")
+            raise ValueError(
+                f"split_protocol has unknown keys {sorted(unknown)}; expected mode, ratios, seed"
+            )
         return cls(
             mode=str(d.get("mode", "uniform")),
             ratios=tuple(float(r) for r in d.get("ratios", (0.8, 0.1, 0.1))),
@@ -79,7 +82,9 @@ def _cut(indices: np.ndarray, ratios: tuple[float, ...], out: list[str | None]) 
         out[int(idx)] = "train" if pos < n_train else ("val" if pos < n_train + n_val else "test")
 
 
-def assign_splits(labels: list[int], protocol: SplitProtocol, given: list[str | None] | None = None) -> SplitResult:
+def assign_splits(
+    labels: list[int], protocol: SplitProtocol, given: list[str | None] | None = None
+) -> SplitResult:
     """Split assignment for rows with these labels (0-based option indices).
 
     Args:
@@ -115,6 +120,10 @@ def assign_splits(labels: list[int], protocol: SplitProtocol, given: list[str | 
         _cut(neg[:m], protocol.ratios, out)
     dropped = sum(s is None for s in out)
     if dropped:
-        log.info("balanced_binary split: dropped %d majority-class rows (kept %d per class)", dropped, (n - dropped) // 2)
+        log.info(
+            "balanced_binary split: dropped %d majority-class rows (kept %d per class)",
+            dropped,
+            (n - dropped) // 2,
+        )
     counts = {s: sum(x == s for x in out) for s in SPLITS}
     return SplitResult(split=out, dropped=dropped, counts=counts)

@@ -39,48 +39,63 @@ class CalibrationState:
     agent: list[int]  # [G] agent slot of each head
     role: list[int]  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
     fitted: list[bool]  # [G] False: too few rows, T = t0
-    params: list[torch.Tensor]  # [flat [G, P]]: the temperature MLPs' parameters, head g = row g
+    params: list[torch.Tensor]  # the temperature MLPs' stacked parameters (head g = slice g)
     in_dims: list[int]  # [G] hidden size of each head's agent
     holdout_nll: list[tuple[float, float]]  # [G] (before, after) on the head's holdout rows
 
 
 class _TempHeads(nn.Module):
-    """G temperature MLPs in one flat parameter [G, P]: x [G, B, Hmax] -> T [G, B]."""
+    """G temperature MLPs as stacked parameters (head g = slice g): x [G, B, Hmax] -> T [G, B]."""
 
     def __init__(self, in_dims: list[int], cfg: CalibrationConfig) -> None:
         super().__init__()
         self.cfg = cfg
         dims = [max(in_dims), *cfg.hidden, 1]
-        self.slots: list[tuple[int, tuple[int, ...]]] = []  # (offset, shape): w0, b0, w1, b1, ...
-        off = 0
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
-            for shape in ((a, b), (b,)):
-                self.slots.append((off, shape))
-                off += int(np.prod(shape))
-        self.flat = nn.Parameter(torch.zeros(len(in_dims), off))  # [G, P]
+        g = len(in_dims)
+        pairs = list(zip(dims[:-1], dims[1:], strict=True))
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b)) for a, b in pairs)
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b)) for _, b in pairs)
         bias0 = math.log(math.expm1(cfg.t0 - cfg.t_min))  # softplus^-1(t0 - t_min): T starts at t0
         with torch.no_grad():
             for i, d in enumerate(in_dims):
                 with seeded(cfg.seed + i):  # nn.Linear default init, fan_in = the agent's real H
                     layers = [nn.Linear(a, b) for a, b in zip([d, *cfg.hidden], cfg.hidden, strict=False)]
                 for j, layer in enumerate(layers):
-                    self._view(self.flat, 2 * j)[i, : layer.in_features] = layer.weight.T
-                    self._view(self.flat, 2 * j + 1)[i] = layer.bias
-                self._view(self.flat, len(self.slots) - 1)[i] = bias0  # last layer: zero weight
-
-    def _view(self, t: torch.Tensor, k: int) -> torch.Tensor:
-        off, shape = self.slots[k]
-        return t[:, off : off + int(np.prod(shape))].view(t.shape[0], *shape)
+                    self.weights[j][i, : layer.in_features] = layer.weight.T
+                    self.biases[j][i] = layer.bias
+                self.biases[-1][i] = bias0  # last layer: zero weight, constant bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x  # [G, B, Hmax]
-        n_layers = len(self.slots) // 2
-        for j in range(n_layers):
-            h = torch.baddbmm(self._view(self.flat, 2 * j + 1).unsqueeze(1), h, self._view(self.flat, 2 * j))
-            if j < n_layers - 1:
-                h = torch.relu(h)  # [G, B, d]
+        last = len(self.weights) - 1
+        for j, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = torch.baddbmm(b.unsqueeze(1), h, w)  # [G, B, d_j+1]
+            if j < last:
+                h = torch.relu(h)
         t = nn.functional.softplus(h.squeeze(-1)) + self.cfg.t_min  # [G, B]
         return t.clamp(max=self.cfg.t_max)
+
+
+def _masked_adamw_(params, exp_avg, exp_sq, steps, on, lr, wd, clip, beta1=0.9, beta2=0.999, eps=1e-8) -> None:
+    """One AdamW step per head for heads with on[g] True; the others do not move at all (parameters and
+    moments untouched). Same arithmetic as clip_grad_norm_ + torch.optim.AdamW on each head alone, done
+    as in-place passes over the stacked tensors with per-head factors broadcast as [G, 1, ...]."""
+    g_n = on.shape[0]
+    norm = sum(torch.linalg.vector_norm(p.grad.reshape(g_n, -1), dim=1) ** 2 for p in params).sqrt()  # [G]
+    onf = on.to(norm.dtype)
+    scale = (clip / (norm + 1e-6)).clamp(max=1.0) * onf  # [G] clip_grad_norm_; 0 zeroes a resting head's grad
+    steps += onf
+    t = steps.clamp_min(1)
+    step_size = onf * lr / (1 - beta1**t)  # [G]; 0 for resting heads
+    bc2_sqrt = torch.sqrt(1 - beta2**t)  # [G]
+    for p, m1, m2 in zip(params, exp_avg, exp_sq, strict=True):
+        shape = (-1,) + (1,) * (p.dim() - 1)
+        grad = p.grad.mul_(scale.view(shape))  # [G, ...] clipped; zero for resting heads
+        p.mul_((1 - onf * lr * wd).view(shape))  # decoupled weight decay
+        m1.mul_((1 - (1 - beta1) * onf).view(shape)).add_(grad, alpha=1 - beta1)
+        m2.mul_((1 - (1 - beta2) * onf).view(shape)).addcmul_(grad, grad, value=1 - beta2)
+        denom = m2.sqrt().div_(bc2_sqrt.view(shape)).add_(eps).div_(step_size.view(shape))  # inf if resting
+        p.addcdiv_(m1, denom, value=-1.0)  # m1 / inf = 0: resting heads stay exactly where they are
 
 
 def _log_probs(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -182,15 +197,15 @@ def fit_calibration(
         nll_t1 = _nll(torch.log_softmax(logp.masked_fill(~msk, -math.inf), -1), y, msk)
         nll_before = ((nll_t1 * valid).sum(1) / valid.sum(1).clamp_min(1)).tolist()
 
-    # ---- batched training with per-head masked AdamW (row g of `flat` = head g) ---------------------
-    flat = heads.flat
-    exp_avg, exp_sq = torch.zeros_like(flat), torch.zeros_like(flat)  # [G, P]
-    steps = torch.zeros(g_all, 1, device=device)  # per-head Adam step count
+    # ---- batched training with per-head masked AdamW (slice g of every parameter = head g) ----------
+    params = list(heads.parameters())
+    exp_avg = [torch.zeros_like(p) for p in params]
+    exp_sq = [torch.zeros_like(p) for p in params]
+    steps = torch.zeros(g_all, device=device)  # per-head AdamW step count
     active = torch.tensor(fitted, device=device)
-    best = flat.detach().clone()
+    best = [p.detach().clone() for p in params]
     best_nll = holdout_nll().clone()
     bad_epochs = torch.zeros(g_all, dtype=torch.long, device=device)
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
     for epoch in range(cfg.epochs):
         if not bool(active.any()):
             break
@@ -209,37 +224,31 @@ def fit_calibration(
             x, logp, y, msk, valid = batch_terms(idx_np)
             nll = _nll(_scaled(logp, heads(x), msk), y, msk)  # [G, b]
             loss = ((nll * valid).sum(1) / valid.sum(1).clamp_min(1)).sum()  # sum of per-head means
-            flat.grad = None
+            for p in params:
+                p.grad = None
             loss.backward()
             with torch.no_grad():
-                on = step_on.unsqueeze(1)  # [G, 1]
-                norm = flat.grad.norm(dim=1, keepdim=True)  # [G, 1]
-                grad = flat.grad * (cfg.clip / (norm + 1e-6)).clamp(max=1.0)  # per-head clip_grad_norm_
-                steps += on.float()
-                t_g = steps.clamp_min(1)
-                flat.mul_(torch.where(on, 1 - cfg.lr * cfg.weight_decay, 1.0))  # decoupled decay (AdamW)
-                exp_avg.copy_(torch.where(on, beta1 * exp_avg + (1 - beta1) * grad, exp_avg))
-                exp_sq.copy_(torch.where(on, beta2 * exp_sq + (1 - beta2) * grad * grad, exp_sq))
-                denom = exp_sq.sqrt() / torch.sqrt(1 - beta2**t_g) + eps
-                flat.sub_(torch.where(on, (cfg.lr / (1 - beta1**t_g)) * exp_avg / denom, 0.0))
+                _masked_adamw_(params, exp_avg, exp_sq, steps, step_on, cfg.lr, cfg.weight_decay, cfg.clip)
         # ---- per-head early stopping on the holdout NLL ------------------------------------------
         nll = holdout_nll()
         improved = active & (nll < best_nll - cfg.min_delta)
         with torch.no_grad():
-            best.copy_(torch.where(improved.unsqueeze(1), flat, best))
+            for p, bp in zip(params, best, strict=True):
+                bp.copy_(torch.where(improved.view((-1,) + (1,) * (p.dim() - 1)), p, bp))
         best_nll = torch.where(improved, nll, best_nll)
         bad_epochs = torch.where(improved, torch.zeros_like(bad_epochs), bad_epochs + active.long())
         active = active & (bad_epochs < cfg.patience)
 
     with torch.no_grad():
-        flat.copy_(best)
+        for p, bp in zip(params, best, strict=True):
+            p.copy_(bp)
     after = holdout_nll().tolist()
     return CalibrationState(
         cfg=cfg,
         agent=head_agent,
         role=head_role,
         fitted=fitted,
-        params=[flat.detach().cpu().clone()],
+        params=[p.detach().cpu().clone() for p in params],
         in_dims=in_dims,
         holdout_nll=list(zip(nll_before, after, strict=True)),
     )

@@ -147,7 +147,9 @@ class StackedHeads(nn.Module):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:
             return torch.zeros(self.n_heads)
-        norm = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) ** 2 for g in grads).sqrt()  # [G]
+        norm = sum(
+            torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) ** 2 for g in grads
+        ).sqrt()  # [G]
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # [G]
         for g in grads:
             g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))

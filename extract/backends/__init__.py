@@ -48,7 +48,9 @@ class Backend(Protocol):
         """Token ids of a string alone, without special tokens (option-token fallback)."""
         ...
 
-    def score(self, prompts: list[str], token_ids: list[int], progress: Progress | None = None) -> ScoreResult:
+    def score(
+        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
+    ) -> ScoreResult:
         """One forward pass per prompt; rows come back in input order."""
         ...
 

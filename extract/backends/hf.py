@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from walla.extract import hub
 from walla.extract.backends import Progress, ScoreResult
 from walla.extract.models import ResolvedModel
@@ -68,6 +67,20 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def hf_identity(dtype: torch.dtype, chat_template: bool) -> dict:
+    """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once)."""
+    import transformers
+
+    return {
+        "backend": "hf",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "dtype": str(dtype).removeprefix("torch."),
+        "chat_template": bool(chat_template),
+        "nll": "real-tokens",
+    }  # prompt NLL over real tokens only (not the reference's pad/BOS quirk)
 
 
 def cache_root() -> Path:
@@ -107,8 +120,9 @@ def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
     log.warning("first load of %s: converting the GGUF to safetensors in %s (once)", gguf_path.name, out)
     with _fast_gguf_reads():
         tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        )
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # weights are dequantized: load them as plain safetensors
     model.hf_quantizer = None
@@ -146,11 +160,15 @@ def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
     try:
         tok = AutoTokenizer.from_pretrained(src, **kwargs)
         try:
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation="sdpa", **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=dtype, attn_implementation="sdpa", **kwargs
+            )
         except ValueError as e:  # architectures without SDPA support
             if "sdpa" not in str(e).lower():
                 raise
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation="eager", **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=dtype, attn_implementation="eager", **kwargs
+            )
     except (OSError, ValueError, RuntimeError) as e:
         if not is_hub or isinstance(e, hub.HubUnavailableError):
             raise
@@ -164,9 +182,19 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, batch_tokens: int = 4096, chat_template: bool = False,
-                 padding_side: str = "right", identity: dict | None = None, max_batch_rows: int | None = None,
-                 chunk_elems: int = CHUNK_ELEMS, vocab_chunk: int = VOCAB_CHUNK):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_tokens: int = 4096,
+        chat_template: bool = False,
+        padding_side: str = "right",
+        identity: dict | None = None,
+        max_batch_rows: int | None = None,
+        chunk_elems: int = CHUNK_ELEMS,
+        vocab_chunk: int = VOCAB_CHUNK,
+    ):
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
         self.model = model.eval()
@@ -176,7 +204,9 @@ class HFBackend:
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.hidden_size = int(cfg.hidden_size)
         self.tok = tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        )
         self.batch_tokens = int(batch_tokens)
         self.max_batch_rows = max_batch_rows
         self.chat_template = chat_template
@@ -191,17 +221,14 @@ class HFBackend:
     # -- text -> ids ------------------------------------------------------------------------------------
 
     def identity(self) -> dict:
-        import transformers
-
-        return {**self._identity, "backend": "hf", "transformers": transformers.__version__,
-                "torch": torch.__version__.split("+")[0], "dtype": str(self.dtype).removeprefix("torch."),
-                "chat_template": self.chat_template}
+        return {**self._identity, **hf_identity(self.dtype, self.chat_template)}
 
     def format_prompt(self, text: str) -> str:
         if not self.chat_template:
             return text
-        return self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                            add_generation_prompt=True)
+        return self.tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
 
     def encode(self, text: str) -> list[int]:
         # with a chat template the special tokens are part of the text already
@@ -282,10 +309,16 @@ class HFBackend:
         tok_nll = self._token_nll(h[:, :-1][pred], ids[:, 1:][pred])  # [T]
         sums = torch.zeros(n, device=self.device).index_add_(0, row_of, tok_nll)  # [n]
         counts = (lens - 1).clamp(min=1).to(self.device)  # a 1-token prompt has NLL 0 (reference clamps too)
-        return (opt.float().cpu().numpy(), h_last.float().cpu().numpy(), (sums / counts).cpu().numpy(),
-                lens.numpy().astype(np.int32))
+        return (
+            opt.float().cpu().numpy(),
+            h_last.float().cpu().numpy(),
+            (sums / counts).cpu().numpy(),
+            lens.numpy().astype(np.int32),
+        )
 
-    def score(self, prompts: list[str], token_ids: list[int], progress: Progress | None = None) -> ScoreResult:
+    def score(
+        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
+    ) -> ScoreResult:
         """Score prompts (already formatted) in length buckets; results in input order."""
         enc = self.encode_batch(prompts)
         lengths = np.array([len(e) for e in enc])
@@ -318,9 +351,11 @@ class HFBackend:
         err = max(float(np.abs(opt[0] - ref_lp[-1, cand].cpu().numpy()).max()), abs(float(nll[0]) - ref_nll))
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
         if err > tol or herr > tol:
-            raise RuntimeError(f"self-check failed: option log-probs/NLL differ from model(...).logits by {err:.2e}, "
-                               f"hidden state by {herr:.2e} (tolerance {tol}); this architecture post-processes "
-                               "logits in a way the hf backend does not reproduce")
+            raise RuntimeError(
+                f"self-check failed: option log-probs/NLL differ from model(...).logits by {err:.2e}, "
+                f"hidden state by {herr:.2e} (tolerance {tol}); this architecture post-processes "
+                "logits in a way the hf backend does not reproduce"
+            )
         return err
 
     def close(self) -> None:
@@ -329,16 +364,25 @@ class HFBackend:
             torch.cuda.empty_cache()
 
 
-def load_hf_backend(rm: ResolvedModel, *, dtype: str = "auto", device: str | None = None, batch_tokens: int = 4096,
-                    chat_template: bool = False) -> HFBackend:
+def load_hf_backend(
+    rm: ResolvedModel,
+    *,
+    dtype: str = "auto",
+    device: str | None = None,
+    batch_tokens: int = 4096,
+    chat_template: bool = False,
+) -> HFBackend:
     """Load a resolved model and wrap it; runs the self-check once."""
     device = device or default_device()
     torch_dtype = resolve_dtype(dtype, device)
     model, tok = load_model(rm, torch_dtype, device)
-    backend = HFBackend(model, tok, batch_tokens=batch_tokens, chat_template=chat_template,
-                        identity={"model": rm.identity})
+    backend = HFBackend(
+        model, tok, batch_tokens=batch_tokens, chat_template=chat_template, identity={"model": rm.identity}
+    )
     if rm.hidden_size and rm.hidden_size != backend.hidden_size:
-        raise ValueError(f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
-                         f"{backend.hidden_size}; fix manifests/models.yaml")
+        raise ValueError(
+            f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
+            f"{backend.hidden_size}; fix manifests/models.yaml"
+        )
     backend.self_check()
     return backend

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from walla.train.lit import fit_module, row_batches, seeded
 
 X = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
@@ -28,7 +27,9 @@ def _net() -> torch.nn.Module:
 
 
 def _loss(net, rows):
-    return torch.nn.functional.cross_entropy(net(X[rows]), Y[rows]), {"acc": float((net(X[rows]).argmax(1) == Y[rows]).float().mean())}
+    return torch.nn.functional.cross_entropy(net(X[rows]), Y[rows]), {
+        "acc": float((net(X[rows]).argmax(1) == Y[rows]).float().mean())
+    }
 
 
 def _val(net):
@@ -41,8 +42,17 @@ def test_engines_identical_and_best_state_restored(tmp_path):
     for engine in ("loop", "lightning"):
         logs[engine] = []
         results[engine] = fit_module(
-            _net(), _loss, batches, val_fn=_val, lr=5e-2, epochs=4, patience=10, seed=5,
-            log=logs[engine].append, engine=engine, log_dir=tmp_path / engine,
+            _net(),
+            _loss,
+            batches,
+            val_fn=_val,
+            lr=5e-2,
+            epochs=4,
+            patience=10,
+            seed=5,
+            log=logs[engine].append,
+            engine=engine,
+            log_dir=tmp_path / engine,
         )
     a, b = results["loop"], results["lightning"]
     for p, q in zip(a.module.parameters(), b.module.parameters(), strict=True):
@@ -59,7 +69,9 @@ def test_patience_and_online_stop():
     batches = row_batches(np.arange(250), 50, seed=1)
     res = fit_module(_net(), _loss, batches, val_fn=lambda net: 1.0, epochs=20, patience=2, engine="loop")
     assert res.stopped_early and res.epochs_run == 3 and res.best_epoch == 0
-    res = fit_module(_net(), _loss, batches, on_step=lambda step, row: step >= 7, epochs=20, engine="lightning")
+    res = fit_module(
+        _net(), _loss, batches, on_step=lambda step, row: step >= 7, epochs=20, engine="lightning"
+    )
     assert res.stopped_early and res.steps == 7
 
 
@@ -68,8 +80,12 @@ def test_skip_step_and_per_epoch_batches():
     before = [p.detach().clone() for p in net.parameters()]
     seen = []
     res = fit_module(
-        net, _loss, lambda epoch: seen.append(epoch) or row_batches(np.arange(100), 50, seed=epoch),
-        epochs=2, skip_grad_norm_above=0.0, engine="lightning",
+        net,
+        _loss,
+        lambda epoch: seen.append(epoch) or row_batches(np.arange(100), 50, seed=epoch),
+        epochs=2,
+        skip_grad_norm_above=0.0,
+        engine="lightning",
     )
     assert seen == [0, 1] and res.steps == 4
     for p, q in zip(before, net.parameters(), strict=True):

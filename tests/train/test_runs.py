@@ -9,7 +9,6 @@ import polars as pl
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-
 from walla.train.methods import MethodOutput
 from walla.train.run import limit_rows, run_scenario
 from walla.train.runs import (
@@ -71,9 +70,19 @@ def test_scenario_table_round_trip(tmp_path, data):
 def test_run_round_trip_and_listing(tmp_path, data):
     n, m, k = data.probs.shape
     out = _output(n, m, k)
-    log = [{"step": 1, "epoch": 0, "n_seen": 10, "loss": 0.5}, {"step": 2, "epoch": 0, "n_seen": 20, "loss": 0.4}]
+    log = [
+        {"step": 1, "epoch": 0, "n_seen": 10, "loss": 0.5},
+        {"step": 2, "epoch": 0, "n_seen": 20, "loss": 0.4},
+    ]
     path = run_dir(tmp_path, data.name, "walla-i", 18)
-    write_run(path, data.question_id, data.split, out, log, {"method": "walla-i", "seed": 18, "config": {"lr": 1e-3}})
+    write_run(
+        path,
+        data.question_id,
+        data.split,
+        out,
+        log,
+        {"method": "walla-i", "seed": 18, "config": {"lr": 1e-3}},
+    )
     assert is_complete(path) and not list(path.glob("*.tmp"))
     rec = read_run(path)
     assert rec.meta["config"] == {"lr": 1e-3} and rec.meta["seed"] == 18
@@ -112,8 +121,12 @@ def test_run_scenario_writes_every_row_and_skips_finished(tmp_path, data):
     (run_dir(tmp_path, data.name, "uniform", 18) / RUN_META).unlink()  # simulate an interrupted run
     s2 = run_scenario(data, ["uniform", "walla-i"], [18, 19], tmp_path, overrides=TINY)
     status = {(r.method, r.seed): r.status for r in s2.results}
-    assert status == {("uniform", 18): "done", ("uniform", 19): "skipped",
-                      ("walla-i", 18): "skipped", ("walla-i", 19): "skipped"}
+    assert status == {
+        ("uniform", 18): "done",
+        ("uniform", 19): "skipped",
+        ("walla-i", 18): "skipped",
+        ("walla-i", 19): "skipped",
+    }
     assert (path / RUN_META).stat().st_mtime_ns == stamp
     s3 = run_scenario(data, ["walla-i"], [19], tmp_path, overrides=TINY, force=True)
     assert [r.status for r in s3.results] == ["done"]

@@ -8,7 +8,6 @@ import pytest
 import torch
 from synthetic import make_private_context_scenario
 from typer.testing import CliRunner
-
 from walla.train import cli
 from walla.train.runs import list_runs
 
@@ -28,7 +27,10 @@ def synthetic_store(monkeypatch):
     """Substitute manifest + store with a synthetic scenario (the CLI logic stays real)."""
     data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth-cli")
     entry = SimpleNamespace(
-        name="synth-cli", methods=["uniform", "walla-i"], seeds=[18, 19, 20], calibrated=False,
+        name="synth-cli",
+        methods=["uniform", "walla-i"],
+        seeds=[18, 19, 20],
+        calibrated=False,
         hparams={"walla-i": {"variant": "I", "lr": 1e-3, "epochs": 1, "hidden": [8]}},
     )
     monkeypatch.setattr(cli, "load_entry", lambda name: entry)
@@ -45,8 +47,15 @@ def test_train_writes_runs_and_prints_summary(tmp_path, synthetic_store):
     assert res.exit_code == 0, res.output
     assert "WALLA I" in res.output and "UniformAvg" in res.output and "Brier" in res.output
     refs = list_runs(tmp_path, "synth-cli")
-    assert sorted((r.method, r.seed) for r in refs) == [("uniform", 18), ("uniform", 19), ("walla-i", 18), ("walla-i", 19)]
-    res = _run("--scenario", "synth-cli", "--runs", str(tmp_path), "--seed-list", "19,20", "--methods", "walla-i")
+    assert sorted((r.method, r.seed) for r in refs) == [
+        ("uniform", 18),
+        ("uniform", 19),
+        ("walla-i", 18),
+        ("walla-i", 19),
+    ]
+    res = _run(
+        "--scenario", "synth-cli", "--runs", str(tmp_path), "--seed-list", "19,20", "--methods", "walla-i"
+    )
     assert res.exit_code == 0, res.output
     assert len(list_runs(tmp_path, "synth-cli")) == 5  # 19 skipped, 20 new
 

@@ -84,8 +84,8 @@ class TrainedHeads:
 
 
 def _draw_masks(
-    gens: list[torch.Generator],
-    diag_gens: list[torch.Generator],
+    gens: list[np.random.Generator],
+    diag_gens: list[np.random.Generator],
     m: int,
     n_kinds: int,
     b: int,
@@ -94,15 +94,19 @@ def _draw_masks(
 ) -> list[torch.Tensor]:
     """Dropout keep-masks, one [G, b, width] per hidden layer, from per-seed generators.
 
+    numpy's PCG64 draws uniforms ~1.5x faster than torch's CPU generator (masks are ~10% of a step).
     Diagnostic heads draw from their own per-seed generators, so the wager heads see the same masks
     (and hence the same trajectory) whether or not diagnostics are on.
     """
-    per_seed = []
-    for g, dg in zip(gens, diag_gens, strict=True):
-        wager = [(torch.rand(m, b, w, generator=g) < keep).float() for w in widths]  # [M, b, w]
-        diag = [(torch.rand((n_kinds - 1) * m, b, w, generator=dg) < keep).float() for w in widths]
-        per_seed.append([torch.cat([wm, dm]) for wm, dm in zip(wager, diag, strict=True)])
-    return [torch.cat([seed_masks[j] for seed_masks in per_seed]) for j in range(len(widths))]
+    out = []
+    for w in widths:
+        parts = []
+        for g, dg in zip(gens, diag_gens, strict=True):
+            parts.append(g.random((m, b, w), dtype=np.float32) < keep)  # [M, b, w]
+            if n_kinds > 1:
+                parts.append(dg.random(((n_kinds - 1) * m, b, w), dtype=np.float32) < keep)
+        out.append(torch.from_numpy(np.concatenate(parts).astype(np.float32)))  # [G, b, w]
+    return out
 
 
 def _init_heads(seeds: Sequence[int], in_dims: list[int], cfg: WallaConfig, n_kinds: int) -> StackedHeads:
@@ -170,6 +174,7 @@ def train_heads(
     probs_np = apply_calibration(calibration, data, train) if cfg.calibrated else data.probs[train]
     probs = torch.from_numpy(np.asarray(probs_np, dtype=np.float32)).to(device)  # [n, M, K]
     target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float32)).to(device)  # [n, K]
+    option_mask = torch.from_numpy(np.asarray(data.option_mask[train], dtype=bool)).to(device)  # [n, K]
     bank = stack_hidden(data.hidden, train).to(device)  # [M, n, Hmax]
     in_dims = [int(h.shape[1]) for h in data.hidden]
     n_kinds = 3 if cfg.diagnostics else 1
@@ -177,8 +182,8 @@ def train_heads(
     g_n = s_n * a_n
 
     heads = _init_heads(seeds, in_dims, cfg, n_kinds).to(device)
-    gens = [torch.Generator().manual_seed(seed) for seed in seeds]  # wager-head dropout, per seed
-    diag_gens = [torch.Generator().manual_seed(seed + 7919) for seed in seeds]  # diagnostic heads' dropout
+    gens = [np.random.default_rng([seed, 1]) for seed in seeds]  # wager-head dropout, per seed
+    diag_gens = [np.random.default_rng([seed, 2]) for seed in seeds]  # diagnostic heads' dropout
     rngs = [np.random.default_rng(seed) for seed in seeds]  # data order, per seed
     n, bs = len(train), cfg.batch_size
     n_batches = math.ceil(n / bs)
@@ -225,15 +230,17 @@ def train_heads(
                 + ((pred_b - base.clamp(0, 1)) ** 2).mean(1).sum()
             )
         with torch.no_grad():
-            agg = mechanism.pool(p, wd, cfg.pooling, validate=False)  # [S, b, K]
+            agg = mechanism.pool(
+                p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False
+            )  # [S, b, K]
             metric = _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if cfg.stop_metric != "none" else None
-            step_out.update(
+            step_out.update(  # per-seed summaries, on the CPU for the bookkeeping below
                 b=b,
-                mse=mse.detach().mean(1),
-                metric=metric,
-                wager=wd.mean(1),
-                adv=adv.mean(1),
-                payout=(wd * (adv - cfg.c3 * wd)).mean(1),
+                mse=mse.detach().mean(1).cpu(),
+                metric=metric.cpu() if metric is not None else None,
+                wager=wd.mean(1).cpu(),
+                adv=adv.mean(1).cpu(),
+                payout=(wd * (adv - cfg.c3 * wd)).mean(1).cpu(),
             )
         if trace is not None:
             trace(

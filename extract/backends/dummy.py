@@ -1,0 +1,78 @@
+"""Dummy backend: seeded pseudo log-probs and hidden states, no model (lm-eval DummyLM style).
+
+For fast integration tests of extract -> store -> train -> evaluate. Everything is a
+deterministic function of (seed, prompt text), so it is independent of batching and order, and
+a `relevant` prompt differs from the `none` one. Tokenization is word-level (`\\s*\\w+` or one
+punctuation mark, ids by crc32), enough for the option-token resolution rules of SPEC §1.5.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import numpy as np
+from walla.extract.backends import Progress, ScoreResult
+from walla.extract.scoring import plan_batches
+
+_TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
+VOCAB = 50_000
+
+
+class DummyBackend:
+    name = "dummy"
+
+    def __init__(
+        self, hidden_size: int = 16, seed: int = 0, batch_tokens: int = 4096, sharpness: float = 2.0
+    ):
+        self.hidden_size = int(hidden_size)
+        self.seed = int(seed)
+        self.batch_tokens = batch_tokens
+        self.sharpness = sharpness  # std of the candidate logits: larger = more confident fake answers
+
+    def identity(self) -> dict:
+        return {
+            "backend": "dummy",
+            "hidden_size": self.hidden_size,
+            "seed": self.seed,
+            "sharpness": self.sharpness,
+        }
+
+    def format_prompt(self, text: str) -> str:
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        return [zlib.crc32(t.encode()) % VOCAB for t in _TOKEN.findall(text)]
+
+    def encode_bare(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def _rng(self, text: str, token: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, zlib.crc32(text.encode()), token])
+
+    def score(
+        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
+    ) -> ScoreResult:
+        n, u = len(prompts), len(token_ids)
+        raw = np.empty((n, u), dtype=np.float32)  # [N, U]
+        hidden = np.empty((n, self.hidden_size), dtype=np.float32)  # [N, H]
+        nll = np.empty(n, dtype=np.float32)
+        ntok = np.empty(n, dtype=np.int32)
+        lengths = [len(self.encode(p)) for p in prompts]
+        for idx in plan_batches(lengths, self.batch_tokens):
+            for i in idx:
+                p = prompts[i]
+                rng = self._rng(p)
+                hidden[i] = rng.standard_normal(self.hidden_size)
+                nll[i] = rng.uniform(1.0, 5.0)
+                ntok[i] = max(1, lengths[i])
+                # one draw per (prompt, token): a token's log-prob does not depend on which others are asked;
+                # log_sigmoid(.) - log(32) keeps the mass of up to 26 option tokens below 1
+                logits = np.array([self._rng(p, t).standard_normal() * self.sharpness for t in token_ids])
+                raw[i] = -np.logaddexp(0.0, -logits) - np.log(32.0)
+            if progress is not None:
+                progress(len(idx), int(sum(lengths[j] for j in idx)))
+        return ScoreResult(raw, hidden, nll, ntok)
+
+    def close(self) -> None:
+        pass

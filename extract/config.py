@@ -1,0 +1,55 @@
+"""ExtractConfig: every setting of one `walla-extract` run, validated in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from walla.extract.backends import BACKENDS
+from walla.store.schema import VARIANTS
+
+DTYPES = ("auto", "bfloat16", "float32", "float16")
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    model: str  # models.yaml key
+    dataset: str  # datasets.yaml key
+    variants: tuple[str, ...] | None = None  # None: every variant the dataset supports
+    backend: str | None = (
+        None  # hf | vllm | dummy; None: the model's manifest hint (hf when vllm is unusable)
+    )
+    data_file: Path | None = None  # local copy instead of the hub
+    split: str | None = None  # SOURCE split to read (hub split name, e.g. "test" for cais/mmlu)
+    hub_config: str | None = None  # hub config name override (e.g. "anatomy" for cais/mmlu)
+    limit: int | None = (
+        None  # keep the first N questions (after split assignment): a different question table
+    )
+    size: int | None = None  # generated datasets: number of rows (overrides generator.n)
+    store: Path = Path("walla-store")
+    batch_tokens: int = 4096  # padded tokens per forward pass (rows x longest prompt in the bucket)
+    shard_rows: int = 256  # rows per durable store shard (the resume granularity)
+    dtype: str | None = None  # None: the model's manifest dtype
+    chat_template: bool | None = None  # None: the model's manifest setting (the reference: never)
+    device: str | None = None  # None: cuda when available, else cpu
+    context_seed: int = 0  # seeds the irrelevant-context derangement
+    progress: bool = True  # rich progress bar on stderr
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.variants is not None:
+            bad = [v for v in self.variants if v not in VARIANTS]
+            if bad or not self.variants:
+                problems.append(
+                    f"variants must be a non-empty subset of {VARIANTS}, got {list(self.variants)}"
+                )
+        if self.backend is not None and self.backend not in BACKENDS:
+            problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("limit", "size", "batch_tokens", "shard_rows"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                problems.append(f"{name} must be >= 1, got {v}")
+        if problems:
+            raise ValueError("; ".join(problems))
