@@ -145,9 +145,9 @@ def read_json_records(path: Path) -> Iterator[tuple[str, object]]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            data = None  # JSON lines whose first line is an object
-        if isinstance(data, dict):
-            for key, rec in data.items():
+            data = None  # JSON lines (several objects)
+        if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+            for key, rec in data.items():  # {id: record} (PubMedQA's ori_pqal.json)
                 if isinstance(rec, dict):
                     rec = {"_key": key, **rec}
                 yield f"{path}, entry {key!r}", rec
@@ -213,7 +213,7 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
             "dataset",
             f"{path}" + (f" ({name})" if name else ""),
             reason,
-            "pass a local copy with --data-file PATH",
+            "pass the dataset as a local file with --data-file PATH",
         ) from e
     return ds, {
         "hub": {"path": path, "name": name, "split": split},
@@ -643,7 +643,7 @@ def build_table(
     if limit is not None:
         keep = keep[:limit]
     for reason, n in dropped.items():
-        log.warning("dropped %d row(s): %s", n, reason)
+        log.info("dropped %d row(s): %s", n, reason)
     data = {c: [] for c in QUESTION_COLUMNS}
     for row, split in keep:
         for c in QUESTION_COLUMNS:

@@ -17,12 +17,17 @@ from urllib.parse import urlparse
 PROBE_TIMEOUT_S = 3.0
 _TRUE = {"1", "true", "yes", "on"}
 _probe_result: bool | None = None  # cached per process
+_offline_reason = ""  # why this process went offline (set once)
 
-EMBEDDED_HINT = "or use an embedded offline model: --model smollm2-135m | gemma3-270m"
+EMBEDDED_HINT = "use an embedded offline model (--model smollm2-135m or gemma3-270m)"
 
 
 class HubUnavailableError(RuntimeError):
     """A hub model or dataset cannot be loaded (offline, gated, missing). The message is one line."""
+
+    def __init__(self, message: str, items: list[tuple[str, str, str, str]] | None = None):
+        super().__init__(message)
+        self.items = items or []  # (kind, repo id, why, how to proceed locally)
 
 
 def offline_forced() -> bool:
@@ -59,13 +64,16 @@ def set_offline() -> None:
 
 def prepare_hub_access() -> str:
     """Call before any hub request. Returns why we are offline ("" when online)."""
-    if offline_forced():
+    global _offline_reason
+    if not _offline_reason:
+        if offline_forced():
+            _offline_reason = "HF_HUB_OFFLINE is set"
+        elif not hub_reachable():
+            _offline_reason = "no network (the hub endpoint is unreachable)"
+        else:
+            return ""
         set_offline()
-        return "HF_HUB_OFFLINE is set"
-    if not hub_reachable():
-        set_offline()
-        return "no network (the hub endpoint is unreachable)"
-    return ""
+    return _offline_reason
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -82,8 +90,19 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def unavailable(kind: str, repo_id: str, why: str, local_hint: str) -> HubUnavailableError:
-    """Build the one-line error for a model/dataset that cannot be loaded."""
-    return HubUnavailableError(
-        f"cannot load {kind} {repo_id!r} from the Hugging Face Hub: {why}. To proceed: run where the hub is "
-        f"reachable, or download it once and set HF_HUB_OFFLINE=1, {local_hint}"
+    """The one-line error for a model/dataset that cannot be loaded."""
+    return combine([HubUnavailableError("", [(kind, repo_id, why, local_hint)])])
+
+
+def combine(errors: list[HubUnavailableError]) -> HubUnavailableError:
+    """One line for every model/dataset that cannot be loaded (so a user fixes them all at once)."""
+    items = [it for e in errors for it in e.items]
+    whys = list(dict.fromkeys(why for _, _, why, _ in items))
+    what = ", ".join(f"{kind} {repo!r}" for kind, repo, _, _ in items)
+    hints = list(dict.fromkeys(h for *_, h in items))
+    msg = (
+        f"cannot load {what} from the Hugging Face Hub: {'; '.join(whys)}. To proceed: run where the hub is "
+        "reachable (gated models also need `hf auth login`) or download once and set HF_HUB_OFFLINE=1; or "
+        + "; or ".join(hints)
     )
+    return HubUnavailableError(msg, items)

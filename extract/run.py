@@ -81,7 +81,7 @@ def choose_backend(cfg: ExtractConfig, model_entry) -> str:
 
         ok, why = vllm_usable()
         if not ok:
-            log.warning("model %s prefers the vllm backend, but %s: using hf", model_entry.name, why)
+            log.info("model %s prefers the vllm backend, but %s: using hf", model_entry.name, why)
             return "hf"
     return hint
 
@@ -129,7 +129,7 @@ def load_backend(
     return DummyBackend(hidden_size, batch_tokens=cfg.batch_tokens)
 
 
-def _preflight_model(rm: ResolvedModel, backend: str) -> str | None:
+def _preflight_model(rm: ResolvedModel, backend: str) -> hub.HubUnavailableError | None:
     """When offline, a hub model must already be in the local cache; returns the problem or None."""
     if backend == "dummy" or rm.identity.get("source") != "hub":
         return None
@@ -141,8 +141,8 @@ def _preflight_model(rm: ResolvedModel, backend: str) -> str | None:
     cached = try_to_load_from_cache(rm.load_from, rm.gguf_file or "config.json", revision=rm.revision)
     if isinstance(cached, str):
         return None
-    return str(
-        hub.unavailable("model", rm.load_from, why + " and it is not in the local cache", hub.EMBEDDED_HINT)
+    return hub.unavailable(
+        "model", rm.load_from, why + " and it is not in the local cache", hub.EMBEDDED_HINT
     )
 
 
@@ -244,11 +244,9 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     try:
         table, source = load_dataset_table(dataset_request(d_entry, cfg))
     except hub.HubUnavailableError as e:
-        if model_problem:
-            raise hub.HubUnavailableError(f"{model_problem}; also {e}") from e
-        raise
+        raise hub.combine([model_problem, e] if model_problem else [e]) from e
     if model_problem:
-        raise hub.HubUnavailableError(model_problem)
+        raise model_problem
     qfp = write_question_table(cfg.store, cfg.dataset, table, source)
     counts = table["split"].value_counts().sort("split")
     out(

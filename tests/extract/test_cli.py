@@ -1,0 +1,51 @@
+"""`walla-extract` command line: one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import time
+
+from typer.testing import CliRunner
+
+from walla.extract.cli import app
+
+runner = CliRunner()
+
+
+def test_unknown_model_exits_2_with_close_matches(tmp_path):
+    r = runner.invoke(app, ["--model", "smolm2", "--dataset", "facts", "--store", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "unknown model 'smolm2'; did you mean smollm2-135m" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_offline_hub_model_and_dataset_fail_fast_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # deterministic: never touch the network from a test
+    t0 = time.perf_counter()
+    r = runner.invoke(app, ["--model", "aloe", "--dataset", "medmcqa", "--store", str(tmp_path)])
+    assert time.perf_counter() - t0 < 30
+    assert r.exit_code == 3
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1, r.output
+    assert "HPAI-BSC/Llama3-Aloe-8B-Alpha" in lines[0] and "openlifescienceai/medmcqa" in lines[0]
+    assert "--data-file" in lines[0] and "smollm2-135m" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
+
+
+def test_bad_option_and_bad_data_are_one_line(tmp_path):
+    r = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "facts", "--variants", "none,wrong"])
+    assert r.exit_code == 2 and "variants must be a non-empty subset" in r.output
+    bad = tmp_path / "arc.jsonl"
+    bad.write_text('{"id": "x", "question": {"stem": "s", "choices": []}, "answerKey": "A"}\n')
+    r = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "arc-challenge", "--backend", "dummy",
+                            "--data-file", str(bad), "--store", str(tmp_path / "s")])
+    assert r.exit_code == 1 and "arc.jsonl, line 1: field 'choices' is empty" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_dummy_run_prints_paths(tmp_path):
+    r = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "bayesx", "--backend", "dummy", "--size", "40",
+                            "--variants", "none", "--store", str(tmp_path), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "questions: 34 rows" in r.output  # balanced_binary drops the surplus class and "wrote smollm2-135m/bayesx/none" in r.output
+    r2 = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "bayesx", "--backend", "dummy", "--size", "40",
+                             "--variants", "none", "--store", str(tmp_path), "--no-progress"])
+    assert "already complete: " in r2.output

@@ -1,0 +1,97 @@
+"""The hf backend against a naive full-logits computation on a tiny random Llama (no download)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_model import tiny_model, tiny_tokenizer
+from walla.extract.backends.hf import HFBackend
+from walla.extract.scoring import renormalize
+
+PROMPTS = [
+    "Question : Is the door of room 42 painted red ? Answer :",
+    "Fact : the cat sat on the mat . Question : Is the door painted blue ? Answer with YES or NO . Answer :",
+    "Question : Which gas do plants take in ? Choices : A ) oxygen B ) carbon dioxide C ) helium Answer :",
+    "Answer :",
+    "the dog ran in the park with a ball and the cat sat on the mat and the sun and the moon . Answer :",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return tiny_model(len(tok))
+
+
+def naive(model, ids: list[int]):
+    """Full forward of one unpadded sequence: (log-probs [L, V], last-layer hidden [L, d])."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return torch.log_softmax(out.logits[0].double(), -1), out.hidden_states[-1][0]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_outputs_match_naive_full_logits(model, tok, side):
+    # small chunks so the vocabulary x token chunking of the NLL is exercised
+    be = HFBackend(model, tok, batch_tokens=10_000, padding_side=side, chunk_elems=64, vocab_chunk=16)
+    cand = [tok.convert_tokens_to_ids(t) for t in ["A", "B", "C", "YES", "NO"]]
+    res = be.score(PROMPTS, cand)
+    lengths = {len(be.encode(p)) for p in PROMPTS}
+    assert len(lengths) > 3  # a genuinely padded batch
+    for i, p in enumerate(PROMPTS):
+        ids = be.encode(p)
+        lp, hid = naive(model, ids)
+        np.testing.assert_allclose(res.raw_logprobs[i], lp[-1, cand].numpy(), atol=2e-5)
+        np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=2e-5, rtol=1e-4)
+        want_nll = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item() if len(ids) > 1 else 0.0
+        assert res.prompt_nll[i] == pytest.approx(want_nll, abs=2e-5)
+        assert res.n_tokens[i] == len(ids)
+        # restricted + renormalized == softmax of the naive logits over the option tokens only
+        logits = torch.log_softmax(lp[-1, cand], -1).numpy()
+        np.testing.assert_allclose(renormalize(res.raw_logprobs[i]), logits, atol=2e-5)
+
+
+def test_hidden_equals_models_own_left_padded_batch(model, tok):
+    """Our hidden state == the model's own hidden_states[-1] in a properly left-padded batch."""
+    be = HFBackend(model, tok, padding_side="left")
+    enc = tok(PROMPTS[:3], padding=True, padding_side="left", return_tensors="pt")
+    pos = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        own = model(**enc, position_ids=pos, output_hidden_states=True).hidden_states[-1][:, -1]
+    res = be.score(PROMPTS[:3], [5])
+    np.testing.assert_allclose(res.hidden, own.numpy(), atol=2e-5, rtol=1e-4)
+
+
+def test_batching_returns_input_order(model, tok):
+    """Many small buckets (sorted by length) must come back in input order, none lost."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + " the" * (i % 7) for i in range(23)]
+    one = HFBackend(model, tok, batch_tokens=1)  # one prompt per forward pass
+    many = HFBackend(model, tok, batch_tokens=120)
+    seen = []
+    a = one.score(prompts, [5, 6])
+    b = many.score(prompts, [5, 6], progress=lambda rows, toks: seen.append(rows))
+    assert sum(seen) == len(prompts) and len(seen) > 2
+    np.testing.assert_allclose(a.hidden, b.hidden, atol=2e-5)
+    np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=2e-5)
+    np.testing.assert_array_equal(a.n_tokens, [len(one.encode(p)) for p in prompts])
+
+
+def test_self_check_passes_and_catches_a_wrong_head(tok):
+    model = tiny_model(len(tok), seed=1)
+    be = HFBackend(model, tok)
+    assert be.self_check() < 1e-3
+    be.softcap = 0.5  # a head the model does not have: our logits no longer match model(...).logits
+    with pytest.raises(RuntimeError, match="self-check failed"):
+        be.self_check()
+
+
+def test_single_token_prompt_has_zero_nll(model):
+    tok = tiny_tokenizer(bos=False)
+    be = HFBackend(model, tok)
+    res = be.score(["Answer"], [5])
+    assert res.n_tokens[0] == 1 and res.prompt_nll[0] == 0.0
