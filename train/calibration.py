@@ -76,7 +76,9 @@ class _TempHeads(nn.Module):
         return t.clamp(max=self.cfg.t_max)
 
 
-def _masked_adamw_(params, exp_avg, exp_sq, steps, on, lr, wd, clip, beta1=0.9, beta2=0.999, eps=1e-8) -> None:
+def _masked_adamw_(
+    params, exp_avg, exp_sq, steps, on, lr, wd, clip, beta1=0.9, beta2=0.999, eps=1e-8
+) -> None:
     """One AdamW step per head for heads with on[g] True; the others do not move at all (parameters and
     moments untouched). Same arithmetic as clip_grad_norm_ + torch.optim.AdamW on each head alone, done
     as in-place passes over the stacked tensors with per-head factors broadcast as [G, 1, ...]."""

@@ -146,7 +146,7 @@ class _Stepper:
         out = self.loss_fn(module, batch)
         loss, metrics = (out, {}) if isinstance(out, torch.Tensor) else out
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite training loss {float(loss)} at step {self.step}")
+            raise FloatingPointError(f"non-finite training loss {float(loss.detach())} at step {self.step}")
         backward(loss)
         if self.clip_fn is not None:
             norm = self.clip_fn(module)

@@ -98,7 +98,10 @@ def subset_rows(data: ScenarioData, rows: np.ndarray) -> ScenarioData:
 
 
 def limit_rows(data: ScenarioData, n: int) -> ScenarioData:
-    """Keep about n rows, every split keeping its share (at least one row each), in stored order."""
+    """Keep about n rows, every split keeping its share (at least one row each), in stored order.
+
+    The result is named "<scenario>-rows<n>" so its runs never mix with (or skip) full-scenario runs.
+    """
     if n >= len(data.split):
         return data
     keep = []
@@ -106,7 +109,7 @@ def limit_rows(data: ScenarioData, n: int) -> ScenarioData:
         idx = data.split_index(s)
         if len(idx):
             keep.append(idx[: max(1, math.floor(n * len(idx) / len(data.split)))])
-    return subset_rows(data, np.sort(np.concatenate(keep)))
+    return dataclasses.replace(subset_rows(data, np.sort(np.concatenate(keep))), name=f"{data.name}-rows{n}")
 
 
 def test_scores(data: ScenarioData, agg: np.ndarray, rows: np.ndarray | None = None) -> tuple[float, float]:
@@ -161,7 +164,7 @@ def run_scenario(
         force: rerun finished runs too.
         device: "cpu" | "cuda", passed to WALLA.
         calibrated: calibrate every agent before all methods (default: the entry's `calibrated`).
-        limit: keep about this many rows (quick looks).
+        limit: keep about this many rows (quick looks; written as scenario "<name>-rows<limit>").
         overrides: method -> config keys that win over the manifest.
         progress: callback (event, method, seed).
         entry: the ScenarioEntry of an already assembled ScenarioData (for its methods, seeds, hparams).

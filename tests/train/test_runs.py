@@ -147,7 +147,7 @@ def test_scenario_calibration_records_agent_probs(tmp_path, data):
 def test_limit_rows_keeps_split_shares(data):
     small = limit_rows(data, 60)
     assert 50 <= len(small.split) <= 60
-    assert {"train", "val", "test"} == set(small.split)
+    assert {"train", "val", "test"} == set(small.split) and small.name == f"{data.name}-rows60"
     assert small.hidden[1].shape == (len(small.split), 8) and small.probs.shape[0] == len(small.split)
 
 
