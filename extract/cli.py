@@ -41,7 +41,7 @@ def extract(
     limit: int = typer.Option(None, help="keep the first N questions"),
     size: int = typer.Option(None, help="rows of a generated dataset (bayesx, facts)"),
     store: Path = typer.Option(Path("walla-store"), help="feature store directory"),
-    batch_tokens: int = typer.Option(4096, "--batch-tokens", help="padded tokens per forward pass"),
+    batch_tokens: int = typer.Option(8192, "--batch-tokens", help="padded tokens per forward pass"),
     shard_rows: int = typer.Option(256, "--shard-rows", help="rows per durable store shard"),
     dtype: str = typer.Option(
         None, help="auto | float32 | bfloat16 | float16 (default: the model's manifest)"

@@ -27,7 +27,7 @@ class ExtractConfig:
     )
     size: int | None = None  # generated datasets: number of rows (overrides generator.n)
     store: Path = Path("walla-store")
-    batch_tokens: int = 4096  # padded tokens per forward pass (rows x longest prompt in the bucket)
+    batch_tokens: int = 8192  # padded tokens per forward pass (rows x longest prompt in the bucket)
     shard_rows: int = 256  # rows per durable store shard (the resume granularity)
     dtype: str | None = None  # None: the model's manifest dtype
     chat_template: bool | None = None  # None: the model's manifest setting (the reference: never)

@@ -1,0 +1,47 @@
+"""Real-model extraction: the embedded SmolLM2-135M on real PubMedQA questions (CPU)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from walla.extract.config import ExtractConfig
+from walla.extract.run import run
+from walla.store.featureset import read_feature_set
+from walla.store.questions import read_question_table
+
+PQA = Path(__file__).resolve().parents[3] / "shared" / "data" / "pubmedqa" / "ori_pqal.json"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PQA.exists(), reason=f"real PubMedQA file not found at {PQA} (dev machine only)")
+def test_smollm2_pubmedqa_three_variants(tmp_path):
+    t0 = time.perf_counter()
+    cfg = ExtractConfig(model="smollm2-135m", dataset="pubmedqa-labeled", data_file=PQA, limit=20,
+                        store=tmp_path, backend="hf", device="cpu", progress=False)
+    lines: list[str] = []
+    paths = run(cfg, out=lines.append)
+    q, _ = read_question_table(tmp_path, "pubmedqa-labeled")
+    assert q.height == 20
+    sets = {p.parts[-2]: read_feature_set(p) for p in paths}
+    assert set(sets) == {"none", "relevant", "irrelevant"}
+    for variant, fs in sets.items():
+        assert fs.hidden.shape == (20, 576), variant
+        assert fs.rows["question_id"].to_list() == q["question_id"].to_list()
+        h = np.asarray(fs.hidden[:]).astype(np.float32)
+        assert np.isfinite(h).all() and np.abs(h).max() > 0
+        lp = np.array(fs.rows["option_logprobs"].to_list(), dtype=np.float64)
+        np.testing.assert_allclose(np.logaddexp(lp[:, 0], lp[:, 1]), 0.0, atol=1e-5)
+        assert (fs.rows["prompt_nll"].to_numpy() > 0).all()
+    n_none = sets["none"].rows["n_prompt_tokens"].to_numpy()
+    n_rel = sets["relevant"].rows["n_prompt_tokens"].to_numpy()
+    assert (n_rel > n_none + 50).all()  # the abstract is in the prompt
+    src = sets["irrelevant"].rows["context_source_id"].to_list()
+    split = dict(zip(q["question_id"], q["split"], strict=True))
+    assert all(s != qid and split[s] == split[qid] for s, qid in zip(src, q["question_id"], strict=True))
+    # the relevant and none variants see different prompts, so their hidden states differ
+    assert not np.allclose(np.asarray(sets["none"].hidden[:]), np.asarray(sets["relevant"].hidden[:]))
+    assert time.perf_counter() - t0 < 120, lines
