@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 # Stamp file: re-install only when the project's dependency list changes.
 STAMP := $(VENV)/.walla-setup-stamp
 
-.PHONY: setup test demo demo-real extract train eval bench lint paper clean
+.PHONY: setup test demo demo-real extract train eval bench lint paper paper-extract clean
 
 setup: $(STAMP)
 
@@ -38,11 +38,41 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The offline demo: generate data, extract with the two embedded LLMs, train every method x 5 seeds
+# on a homogeneous private-context scenario (BayesX) and a heterogeneous one (facts), report.
+DEMO_OUT ?= demo-out
+DEMO_FACTS ?= 600
+DEMO_BAYESX ?= 200
+DEMO_SCENARIOS ?= demo-homo-bayesx demo-hetero-facts
+DEMO_STORE = $(DEMO_OUT)/store
+
 demo: setup
-	$(BIN)/python -m walla.evaluate.demo --out demo-out --store demo-out/store --runs demo-out/runs
+	@start=$$(date +%s); set -e; \
+	$(BIN)/walla-extract --model smollm2-135m --dataset bayesx --size $(DEMO_BAYESX) --variants none,relevant --store $(DEMO_STORE); \
+	$(BIN)/walla-extract --model smollm2-135m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
+	$(BIN)/walla-extract --model gemma3-270m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
+	for s in $(DEMO_SCENARIOS); do \
+	  $(BIN)/walla-train --scenario $$s --store $(DEMO_STORE) --runs $(DEMO_OUT)/runs --seeds $(SEEDS); \
+	done; \
+	$(BIN)/walla-eval --report $(DEMO_OUT)/tables.md --runs $(DEMO_OUT)/runs; \
+	echo "walla demo: done in $$(( $$(date +%s) - start )) s -> $(DEMO_OUT)/tables.md"
+
+# The same private-context pipeline on real PubMedQA questions (needs ../shared/data).
+REAL_DATA ?= ../shared/data
+DEMO_REAL_OUT ?= demo-out-real
+DEMO_REAL_LIMIT ?= 300
 
 demo-real: setup
-	$(BIN)/python -m walla.evaluate.demo --real --out demo-out-real --store demo-out-real/store --runs demo-out-real/runs
+	@test -f $(REAL_DATA)/pubmedqa/ori_pqal.json || { echo "demo-real: $(REAL_DATA)/pubmedqa/ori_pqal.json not found (set REAL_DATA=...)"; exit 2; }
+	@set -e; \
+	for m in smollm2-135m gemma3-270m; do \
+	  $(BIN)/walla-extract --model $$m --dataset pubmedqa --data-file $(REAL_DATA)/pubmedqa/ori_pqal.json \
+	    --limit $(DEMO_REAL_LIMIT) --variants none,relevant,irrelevant --store $(DEMO_REAL_OUT)/store; \
+	done; \
+	for s in demo-homo-pubmedqa demo-hetero-pubmedqa demo-hetero-pubmedqa-irrelevant; do \
+	  $(BIN)/walla-train --scenario $$s --store $(DEMO_REAL_OUT)/store --runs $(DEMO_REAL_OUT)/runs --seeds $(SEEDS); \
+	done; \
+	$(BIN)/walla-eval --report $(DEMO_REAL_OUT)/tables.md --runs $(DEMO_REAL_OUT)/runs
 
 extract: setup
 	$(BIN)/walla-extract --model $(MODEL) --dataset $(DATASET) --store $(STORE) --backend $(BACKEND) \
@@ -54,8 +84,24 @@ train: setup
 eval: setup
 	$(BIN)/walla-eval --report $(REPORT) --runs $(RUNS)
 
-paper: setup
-	$(BIN)/python -m walla.evaluate.paper --store $(STORE) --runs $(RUNS) --report paper-tables.md
+# The paper's tables on a GPU machine with hub access: extract every (model, dataset) the paper's
+# scenarios use with vLLM, then train and report every paper scenario manifest.
+PAPER_MODELS ?= gemma2 llama3.1 aloe biomistral
+PAPER_DATASETS ?= pubmedqa medmcqa mmlu arc-challenge
+PAPER_SCENARIOS ?= $(basename $(notdir $(filter-out manifests/scenarios/_% manifests/scenarios/demo-%,$(wildcard manifests/scenarios/*.yaml))))
+PAPER_BACKEND ?= vllm
+
+paper-extract: setup
+	@set -e; for m in $(PAPER_MODELS); do for d in $(PAPER_DATASETS); do \
+	  $(BIN)/walla-extract --model $$m --dataset $$d --backend $(PAPER_BACKEND) --store $(STORE); \
+	done; done; \
+	$(BIN)/walla-extract --model gemma2 --dataset bayesx --backend $(PAPER_BACKEND) --store $(STORE)
+
+paper: paper-extract
+	@set -e; for s in $(PAPER_SCENARIOS); do \
+	  $(BIN)/walla-train --scenario $$s --store $(STORE) --runs $(RUNS) --seeds $(SEEDS) --device cuda; \
+	done; \
+	$(BIN)/walla-eval --report paper-tables.md --runs $(RUNS)
 
 bench: setup
 	$(BIN)/python benchmarks/store_assembly.py
@@ -67,4 +113,4 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf demo-out demo-out-real runs .pytest_cache
+	rm -rf $(DEMO_OUT) $(DEMO_REAL_OUT) runs .pytest_cache

@@ -58,12 +58,16 @@ def load_prompts(n: int) -> tuple[list[str], str]:
     from walla.extract.splits import SplitProtocol
 
     if PUBMEDQA.exists():
-        req = DatasetRequest("pubmedqa", "pubmedqa", data_file=PUBMEDQA, split_protocol=SplitProtocol("none"), limit=n)
+        req = DatasetRequest(
+            "pubmedqa", "pubmedqa", data_file=PUBMEDQA, split_protocol=SplitProtocol("none"), limit=n
+        )
         table, _ = load_dataset_table(req)
         name = f"PubMedQA with abstracts ({PUBMEDQA.name})"
         template = get_template("pubmedqa")
     else:
-        req = DatasetRequest("bayesx", "bayesx", generator={"n": n, "seed": 42}, split_protocol=SplitProtocol("none"))
+        req = DatasetRequest(
+            "bayesx", "bayesx", generator={"n": n, "seed": 42}, split_protocol=SplitProtocol("none")
+        )
         table, _ = load_dataset_table(req)
         name = "generated BayesX full prompts"
         template = get_template("bayesx")
@@ -96,8 +100,11 @@ def passes_for_scenario(name: str = "homo-pubmedqa-aloe-x12") -> tuple[int, int]
     from walla.store.manifests import load_scenario
 
     sc = load_scenario(name)
-    variants = {"none": {"none"}, "one_relevant": {"none", "relevant"},
-                "one_relevant_one_irrelevant": {"none", "relevant", "irrelevant"}}[sc.context_rule]
+    variants = {
+        "none": {"none"},
+        "one_relevant": {"none", "relevant"},
+        "one_relevant_one_irrelevant": {"none", "relevant", "irrelevant"},
+    }[sc.context_rule]
     ours = len({(m, v) for m in sc.agents for v in variants})
     return len(sc.agents), ours
 
@@ -105,8 +112,20 @@ def passes_for_scenario(name: str = "homo-pubmedqa-aloe-x12") -> tuple[int, int]
 def rss_run(rows: int) -> float:
     """Peak RSS (MiB) of a real walla-extract subprocess on `rows` generated facts rows."""
     with tempfile.TemporaryDirectory() as d:
-        cmd = [str(REPO / ".venv" / "bin" / "walla-extract"), "--model", "smollm2-135m", "--dataset", "facts",
-               "--size", str(rows), "--variants", "relevant", "--store", d, "--no-progress"]
+        cmd = [
+            str(REPO / ".venv" / "bin" / "walla-extract"),
+            "--model",
+            "smollm2-135m",
+            "--dataset",
+            "facts",
+            "--size",
+            str(rows),
+            "--variants",
+            "relevant",
+            "--store",
+            d,
+            "--no-progress",
+        ]
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         dt = time.perf_counter() - t
@@ -126,7 +145,6 @@ def main() -> None:
     t_start = time.perf_counter()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from walla.extract.backends.hf import HFBackend, converted_gguf_dir
     from walla.extract.models import resolve_model
     from walla.store.manifests import load_models
@@ -141,8 +159,10 @@ def main() -> None:
         emb += model.get_output_embeddings().weight.numel()
     non_emb = n_params - emb
     prompts, what = load_prompts(args.n)
-    print(f"model SmolLM2-135M: {n_params / 1e6:.1f}M params, {non_emb / 1e6:.1f}M non-embedding; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"model SmolLM2-135M: {n_params / 1e6:.1f}M params, {non_emb / 1e6:.1f}M non-embedding; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print(f"prompts: {len(prompts)} x {what}")
 
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
@@ -164,7 +184,9 @@ def main() -> None:
     bf16_tps = int(r16.n_tokens.sum()) / (time.perf_counter() - t)
     del m16, be16
 
-    ref_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager").eval()
+    ref_model = AutoModelForCausalLM.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     ref_tok = AutoTokenizer.from_pretrained(src)
     ref_prompts = prompts[: args.ref_n]
     ref_opt, ref_hid, ref_dt = reference_loop(ref_model, ref_tok, ref_prompts, cand)
@@ -180,26 +202,42 @@ def main() -> None:
     mfu_bf16 = flops_per_token * best_tps / (peak16 * 1e9)
     ref_passes, our_passes = passes_for_scenario()
 
-    print(f"matmul peak (2048^3 GEMM, this run): fp32 {peak32:.1f} GFLOP/s, bf16 {peak16:.1f} GFLOP/s "
-          f"({'native bf16' if peak16 > peak32 else 'no native bf16 on this CPU: bf16 is emulated'})")
-    print(f"ours fp32 (SDPA, buckets <= {args.batch_tokens} tokens): {tokens} tokens in {dt:.1f} s = {ours_tps:.0f} tok/s "
-          f"({len(prompts) / dt:.2f} prompts/s)")
-    print(f"ours bf16 on {len(sub)} prompts: {bf16_tps:.0f} tok/s -> dtype auto picks "
-          f"{'bf16' if use_bf16 else 'fp32'} here")
-    print(f"MFU = 2 x {non_emb / 1e6:.1f}M x {best_tps:.0f} tok/s / {'bf16' if use_bf16 else 'fp32'} peak "
-          f"{peak:.1f} GFLOP/s = {mfu:.3f}   (against the bf16 peak: {mfu_bf16:.3f})")
-    print(f"  (the prompt-NLL head adds 2 x {emb / 1e6:.1f}M FLOPs/token not counted in MFU: "
-          f"utilization incl. it {2 * (non_emb + emb) * best_tps / (peak * 1e9):.3f})")
-    print(f"reference-style loop (fp32, eager, batch 5, full-vocab log_softmax, + perplexity pass) on "
-          f"{len(ref_prompts)} prompts: {ref_tps:.0f} tok/s; speed-up {ours_tps / ref_tps:.2f}x "
-          f"(same outputs: max |d option log-prob| {diff_lp:.1e}, max |d hidden| {diff_h:.1e})")
-    print(f"LLM passes over the dataset, 12-agent homogeneous PubMedQA (homo-pubmedqa-aloe-x12): reference "
-          f"{ref_passes} (one per slot), ours {our_passes} (one per distinct model x variant): "
-          f"{ref_passes / our_passes:.1f}x fewer")
+    print(
+        f"matmul peak (2048^3 GEMM, this run): fp32 {peak32:.1f} GFLOP/s, bf16 {peak16:.1f} GFLOP/s "
+        f"({'native bf16' if peak16 > peak32 else 'no native bf16 on this CPU: bf16 is emulated'})"
+    )
+    print(
+        f"ours fp32 (SDPA, buckets <= {args.batch_tokens} tokens): {tokens} tokens in {dt:.1f} s = {ours_tps:.0f} tok/s "
+        f"({len(prompts) / dt:.2f} prompts/s)"
+    )
+    print(
+        f"ours bf16 on {len(sub)} prompts: {bf16_tps:.0f} tok/s -> dtype auto picks "
+        f"{'bf16' if use_bf16 else 'fp32'} here"
+    )
+    print(
+        f"MFU = 2 x {non_emb / 1e6:.1f}M x {best_tps:.0f} tok/s / {'bf16' if use_bf16 else 'fp32'} peak "
+        f"{peak:.1f} GFLOP/s = {mfu:.3f}   (against the bf16 peak: {mfu_bf16:.3f})"
+    )
+    print(
+        f"  (the prompt-NLL head adds 2 x {emb / 1e6:.1f}M FLOPs/token not counted in MFU: "
+        f"utilization incl. it {2 * (non_emb + emb) * best_tps / (peak * 1e9):.3f})"
+    )
+    print(
+        f"reference-style loop (fp32, eager, batch 5, full-vocab log_softmax, + perplexity pass) on "
+        f"{len(ref_prompts)} prompts: {ref_tps:.0f} tok/s; speed-up {ours_tps / ref_tps:.2f}x "
+        f"(same outputs: max |d option log-prob| {diff_lp:.1e}, max |d hidden| {diff_h:.1e})"
+    )
+    print(
+        f"LLM passes over the dataset, 12-agent homogeneous PubMedQA (homo-pubmedqa-aloe-x12): reference "
+        f"{ref_passes} (one per slot), ours {our_passes} (one per distinct model x variant): "
+        f"{ref_passes / our_passes:.1f}x fewer"
+    )
     if args.rss_rows:
         rss_run(args.rss_rows)
     print(f"benchmark time {time.perf_counter() - t_start:.0f} s")
-    print(f"RESULT mfu={mfu:.3f} speedup_vs_reference={best_tps / ref_tps:.2f} passes_ratio={ref_passes / our_passes:.1f}")
+    print(
+        f"RESULT mfu={mfu:.3f} speedup_vs_reference={best_tps / ref_tps:.2f} passes_ratio={ref_passes / our_passes:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -163,20 +163,22 @@ def read_json_records(path: Path) -> Iterator[tuple[str, object]]:
 
 
 def detect_format(path: Path, local_format: str | None) -> str:
-    """'hub' for parquet files / save_to_disk folders, else 'original' (the release's own format)."""
-    if local_format:
-        if local_format not in ("hub", "original"):
-            raise ValueError(f"local_format must be 'hub' or 'original', got {local_format!r}")
-        return local_format
+    """'hub' for parquet files and `save_to_disk` folders (always), else `local_format` (default 'original').
+
+    A manifest's `local_format: original` therefore applies to JSON/CSV files only; `hub` with a JSON
+    lines file reads it as a hub export (one hub-format row per line).
+    """
+    if local_format not in (None, "hub", "original"):
+        raise ValueError(f"local_format must be 'hub' or 'original', got {local_format!r}")
     if not path.exists():
         raise ValueError(f"data file {path} does not exist")
     if path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        markers = ("dataset_info.json", "dataset_dict.json", "state.json")
+        if any((path / m).exists() for m in markers) or any(path.glob("*.parquet")):
             return "hub"
-        if any(path.glob("*.parquet")):
-            return "hub"
-        return "original"
-    return "hub" if path.suffix == ".parquet" else "original"
+    elif path.suffix == ".parquet":
+        return "hub"
+    return local_format or "original"
 
 
 def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable[dict], dict]:
@@ -195,9 +197,11 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
                 if split not in ds:
                     raise ValueError(f"{p}: no split {split!r} in the saved dataset (has {list(ds)})")
                 ds = ds[split]
-        else:
+        elif p.is_dir() or p.suffix == ".parquet":
             files = sorted(str(f) for f in p.glob("*.parquet")) if p.is_dir() else [str(p)]
             ds = datasets.load_dataset("parquet", data_files=files, split="train")
+        else:  # a hub export as JSON lines
+            ds = datasets.load_dataset("json", data_files=[str(p)], split="train")
         return ds, {"data_file": str(p), "format": "hub"}
     if not hub_spec or not hub_spec.get("path"):
         raise ValueError("this dataset has no hub source in its manifest; pass --data-file PATH")

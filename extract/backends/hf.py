@@ -110,6 +110,20 @@ def _fast_gguf_reads():
         gguf.get_tensor_name_map, gguf.GGUFReader = orig_map, orig_reader
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No per-tensor progress bars from transformers while we load (our own bar reports progress)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
     """Safetensors copy of a GGUF model (built on first use; see module docstring)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +132,7 @@ def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
     if (out / "walla-converted.json").exists():
         return out
     log.warning("first load of %s: converting the GGUF to safetensors in %s (once)", gguf_path.name, out)
-    with _fast_gguf_reads():
+    with _fast_gguf_reads(), _quiet_transformers():
         tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
@@ -128,8 +142,9 @@ def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
     model.hf_quantizer = None
     tmp = out.with_name(f"{out.name}.{uuid.uuid4().hex[:8]}.incomplete")
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        with _quiet_transformers():
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         (tmp / "walla-converted.json").write_text(json.dumps({"gguf": gguf_path.name, "sha256": sha256}))
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -158,17 +173,18 @@ def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
             kwargs["revision"] = rm.revision
     why = hub.prepare_hub_access() if is_hub else ""
     try:
-        tok = AutoTokenizer.from_pretrained(src, **kwargs)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                src, dtype=dtype, attn_implementation="sdpa", **kwargs
-            )
-        except ValueError as e:  # architectures without SDPA support
-            if "sdpa" not in str(e).lower():
-                raise
-            model = AutoModelForCausalLM.from_pretrained(
-                src, dtype=dtype, attn_implementation="eager", **kwargs
-            )
+        with _quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(src, **kwargs)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    src, dtype=dtype, attn_implementation="sdpa", **kwargs
+                )
+            except ValueError as e:  # architectures without SDPA support
+                if "sdpa" not in str(e).lower():
+                    raise
+                model = AutoModelForCausalLM.from_pretrained(
+                    src, dtype=dtype, attn_implementation="eager", **kwargs
+                )
     except (OSError, ValueError, RuntimeError) as e:
         if not is_hub or isinstance(e, hub.HubUnavailableError):
             raise

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from typer.testing import CliRunner
-
 from walla.extract.cli import app
 
 runner = CliRunner()
@@ -35,17 +34,64 @@ def test_bad_option_and_bad_data_are_one_line(tmp_path):
     assert r.exit_code == 2 and "variants must be a non-empty subset" in r.output
     bad = tmp_path / "arc.jsonl"
     bad.write_text('{"id": "x", "question": {"stem": "s", "choices": []}, "answerKey": "A"}\n')
-    r = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "arc-challenge", "--backend", "dummy",
-                            "--data-file", str(bad), "--store", str(tmp_path / "s")])
+    r = runner.invoke(
+        app,
+        [
+            "--model",
+            "smollm2-135m",
+            "--dataset",
+            "arc-challenge",
+            "--backend",
+            "dummy",
+            "--data-file",
+            str(bad),
+            "--store",
+            str(tmp_path / "s"),
+        ],
+    )
     assert r.exit_code == 1 and "arc.jsonl, line 1: field 'choices' is empty" in r.output
     assert len(r.output.strip().splitlines()) == 1
 
 
 def test_dummy_run_prints_paths(tmp_path):
-    r = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "bayesx", "--backend", "dummy", "--size", "40",
-                            "--variants", "none", "--store", str(tmp_path), "--no-progress"])
+    r = runner.invoke(
+        app,
+        [
+            "--model",
+            "smollm2-135m",
+            "--dataset",
+            "bayesx",
+            "--backend",
+            "dummy",
+            "--size",
+            "40",
+            "--variants",
+            "none",
+            "--store",
+            str(tmp_path),
+            "--no-progress",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    assert "questions: 34 rows" in r.output  # balanced_binary drops the surplus class and "wrote smollm2-135m/bayesx/none" in r.output
-    r2 = runner.invoke(app, ["--model", "smollm2-135m", "--dataset", "bayesx", "--backend", "dummy", "--size", "40",
-                             "--variants", "none", "--store", str(tmp_path), "--no-progress"])
+    assert (
+        "questions: 34 rows" in r.output
+    )  # balanced_binary drops the surplus class and "wrote smollm2-135m/bayesx/none" in r.output
+    r2 = runner.invoke(
+        app,
+        [
+            "--model",
+            "smollm2-135m",
+            "--dataset",
+            "bayesx",
+            "--backend",
+            "dummy",
+            "--size",
+            "40",
+            "--variants",
+            "none",
+            "--store",
+            str(tmp_path),
+            "--no-progress",
+        ],
+    )
     assert "already complete: " in r2.output

@@ -233,8 +233,13 @@ def test_arc_hub_format(tmp_path):
         }
         for r in ARC
     ]
-    df, _ = load("arc", hub_parquet(tmp_path, rows))
+    # a parquet file is a hub export even where the manifest says local_format: original
+    df, _ = load("arc", hub_parquet(tmp_path, rows), local_format="original")
     assert df["label"].to_list() == [1, 2, 3, 4] and df["question"][3] == "Stem 3?"
+    df2, _ = load(
+        "arc", write_jsonl(tmp_path / "hub.jsonl", rows), local_format="hub"
+    )  # hub rows as JSON lines
+    assert df2.equals(df)
 
 
 def test_arc_errors(tmp_path):

@@ -7,7 +7,6 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 import torch
-
 from walla.extract.backends import vllm as vb
 
 
@@ -62,8 +61,18 @@ def test_option_logprobs_from_hidden_match_full_softmax():
 
 
 def test_lm_head_name_and_identity():
-    assert vb.lm_head_tensor_name({"tie_word_embeddings": False}, {"lm_head.weight": "a", "model.embed_tokens.weight": "b"}) == "lm_head.weight"
-    assert vb.lm_head_tensor_name({"tie_word_embeddings": True}, {"lm_head.weight": "a", "model.embed_tokens.weight": "b"}) == "model.embed_tokens.weight"
+    assert (
+        vb.lm_head_tensor_name(
+            {"tie_word_embeddings": False}, {"lm_head.weight": "a", "model.embed_tokens.weight": "b"}
+        )
+        == "lm_head.weight"
+    )
+    assert (
+        vb.lm_head_tensor_name(
+            {"tie_word_embeddings": True}, {"lm_head.weight": "a", "model.embed_tokens.weight": "b"}
+        )
+        == "model.embed_tokens.weight"
+    )
     with pytest.raises(RuntimeError, match="cannot find the LM head"):
         vb.lm_head_tensor_name({}, {"x": "a"})
     ident = vb.vllm_identity("bfloat16", False)
