@@ -41,8 +41,8 @@ test: setup
 # The offline demo: generate data, extract with the two embedded LLMs, train every method x 5 seeds
 # on a homogeneous private-context scenario (BayesX) and a heterogeneous one (facts), report.
 DEMO_OUT ?= demo-out
-DEMO_FACTS ?= 600
-DEMO_BAYESX ?= 200
+DEMO_FACTS ?= 300
+DEMO_BAYESX ?= 120
 DEMO_SCENARIOS ?= demo-homo-bayesx demo-hetero-facts
 DEMO_STORE = $(DEMO_OUT)/store
 

@@ -57,6 +57,15 @@ _BAYESX_ANSWER = (
     "Output exactly one character: 1 if it is more likely that the cluster will saturate, or 0 otherwise."
 )
 
+_FACTS_SHOTS = (
+    "The lamp in room 5 is green. Is the lamp in room 5 green? Yes\n"
+    "The lamp in room 8 is white. Is the lamp in room 8 blue? No\n"
+    "Box 3 holds pens. Does box 3 hold cups? No\n"
+    "Box 6 holds keys. Does box 6 hold keys? Yes\n"
+    "The car of team 2 is fast. Is the car of team 2 slow? No\n"
+    "The cup on desk 9 is full. Is the cup on desk 9 full? Yes\n"
+)
+
 TEMPLATES: dict[str, PromptTemplate] = {
     # SPEC §1.2: MMLU, MedMCQA, ARC-Challenge.
     "mc": PromptTemplate(
@@ -91,13 +100,14 @@ TEMPLATES: dict[str, PromptTemplate] = {
         + _BAYESX_ANSWER,
         option_tokens=("1", "0"),
     ),
-    # Private facts (extract/facts.py): the bare "fact question" form, answer token right after the "?".
-    # Measured on SmolLM2-135M (200 rows): AUC 0.71 with the fact vs 0.52 without; framings such as
-    # "Fact: ...\nQuestion: ...\nAnswer:" score 0.45-0.57 with the fact (the model ignores it).
+    # Private facts (extract/facts.py): six fixed worked examples, then "<fact> <question>" and the answer
+    # token right after the "?". Measured on SmolLM2-135M, 300 generated rows: AUC 0.79, accuracy 0.76,
+    # Brier 0.43 with the fact vs 0.53 / 0.51 / 0.59 without; the bare "<fact> <question>" form gives
+    # 0.63 / 0.56 / 0.53 vs 0.42 / 0.44 / 0.56, and "Fact: ...\nQuestion: ...\nAnswer:" framings ~0.5.
     "facts": PromptTemplate(
         "facts",
-        without_context="{question}",
-        with_context="{context} {question}",
+        without_context=_FACTS_SHOTS + "{question}",
+        with_context=_FACTS_SHOTS + "{context} {question}",
         option_tokens=(" Yes", " No"),
     ),
 }

@@ -23,12 +23,14 @@ loads take ~1 s and give identical weights.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import logging
 import os
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,17 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHUNK_ELEMS = 1 << 22  # logits elements per NLL chunk (16 MiB in fp32)
 VOCAB_CHUNK = 4096  # vocabulary rows per NLL chunk: the weight slice stays in cache while tokens stream
+MIN_PREFIX = 16  # shared leading tokens worth running once and caching
+
+
+@dataclass
+class _Prefix:
+    """The shared leading tokens of a score() call, run once."""
+
+    length: int  # P tokens
+    cache: object  # transformers Cache of the prefix, batch 1
+    h_last: torch.Tensor  # [d] final hidden state of the last prefix token (predicts each first suffix token)
+    nll_sum: float  # sum of the prefix's own next-token NLLs (positions 1..P-1)
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -210,6 +223,7 @@ class HFBackend:
         max_batch_rows: int | None = None,
         chunk_elems: int = CHUNK_ELEMS,
         vocab_chunk: int = VOCAB_CHUNK,
+        prefix_cache: bool = True,
     ):
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -230,6 +244,8 @@ class HFBackend:
             raise ValueError("--chat-template was asked but this tokenizer has no chat template")
         self.padding_side = padding_side
         self.chunk_elems, self.vocab_chunk = chunk_elems, vocab_chunk
+        self.prefix_cache = prefix_cache and padding_side == "right"
+        self.sliding_window = getattr(cfg, "sliding_window", None)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._identity = identity or {}
@@ -290,8 +306,22 @@ class HFBackend:
         return out
 
     @torch.inference_mode()
-    def forward_batch(self, seqs: list[list[int]], cand: torch.Tensor) -> tuple[np.ndarray, ...]:
-        """One padded batch -> (raw option log-probs [n, U], hidden [n, d], nll [n], n_tokens [n])."""
+    def run_prefix(self, ids: list[int]) -> _Prefix:
+        """Run the tokens every prompt of a call starts with once; their KV cache is reused by each batch."""
+        x = torch.tensor([ids], device=self.device)  # [1, P]
+        out = self.decoder(input_ids=x, use_cache=True)
+        h = out.last_hidden_state[0]  # [P, d]
+        nll_sum = float(self._token_nll(h[:-1], x[0, 1:]).sum()) if len(ids) > 1 else 0.0
+        return _Prefix(len(ids), out.past_key_values, h[-1], nll_sum)
+
+    @torch.inference_mode()
+    def forward_batch(
+        self, seqs: list[list[int]], cand: torch.Tensor, prefix: _Prefix | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """One padded batch -> (raw option log-probs [n, U], hidden [n, d], nll [n], n_tokens [n]).
+
+        With `prefix`, `seqs` are the prompts' tokens AFTER the shared prefix (right padding only).
+        """
         n = len(seqs)
         lens = torch.tensor([len(s) for s in seqs])  # [n]
         if int(lens.min()) < 1:
@@ -300,14 +330,19 @@ class HFBackend:
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)  # [n, L]
         real = torch.zeros((n, width), dtype=torch.bool)  # [n, L] True at real tokens
         for i, s in enumerate(seqs):
-            if self.padding_side == "right":
+            if self.padding_side == "right" or prefix is not None:
                 ids[i, : len(s)] = torch.tensor(s)
                 real[i, : len(s)] = True
             else:
                 ids[i, width - len(s) :] = torch.tensor(s)
                 real[i, width - len(s) :] = True
         ids, real = ids.to(self.device), real.to(self.device)
-        if self.padding_side == "right" or bool(real.all()):
+        if prefix is not None:
+            cache = copy.deepcopy(prefix.cache)
+            cache.batch_repeat_interleave(n)  # [1, ...] -> [n, ...]; positions continue after the prefix
+            out = self.decoder(input_ids=ids, past_key_values=cache, use_cache=True)
+            last = (lens - 1).to(self.device)  # [n]
+        elif self.padding_side == "right" or bool(real.all()):
             # causal attention: no real token attends to the pads after it -> no mask needed (SDPA is_causal path)
             out = self.decoder(input_ids=ids, use_cache=False)
             last = (lens - 1).to(self.device)  # [n]
@@ -324,28 +359,52 @@ class HFBackend:
         row_of = torch.arange(n, device=self.device).unsqueeze(1).expand(n, width - 1)[pred]  # [T]
         tok_nll = self._token_nll(h[:, :-1][pred], ids[:, 1:][pred])  # [T]
         sums = torch.zeros(n, device=self.device).index_add_(0, row_of, tok_nll)  # [n]
-        counts = (lens - 1).clamp(min=1).to(self.device)  # a 1-token prompt has NLL 0 (reference clamps too)
+        total = lens.clone()
+        if prefix is not None:  # + the prefix's own NLL + each first suffix token predicted from the prefix
+            first = torch.log_softmax(self._logits(prefix.h_last[None]), dim=-1)[0, ids[:, 0]]  # [n]
+            sums = sums + prefix.nll_sum - first
+            total = total + prefix.length
+        counts = (total - 1).clamp(min=1).to(self.device)  # a 1-token prompt has NLL 0 (reference clamps too)
         return (
             opt.float().cpu().numpy(),
             h_last.float().cpu().numpy(),
             (sums / counts).cpu().numpy(),
-            lens.numpy().astype(np.int32),
+            total.numpy().astype(np.int32),
         )
+
+    def shared_prefix(self, enc: list[list[int]]) -> int:
+        """Length of the token prefix every prompt shares (0 when too short to be worth caching)."""
+        if not self.prefix_cache or len(enc) < 2:
+            return 0
+        shortest = min(len(e) for e in enc)
+        first = enc[0]
+        p = 0
+        while p < shortest - 1 and all(e[p] == first[p] for e in enc):  # keep >= 1 own token per prompt
+            p += 1
+        if p < MIN_PREFIX or (self.sliding_window and max(len(e) for e in enc) > self.sliding_window):
+            return 0
+        return p
 
     def score(
         self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
     ) -> ScoreResult:
-        """Score prompts (already formatted) in length buckets; results in input order."""
+        """Score prompts (already formatted) in length buckets; results in input order.
+
+        A token prefix shared by all prompts (e.g. few-shot examples, an instruction) is run once and
+        its KV cache reused: the same outputs, without recomputing the prefix for every prompt.
+        """
         enc = self.encode_batch(prompts)
         lengths = np.array([len(e) for e in enc])
-        batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)
+        p = self.shared_prefix(enc)
+        prefix = self.run_prefix(enc[0][:p]) if p else None
+        batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)  # the cache counts as tokens
         cand = torch.tensor(token_ids, dtype=torch.long)
         parts: list[tuple[np.ndarray, ...]] = []
         for idx in batches:
-            parts.append(self.forward_batch([enc[i] for i in idx], cand))
+            parts.append(self.forward_batch([enc[i][p:] for i in idx], cand, prefix))
             if progress is not None:
                 progress(len(idx), int(lengths[idx].sum()))
-        fields = [restore_order(batches, [p[k] for p in parts], len(prompts)) for k in range(4)]
+        fields = [restore_order(batches, [x[k] for x in parts], len(prompts)) for k in range(4)]
         return ScoreResult(*fields)
 
     @torch.inference_mode()

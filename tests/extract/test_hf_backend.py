@@ -95,3 +95,26 @@ def test_single_token_prompt_has_zero_nll(model):
     be = HFBackend(model, tok)
     res = be.score(["Answer"], [5])
     assert res.n_tokens[0] == 1 and res.prompt_nll[0] == 0.0
+
+
+def test_shared_prefix_is_cached_with_identical_outputs(model, tok):
+    """Prompts sharing a long token prefix (few-shot examples): the prefix runs once, outputs unchanged."""
+    shots = "Fact : the cat sat on the mat . Question : Is the door painted blue ? No . " * 3
+    prompts = [shots + p for p in PROMPTS]
+    cached = HFBackend(model, tok, batch_tokens=150, chunk_elems=64, vocab_chunk=16)
+    enc = cached.encode_batch(prompts)
+    assert cached.shared_prefix(enc) >= 16
+    plain = HFBackend(model, tok, batch_tokens=150, prefix_cache=False)
+    assert plain.shared_prefix(enc) == 0
+    cand = [5, 6, 7]
+    a, b = cached.score(prompts, cand), plain.score(prompts, cand)
+    np.testing.assert_allclose(a.hidden, b.hidden, atol=5e-5, rtol=1e-4)
+    np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=5e-5)
+    np.testing.assert_allclose(a.prompt_nll, b.prompt_nll, atol=5e-5)
+    np.testing.assert_array_equal(a.n_tokens, b.n_tokens)
+    for i, p in enumerate(prompts):  # and against the naive full computation
+        ids = cached.encode(p)
+        lp, hid = naive(model, ids)
+        want_nll = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+        assert a.prompt_nll[i] == pytest.approx(want_nll, abs=5e-5)
+        np.testing.assert_allclose(a.raw_logprobs[i], lp[-1, cand].numpy(), atol=5e-5)
