@@ -1,6 +1,6 @@
 """Extraction throughput on the embedded SmolLM2-135M (CPU): ours vs a reference-style loop.
 
-    .venv/bin/python benchmarks/extract_throughput.py [--n 64] [--ref-n 20] [--rss-rows 0]
+    .venv/bin/python benchmarks/extract_throughput.py [--n 48] [--ref-n 15] [--rss-rows 0]
 
 Prints, from ONE run (the machine's peaks are measured in the same run, before and after):
 - the fp32 and bf16 matmul peaks of this machine (2048^3 GEMMs, best of several);
@@ -136,9 +136,9 @@ def rss_run(rows: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=64, help="prompts for our backend")
-    ap.add_argument("--ref-n", type=int, default=20, help="prompts for the reference-style loop (slow)")
-    ap.add_argument("--bf16-n", type=int, default=10, help="prompts for our backend in bf16")
+    ap.add_argument("--n", type=int, default=48, help="prompts for our backend")
+    ap.add_argument("--ref-n", type=int, default=15, help="prompts for the reference-style loop (slow)")
+    ap.add_argument("--bf16-n", type=int, default=6, help="prompts for our backend in bf16")
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
     args = ap.parse_args()

@@ -26,8 +26,8 @@ LogFn = Callable[[dict[str, float]], None]  # called once per training batch wit
 
 @dataclass
 class MethodOutput:
-    weights: np.ndarray                 # [n, M] float32, rows sum to 1 (aggregation weights)
-    agg_probs: np.ndarray               # [n, K] float32, the pooled prediction
+    weights: np.ndarray  # [n, M] float32, rows sum to 1 (aggregation weights)
+    agg_probs: np.ndarray  # [n, K] float32, the pooled prediction
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     # optional extras, each [n, M]: "wagers", "payouts", "advantage", "pred_score", "pred_baseline";
     # "agent_probs" [n, M, K] when the method changed the agents' probs (calibration).
@@ -41,9 +41,9 @@ class Method(Protocol):
 @dataclass(frozen=True)
 class MethodInfo:
     name: str
-    path: str          # "walla.train.methods.<module>" exposing fit/predict
-    display: str       # row label in the paper's tables
-    group: str         # individual | learning_free | learning_based | walla
+    path: str  # "walla.train.methods.<module>" exposing fit/predict
+    display: str  # row label in the paper's tables
+    group: str  # individual | learning_free | learning_based | walla
     defaults: dict = field(default_factory=dict)  # overrides applied before the scenario's own
 
 
@@ -55,20 +55,45 @@ REGISTRY: dict[str, MethodInfo] = {
         MethodInfo("packllm", "walla.train.methods.packllm", "PackLLM", "learning_free"),
         MethodInfo("stacked-gen", "walla.train.methods.stacked_gen", "StackedGen", "learning_based"),
         MethodInfo("route-llm", "walla.train.methods.route_llm", "RouteLLM", "learning_based"),
-        MethodInfo("route-llm-ctx", "walla.train.methods.route_llm", "RouteLLM (ctx)", "learning_based",
-                   {"with_context": True}),
+        MethodInfo(
+            "route-llm-ctx",
+            "walla.train.methods.route_llm",
+            "RouteLLM (ctx)",
+            "learning_based",
+            {"with_context": True},
+        ),
         MethodInfo("router-dc", "walla.train.methods.router_dc", "RouterDC", "learning_based"),
-        MethodInfo("router-dc-ctx", "walla.train.methods.router_dc", "RouterDC (ctx)", "learning_based",
-                   {"with_context": True}),
+        MethodInfo(
+            "router-dc-ctx",
+            "walla.train.methods.router_dc",
+            "RouterDC (ctx)",
+            "learning_based",
+            {"with_context": True},
+        ),
         MethodInfo("nirt-router", "walla.train.methods.nirt_router", "NIRTRouter", "learning_based"),
-        MethodInfo("nirt-router-ctx", "walla.train.methods.nirt_router", "NIRTRouter (ctx)", "learning_based",
-                   {"with_context": True}),
+        MethodInfo(
+            "nirt-router-ctx",
+            "walla.train.methods.nirt_router",
+            "NIRTRouter (ctx)",
+            "learning_based",
+            {"with_context": True},
+        ),
         MethodInfo("walla-i", "walla.train.methods.walla", "WALLA I", "walla", {"variant": "I"}),
         MethodInfo("walla-ii", "walla.train.methods.walla", "WALLA II", "walla", {"variant": "II"}),
-        MethodInfo("walla-i-log", "walla.train.methods.walla", "WALLA I (log pool)", "walla",
-                   {"variant": "I", "pooling": "log"}),
-        MethodInfo("walla-i-cal", "walla.train.methods.walla", "WALLA I (calibrated)", "walla",
-                   {"variant": "I", "calibrated": True}),
+        MethodInfo(
+            "walla-i-log",
+            "walla.train.methods.walla",
+            "WALLA I (log pool)",
+            "walla",
+            {"variant": "I", "pooling": "log"},
+        ),
+        MethodInfo(
+            "walla-i-cal",
+            "walla.train.methods.walla",
+            "WALLA I (calibrated)",
+            "walla",
+            {"variant": "I", "calibrated": True},
+        ),
     ]
 }
 
