@@ -14,15 +14,6 @@ from walla.train.methods import get_method, packllm, self_certainty, stacked_gen
 FAST = {"engine": "loop"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny heads: one intra-op thread avoids OpenMP waits when other jobs share the 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _hand_scenario(probs: np.ndarray, mask: np.ndarray, label: np.ndarray, nll: np.ndarray) -> ScenarioData:
     """A scenario straight from arrays: probs [N, M, K], option mask [N, K], labels [N], prompt NLL [N, M]."""
     n, m, k = probs.shape

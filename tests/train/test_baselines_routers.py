@@ -17,15 +17,6 @@ from walla.train.methods.router_dc import contrastive_loss
 FAST = {"encoder": "hashing", "engine": "loop"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny heads: one intra-op thread avoids OpenMP waits when other jobs share the 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _run(name: str, data, cfg: dict | None = None, seed: int = 18):
     info, mod = get_method(name)
     state = mod.fit(data, {**info.defaults, **(cfg or {})}, seed)

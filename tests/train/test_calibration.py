@@ -12,14 +12,6 @@ from walla.train.methods import walla
 FAST = {"lr": 1e-2, "epochs": 15}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _sharpen(probs: np.ndarray, factor: float) -> np.ndarray:
     z = np.log(np.clip(probs, 1e-30, 1)) * factor
     z -= z.max(-1, keepdims=True)

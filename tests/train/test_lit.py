@@ -11,14 +11,6 @@ X = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] > 0).long()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _net() -> torch.nn.Module:
     with seeded(3):
         return torch.nn.Sequential(

@@ -27,15 +27,6 @@ from walla.train.mechanism import (
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared 2-core box (4x slower under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def simplex(gen: torch.Generator, *shape: int, dtype=F64) -> torch.Tensor:
     """Uniform (Dirichlet(1)) samples on the simplex over the last dim."""
     e = -torch.rand(*shape, generator=gen, dtype=dtype).clamp_min(1e-300).log()

@@ -10,7 +10,6 @@ Run: .venv/bin/pytest tests/train/test_mechanism_properties.py
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,15 +23,6 @@ from walla.train.mechanism import (
 )
 
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared 2-core box (4x slower under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 VARIANTS = ["I", "II"]

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-import torch
 from synthetic import make_private_context_scenario
 from walla.train.methods import MethodOutput
 from walla.train.run import limit_rows, run_scenario
@@ -25,14 +24,6 @@ from walla.train.runs import (
 )
 
 TINY = {"walla-i": {"lr": 3e-3, "epochs": 1, "hidden": [8]}}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -5,21 +5,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 from synthetic import make_private_context_scenario
 from typer.testing import CliRunner
 from walla.train import cli
 from walla.train.runs import list_runs
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture

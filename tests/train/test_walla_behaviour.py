@@ -18,14 +18,6 @@ from walla.train.methods import walla
 FAST = {"lr": 3e-3, "epochs": 6, "patience": 1000}  # the synthetic task is learnable fast
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _brier(p: np.ndarray, y: np.ndarray) -> float:
     return float(mechanism.brier_loss(torch.from_numpy(p), torch.from_numpy(y)).mean())
 

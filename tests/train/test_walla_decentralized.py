@@ -8,21 +8,11 @@ recorded OPPONENTS' wagers must end with the same parameters as its slice of the
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from synthetic import make_private_context_scenario
 from walla.train import mechanism
 from walla.train.heads import StackedHeads
 from walla.train.methods import walla
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors; avoids thread contention with parallel test runs
-    yield
-    torch.set_num_threads(n)
-
 
 CFG = {
     "variant": "II",
