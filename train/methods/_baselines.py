@@ -297,6 +297,32 @@ def router_param_groups(net: RouterNet, c) -> list[dict]:
     return groups
 
 
+def fit_router(net, data, loss_fn, weights_fn, c, seed: int, log, encoder, d_in: int, **fit_kwargs) -> dict:
+    """The routers' shared training tail: AdamW over their param groups, then the state predict() reads.
+
+    Validation runs in small chunks when gradients go through a text encoder (finetune mode)."""
+    res = fit_weight_model(
+        net,
+        data,
+        loss_fn,
+        weights_fn,
+        c,
+        seed,
+        log,
+        param_groups=router_param_groups(net, c),
+        val_chunk=4096 if encoder is None else 64,
+        optimizer="adamw",
+        **fit_kwargs,
+    )
+    return {
+        "config": c,
+        "net": res.module,
+        "d_in": d_in,
+        "best_epoch": res.best_epoch,
+        "epochs_run": res.epochs_run,
+    }
+
+
 def router_predict(state: dict, data, rows: np.ndarray, method: str) -> MethodOutput:
     """Weights softmax(logits / temperature) of a fitted router on ``rows``, pooled linearly."""
     c, net = state["config"], state["net"]

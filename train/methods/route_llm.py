@@ -24,11 +24,10 @@ from walla.train.methods._baselines import (
     RouterNet,
     build_config,
     check_common,
-    fit_weight_model,
+    fit_router,
     mixture_ce,
     resolved_dict,
     router_input,
-    router_param_groups,
     router_predict,
     scenario_tensors,
 )
@@ -80,25 +79,7 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
     def loss_fn(module: nn.Module, rows: np.ndarray):
         return mixture_ce(weights_fn(module, rows), probs[rows], target[rows])
 
-    res = fit_weight_model(
-        net,
-        data,
-        loss_fn,
-        weights_fn,
-        c,
-        seed,
-        log,
-        param_groups=router_param_groups(net, c),
-        val_chunk=4096 if encoder is None else 64,
-        optimizer="adamw",
-    )
-    return {
-        "config": c,
-        "net": res.module,
-        "d_in": d_in,
-        "best_epoch": res.best_epoch,
-        "epochs_run": res.epochs_run,
-    }
+    return fit_router(net, data, loss_fn, weights_fn, c, seed, log, encoder, d_in)
 
 
 def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:

@@ -29,10 +29,9 @@ from walla.train.methods._baselines import (
     RouterNet,
     build_config,
     check_common,
-    fit_weight_model,
+    fit_router,
     resolved_dict,
     router_input,
-    router_param_groups,
     router_predict,
     scenario_tensors,
 )
@@ -125,7 +124,7 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         logits = module(x[torch.from_numpy(rows)]) / c.temperature  # [B, M]
         return contrastive_loss(logits, p_gold[rows], c.top_k, c.last_k)
 
-    res = fit_weight_model(
+    return fit_router(
         net,
         data,
         loss_fn,
@@ -133,18 +132,10 @@ def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
         c,
         seed,
         log,
-        param_groups=router_param_groups(net, c),
-        val_chunk=4096 if encoder is None else 64,
-        optimizer="adamw",
+        encoder,
+        d_in,
         skip_grad_norm_above=c.skip_grad_norm_above,
     )
-    return {
-        "config": c,
-        "net": res.module,
-        "d_in": d_in,
-        "best_epoch": res.best_epoch,
-        "epochs_run": res.epochs_run,
-    }
 
 
 def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
