@@ -100,7 +100,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
         + _BAYESX_ANSWER,
         option_tokens=("1", "0"),
     ),
-    # Private facts (extract/facts.py): six fixed worked examples, then "<fact> <question>" and the answer
+    # Private facts (extract/datasets/facts.py): six fixed worked examples, then "<fact> <question>" and the answer
     # token right after the "?". Measured on SmolLM2-135M, 300 generated rows: AUC 0.79, accuracy 0.76,
     # Brier 0.43 with the fact vs 0.53 / 0.51 / 0.59 without; the bare "<fact> <question>" form gives
     # 0.63 / 0.56 / 0.53 vs 0.42 / 0.44 / 0.56, and "Fact: ...\nQuestion: ...\nAnswer:" framings ~0.5.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from walla.extract.datasets import DatasetRequest, Loaded, canonical_row
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, generator_params
 
 DEFAULTS = {"n": 10_000, "seed": 42, "tpr_range": (0.90, 0.95), "fpr_range": (0.05, 0.10)}
 
@@ -69,12 +69,7 @@ def generate(n: int = 10_000, seed: int = 42, tpr_range=(0.90, 0.95), fpr_range=
 
 def load(req: DatasetRequest) -> Loaded:
     """Loader entry point: generator parameters from the manifest's `generator:` block."""
-    params = {**DEFAULTS, **(req.generator or {})}
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(
-            f"bayesx generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}"
-        )
+    params = generator_params(req, DEFAULTS)
     n, seed = int(params["n"]), int(params["seed"])
     if n < 1:
         raise ValueError(f"bayesx generator: n must be >= 1, got {n}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from walla.extract.datasets import DatasetRequest, Loaded, canonical_row
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, generator_params
 
 DEFAULTS = {"n": 2000, "seed": 7}
 
@@ -112,12 +112,7 @@ def generate(n: int = 2000, seed: int = 7) -> list[dict]:
 
 def load(req: DatasetRequest) -> Loaded:
     """Loader entry point: `generator: {n, seed}` from the manifest."""
-    params = {**DEFAULTS, **(req.generator or {})}
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(
-            f"facts generator: unknown parameters {sorted(unknown)}; expected {sorted(DEFAULTS)}"
-        )
+    params = generator_params(req, DEFAULTS)
     n, seed = int(params["n"]), int(params["seed"])
     if n < 2:
         raise ValueError(f"facts generator: n must be >= 2, got {n}")

@@ -11,7 +11,7 @@ import datasets
 import numpy as np
 import pytest
 from walla.extract.datasets import DatasetRequest, load_dataset_table
-from walla.extract.facts import TEMPLATES
+from walla.extract.datasets.facts import TEMPLATES
 from walla.extract.splits import SplitProtocol
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -273,15 +273,44 @@ GENERIC = [
 
 
 def test_jsonl_generic(tmp_path):
+    rows = [*GENERIC, dict(GENERIC[0], id=3)]
     df, _ = load(
-        "jsonl", write_jsonl(tmp_path / "g.jsonl", GENERIC), SplitProtocol("uniform", (0.5, 0.0, 0.5), 1)
+        "jsonl", write_jsonl(tmp_path / "g.jsonl", rows), SplitProtocol("uniform", (0.4, 0.3, 0.3), 1)
     )
-    assert df["question_id"].to_list() == ["1", "2"] and df["label"].to_list() == [2, 1]
+    assert df["question_id"].to_list() == ["1", "2", "3"] and df["label"].to_list() == [2, 1, 2]
     assert df["gold_dist"][1].to_list() == [0.3, 0.7] and df["gold_dist"][0] is None
-    assert sorted(df["split"].to_list()) == ["test", "train"]
-    given = [dict(r, split=s) for r, s in zip(GENERIC, ["val", "train"], strict=True)]
+    assert sorted(df["split"].to_list()) == ["test", "train", "val"]
+    given = [dict(r, split=s) for r, s in zip(rows, ["val", "train", "test"], strict=True)]
     df2, src = load("jsonl", write_jsonl(tmp_path / "g2.jsonl", given), SplitProtocol("uniform"))
-    assert df2["split"].to_list() == ["val", "train"] and src["split_protocol"]["mode"] == "given"
+    assert df2["split"].to_list() == ["val", "train", "test"] and src["split_protocol"]["mode"] == "given"
+
+
+def test_empty_val_or_test_split_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", GENERIC)
+    with pytest.raises(ValueError, match=r"1 train / 0 val / 1 test rows; need >= 1 val and >= 1 test row"):
+        load("jsonl", path, SplitProtocol("uniform", (0.5, 0.0, 0.5), 1))
+    given = [dict(r, split=s) for r, s in zip(GENERIC, ["val", "train"], strict=True)]
+    with pytest.raises(ValueError, match=r"1 train / 1 val / 0 test rows"):
+        load("jsonl", write_jsonl(tmp_path / "g2.jsonl", given))
+    assert load("jsonl", path, NONE)[0].height == 2  # split mode none (evaluation only): all test, allowed
+
+
+def test_generated_too_small_names_the_minimum_size():
+    """Issue 12 #3: `--size 3` of facts made 2 train / 0 val / 0 test rows without a word."""
+    balanced = SplitProtocol("balanced_binary", (0.8, 0.1, 0.1), 42)
+    with pytest.raises(ValueError, match=r"2 train / 0 val / 0 test rows.*\(--size 14 is the minimum\)"):
+        load("facts", generator={"n": 3, "seed": 7}, protocol=balanced)
+    with pytest.raises(ValueError, match=r"--size 14 is the minimum"):
+        load("facts", generator={"n": 13, "seed": 7}, protocol=balanced)
+    df, _ = load("facts", generator={"n": 14, "seed": 7}, protocol=balanced)
+    assert sorted(set(df["split"].to_list())) == ["test", "train", "val"]
+
+
+def test_generated_refuses_data_file(tmp_path):
+    """Issue 12 #5: --data-file with a generated dataset was silently ignored."""
+    for loader in ("facts", "bayesx"):
+        with pytest.raises(ValueError, match=rf"'t' is generated \({loader} generator\).*drop --data-file"):
+            load(loader, tmp_path / "x.jsonl", generator={"n": 50})
 
 
 @pytest.mark.parametrize(
