@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
-from walla.train.mechanism import brier_score
+from walla.train.mechanism import brier_score, regret
 
 ECE_BINS = 20  # SPEC §8: 20 equal-width bins on [0, 1]
 NLL_EPS = 1e-10  # SPEC §8: -log(p[label] + 1e-10)
@@ -148,7 +148,12 @@ def inverse_hhi(weights: np.ndarray) -> float:
 
 def dynamic_regret(p_agg: np.ndarray, probs: np.ndarray, target: np.ndarray) -> float:
     """Mean over questions of Brier(p_agg) - min_i Brier(p_i) (unhalved; per-question best agent)."""
-    return float(np.mean(brier(p_agg, target) - per_agent_brier(probs, target).min(-1)))
+    return _regret(brier(p_agg, target), per_agent_brier(probs, target))
+
+
+def _regret(agg_brier: np.ndarray, agent_brier: np.ndarray) -> float:
+    """Mean of mechanism.regret (the one D-regret formula) over questions."""
+    return float(regret(torch.from_numpy(agg_brier), torch.from_numpy(agent_brier)).mean())
 
 
 # ----------------------------------------------------------------------------------------- binary-target metrics
@@ -239,7 +244,7 @@ def _binary_metric(fn: Callable[[np.ndarray, np.ndarray], float]) -> Callable[[E
 
 def _d_regret(a: EvalArrays) -> float:
     """dynamic_regret reusing the cached per-agent Brier."""
-    return float(np.mean(a.agg_brier - a.agent_brier.min(-1)))
+    return _regret(a.agg_brier, a.agent_brier)
 
 
 @dataclass(frozen=True)

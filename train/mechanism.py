@@ -11,21 +11,29 @@ broadcast against each other. ``target`` is either a one-hot outcome (realized s
 belief q yields exactly the expectation E_{Y~q}[.] of the realized quantity.
 
 Edge cases (documented choices, see loo_baseline):
-    * No opposing stake (M = 1, or every other agent wagers 0): the baseline is the score of the uniform
-      forecast over the enabled options, for both variants (a phantom agent with stake LOO_EPS - W_-i
-      reporting uniform fills the gap, so the baseline is continuous and exact once W_-i >= LOO_EPS). It
-      is independent of (p_i, w_i) (DSIC, alignment), lies in [s_min, s_max] (deficit bound) and is a
-      proper forecast (WALLA II stays arbitrage-free).
+    * No opposing stake (M = 1, or every other agent wagers exactly 0): the baseline is the score of the
+      uniform forecast over the enabled options, for both variants. It is independent of (p_i, w_i) (DSIC,
+      alignment), lies in [s_min, s_max] (deficit bound) and is a proper forecast (WALLA II stays
+      arbitrage-free). Any positive opposing stake, however small, gives the paper's formula exactly (the
+      others' wagers are divided by their largest one first, so tiny stakes never underflow into it).
     * All wagers zero in ``pool``: equal weights (no stake carries no information about whom to trust).
     * Log pooling clamps probabilities at LOG_POOL_EPS = 1e-30 before the log, so a zero never gives NaN.
 """
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Sequence
-
 import torch
+from walla.train.mechanism_checks import (
+    as_float,
+    as_mask,
+    check_choice,
+    check_consts,
+    check_shapes,
+    check_values,
+    common_dtype,
+    prepare,
+    simplex_atol,
+)
 
 Tensor = torch.Tensor
 
@@ -33,163 +41,8 @@ VARIANTS = ("I", "II")
 POOL_KINDS = ("linear", "log")
 WSWM_SCORES = ("brier", "scaled_linear")
 
-LOO_EPS = 1e-16  # opposing stake below which a uniform phantom agent tops it up (reference: 1e-16)
 LOG_POOL_EPS = 1e-30  # probability floor inside log pooling; normal in float32 and float64
-SIMPLEX_ATOL = (
-    1e-4  # tolerated |sum - 1| and negativity of probabilities (float32 softmax: ~1e-7; fp16: K ulp)
-)
-
-
-# ----------------------------------------------------------------------------------------- validation
-
-
-def _as_float(x: object) -> Tensor:
-    """Tensor view of an array-like; integer/bool input (e.g. a one-hot target) becomes float."""
-    t = x if isinstance(x, Tensor) else torch.as_tensor(x)
-    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
-
-
-def _simplex_atol(k: int, *originals: Tensor) -> float:
-    """SIMPLEX_ATOL, widened to the rounding of half-precision inputs (float16 sums are off by ~K ulp)."""
-    eps = max((torch.finfo(t.dtype).eps for t in originals if t.is_floating_point()), default=0.0)
-    return max(SIMPLEX_ATOL, k * eps)
-
-
-def _common_dtype(*tensors: Tensor) -> torch.dtype:
-    """Promoted float dtype of the inputs; half precision is computed in float32 (scores need the bits)."""
-    dtype = None
-    for t in tensors:
-        if t.is_floating_point():
-            dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
-    if dtype is None or dtype not in (torch.float32, torch.float64):
-        return torch.float32
-    return dtype
-
-
-def _where(bad: Tensor) -> str:
-    """First offending index of a bool tensor, as a readable tuple."""
-    idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-    return str(idx[0] if len(idx) == 1 else idx) if idx else "()"
-
-
-def _check_values(
-    simplex: Sequence[tuple[str, Tensor]] = (),
-    nonneg: Sequence[tuple[str, Tensor]] = (),
-    masks: Sequence[tuple[str, Tensor]] = (),
-    atol: float = SIMPLEX_ATOL,
-) -> None:
-    """Raise ValueError naming the argument and offending value; one device sync when all is well.
-
-    Fast path: a handful of reductions folded into one flag vector. NaN fails every comparison and
-    +-inf breaks the row sums, so the sum check also catches non-finite probabilities.
-    """
-    flags = []
-    for _, p in simplex:
-        if p.numel():
-            flags += [~((p.sum(-1) - 1).abs().amax() <= atol), p.amin() < -atol]
-    for _, w in nonneg:
-        if w.numel():
-            flags += [~(w.amin() >= 0), w.amax() == float("inf")]
-    for _, m in masks:
-        if m.numel():
-            flags.append(~m.any(-1).all())
-    if not flags or not bool(torch.stack(flags).any()):
-        return
-    # slow path: find the first problem and describe it
-    for name, p in simplex:
-        bad = ~torch.isfinite(p)
-        if bad.any():
-            raise ValueError(f"{name}: non-finite value {p[bad][0].item()} at index {_where(bad)}")
-        bad = p < -atol
-        if bad.any():
-            raise ValueError(f"{name}: negative probability {p[bad][0].item():.6g} at index {_where(bad)}")
-        sums = p.sum(-1)
-        bad = (sums - 1).abs() > atol
-        if bad.any():
-            raise ValueError(
-                f"{name}: not a probability vector over the last axis at index {_where(bad)}: sums to "
-                f"{sums[bad][0].item():.6g} (expected 1 within {atol:g})"
-            )
-    for name, w in nonneg:
-        bad = ~torch.isfinite(w)
-        if bad.any():
-            raise ValueError(f"{name}: non-finite value {w[bad][0].item()} at index {_where(bad)}")
-        bad = w < 0
-        if bad.any():
-            raise ValueError(f"{name}: must be >= 0, got {w[bad][0].item():.6g} at index {_where(bad)}")
-    for name, m in masks:
-        bad = ~m.any(-1)
-        if bad.any():
-            raise ValueError(f"{name}: no option enabled at index {_where(bad)} (need >= 1 True per row)")
-
-
-def _check_shapes(probs: Tensor, wagers: Tensor | None, target: Tensor | None, wname: str = "wagers") -> None:
-    if probs.dim() < 2:
-        raise ValueError(f"probs: expected shape [..., M, K], got {tuple(probs.shape)}")
-    m, k = probs.shape[-2:]
-    lead = [tuple(probs.shape[:-2])]
-    if wagers is not None:
-        if wagers.dim() < 1 or wagers.shape[-1] != m:
-            raise ValueError(
-                f"{wname}: expected shape [..., M={m}] to match probs, got {tuple(wagers.shape)}"
-            )
-        lead.append(tuple(wagers.shape[:-1]))
-    if target is not None:
-        if target.dim() < 1 or target.shape[-1] != k:
-            raise ValueError(f"target: expected shape [..., K={k}] to match probs, got {tuple(target.shape)}")
-        lead.append(tuple(target.shape[:-1]))
-    try:
-        torch.broadcast_shapes(*lead)
-    except RuntimeError:
-        names = ["probs[..., M, K]", f"{wname}[..., M]", "target[..., K]"]
-        got = ", ".join(f"{n}: {s}" for n, s in zip(names, lead, strict=False))
-        raise ValueError(f"batch dims do not broadcast ({got})") from None
-
-
-def _check_consts(**consts: float) -> None:
-    for name, value in consts.items():
-        if not (isinstance(value, numbers.Real) and value > 0 and value < float("inf")):
-            raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
-
-
-def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
-
-
-def _as_mask(option_mask: object, p: Tensor, *others: Tensor) -> Tensor | None:
-    """Check an option mask [..., K] (bool) against probs [..., M, K] and the other batched args."""
-    if option_mask is None:
-        return None
-    mask = option_mask if isinstance(option_mask, Tensor) else torch.as_tensor(option_mask)
-    if mask.dtype != torch.bool:
-        raise ValueError(f"option_mask: expected a bool tensor, got dtype {mask.dtype}")
-    if mask.dim() < 1 or mask.shape[-1] != p.shape[-1]:
-        raise ValueError(
-            f"option_mask: expected shape [..., K={p.shape[-1]}] to match probs, got {tuple(mask.shape)}"
-        )
-    try:
-        torch.broadcast_shapes(
-            tuple(mask.shape[:-1]), tuple(p.shape[:-2]), *(tuple(t.shape[:-1]) for t in others)
-        )
-    except RuntimeError:
-        raise ValueError(
-            f"batch dims do not broadcast (probs {tuple(p.shape)}, option_mask {tuple(mask.shape)})"
-        ) from None
-    return mask.to(p.device)
-
-
-def _prepare(probs, wagers, target, validate: bool, option_mask=None, wname: str = "wagers"):
-    p0, w0, q0 = _as_float(probs), _as_float(wagers), _as_float(target)
-    dtype = _common_dtype(p0, w0, q0)
-    p, w, q = p0.to(dtype), w0.to(dtype), q0.to(dtype)
-    _check_shapes(p, w, q, wname)
-    mask = _as_mask(option_mask, p, w, q)
-    if validate:
-        masks = [("option_mask", mask)] if mask is not None else []
-        atol = _simplex_atol(p.shape[-1], p0, q0)
-        _check_values(simplex=[("probs", p), ("target", q)], nonneg=[(wname, w)], masks=masks, atol=atol)
-    return p, w, q, mask
+KL_EPS = 1e-10  # KL(gold || aggregate): +eps inside the gold log, aggregate clipped at eps (SPEC §8)
 
 
 def _uniform(p: Tensor, mask: Tensor | None) -> Tensor:
@@ -224,8 +77,8 @@ def brier_score(
     One-hot target: the realized score. Distribution target (BayesX posterior, a belief): the expected
     score c1 - c2 (1 + sum p^2 - 2 sum p q) of SPEC §5.2. Returns ``[...]`` (broadcast leading dims).
     """
-    p0, q0 = _as_float(probs), _as_float(target)
-    dtype = _common_dtype(p0, q0)
+    p0, q0 = as_float(probs), as_float(target)
+    dtype = common_dtype(p0, q0)
     p, q = p0.to(dtype), q0.to(dtype)
     if p.shape[-1:] != q.shape[-1:]:
         raise ValueError(f"target: last dim must match probs ({tuple(p.shape)}), got {tuple(q.shape)}")
@@ -236,9 +89,29 @@ def brier_score(
             f"batch dims do not broadcast (probs {tuple(p.shape)}, target {tuple(q.shape)})"
         ) from None
     if validate:
-        _check_consts(c2=c2)
-        _check_values(simplex=[("probs", p), ("target", q)], atol=_simplex_atol(p.shape[-1], p0, q0))
+        check_consts(c2=c2)
+        check_values(simplex=[("probs", p), ("target", q)], atol=simplex_atol(p.shape[-1], p0, q0))
     return c1 - c2 * brier_loss(p, q)
+
+
+def regret(agg_loss: Tensor, agent_losses: Tensor) -> Tensor:
+    """Dynamic regret per question: loss of the aggregate minus the best agent's loss. [...], [..., M] -> [...]."""
+    return agg_loss - agent_losses.amin(-1)
+
+
+def brier_regret(agg: Tensor, probs: Tensor, target: Tensor) -> Tensor:
+    """Brier D-regret (SPEC §8): Brier(agg) - min_i Brier(p_i), unhalved, per question -> [...].
+
+    agg [..., K], probs [..., M, K], target [..., K]. The one implementation used by WALLA's online early
+    stopping, the baselines' validation and evaluate/metrics.py.
+    """
+    return regret(brier_loss(agg, target), brier_loss(probs, target.unsqueeze(-2)))
+
+
+def kl_gold(target: Tensor, agg: Tensor, eps: float = KL_EPS) -> Tensor:
+    """KL(gold || aggregate) over the options (SPEC §8 validation form: +eps inside the gold log, aggregate
+    clipped at eps) per question -> [...]. Used by early stopping on soft-target (BayesX) data."""
+    return (target * ((target + eps).log() - agg.clamp_min(eps).log())).sum(-1)
 
 
 # ----------------------------------------------------------------------------------------- baselines
@@ -257,22 +130,26 @@ def _baseline(
     """b_-i for all agents at once: an [M, M] off-diagonal contraction instead of a loop over agents.
 
     The others' stake is summed directly (not total minus own): that would cancel when one wager
-    dominates, e.g. float32 0.9 + 1e-8 - 0.9 == 0. A phantom agent with stake (LOO_EPS - W_-i)^+ that
-    reports the uniform forecast u fills in when the real opposing stake is (nearly) zero.
+    dominates, e.g. float32 0.9 + 1e-8 - 0.9 == 0. The others' wagers are divided by their largest one
+    before weighting (the weighted mean is scale-free), so a positive opposing stake never underflows:
+    the uniform placeholder u enters ONLY when every other wager is exactly 0.
     """
     m = wagers.shape[-1]
     off = 1.0 - torch.eye(m, dtype=wagers.dtype, device=wagers.device)  # [M, M], zero diagonal
     w_others = wagers.unsqueeze(-2) * off  # [..., M(i), M(j)]: w_j for j != i
-    w_minus = w_others.sum(-1)  # [..., M]  W_-i
-    phantom = (LOO_EPS - w_minus).clamp_min(0.0)  # [..., M]  0 whenever W_-i >= LOO_EPS
-    denom = w_minus + phantom  # [..., M]  = max(W_-i, LOO_EPS) > 0
+    top = w_others.amax(-1, keepdim=True)  # [..., M, 1] largest opposing wager
+    staked = top > 0  # [..., M, 1] False: no opposing stake at all
+    w_rel = w_others / torch.where(staked, top, torch.ones_like(top))  # [..., M, M], max 1 per row
+    w_minus = torch.where(staked[..., 0], w_rel.sum(-1), torch.ones_like(top[..., 0]))  # [..., M] >= 1
     u = _uniform(probs, mask)  # [..., K]
     if variant == "I":
         # wager-weighted mean of the others' scores (eq. variant1)
-        s_u = c1 - c2 * brier_loss(u, target)  # [...]
-        return ((w_others * scores.unsqueeze(-2)).sum(-1) + phantom * s_u.unsqueeze(-1)) / denom  # [..., M]
+        s_u = (c1 - c2 * brier_loss(u, target)).unsqueeze(-1)  # [..., 1]
+        b = (w_rel * scores.unsqueeze(-2)).sum(-1) / w_minus  # [..., M]
+        return torch.where(staked[..., 0], b, s_u)
     # score of the wager-weighted linear pool of the others' predictions (eq. variant2)
-    q_minus = (torch.matmul(w_others, probs) + phantom.unsqueeze(-1) * u.unsqueeze(-2)) / denom.unsqueeze(-1)
+    q_minus = torch.matmul(w_rel, probs) / w_minus.unsqueeze(-1)  # [..., M, K]
+    q_minus = torch.where(staked, q_minus, u.unsqueeze(-2))
     return c1 - c2 * brier_loss(q_minus, target.unsqueeze(-2))  # q_minus [..., M, K] -> [..., M]
 
 
@@ -292,18 +169,16 @@ def loo_baseline(
     Variant II: b_-i = s(sum_{j!=i} w_j p_j / W_-i)       (score of the others' linear pool; always a
                 linear pool whatever pooling aggregates, as in the reference)
     with W_-i = sum_{j!=i} w_j. No opposing stake (M = 1, or nobody else wagers): b_-i = s(u, y), the score
-    of the uniform forecast u over the enabled options (``option_mask``), i.e. c1 - c2 (1 - 1/K). Formally a
-    phantom agent with stake (LOO_EPS - W_-i)^+ reporting u joins the others, so b is continuous in the
-    wagers and equals the paper's formula exactly once W_-i >= LOO_EPS (always true for M >= 2 with the
-    reference's sigmoid wagers, which are clamped at 1e-16). Why u: b stays independent of (p_i, w_i)
+    of the uniform forecast u over the enabled options (``option_mask``), i.e. c1 - c2 (1 - 1/K); any positive
+    W_-i, however small (1e-300 in float64), gives the formula above exactly. Why u: b stays independent of (p_i, w_i)
     (DSIC, advantage-wager alignment), inside [s_min, s_max] (deficit bound), and since u is a proper
     forecast WALLA II keeps no-arbitrage (E_{Y~u}[s(p_i) - s(u)] <= 0). The reference's 0/1e-16 division
     gives 0 (= s_min) for variant I and s(0-vector) = c1 - c2 for variant II at M = 1 instead.
     """
-    _check_choice("variant", variant, VARIANTS)
-    p, w, q, mask = _prepare(probs, wagers, target, validate, option_mask)
+    check_choice("variant", variant, VARIANTS)
+    p, w, q, mask = prepare(probs, wagers, target, validate, option_mask)
     if validate:
-        _check_consts(c2=c2)
+        check_consts(c2=c2)
     scores = c1 - c2 * brier_loss(p, q.unsqueeze(-2))  # [..., M]
     return _baseline(p, w, q, scores, mask, variant, c1, c2)
 
@@ -323,10 +198,10 @@ def advantage(
     b_-i depends on the *other* agents' wagers, so autograd links agents through it: detach A before
     using it as agent i's regression target if agents must learn independently (SPEC §5.3).
     """
-    _check_choice("variant", variant, VARIANTS)
-    p, w, q, mask = _prepare(probs, wagers, target, validate, option_mask)
+    check_choice("variant", variant, VARIANTS)
+    p, w, q, mask = prepare(probs, wagers, target, validate, option_mask)
     if validate:
-        _check_consts(c2=c2)
+        check_consts(c2=c2)
     scores = c1 - c2 * brier_loss(p, q.unsqueeze(-2))  # [..., M]
     return scores - _baseline(p, w, q, scores, mask, variant, c1, c2)
 
@@ -344,8 +219,8 @@ def net_payout(
 ) -> Tensor:
     """WALLA net payout pi_i = w_i (s_i - b_-i - c3 w_i): ``[..., M]`` (Def. "Net Payout Function")."""
     if validate:
-        _check_consts(c3=c3)
-    w = _as_float(wagers)
+        check_consts(c3=c3)
+    w = as_float(wagers)
     adv = advantage(probs, w, target, variant, c1, c2, option_mask, validate)
     w = w.to(adv.dtype)
     return w * (adv - c3 * w)
@@ -360,12 +235,12 @@ def best_response_wager(
     optimum. The reference clips the hindsight advantage to [1e-16, 1 - 1e-16] (c3 = 1/2): pass
     ``w_min=1e-16, w_max=1 - 1e-16`` to reproduce it.
     """
-    _check_consts(c3=c3)
+    check_consts(c3=c3)
     if w_max is not None and w_max < w_min:
         raise ValueError(f"w_max: must be >= w_min={w_min}, got {w_max!r}")
     if w_min < 0:
         raise ValueError(f"w_min: must be >= 0, got {w_min!r}")
-    a = _as_float(advantage)
+    a = as_float(advantage)
     return (a / (2.0 * c3)).clamp(min=w_min, max=w_max)
 
 
@@ -388,11 +263,11 @@ def wswm_payout(
     appendix warm-up score s_i(y) = p_i[y] / sum_j w_j p_j[y] (c1, c2 unused), under which
     pi_i = -w_i dL/dw_i for L = -log p_agg[y], p_agg the wager-weighted linear pool.
     """
-    _check_choice("score", score, WSWM_SCORES)
-    p, w, q, _ = _prepare(probs, wagers, target, validate)
+    check_choice("score", score, WSWM_SCORES)
+    p, w, q, _ = prepare(probs, wagers, target, validate)
     if score == "brier":
         if validate:
-            _check_consts(c2=c2)
+            check_consts(c2=c2)
         s = c1 - c2 * brier_loss(p, q.unsqueeze(-2))  # [..., M]
     else:
         pooled = (w.unsqueeze(-1) * p).sum(-2)  # [..., K]  sum_j w_j p_j[y] (unnormalized)
@@ -421,16 +296,16 @@ def pool(
     stable when some p_i are exactly zero. ``option_mask[..., K]`` (bool): False options get probability 0
     and the rest is renormalized (datasets with 3-5 options padded to K).
     """
-    _check_choice("kind", kind, POOL_KINDS)
-    p0, w = _as_float(probs), _as_float(weights)
-    dtype = _common_dtype(p0, w)
+    check_choice("kind", kind, POOL_KINDS)
+    p0, w = as_float(probs), as_float(weights)
+    dtype = common_dtype(p0, w)
     p, w = p0.to(dtype), w.to(dtype)
-    _check_shapes(p, w, None, "weights")
-    mask = _as_mask(option_mask, p, w)
+    check_shapes(p, w, None, "weights")
+    mask = as_mask(option_mask, p, w)
     if validate:
         masks = [("option_mask", mask)] if mask is not None else []
-        atol = _simplex_atol(p.shape[-1], p0)
-        _check_values(simplex=[("probs", p)], nonneg=[("weights", w)], masks=masks, atol=atol)
+        atol = simplex_atol(p.shape[-1], p0)
+        check_values(simplex=[("probs", p)], nonneg=[("weights", w)], masks=masks, atol=atol)
     total = w.sum(-1, keepdim=True)  # [..., 1]
     has_stake = total > 0
     w_norm = torch.where(
@@ -461,7 +336,7 @@ def deficit_bound(c2: float = 0.5, c3: float = 0.5) -> float:
 
     Second inequality of the paper's "Bounded Worst-Case Deficit" proposition; independent of M and wagers.
     """
-    _check_consts(c2=c2, c3=c3)
+    check_consts(c2=c2, c3=c3)
     return c2 * c2 / c3
 
 
@@ -471,12 +346,12 @@ def deficit_bound_w(wagers: Tensor, c2: float = 0.5, c3: float = 0.5, validate: 
     With the Brier score s_max - s_min = 2 c2 and W = sum_i w_i. ``wagers[..., M]`` -> ``[...]``; 0 when W = 0
     (then every payout is 0).
     """
-    w = _as_float(wagers)
+    w = as_float(wagers)
     if w.dim() < 1:
         raise ValueError(f"wagers: expected shape [..., M], got {tuple(w.shape)}")
     if validate:
-        _check_consts(c2=c2, c3=c3)
-        _check_values(nonneg=[("wagers", w)])
+        check_consts(c2=c2, c3=c3)
+        check_values(nonneg=[("wagers", w)])
     total = w.sum(-1)  # [...]
     sq = (w * w).sum(-1)  # [...]
     safe = torch.where(total > 0, total, torch.ones_like(total))

@@ -123,8 +123,8 @@ def test_loo_baseline_matches_reference_total_minus_own_form():
 
 @pytest.mark.parametrize("variant", ["I", "II"])
 def test_loo_baseline_without_opposing_stake_is_uniform_forecast_score(variant):
-    """M = 1 or all other wagers 0 -> b = s(u, y) = c1 - c2 (1 - 1/K) (u uniform over enabled options);
-    a phantom uniform agent with stake LOO_EPS - W_-i makes the baseline continuous below LOO_EPS."""
+    """M = 1 or all other wagers exactly 0 -> b = s(u, y) = c1 - c2 (1 - 1/K) (u uniform over enabled
+    options); any positive opposing stake, however small, gives the paper's formula (no underflow)."""
     gen = torch.Generator().manual_seed(4)
     c1, c2, k = 3.0, 0.25, 4
     s_u = c1 - c2 * (1 - 1 / k)
@@ -143,16 +143,15 @@ def test_loo_baseline_without_opposing_stake_is_uniform_forecast_score(variant):
     mask = torch.tensor([True, True, True, False])
     b3 = loo_baseline(p1[:1], torch.ones(1, 1, dtype=F64), q3, variant, c1, c2, option_mask=mask)
     torch.testing.assert_close(b3, torch.full((1, 1), c1 - c2 * (1 - 1 / 3), dtype=F64))
-    # half of LOO_EPS of opposing stake: the phantom holds the other half of the stake
-    w_small = torch.tensor([1.0, 0.25 * mech.LOO_EPS, 0.25 * mech.LOO_EPS], dtype=F64)
-    u = torch.full((k,), 1 / k, dtype=F64)
-    p_half = torch.cat([p[:, :1], p[:, 1:2], p[:, 1:2]], 1)  # agents 1 and 2 agree, so I and II coincide
-    want = (
-        brier_score(0.5 * p[:, 1] + 0.5 * u, q, c1, c2)
-        if variant == "II"
-        else (0.5 * brier_score(p[:, 1], q, c1, c2) + 0.5 * s_u)
-    )
-    torch.testing.assert_close(loo_baseline(p_half, w_small, q, variant, c1, c2)[:, 0], want)
+    # a tiny but positive opposing stake is still the others' stake: the placeholder never enters
+    for tiny, dtype in ((1e-300, F64), (1e-17, F64), (1e-30, torch.float32)):
+        w_tiny = torch.tensor([1.0, tiny, 3 * tiny], dtype=dtype)
+        want = {
+            "I": 0.25 * brier_score(p[:, 1], q, c1, c2) + 0.75 * brier_score(p[:, 2], q, c1, c2),
+            "II": brier_score(0.25 * p[:, 1] + 0.75 * p[:, 2], q, c1, c2),
+        }[variant]
+        got = loo_baseline(p.to(dtype), w_tiny, q.to(dtype), variant, c1, c2)[:, 0]
+        torch.testing.assert_close(got, want.to(dtype))
     # all wagers zero: every baseline is s(u) and every payout is exactly 0
     zeros = torch.zeros(7, 3, dtype=F64)
     torch.testing.assert_close(loo_baseline(p, zeros, q, variant, c1, c2), torch.full((7, 3), s_u, dtype=F64))
@@ -362,3 +361,17 @@ def test_validate_false_skips_value_checks_but_not_shape_checks():
     # float32 softmax round-off is within tolerance
     p32 = torch.softmax(torch.randn(100, 3, 7), -1)
     assert torch.isfinite(net_payout(p32, torch.rand(100, 3), torch.full((7,), 1 / 7))).all()
+
+
+def test_brier_regret_and_kl_gold_hand_values():
+    p = torch.tensor([[[0.9, 0.1], [0.4, 0.6]]], dtype=F64)  # [1, M=2, K=2]
+    y = torch.tensor([[1.0, 0.0]], dtype=F64)
+    agg = torch.tensor([[0.5, 0.5]], dtype=F64)
+    # Brier(agg) = 0.5; agents: 0.02 and 0.72 -> regret 0.48
+    torch.testing.assert_close(mech.brier_regret(agg, p, y), torch.tensor([0.48], dtype=F64))
+    q = torch.tensor([[0.25, 0.75]], dtype=F64)
+    kl = 0.25 * (math.log(0.25 + 1e-10) - math.log(0.5)) + 0.75 * (math.log(0.75 + 1e-10) - math.log(0.5))
+    torch.testing.assert_close(mech.kl_gold(q, agg), torch.tensor([kl], dtype=F64))
+    assert float(mech.kl_gold(y, torch.tensor([[0.0, 1.0]], dtype=F64))) == pytest.approx(
+        math.log(1e10), rel=1e-6
+    )
