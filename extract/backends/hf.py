@@ -14,22 +14,15 @@ causal attention a real token never sees the pads after it, so every row equals 
 and SDPA keeps its fast causal path. Left padding (mask + position ids from the mask) is available
 for comparison and tested to give the same hidden states.
 
-GGUF files (the embedded models) load through transformers' `gguf_file=` (dequantized). That load
-takes 20-90 s on a small CPU, so the first load saves the dequantized model as safetensors under
-`$WALLA_CACHE` (default ~/.cache/walla)/gguf/<sha256[:16]>/, keyed by the GGUF file's sha256; later
-loads take ~1 s and give identical weights.
+GGUF files (the embedded models) load from their safetensors copy in the walla cache
+(extract/gguf_cache.py, shared with the vllm backend). The attention implementation is
+transformers' own choice (SDPA where the architecture supports it, else eager).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
-import json
 import logging
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +30,12 @@ import numpy as np
 import torch
 from walla.extract import hub
 from walla.extract.backends import Progress, ScoreResult
+from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
+    cache_root,
+    converted_gguf_dir,
+    local_weights_dir,
+    quiet_transformers,
+)
 from walla.extract.models import ResolvedModel
 from walla.extract.scoring import plan_batches, restore_order
 
@@ -96,108 +95,25 @@ def hf_identity(dtype: torch.dtype, chat_template: bool) -> dict:
     }  # prompt NLL over real tokens only (not the reference's pad/BOS quirk)
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("WALLA_CACHE", Path.home() / ".cache" / "walla"))
-
-
-@contextlib.contextmanager
-def _fast_gguf_reads():
-    """transformers parses the GGUF header twice and rebuilds gguf's tensor-name map once per tensor
-    (~400 times, ~15 s); share one reader and memoize the map for the duration of one load."""
-    import gguf
-
-    orig_map, orig_reader = gguf.get_tensor_name_map, gguf.GGUFReader
-    readers: dict = {}
-
-    def reader(path, *args, **kwargs):
-        key = (str(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = orig_reader(path, *args, **kwargs)
-        return readers[key]
-
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(orig_map)
-    gguf.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf.get_tensor_name_map, gguf.GGUFReader = orig_map, orig_reader
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No per-tensor progress bars from transformers while we load (our own bar reports progress)."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
-def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
-    """Safetensors copy of a GGUF model (built on first use; see module docstring)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = cache_root() / "gguf" / sha256[:16]
-    if (out / "walla-converted.json").exists():
-        return out
-    log.warning("first load of %s: converting the GGUF to safetensors in %s (once)", gguf_path.name, out)
-    with _fast_gguf_reads(), _quiet_transformers():
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-        )
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config  # weights are dequantized: load them as plain safetensors
-    model.hf_quantizer = None
-    tmp = out.with_name(f"{out.name}.{uuid.uuid4().hex[:8]}.incomplete")
-    try:
-        with _quiet_transformers():
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-        (tmp / "walla-converted.json").write_text(json.dumps({"gguf": gguf_path.name, "sha256": sha256}))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            tmp.rename(out)
-        except OSError:
-            if not (out / "walla-converted.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
 def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
     """(model, tokenizer) for a resolved model; hub failures become one-line HubUnavailableError."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
     is_hub = rm.identity.get("source") == "hub"
-    if rm.gguf_file and not is_hub:
-        src = str(converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"]))
-    else:
-        src = rm.load_from
+    src = local_weights_dir(rm)
+    if is_hub:
         if rm.gguf_file:
             kwargs["gguf_file"] = rm.gguf_file
         if rm.revision:
             kwargs["revision"] = rm.revision
     why = hub.prepare_hub_access() if is_hub else ""
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             tok = AutoTokenizer.from_pretrained(src, **kwargs)
-            try:
-                model = AutoModelForCausalLM.from_pretrained(
-                    src, dtype=dtype, attn_implementation="sdpa", **kwargs
-                )
-            except ValueError as e:  # architectures without SDPA support
-                if "sdpa" not in str(e).lower():
-                    raise
-                model = AutoModelForCausalLM.from_pretrained(
-                    src, dtype=dtype, attn_implementation="eager", **kwargs
-                )
+            # no attn_implementation: transformers picks SDPA where the architecture has it, else eager
+            # (forcing "sdpa" made e.g. Gemma-2 refuse to load with a message that never says "sdpa")
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
         if not is_hub or isinstance(e, hub.HubUnavailableError):
             raise

@@ -118,3 +118,33 @@ def test_shared_prefix_is_cached_with_identical_outputs(model, tok):
         want_nll = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
         assert a.prompt_nll[i] == pytest.approx(want_nll, abs=5e-5)
         np.testing.assert_allclose(a.raw_logprobs[i], lp[-1, cand].numpy(), atol=5e-5)
+
+
+def test_gemma2_loads_with_transformers_attention_choice(tmp_path, tok):
+    """Gemma-2 refuses attn_implementation="sdpa" (its message never says "sdpa"): load_model must not force it."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    from walla.extract.backends.hf import load_model
+    from walla.extract.models import ResolvedModel
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=8,
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    Gemma2ForCausalLM(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    rm = ResolvedModel("g2", str(tmp_path), None, None, {"source": "local"})
+    model, _ = load_model(rm, torch.float32, "cpu")
+    assert model.config._attn_implementation in ("eager", "sdpa")  # eager on transformers 5.23
+    backend = HFBackend(model, tok)
+    assert backend.self_check() < 1e-3  # soft-capped Gemma-2 logits reproduced by the head path
