@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from walla.store.featureset import FeatureSetSpec, open_writer
-from walla.store.manifests import DatasetEntry, ScenarioEntry
+from walla.store.catalog import DatasetEntry
+from walla.store.spec import ScenarioSpec
 from walla.store.questions import write_question_table
 from walla.store.scenario import assemble_scenario
 
@@ -139,17 +140,17 @@ def raw_read(files: list[Path]) -> tuple[float, int]:
 def measure(store: Path, agents: int) -> dict:
     """Child process: peak memory of a first assembly, then REPEATS x (assembly, raw read) interleaved so
     both see the same machine state (this machine is shared: noisy), then tracemalloc of one more."""
-    entry = ScenarioEntry(
-        "bench",
-        DATASET,
-        [MODEL] * agents,
-        ["uniform"],
-        [18],
-        "benchmark",
+    entry = ScenarioSpec(
+        name="bench",
+        dataset=DATASET,
+        agents=tuple([MODEL] * agents),
+        description="benchmark",
         context_rule="one_relevant_one_irrelevant",
         context_seed=0,
     )
-    datasets = {DATASET: DatasetEntry(DATASET, "jsonl", {"mode": "uniform"}, has_context=True)}
+    datasets = {
+        DATASET: DatasetEntry(name=DATASET, loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True)
+    }
     gc.collect()
     rss0 = _rss()
     t = time.perf_counter()

@@ -219,11 +219,11 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         ValueError: malformed data, bad settings, store problems (one line naming the input).
     """
     from walla.store.featureset import FeatureSetSpec, find_complete
-    from walla.store.manifests import load_datasets, load_models
+    from walla.store.catalog import load_datasets, load_models, resolve_model_name
     from walla.store.questions import write_question_table
 
     # 1. resolve names -------------------------------------------------------------------------------------
-    m_entry = _lookup(load_models(), cfg.model, "model")
+    model_name, m_entry = resolve_model_name(cfg.model, load_models())  # ad hoc: hf:org/x, a dir, a .gguf
     d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
     template = get_template(d_entry.prompt or DEFAULT_TEMPLATE[d_entry.loader])
     available = template.variants if d_entry.has_context else ("none",)
@@ -235,6 +235,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         )
     backend_name = choose_backend(cfg, m_entry)
     dtype = cfg.dtype or m_entry.dtype or "auto"
+    dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
     chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
     device = cfg.device or _default_device(backend_name)
     rm = resolve_model(m_entry)
@@ -255,6 +256,11 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     )
 
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
+    if backend_name == "hf":  # `auto` is measured here (cached per machine); the fingerprint gets the result
+        from walla.extract.backends.hf import explain_dtype
+
+        dtype, why = explain_dtype(dtype, device)
+        out(f"dtype {why} [{dtype_from}]")
     ident = backend_identity(backend_name, rm, dtype, device, chat, m_entry.hidden_size)
     todo: list[tuple[str, FeatureSetSpec]] = []
     paths: list[Path] = []
@@ -266,7 +272,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
             "option_tokens": _option_tokens_input(d_entry, template),
             "context_seed": cfg.context_seed if variant == "irrelevant" else None,
         }
-        spec = FeatureSetSpec(cfg.model, cfg.dataset, variant, inputs)
+        spec = FeatureSetSpec(model_name, cfg.dataset, variant, inputs)
         done = find_complete(cfg.store, spec)
         if done is not None:
             out(f"already complete: {done}")
@@ -280,7 +286,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     t_load = time.perf_counter()
     backend = load_backend(backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
     out(
-        f"model {cfg.model} loaded ({backend_name}, {ident.get('dtype', 'n/a')}) in {time.perf_counter() - t_load:.1f} s"
+        f"model {model_name} loaded ({backend_name}, {ident.get('dtype', 'n/a')}) in {time.perf_counter() - t_load:.1f} s"
     )
     try:
         with _Progress(cfg.progress) as bar:

@@ -2,7 +2,7 @@
 
 The ScenarioData fields below are the contract between the store and stages 2-3.
 
-    entry = load_scenario("demo-hetero-facts")
+    entry = load_spec("demo-hetero-facts")           # store/spec.py
     data = assemble_scenario(entry, Path("walla-store"))    # ScenarioData, N questions x M agents
 
 Assembly reads only the feature sets the scenario uses -- per (model, dataset, variant) one, so M
@@ -16,66 +16,30 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 from walla.store import routing
+from walla.store.catalog import DatasetEntry, ModelEntry, load_datasets, load_models
 from walla.store.featureset import (
     FeatureSet,
-    StaleSchemaError,
     StoreError,
     extract_command,
-    list_feature_sets,
     read_feature_set,
 )
-from walla.store.hidden_io import HiddenReader
-from walla.store.manifests import DatasetEntry, ModelEntry, ScenarioEntry, load_datasets, load_models
+from walla.store.hidden_fill import fill_hidden
 from walla.store.questions import read_question_table
-from walla.store.schema import SPLITS, VARIANT_CODE, VARIANTS
-
-
-@dataclass
-class ScenarioData:
-    """All arrays of one scenario, aligned on the question axis N.
-
-    N questions (all splits; `split` says which), M agent slots, K = max option count.
-    Questions with fewer options than K have zero probability and option_mask False there.
-    """
-
-    name: str
-    dataset: str  # dataset of the rows (for OOD scenarios: "mmlu+arc-challenge")
-    agents: list[str]  # model short name per slot, len M
-    question_id: np.ndarray  # [N] str
-    split: np.ndarray  # [N] str in {"train","val","test"}
-    question: list[str]  # [N] question text (routers without context)
-    prompts: list[list[str]] | None  # [M][N] each agent's own prompt text (routers with context), optional
-    n_options: np.ndarray  # [N] int
-    option_mask: np.ndarray  # [N, K] bool
-    probs: np.ndarray  # [N, M, K] float32, each agent's option distribution (rows sum to 1)
-    label: np.ndarray  # [N] int64, 0-based correct option
-    target: np.ndarray  # [N, K] float32: gold_dist if soft else one-hot(label)
-    soft_target: bool  # True for BayesX-like datasets (KL/TVD metrics, KL early stopping)
-    prompt_nll: np.ndarray  # [N, M] float32 mean prompt NLL of each agent's own prompt
-    variant: np.ndarray  # [N, M] int8 codes of schema.VARIANTS (context routing record)
-    hidden: list[np.ndarray]  # [M] arrays [N, H_i] (float16/float32; may be memory-mapped)
-    fingerprints: dict[str, str] = field(default_factory=dict)  # "<model>/<variant>" -> feature-set fp
-    meta: dict = field(default_factory=dict)  # resolved manifest, context-assignment seed, etc.
-
-    @property
-    def n_agents(self) -> int:
-        return len(self.agents)
-
-    def split_index(self, split: str) -> np.ndarray:
-        """Row indices of one split, in stored order."""
-        return np.flatnonzero(self.split == split)
-
+from walla.store.scenario_data import ScenarioData
+from walla.store.schema import SPLITS, VARIANT_CODE
+from walla.store.select import raise_missing, select_feature_sets
+from walla.store.spec import ScenarioSpec
+from walla.store.validate import to_dict
 
 # ---------------------------------------------------------------------------------------------------------
 # assembly
 
-BLOCK_BYTES = 32 << 20  # hidden rows read per block and variant: large sequential reads, bounded extra memory
 COPY_THREADS = 4  # threads copying blocks into the slots' outputs (capped by CPU count and M)
 
 
@@ -95,84 +59,6 @@ class _Part:
     @property
     def n(self) -> int:
         return self.questions.height
-
-
-def _extract_cmd(model: str, dataset: str, variants: list[str], store: Path) -> str:
-    cmd = extract_command(model, dataset, variants)
-    return cmd if str(store) == "walla-store" else f"{cmd} STORE={store}"
-
-
-def _select(
-    store: Path, dataset: str, models: list[str], variants: tuple[str, ...], missing: list, notes: list
-) -> dict:
-    """Pick one complete feature set per (model, variant), all cut from the same question table.
-
-    Several complete candidates (e.g. re-extracted with another backend): prefer the question table
-    shared by all keys whose feature sets are newest, then the newest feature set per key; noted in meta.
-    """
-    cands = {}
-    for m in models:
-        for v in variants:
-            infos = list_feature_sets(store, m, dataset, v)
-            complete = sorted(
-                (i for i in infos if i.status == "complete"), key=lambda i: i.created_at or "", reverse=True
-            )
-            if complete:
-                cands[(m, v)] = complete
-            else:
-                missing.append((m, dataset, v, infos))
-    if len(cands) < len(models) * len(variants):
-        return {}
-    common = set.intersection(*({i.questions_fp for i in c} for c in cands.values()))
-    if not common:
-        seen = ", ".join(f"{m}/{v}: {sorted({i.questions_fp for i in c})}" for (m, v), c in cands.items())
-        raise StoreError(
-            f"the feature sets of dataset {dataset!r} were extracted from different question tables ({seen}); "
-            f"re-extract them from one table, e.g. `{_extract_cmd(models[0], dataset, list(variants), store)}` per model"
-        )
-    newest = {
-        q: max(i.created_at or "" for c in cands.values() for i in c if i.questions_fp == q) for q in common
-    }
-    qfp = max(common, key=lambda q: newest[q])
-    chosen = {}
-    for key, c in cands.items():
-        pick = next(i for i in c if i.questions_fp == qfp)
-        if len(c) > 1:
-            notes.append(
-                f"{key[0]}/{dataset}/{key[1]}: {len(c)} complete feature sets; using {pick.fingerprint} "
-                f"(newest on question table {qfp}); others: {', '.join(i.fingerprint for i in c if i is not pick)}"
-            )
-        chosen[key] = pick.path
-    return chosen
-
-
-def _raise_missing(entry: ScenarioEntry, store: Path, missing: list) -> None:
-    by: dict[tuple[str, str], list] = {}
-    for m, d, v, infos in missing:
-        by.setdefault((m, d), []).append((v, infos))
-    lines, stale = [], True
-    for (m, d), items in by.items():
-        states = []
-        for v, infos in items:
-            for i in infos:
-                if i.status == "stale":
-                    states.append(
-                        f"{v}: only schema v{i.schema_version} ({i.fingerprint}) exists, re-extract"
-                    )
-                elif i.status in ("incomplete", "writing"):
-                    states.append(
-                        f"{v}: {i.status}, {i.done_rows}/{i.n_rows} rows ({i.fingerprint}); this resumes it"
-                    )
-            stale &= any(i.status == "stale" for i in infos)
-        lines.append(
-            f"  {_extract_cmd(m, d, [v for v, _ in items], store)}"
-            + (f"   # {'; '.join(states)}" if states else "")
-        )
-    cls = StaleSchemaError if stale else StoreError
-    raise cls(
-        f"scenario {entry.name!r} needs feature sets that store {store} does not hold complete; run:\n"
-        + "\n".join(lines)
-    )
 
 
 def _load_part(
@@ -277,69 +163,8 @@ def _softmax_rows(lp: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def _read_rows(reader: HiddenReader, rows: np.ndarray, out: np.ndarray) -> None:
-    """out[i] = hidden[rows[i]]; contiguous rows are one direct read, others are read in sorted runs."""
-    n = rows.size
-    if n and rows[-1] - rows[0] == n - 1 and (n == 1 or np.all(np.diff(rows) == 1)):
-        reader.read_into(int(rows[0]), int(rows[-1]) + 1, out)
-        return
-    order = np.argsort(rows, kind="stable")
-    srt = rows[order]
-    cuts = [0, *(np.flatnonzero(np.diff(srt) != 1) + 1).tolist(), n]
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        out[order[a:b]] = reader.read(int(srt[a]), int(srt[b - 1]) + 1)
-
-
-def _fill_hidden(
-    outs: list[np.ndarray],
-    slots: list[int],
-    model: str,
-    variant: np.ndarray,
-    part: _Part,
-    budget: int,
-    pool: ThreadPoolExecutor,
-) -> None:
-    """Write the hidden rows of every slot of `model` for one part.
-
-    Per block of rows, each variant's rows are read once into one stacked buffer [V * B, H]; each slot's
-    output block is then a single `np.take` from it (row i from the slot's variant of row i): every output
-    byte is written once, with no temporaries. The per-slot takes run on `pool`: writing fresh output
-    pages is most of the cost, and numpy releases the GIL while copying.
-    """
-    keys = [v for v in VARIANTS if (model, v) in part.fs]
-    readers = [HiddenReader(part.fs[(model, v)].path / "hidden.zarr") for v in keys]
-    h = readers[0].shape[1]
-    chunk = readers[0].chunk_rows
-    # block rows: <= BLOCK_BYTES per variant and <= `budget` bytes for the whole stack (extra memory stays a
-    # small fraction of the output), whole chunks so reads are aligned
-    block = max(1, min(BLOCK_BYTES, budget // len(keys)) // (2 * h))
-    block = min(max(chunk, block // chunk * chunk), part.n)
-    stack = np.empty(
-        (len(keys) * block, h), np.float16
-    )  # [V * B, H]: variant i's rows at [i * B, i * B + nb)
-    lut = np.zeros(len(VARIANTS), np.int64)  # variant code -> row offset of its block in the stack
-    for i, v in enumerate(keys):
-        lut[VARIANT_CODE[v]] = i * block
-
-    def take(s: int, j0: int, j1: int, rows: np.ndarray) -> None:
-        dst = outs[s][part.offset + j0 : part.offset + j1]  # [nb, H] view into the slot's output
-        np.take(stack, rows, axis=0, out=dst, mode="clip")  # mode=clip: no buffered copy of the output
-
-    for j0 in range(0, part.n, block):
-        j1 = min(part.n, j0 + block)
-        nb = j1 - j0
-        codes = variant[part.offset + j0 : part.offset + j1][:, slots]  # [nb, S]
-        for i, v in enumerate(keys):
-            if (codes == VARIANT_CODE[v]).any():
-                _read_rows(readers[i], part.src[(model, v)][j0:j1], stack[i * block : i * block + nb])
-        base = np.arange(nb)
-        jobs = [pool.submit(take, s, j0, j1, lut[codes[:, col]] + base) for col, s in enumerate(slots)]
-        for job in jobs:
-            job.result()  # re-raises a worker's exception; the stack is refilled only after every take
-
-
 def assemble_scenario(
-    entry: ScenarioEntry,
+    entry: ScenarioSpec,
     store: Path,
     *,
     datasets: dict[str, DatasetEntry] | None = None,
@@ -379,9 +204,9 @@ def assemble_scenario(
 
     missing: list = []
     notes: list[str] = []
-    chosen = [_select(store, d, unique, variants, missing, notes) for d, _, _ in plan]
+    chosen = [select_feature_sets(store, d, unique, variants, missing, notes) for d, _, _ in plan]
     if missing:
-        _raise_missing(entry, store, missing)
+        raise_missing(entry, store, missing)
     parts, offset = [], 0
     for (d, keep, force_test), ch in zip(plan, chosen, strict=True):
         parts.append(_load_part(store, d, datasets[d], ch, keep, force_test, offset))
@@ -453,7 +278,7 @@ def assemble_scenario(
             for model in unique:
                 slots = [s for s, a in enumerate(entry.agents) if a == model]
                 budget = sum(hidden[s].nbytes for s in slots) // 20  # buffers <= 5% of this model's output
-                _fill_hidden(hidden, slots, model, variant, p, budget, pool)
+                fill_hidden(hidden, slots, model, variant, p, budget, pool)
 
     t_hidden = time.perf_counter()
     fingerprints, used = {}, {}
@@ -469,7 +294,7 @@ def assemble_scenario(
                 "questions_fp": f.meta["questions_fp"],
             }
     meta = {
-        "scenario": entry.to_dict(),
+        "scenario": to_dict(entry),
         "store": str(store),
         "context_rule": entry.context_rule,
         "context_seed": entry.context_seed,

@@ -1,15 +1,19 @@
-"""`walla-train`: train every method x seed of one scenario into runs/ (thin: parse, validate, run).
+"""`walla-train`: train every method x seed of one scenario into runs/ (thin: plan, assemble, run).
 
-    walla-train --scenario homo-pubmedqa-aloe-x4 [--methods walla-i,uniform] [--seeds 5 | --seed-list 18,19]
-                [--store walla-store] [--runs runs] [--device cpu|cuda] [--force] [--calibrated] [--limit-rows N]
+    walla-train --scenario demo-hetero-facts [--methods walla-i,uniform] [--seeds 5 | --seed-list 18,19]
+                [--set walla.lr=1e-4] [--store walla-store] [--runs runs] [--device cpu|cuda|mps|auto]
+                [--precision 32-true|bf16-mixed|auto] [--logger csv|tensorboard|wandb] [--force]
+                [--calibrated] [--limit-rows N] [--show-plan]
+    walla-train --scenario hetero [--dataset D] [--models a,b]          # every model extracted for D
+    walla-train --scenario homo --model M --agents N [--dataset D]      # N copies, one sees the context
+    walla-train --scenario hetero-context [--irrelevant] [--dataset D]  # all models, one sees the context
 
-Finished runs (run.json present) are skipped unless --force. Errors a user can cause (unknown scenario
-or method, missing feature sets, bad hyper-parameters) print one message and exit with status 2.
+Finished runs (run.json present, same inputs) are skipped unless --force. Every error a user can cause
+is one line on stderr and exit status 2 (--debug shows the traceback).
 """
 
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 
@@ -17,178 +21,176 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from walla.train.config import TrainConfig
 
 app = typer.Typer(add_completion=False, help="walla train stage: fit every method x seed of a scenario.")
-err = Console(stderr=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+USER_ERRORS = (
+    ValueError,
+    KeyError,
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
 
 
 def _fail(msg: str) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {msg}", markup=True)
     raise typer.Exit(2)
 
 
-def _parse_methods(text: str | None) -> tuple[str, ...] | None:
+def _parse_list(text: str | None, what: str) -> tuple[str, ...] | None:
     if text is None:
         return None
-    from walla.train.methods import REGISTRY
-
     names = tuple(m.strip() for m in text.split(",") if m.strip())
     if not names:
-        _fail("--methods: empty list")
-    for m in names:
-        if m not in REGISTRY:
-            close = difflib.get_close_matches(m, REGISTRY, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            _fail(f"unknown method {m!r}.{hint} Available: {', '.join(REGISTRY)}")
+        raise ValueError(f"{what}: empty list")
     return names
 
 
 def _parse_seeds(n: int | None, seed_list: str | None) -> tuple[int, ...] | None:
     if n is not None and seed_list is not None:
-        _fail("give either --seeds N or --seed-list a,b,..., not both")
+        raise ValueError("give either --seeds N or --seed-list a,b,..., not both")
     if seed_list is not None:
         try:
             return tuple(int(s) for s in seed_list.split(",") if s.strip())
         except ValueError:
-            _fail(f"--seed-list: expected comma-separated integers, got {seed_list!r}")
+            raise ValueError(f"--seed-list: expected comma-separated integers, got {seed_list!r}") from None
     if n is not None:
         if n < 1:
-            _fail(f"--seeds must be >= 1, got {n}")
+            raise ValueError(f"--seeds must be >= 1, got {n}")
         return tuple(18 + r for r in range(n))  # SPEC §4.5: repeat r uses seed 18 + r
     return None
 
 
-def load_entry(scenario: str):
-    """The scenario manifest (a module-level function so tests can substitute it)."""
-    from walla.store.manifests import load_scenario
+def _parse_sets(items: list[str]) -> dict[str, dict]:
+    """--set walla.lr=1e-4 --set route-llm.epochs=2 -> {"walla": {"lr": 1e-4}, "route-llm": {"epochs": 2}}."""
+    import yaml
 
-    return load_scenario(scenario)
-
-
-def load_data(entry, store: Path):
-    """Assemble the scenario's arrays from the store (substituted in tests)."""
-    from walla.store.scenario import assemble_scenario
-
-    if not Path(store).exists():
-        raise FileNotFoundError(
-            f"store {store} does not exist (run `make extract ...` first, or pass --store)"
-        )
-    return assemble_scenario(entry, Path(store))
+    out: dict[str, dict] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        method, dot, field = key.partition(".")
+        if not (eq and dot and method and field):
+            raise ValueError(f"--set {item!r}: expected METHOD_OR_FAMILY.KEY=VALUE, e.g. walla.lr=1.0e-4")
+        out.setdefault(method, {})[field] = yaml.safe_load(value)
+    return out
 
 
-def _summary_table(summary, console: Console) -> None:
-    from walla.train.methods import REGISTRY
-
-    table = Table(title=f"{summary.scenario}: test split, mean over seeds", title_justify="left")
-    for col, just in (
-        ("method", "left"),
-        ("display", "left"),
-        ("seeds", "right"),
-        ("Brier", "right"),
-        ("ACC", "right"),
-        ("s/run", "right"),
-        ("new", "right"),
-    ):
-        table.add_column(col, justify=just)
-    for method, results in summary.by_method().items():
-        briers = [r.test_brier for r in results]
-        accs = [r.test_acc for r in results]
-        new = sum(r.status == "done" for r in results)
-        walls = [r.wall_s for r in results if r.status == "done"]
+def _summary(results: list[dict], scenario: str, runs: Path, console: Console) -> None:
+    table = Table(title=f"{scenario}: test split, mean over seeds", title_justify="left")
+    for col in ("method", "display", "seeds", "Brier", "ACC", "s/run", "new"):
+        table.add_column(col, justify="left" if col in ("method", "display") else "right")
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["method"], []).append(r)
+    for method, rs in by.items():
+        walls = [r["wall_time_s"] for r in rs if r["status"] == "done"]
         table.add_row(
             method,
-            REGISTRY[method].display,
-            str(len(results)),
-            f"{sum(briers) / len(briers):.4f}",
-            f"{100 * sum(accs) / len(accs):.2f}",
+            rs[0].get("display_name", method),
+            str(len(rs)),
+            f"{sum(r['test_brier'] for r in rs) / len(rs):.4f}",
+            f"{100 * sum(r['test_acc'] for r in rs) / len(rs):.2f}",
             f"{sum(walls) / len(walls):.2f}" if walls else "-",
-            str(new),
+            str(len(walls)),
         )
     console.print(table)
-    console.print(f"runs written under {summary.runs_dir / summary.scenario}")
+    console.print(f"runs written under {runs / scenario}")
 
 
 @app.command()
 def train(
-    scenario: str = typer.Option(..., "--scenario", help="scenario name (manifests/scenarios) or YAML path"),
-    methods: str = typer.Option(None, "--methods", help="comma-separated method names (default: scenario's)"),
-    seeds: int = typer.Option(None, "--seeds", help="number of seeds 18, 19, ... (default: scenario's)"),
+    scenario: str = typer.Option(..., "--scenario", help="manifest name or YAML path, or hetero | homo | hetero-context"),
+    dataset: str = typer.Option(None, "--dataset", help="hetero/homo/hetero-context: the dataset (default: the store's one)"),
+    models: str = typer.Option(None, "--models", help="hetero/hetero-context: comma-separated models (default: all extracted)"),
+    model: str = typer.Option(None, "--model", help="homo: the model copied into every slot"),
+    agents: int = typer.Option(None, "--agents", help="homo: number of agents"),
+    irrelevant: bool = typer.Option(False, "--irrelevant", help="hetero-context: one more agent sees another question's context"),
+    methods: str = typer.Option(None, "--methods", help="comma-separated method names (default: the scenario's)"),
+    seeds: int = typer.Option(None, "--seeds", help="number of seeds 18, 19, ... (default: the scenario's)"),
     seed_list: str = typer.Option(None, "--seed-list", help="explicit seeds, e.g. 18,19"),
+    sets: list[str] = typer.Option([], "--set", help="hyper-parameter override METHOD_OR_FAMILY.KEY=VALUE"),
     store: Path = typer.Option(Path("walla-store"), "--store", help="feature store root"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="runs root"),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | mps | auto"),
+    precision: str = typer.Option("32-true", "--precision", help="Lightning precision: 32-true | bf16-mixed | 16-mixed | 64-true | auto"),
+    logger: str = typer.Option("csv", "--logger", help="csv (always written) | tensorboard | wandb"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs"),
-    calibrated: bool = typer.Option(False, "--calibrated", help="calibrate every agent first (SPEC §9)"),
+    calibrated: bool = typer.Option(None, "--calibrated/--uncalibrated", help="calibrate every agent first (SPEC §9)"),
     limit_rows: int = typer.Option(None, "--limit-rows", help="keep about N rows (split shares kept)"),
-) -> None:
+    show_plan: bool = typer.Option(False, "--show-plan", help="print the resolved plan as YAML and exit"),
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
+) -> None:  # fmt: skip
     """Fit every method x seed of a scenario; write runs/<scenario>/<method>/seed=<s>/."""
-    from walla.store.manifests import ManifestError
-    from walla.train.run import run_scenario
-
-    method_names = _parse_methods(methods)
-    seed_tuple = _parse_seeds(seeds, seed_list)
-    try:
-        cfg = TrainConfig(
-            scenario=scenario,
-            methods=method_names,
-            seeds=seed_tuple or (18,),
-            store=str(store),
-            runs=str(runs),
-            device=device,
-            force=force,
-            calibrated=calibrated,
-            limit_rows=limit_rows,
-        )
-    except ValueError as e:
-        _fail(str(e))
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            _fail("--device cuda: no CUDA device is available on this machine (use --device cpu)")
     console = Console()
     try:
-        entry = load_entry(scenario)
-        data = load_data(entry, store)
-    except (ManifestError, KeyError, ValueError, FileNotFoundError, OSError) as e:
-        _fail(str(e).strip("'\""))
-    method_list = list(cfg.methods or entry.methods)
-    seed_values = list(seed_tuple or entry.seeds)
-    console.print(
-        f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
-        f"{len(method_list)} methods x {len(seed_values)} seeds -> {runs}"
-    )
-    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        total = bar.add_task("all runs", total=len(method_list) * len(seed_values))
-        tasks = {m: bar.add_task(m, total=len(seed_values)) for m in method_list}
+        from walla.store.validate import ConfigError
+        from walla.train.plan import Overrides, load_plan, plan_yaml
 
-        def progress(event: str, method: str, seed: int | None) -> None:
-            if event in ("done", "skipped"):
-                bar.advance(tasks[method])
-                bar.advance(total)
+        overrides = Overrides(
+            methods=_parse_list(methods, "--methods"),
+            seeds=_parse_seeds(seeds, seed_list),
+            calibrated=calibrated,
+            hparams=_parse_sets(sets),
+        )
+        kind_args = dict(dataset=dataset, models=_parse_list(models, "--models"), model=model, agents=agents,
+                         irrelevant=irrelevant)  # fmt: skip
+        from walla.train.kinds import KINDS, plan_for_kind
 
-        try:
-            summary = run_scenario(
-                data,
-                method_list,
-                seed_values,
-                runs,
-                force=force,
-                device=device,
-                calibrated=calibrated or bool(getattr(entry, "calibrated", False)),
-                limit=limit_rows,
-                progress=progress,
-                entry=entry,
+        if scenario in KINDS:
+            plan = plan_for_kind(scenario, store, overrides, **kind_args)
+        else:
+            plan = load_plan(scenario, overrides)
+        if show_plan:
+            sys.stdout.write(plan_yaml(plan))
+            return
+        from walla.store.scenario import assemble_scenario
+        from walla.train.engine import TrainEnv, resolve_device, resolve_precision
+        from walla.train.loggers import check_logger
+        from walla.train.run import run_plan
+
+        check_logger(logger)
+        dev = resolve_device(device)
+        env = TrainEnv(device=dev, precision=resolve_precision(precision, dev), store=store)
+        if not store.is_dir():
+            raise FileNotFoundError(
+                f"store {store} does not exist (run `make extract ...` first, or pass --store)"
             )
-        except (KeyError, ValueError, FileNotFoundError) as e:
-            bar.stop()
-            _fail(str(e).strip("'\""))
-        except ModuleNotFoundError as e:
-            bar.stop()
-            _fail(f"a method's module is not installed: {e}")
-    _summary_table(summary, console)
+        data = assemble_scenario(plan.spec, store)
+        if limit_rows is not None:
+            if limit_rows < 3:
+                raise ValueError(f"--limit-rows must be >= 3, got {limit_rows}")
+            data = data.limit_rows(limit_rows)
+        console.print(
+            f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
+            f"{len(plan.methods)} methods x {len(plan.seeds)} seeds on {env.device} ({env.precision}) -> {runs}"
+        )
+        columns = (
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console, transient=False) as bar:
+            total = bar.add_task("all runs", total=len(plan.methods) * len(plan.seeds))
+            tasks = {m.name: bar.add_task(m.name, total=len(plan.seeds)) for m in plan.methods}
+
+            def progress(event: str, method: str, seed: int | None) -> None:
+                if event in ("done", "skipped"):
+                    bar.advance(tasks[method])
+                    bar.advance(total)
+
+            results = run_plan(plan, data, runs, env, force=force, logger=logger, progress=progress,
+                               note=lambda s: console.print(f"note: {s}", highlight=False))  # fmt: skip
+        _summary(results, data.name, runs, console)
+    except typer.Exit:
+        raise
+    except (ConfigError, *USER_ERRORS, RuntimeError, OSError, ModuleNotFoundError) as e:
+        if debug:
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        _fail(str(msg))
 
 
 def main() -> None:

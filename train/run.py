@@ -1,19 +1,20 @@
-"""The train recipe: one scenario x methods x seeds -> runs on disk (layout: train/runs.py).
+"""The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/runs.py).
 
-    from walla.train.run import run_scenario
-    summary = run_scenario(entry, ["uniform", "walla-i"], seeds=[18, 19], runs_dir="runs", store="walla-store")
-    summary = run_scenario(scenario_data, ["walla-i"], seeds=[18], runs_dir="runs")   # already assembled
+    plan = load_plan("demo-hetero-facts")                       # train/plan.py
+    data = assemble_scenario(plan.spec, Path("walla-store"))    # store/scenario.py
+    results = run_plan(plan, data, "runs", TrainEnv(device="cpu"))
 
 Read top to bottom:
-    1. assemble the scenario (or take the given ScenarioData), optionally cut to --limit-rows;
-    2. optionally calibrate every agent once (scenario `calibrated: true` / --calibrated): all methods
-       then pool the calibrated probs, and each run records them as agent_probs;
-    3. write scenario.parquet + scenario.json once;
-    4. per method: resolve its config (registry defaults < scenario hparams < overrides), skip seeds whose
-       run.json exists (unless force), fit the rest (all seeds batched in one module when the method
-       offers fit_many), predict every row of every split, write predictions / train log / run.json.
-Every fit runs with torch's and numpy's global RNGs seeded by the run's seed (restored afterwards),
-on top of whatever seeding the method does itself, so a run never depends on what ran before it.
+    1. take the runs directory's lock for this scenario (one walla-train writer at a time);
+    2. write scenario.parquet + scenario.json (rewritten only when the scenario's inputs changed);
+    3. optionally calibrate every agent once (plan.calibrated): every method then pools the calibrated
+       probabilities, and each run records them as agent_probs;
+    4. per method: the runs still to do are the seeds with no complete run, or whose run was trained
+       from other inputs (stale: feature sets, questions, spec, config or seed changed), or all with
+       force; fit them (seeds batched where the method can), predict every row of every split, write
+       logs/, state.pt, predictions.parquet and run.json (last).
+Every fit runs with torch's and numpy's global RNGs seeded by the first pending seed (restored
+afterwards), on top of the method's own seeding, so a run never depends on what ran before it.
 """
 
 from __future__ import annotations
@@ -21,46 +22,57 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from walla.store.scenario import ScenarioData
+from filelock import FileLock, Timeout
+from walla.store.scenario_data import ScenarioData
+from walla.store.validate import to_dict
 from walla.train import mechanism
-from walla.train.calibration import apply_calibration, fit_calibration
-from walla.train.methods import REGISTRY, MethodOutput, get_method
-from walla.train.runs import is_complete, read_run, run_dir, write_run, write_scenario_table
+from walla.train.engine import TrainEnv, save_checkpoint
+from walla.train.loggers import RunLogger
+from walla.train.methods import MethodOutput, method_module
+from walla.train.plan import TrainPlan
+from walla.train.runs import (
+    LOCK,
+    RUN_META,
+    STATE,
+    RunFormatError,
+    inputs_id,
+    read_run_meta,
+    run_dir,
+    scenario_dir,
+    write_run,
+    write_scenario_table,
+)
 
-DEFAULT_SEEDS = (18, 19, 20, 21, 22)  # SPEC §4.5: repeat r uses 18 + r
 ProgressFn = Callable[[str, str, int | None], None]  # (event, method, seed): start | done | skipped
 
 
-@dataclass
-class RunResult:
-    method: str
-    seed: int
-    status: str  # "done" | "skipped"
-    path: Path
-    wall_s: float
-    test_brier: float
-    test_acc: float
+class RunsLockedError(RuntimeError):
+    """Another walla-train holds this scenario's runs directory."""
 
 
-@dataclass
-class ScenarioSummary:
-    scenario: str
-    runs_dir: Path
-    results: list[RunResult] = field(default_factory=list)
-
-    def by_method(self) -> dict[str, list[RunResult]]:
-        out: dict[str, list[RunResult]] = {}
-        for r in self.results:
-            out.setdefault(r.method, []).append(r)
-        return out
+@contextmanager
+def runs_lock(runs: Path, scenario: str) -> Iterator[None]:
+    """One walla-train per runs directory and scenario (the lock dies with its process)."""
+    d = scenario_dir(runs, scenario)
+    d.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(d / LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunsLockedError(
+            f"{d}: another walla-train is writing runs of scenario {scenario!r} (lock {d / LOCK}); "
+            "wait for it to finish or use another --runs directory"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextmanager
@@ -76,202 +88,142 @@ def seeded_globals(seed: int) -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-def subset_rows(data: ScenarioData, rows: np.ndarray) -> ScenarioData:
-    """A ScenarioData restricted to `rows` (in the given order)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    return dataclasses.replace(
-        data,
-        question_id=data.question_id[rows],
-        split=data.split[rows],
-        question=[data.question[i] for i in rows],
-        prompts=None if data.prompts is None else [[p[i] for i in rows] for p in data.prompts],
-        n_options=data.n_options[rows],
-        option_mask=data.option_mask[rows],
-        probs=data.probs[rows],
-        label=data.label[rows],
-        target=data.target[rows],
-        prompt_nll=data.prompt_nll[rows],
-        variant=data.variant[rows],
-        hidden=[np.asarray(h[rows]) for h in data.hidden],
-        meta={**data.meta, "limit_rows": int(len(rows))},
-    )
-
-
-def limit_rows(data: ScenarioData, n: int) -> ScenarioData:
-    """Keep about n rows, every split keeping its share (at least one row each), in stored order.
-
-    The result is named "<scenario>-rows<n>" so its runs never mix with (or skip) full-scenario runs.
-    """
-    if n >= len(data.split):
-        return data
-    keep = []
-    for s in ("train", "val", "test"):
-        idx = data.split_index(s)
-        if len(idx):
-            keep.append(idx[: max(1, math.floor(n * len(idx) / len(data.split)))])
-    return dataclasses.replace(subset_rows(data, np.sort(np.concatenate(keep))), name=f"{data.name}-rows{n}")
-
-
-def test_scores(data: ScenarioData, agg: np.ndarray, rows: np.ndarray | None = None) -> tuple[float, float]:
+def test_scores(data: ScenarioData, agg: np.ndarray) -> tuple[float, float]:
     """(Brier, ACC) of an aggregate [N, K] on the test split: unhalved (expected) Brier, argmax accuracy."""
     test = data.split_index("test")
     if len(test) == 0:
         return math.nan, math.nan
-    a = np.asarray(agg if rows is None else agg[rows])[test]
-    brier = mechanism.brier_loss(
-        torch.from_numpy(a.astype(np.float64)), torch.from_numpy(data.target[test].astype(np.float64))
-    )
-    return float(brier.mean()), float((a.argmax(1) == data.label[test]).mean())
+    a = torch.from_numpy(np.asarray(agg, dtype=np.float64)[test])
+    brier = mechanism.brier_loss(a, torch.from_numpy(data.target[test].astype(np.float64)))
+    return float(brier.mean()), float((a.argmax(1).numpy() == data.label[test]).mean())
 
 
-def method_config(name: str, entry: Any | None, overrides: dict | None = None) -> dict:
-    """Registry defaults < scenario manifest hparams (already family-resolved by the loader) < overrides."""
-    info = REGISTRY[name]
-    cfg = dict(info.defaults)
-    if entry is not None:
-        cfg.update((getattr(entry, "hparams", None) or {}).get(name) or {})
-    cfg.update((overrides or {}).get(name) or {})
-    return cfg
+def check_data(plan: TrainPlan, data: ScenarioData) -> None:
+    """Refuse scenarios too small to train and evaluate on (numbers named)."""
+    sizes = {s: len(data.split_index(s)) for s in ("train", "val", "test")}
+    short = [f"{s} {n}" for s, n in sizes.items() if n < 1]
+    need_test = 2 if len(plan.seeds) > 1 else 1
+    if short or sizes["test"] < need_test:
+        raise ValueError(
+            f"scenario {data.name!r} has {sizes['train']} train / {sizes['val']} val / {sizes['test']} test "
+            f"questions; training needs >= 1 train and >= 1 val row and evaluation >= {need_test} test "
+            "questions: extract more questions (e.g. a larger --size or --limit)"
+        )
 
 
-def _is_walla(name: str) -> bool:
-    return REGISTRY[name].path.endswith(".walla")
+def _pending(runs: Path, data: ScenarioData, name: str, seeds, ids: dict[int, str], force: bool):
+    """(seeds to train, notes): missing, incomplete or stale runs (inputs changed), or all with force."""
+    todo, notes = [], []
+    for s in seeds:
+        path = run_dir(runs, data.name, name, s)
+        if force or not (path / RUN_META).exists():
+            todo.append(s)
+            continue
+        try:
+            old = read_run_meta(path).get("inputs_id")
+        except RunFormatError as e:
+            old = None
+            notes.append(f"{name} seed {s}: {e}; retraining")
+        if old != ids[s]:
+            todo.append(s)
+            if old is not None:
+                notes.append(f"{name} seed {s}: trained from other inputs; retraining")
+    return todo, notes
 
 
-def run_scenario(
-    entry_or_data: Any,
-    methods: Sequence[str] | None = None,
-    seeds: Sequence[int] | None = None,
-    runs_dir: str | Path = "runs",
+def run_plan(
+    plan: TrainPlan,
+    data: ScenarioData,
+    runs_dir: str | Path,
+    env: TrainEnv,
     *,
-    store: str | Path | None = None,
     force: bool = False,
-    device: str = "cpu",
-    calibrated: bool | None = None,
-    limit: int | None = None,
-    overrides: dict[str, dict] | None = None,
+    logger: str = "csv",
     progress: ProgressFn | None = None,
-    entry: Any | None = None,
-) -> ScenarioSummary:
-    """Train and predict every (method, seed) of one scenario; see the module docstring.
-
-    Args:
-        entry_or_data: a ScenarioEntry (assembled from `store`) or an assembled ScenarioData.
-        methods: registry names (default: the entry's list, else every registered method).
-        seeds: default: the entry's seeds, else 18..22.
-        runs_dir: root of the runs layout.
-        store: feature store root (needed for a ScenarioEntry).
-        force: rerun finished runs too.
-        device: "cpu" | "cuda", passed to WALLA.
-        calibrated: calibrate every agent before all methods (default: the entry's `calibrated`).
-        limit: keep about this many rows (quick looks; written as scenario "<name>-rows<limit>").
-        overrides: method -> config keys that win over the manifest.
-        progress: callback (event, method, seed).
-        entry: the ScenarioEntry of an already assembled ScenarioData (for its methods, seeds, hparams).
+    note: Callable[[str], None] = print,
+) -> list[dict]:
+    """Train and predict every (method, seed) of a plan; returns the run.json of every run, in order.
 
     Raises:
-        KeyError: unknown method (with close-match suggestions). ValueError: bad config or data.
-        walla.store errors (missing feature sets name the `make extract` command that creates them).
+        RunsLockedError: another walla-train holds the scenario. ValueError: data too small, bad output.
     """
-    if isinstance(entry_or_data, ScenarioData):
-        data = entry_or_data
-    else:
-        from walla.store.scenario import assemble_scenario
+    from walla.train.calibration import apply_calibration, fit_calibration
 
-        entry = entry_or_data
-        if store is None:
-            raise ValueError(f"scenario {entry.name!r}: a store directory is needed to assemble it")
-        data = assemble_scenario(entry, Path(store))
-    methods = list(methods if methods is not None else (entry.methods if entry is not None else REGISTRY))
-    seeds = [
-        int(s)
-        for s in (seeds if seeds is not None else (entry.seeds if entry is not None else DEFAULT_SEEDS))
-    ]
-    for name in methods:
-        if name not in REGISTRY:
-            get_method(name)  # raises KeyError with suggestions
-    if limit is not None:
-        data = limit_rows(data, limit)
-    if calibrated is None:
-        calibrated = bool(getattr(entry, "calibrated", False))
-    runs_dir = Path(runs_dir)
-    write_scenario_table(runs_dir, data, methods, seeds)
-    raw_data = data
-    cal_state = None
-    if calibrated:  # one calibration for every method; WALLA's own `calibrated` is then switched off
-        cal_state = fit_calibration(data, (overrides or {}).get("calibration"), device=device)
-        data = dataclasses.replace(data, probs=apply_calibration(cal_state, data, np.arange(len(data.split))))
-
-    summary = ScenarioSummary(data.name, runs_dir)
-    all_rows = np.arange(len(data.split))
-    for name in methods:
-        info, module = get_method(name)
-        cfg = method_config(name, entry, overrides)
-        if _is_walla(name):
-            if device != "cpu":
-                cfg["device"] = device
-            if calibrated:
-                cfg["calibrated"] = False
-        pending = [s for s in seeds if force or not is_complete(run_dir(runs_dir, data.name, name, s))]
-        for s in seeds:
-            if s not in pending:
-                summary.results.append(_skipped(raw_data, name, s, runs_dir))
-                if progress:
-                    progress("skipped", name, s)
-        if not pending:
-            continue
-        if progress:
-            progress("start", name, None)
-        resolved = module.resolve(data, cfg) if hasattr(module, "resolve") else cfg
-        logs: dict[int, list[dict]] = {s: [] for s in pending}
-        t0 = time.perf_counter()
-        if hasattr(module, "fit_many") and len(pending) > 1:
-            with seeded_globals(pending[0]):
-                states = module.fit_many(data, cfg, pending, [logs[s].append for s in pending])
-            fit_s = (time.perf_counter() - t0) / len(pending)
-            fitted = list(zip(pending, states, [fit_s] * len(pending), strict=True))
-        else:
-            fitted = None
-        for i, seed in enumerate(pending):
-            t1 = time.perf_counter()
-            if fitted is None:
-                with seeded_globals(seed):
-                    state = module.fit(data, cfg, seed, logs[seed].append)
-                fit_s = time.perf_counter() - t1
-                t1 = time.perf_counter()
-            else:
-                _, state, fit_s = fitted[i]
-            with seeded_globals(seed), torch.no_grad():
-                out = module.predict(state, data, all_rows)
-            _check_output(out, data, name)
-            if calibrated and "agent_probs" not in out.extras:
-                out.extras["agent_probs"] = data.probs  # the calibrated probs this method pooled
-            wall = fit_s + time.perf_counter() - t1
-            brier, acc = test_scores(raw_data, out.agg_probs)
-            meta = {
-                "scenario": data.name,
-                "method": name,
-                "display_name": info.display,
-                "group": info.group,
-                "seed": seed,
-                "config": resolved,
-                "calibrated": "scenario" if calibrated else bool(resolved.get("calibrated", False)),
-                "fingerprints": dict(data.fingerprints),
-                "wall_time_s": wall,
-                "batched_seeds": pending if fitted is not None else [seed],
-                "n_rows": int(len(all_rows)),
-                "limit_rows": limit,
-                "device": device,
-                "test_brier": brier,
-                "test_acc": acc,
-            }
-            path = write_run(
-                run_dir(runs_dir, data.name, name, seed), data.question_id, data.split, out, logs[seed], meta
-            )
-            summary.results.append(RunResult(name, seed, "done", path, wall, brier, acc))
+    runs = Path(runs_dir)
+    check_data(plan, data)
+    spec = to_dict(plan.spec)
+    results: list[dict] = []
+    with runs_lock(runs, data.name):
+        scen = write_scenario_table(runs, data, spec, [m.name for m in plan.methods], plan.seeds)
+        raw = data
+        if plan.calibrated:  # one calibration for every method
+            cal = fit_calibration(data, plan.calibration, env)
+            data = dataclasses.replace(data, probs=apply_calibration(cal, data, np.arange(len(data.split))))
+        calibration = to_dict(plan.calibration) if plan.calibrated else None
+        all_rows = np.arange(len(data.split))
+        for mp in plan.methods:
+            module = method_module(mp.name)
+            cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
+            cfg_dict = to_dict(cfg)
+            ids = {s: inputs_id(scen["inputs_id"], mp.name, cfg_dict, calibration, s) for s in plan.seeds}
+            pending, notes = _pending(runs, data, mp.name, plan.seeds, ids, force)
+            for line in notes:
+                note(line)
+            for s in plan.seeds:
+                if s not in pending:
+                    results.append(
+                        {"status": "skipped", **read_run_meta(run_dir(runs, data.name, mp.name, s))}
+                    )
+                    if progress:
+                        progress("skipped", mp.name, s)
+            if not pending:
+                continue
             if progress:
-                progress("done", name, seed)
-    return summary
+                progress("start", mp.name, None)
+            logs = [
+                RunLogger(run_dir(runs, data.name, mp.name, s), logger, f"{data.name}/{mp.name}/{s}")
+                for s in pending
+            ]
+            t0 = time.perf_counter()
+            with seeded_globals(pending[0]):
+                states = module.fit(data, cfg, pending, env, logs)
+            fit_s = (time.perf_counter() - t0) / len(pending)
+            for seed, state, log in zip(pending, states, logs, strict=True):
+                t1 = time.perf_counter()
+                with seeded_globals(seed), torch.no_grad():
+                    out = module.predict(state, data, all_rows, env)
+                _check_output(out, data, mp.name)
+                if plan.calibrated and "agent_probs" not in out.extras:
+                    out.extras["agent_probs"] = data.probs  # the calibrated probs this method pooled
+                brier, acc = test_scores(raw, out.agg_probs)
+                path = run_dir(runs, data.name, mp.name, seed)
+                log.finish()
+                if state is not None:
+                    save_checkpoint(path / STATE, state)
+                meta = {
+                    "scenario": data.name,
+                    "method": mp.name,
+                    "display_name": mp.display,
+                    "group": mp.info.group,
+                    "seed": seed,
+                    "config": cfg_dict,
+                    "calibration": calibration,
+                    "inputs_id": ids[seed],
+                    "scenario_inputs_id": scen["inputs_id"],
+                    "fingerprints": dict(data.fingerprints),
+                    "wall_time_s": fit_s + time.perf_counter() - t1,
+                    "batched_seeds": pending,
+                    "n_rows": int(len(all_rows)),
+                    "device": env.device,
+                    "precision": env.precision,
+                    "test_brier": brier,
+                    "test_acc": acc,
+                }
+                write_run(path, data.question_id, data.split, out, meta)
+                results.append({"status": "done", **meta})
+                if progress:
+                    progress("done", mp.name, seed)
+    return results
 
 
 def _check_output(out: MethodOutput, data: ScenarioData, name: str) -> None:
@@ -281,11 +233,3 @@ def _check_output(out: MethodOutput, data: ScenarioData, name: str) -> None:
             f"method {name!r} returned weights {out.weights.shape} / agg_probs {out.agg_probs.shape}, "
             f"expected ({n}, {m}) / ({n}, {k})"
         )
-
-
-def _skipped(data: ScenarioData, name: str, seed: int, runs_dir: Path) -> RunResult:
-    rec = read_run(run_dir(runs_dir, data.name, name, seed))
-    brier, acc = rec.meta.get("test_brier", math.nan), rec.meta.get("test_acc", math.nan)
-    return RunResult(
-        name, seed, "skipped", rec.path, float(rec.meta.get("wall_time_s", math.nan)), brier, acc
-    )

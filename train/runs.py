@@ -1,27 +1,32 @@
-"""On-disk layout of training runs: the contract between `walla-train` and `walla-eval`.
+"""The on-disk format of training runs: the ONE writer (walla-train) and the ONE reader (walla-eval).
 
-    <runs>/<scenario>/scenario.parquet          one row per question: question_id, split, label,
-                                                 target [K], option_mask [K], agent_probs [M*K] (flat,
-                                                 agent-major), variant [M], plus scenario.json beside it
-                                                 (agents, dataset, soft_target, K, M, fingerprints).
+    <runs>/<scenario>/scenario.parquet   one row per question: question_id, split, label, target [K],
+                                          option_mask [K], agent_probs [M*K] (agent-major), variant [M]
+    <runs>/<scenario>/scenario.json      agents, dataset, soft_target, K, M, N, splits, fingerprints
+                                          (feature sets used: "<model>/<variant>" -> fp), inputs_id,
+                                          methods and seeds ever planned, the resolved spec
+    <runs>/<scenario>/.lock              one walla-train per runs dir and scenario at a time
     <runs>/<scenario>/<method>/seed=<s>/
-        predictions.parquet  question_id, split, weights [M], agg_probs [K],
-                             wagers [M] | null, payouts [M] | null, advantage [M] | null,
-                             pred_score [M] | null, pred_baseline [M] | null  (diagnostic heads),
-                             agent_probs [M*K] | null (only when the method changes agent probs, e.g.
-                             calibrated: the per-agent probs it actually pooled),
-                             plus any method-specific extra list columns (e.g. "confidence" [M])
-        train_log.parquet    per training batch: step, epoch, n_seen, metric columns (may be empty)
-        run.json             resolved config, method, display_name, group (individual |
-                             learning_free | learning_based | walla), seed, store fingerprints,
-                             wall time. Written LAST: its presence marks the run complete.
+        predictions.parquet  question_id, split, weights [M], agg_probs [K], wagers/payouts/advantage/
+                             pred_score/pred_baseline [M] | null, agent_probs [M*K] | null (methods that
+                             change agents' probs, e.g. calibration), method-specific extra list columns
+        logs/metrics.csv     the training curve, one row per training batch: step, epoch, n_seen, metric
+                             columns (Lightning's CSVLogger, train/loggers.py; absent for methods without
+                             training); logs/tensorboard/ with --logger tensorboard
+        state.pt             the trained state (e.g. WALLA heads; continued by --add-agent)
+        run.json             method, display_name, group, seed, config (resolved), inputs_id,
+                             fingerprints, wall_time_s, test_brier, test_acc. Written LAST: its
+                             presence marks the run complete.
 
-Every file is written to a temp name in the same directory and os.replace'd into place.
+`inputs_id` binds a run to exactly what it was trained from: a hash of the feature-set fingerprints,
+the question ids and splits, the scenario spec, the method's resolved config and the seed. A run whose
+inputs_id differs from the current one is stale: walla-train retrains it, walla-eval never counts it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import time
@@ -30,18 +35,21 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from walla.store.atomic import write_atomic, write_json, write_parquet
 
-SCENARIO_TABLE = "scenario.parquet"
-SCENARIO_META = "scenario.json"
-PREDICTIONS = "predictions.parquet"
-TRAIN_LOG = "train_log.parquet"
+SCENARIO_TABLE, SCENARIO_META, LOCK = "scenario.parquet", "scenario.json", ".lock"
+PREDICTIONS, TRAIN_LOG, STATE = "predictions.parquet", "logs/metrics.csv", "state.pt"
 RUN_META = "run.json"  # completion marker, written last
-
 METHOD_GROUPS = ("individual", "learning_free", "learning_based", "walla")
-
+EXTRAS = ("wagers", "payouts", "advantage", "pred_score", "pred_baseline")  # optional [M] columns
 SEED_DIR = re.compile(r"^seed=(-?\d+)$")
-PRED_LISTS = ("wagers", "payouts", "advantage", "pred_score", "pred_baseline")  # optional [M] columns
+
+
+class RunFormatError(ValueError):
+    """A run or scenario file that cannot be read as this format (names the file)."""
 
 
 def scenario_dir(runs: str | Path, scenario: str) -> Path:
@@ -52,9 +60,36 @@ def run_dir(runs: str | Path, scenario: str, method: str, seed: int) -> Path:
     return Path(runs) / scenario / method / f"seed={int(seed)}"
 
 
-def is_complete(path: str | Path) -> bool:
-    """A run directory is complete iff its run.json (written last) exists."""
-    return (Path(path) / RUN_META).exists()
+def jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def inputs_id(*parts: Any) -> str:
+    """sha256 (16 hex) of the canonical JSON of everything a result depends on."""
+    text = json.dumps(jsonable(parts), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def data_inputs_id(data, spec: dict) -> str:
+    """What a scenario's rows are: feature sets, question ids and splits, and the spec."""
+    qid = hashlib.sha256("\n".join(map(str, data.question_id)).encode()).hexdigest()
+    split = hashlib.sha256("".join(s[:2] for s in map(str, data.split)).encode()).hexdigest()
+    return inputs_id(dict(data.fingerprints), qid, split, spec, data.name)
+
+
+# ---------------------------------------------------------------------------------------------- writer
 
 
 def _list_col(name: str, arr: np.ndarray | None, n: int) -> pl.Series:
@@ -65,35 +100,18 @@ def _list_col(name: str, arr: np.ndarray | None, n: int) -> pl.Series:
     return pl.Series(name, arr).cast(pl.List(pl.Float32))
 
 
-def _jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _jsonable(dataclasses.asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+def write_scenario_table(runs: str | Path, data, spec: dict, methods=(), seeds=()) -> dict:
+    """scenario.parquet + scenario.json under <runs>/<scenario>/ (atomic); returns scenario.json.
 
-
-def write_scenario_table(
-    runs: str | Path, data, methods: list[str] | tuple[str, ...] = (), seeds: list[int] | tuple[int, ...] = ()
-) -> Path:
-    """scenario.parquet + scenario.json of a ScenarioData under <runs>/<scenario>/ (atomic).
-
-    The table is rewritten only when its content changes; `methods` and `seeds` are merged with those
-    already recorded, so walla-eval knows every run it should expect.
+    The table is rewritten only when the scenario's inputs change; `methods` and `seeds` are merged with
+    those already recorded (for the same inputs), so walla-eval knows every run it should expect.
     """
     d = scenario_dir(runs, data.name)
     d.mkdir(parents=True, exist_ok=True)
     n, m, k = data.probs.shape
-    meta_path, table_path = d / SCENARIO_META, d / SCENARIO_TABLE
-    old = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    ident = data_inputs_id(data, spec)
+    old = _read_json(d / SCENARIO_META) if (d / SCENARIO_META).exists() else {}
+    same = old.get("inputs_id") == ident and (d / SCENARIO_TABLE).exists()
     meta = {
         "name": data.name,
         "dataset": data.dataset,
@@ -104,12 +122,13 @@ def write_scenario_table(
         "N": int(n),
         "splits": {s: int((data.split == s).sum()) for s in ("train", "val", "test")},
         "fingerprints": dict(data.fingerprints),
-        "methods": list(dict.fromkeys([*old.get("methods", []), *methods])),
-        "seeds": sorted({*map(int, old.get("seeds", [])), *map(int, seeds)}),
-        "meta": _jsonable({k2: v for k2, v in data.meta.items() if not isinstance(v, np.ndarray)}),
+        "inputs_id": ident,
+        "spec": jsonable(spec),
+        "methods": list(dict.fromkeys([*(old.get("methods", []) if same else []), *methods])),
+        "seeds": sorted({*map(int, old.get("seeds", []) if same else []), *map(int, seeds)}),
+        "meta": jsonable({k2: v for k2, v in data.meta.items() if not isinstance(v, np.ndarray)}),
     }
-    same_table = table_path.exists() and old.get("fingerprints") == meta["fingerprints"] and old.get("N") == n
-    if not same_table:
+    if not same:
         df = pl.DataFrame(
             [
                 pl.Series("question_id", np.asarray(data.question_id).astype(str)),
@@ -121,37 +140,20 @@ def write_scenario_table(
                 pl.Series("variant", np.asarray(data.variant, dtype=np.int8)).cast(pl.List(pl.Int8)),
             ]
         )
-        write_parquet(table_path, df)
+        write_parquet(d / SCENARIO_TABLE, df)
     if meta != old:
-        write_json(meta_path, meta)
-    return d
+        write_json(d / SCENARIO_META, meta)
+    return meta
 
 
-def read_scenario_table(runs: str | Path, scenario: str) -> tuple[pl.DataFrame, dict]:
-    """(scenario.parquet, scenario.json) of one scenario. Raises FileNotFoundError naming the file."""
-    d = scenario_dir(runs, scenario)
-    for p in (d / SCENARIO_TABLE, d / SCENARIO_META):
-        if not p.exists():
-            raise FileNotFoundError(f"{p}: missing (walla-train writes it before any run of {scenario!r})")
-    return pl.read_parquet(d / SCENARIO_TABLE), json.loads((d / SCENARIO_META).read_text())
-
-
-def write_run(
-    path: str | Path,
-    question_id: np.ndarray,
-    split: np.ndarray,
-    output,
-    train_log: list[dict] | pl.DataFrame | None,
-    meta: dict,
-) -> Path:
-    """predictions.parquet, train_log.parquet, then run.json (the completion marker), each atomically.
+def write_run(path: Path, question_id, split, output, meta: dict) -> Path:
+    """predictions.parquet, then run.json (the completion marker), each atomically (logs/ came first).
 
     Args:
         path: the run directory (run_dir(...)); created if missing.
         question_id, split: [n] of the rows `output` covers (all rows of all splits).
         output: a MethodOutput (weights [n, M], agg_probs [n, K], extras).
-        train_log: one dict per training batch (may be empty / None).
-        meta: run.json content (resolved config, method, display_name, group, seed, fingerprints, ...).
+        meta: run.json content (see the module docstring).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -163,95 +165,205 @@ def write_run(
     if not (np.isfinite(weights).all() and np.isfinite(agg).all()):
         raise ValueError(f"{path}: non-finite weights or agg_probs (method {meta.get('method')!r})")
     extras = dict(output.extras or {})
-    reserved = {"question_id", "split", "weights", "agg_probs"}
-    clash = sorted(set(extras) & reserved)
+    clash = sorted(set(extras) & {"question_id", "split", "weights", "agg_probs"})
     if clash:
         raise ValueError(f"{path}: MethodOutput extras may not be named {clash} (reserved columns)")
-    other = sorted(set(extras) - set(PRED_LISTS) - {"agent_probs"})  # method-specific extras, kept as is
+    other = sorted(set(extras) - set(EXTRAS) - {"agent_probs"})  # method-specific extras, kept as is
     cols = [
         pl.Series("question_id", np.asarray(question_id).astype(str)),
         pl.Series("split", np.asarray(split).astype(str)),
         _list_col("weights", weights, n),
         _list_col("agg_probs", agg, n),
-        *(_list_col(name, extras.get(name), n) for name in PRED_LISTS),
+        *(_list_col(name, extras.get(name), n) for name in EXTRAS),
         _list_col("agent_probs", extras.get("agent_probs"), n),
         *(_list_col(name, extras[name], n) for name in other),
     ]
     write_parquet(path / PREDICTIONS, pl.DataFrame(cols))
-    if isinstance(train_log, pl.DataFrame):
-        log_df = train_log
-    elif train_log:
-        log_df = pl.DataFrame(train_log, infer_schema_length=None)
-    else:
-        log_df = pl.DataFrame(schema={"step": pl.Int64, "epoch": pl.Int64, "n_seen": pl.Int64})
-    write_parquet(path / TRAIN_LOG, log_df)
-    full = {"written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **_jsonable(meta)}
-    text = json.dumps(full, indent=2, sort_keys=True, allow_nan=True) + "\n"
+    text = json.dumps({"written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **jsonable(meta)}, indent=2,
+                      sort_keys=True, allow_nan=True) + "\n"  # fmt: skip
     write_atomic(path / RUN_META, lambda p: p.write_text(text, encoding="utf-8"))  # LAST: marks complete
     return path
 
 
+# ---------------------------------------------------------------------------------------------- reader
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFormatError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunFormatError(
+            f"{path}: not valid JSON ({e}); delete the run directory and rerun walla-train"
+        ) from None
+    if not isinstance(out, dict):
+        raise RunFormatError(f"{path}: expected a JSON object")
+    return out
+
+
+def _read_table(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError:
+        raise RunFormatError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as e:
+        raise RunFormatError(
+            f"{path}: not a readable Parquet file ({e}); rerun walla-train with --force"
+        ) from None
+
+
+def list_matrix(table: pa.Table, name: str, width: int | None, where: str) -> np.ndarray | None:
+    """A list<float> column as float64 [n, width]; None if every row is null (null rows -> NaN)."""
+    if name not in table.column_names:
+        raise RunFormatError(f"{where}: missing column {name!r} (have {', '.join(table.column_names)})")
+    col = table.column(name)
+    n = len(col)
+    if col.null_count == n:
+        return None
+    arr = col.combine_chunks()
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    valid = ~pc.is_null(arr).to_numpy(zero_copy_only=False)
+    widths = np.unique(lengths[valid].astype(np.int64))
+    if len(widths) != 1 or (width is not None and widths[0] != width):
+        raise RunFormatError(f"{where}: column {name!r} has list lengths {widths.tolist()}, expected {width}")
+    out = np.full((n, int(widths[0])), np.nan)
+    out[valid] = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, int(widths[0]))
+    return out
+
+
 @dataclasses.dataclass
-class RunRecord:
-    """One complete run read back from disk."""
+class ScenarioTable:
+    """scenario.parquet + scenario.json read back, restricted to one split (test by default)."""
 
+    name: str
     path: Path
-    meta: dict  # run.json
-    predictions: pl.DataFrame  # question_id, split, weights, agg_probs, extras (list columns)
-    train_log: pl.DataFrame
+    meta: dict  # scenario.json
+    agents: list[str]  # model per slot, len M
+    question_id: np.ndarray  # [N] str
+    label: np.ndarray  # [N] int64
+    target: np.ndarray  # [N, K] float64
+    option_mask: np.ndarray  # [N, K] bool
+    probs: np.ndarray  # [N, M, K] float64, the agents' own (uncalibrated) probabilities
+    variant: np.ndarray  # [N, M] int8 codes of store.schema.VARIANTS
 
-    def array(self, column: str, split: str | None = None) -> np.ndarray | None:
-        """A list column as float32 [n, W] (rows of `split` only if given); None if all null."""
-        df = self.predictions if split is None else self.predictions.filter(pl.col("split") == split)
-        col = df[column]
-        if col.null_count() == len(col):
-            return None
-        return np.asarray(col.to_list(), dtype=np.float32)
+    @property
+    def soft_target(self) -> bool:
+        return bool(self.meta.get("soft_target", False))
+
+    @property
+    def dataset(self) -> str:
+        return str(self.meta.get("dataset", "?"))
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        return dict(self.meta.get("fingerprints") or {})
 
 
-def read_run(path: str | Path) -> RunRecord:
-    """Read a complete run directory. Raises FileNotFoundError if run.json or predictions are missing."""
-    path = Path(path)
-    if not is_complete(path):
-        raise FileNotFoundError(f"{path}: no {RUN_META}; the run is incomplete (interrupted?) or absent")
-    pred = path / PREDICTIONS
-    if not pred.exists():
-        raise FileNotFoundError(f"{pred}: missing although {RUN_META} exists")
-    log = path / TRAIN_LOG
-    return RunRecord(
-        path=path,
-        meta=json.loads((path / RUN_META).read_text()),
-        predictions=pl.read_parquet(pred),
-        train_log=pl.read_parquet(log) if log.exists() else pl.DataFrame(),
+def read_scenario_table(runs: str | Path, scenario: str, split: str = "test") -> ScenarioTable:
+    d = scenario_dir(runs, scenario)
+    meta = _read_json(d / SCENARIO_META)
+    where = str(d / SCENARIO_TABLE)
+    table = _read_table(d / SCENARIO_TABLE)
+    table = table.filter(pc.equal(table.column("split"), split))
+    if table.num_rows == 0:
+        raise RunFormatError(f"{where}: no row with split == {split!r}")
+    m = len(meta["agents"])
+    target = list_matrix(table, "target", meta.get("K"), where)
+    k = target.shape[1]
+    return ScenarioTable(
+        name=scenario,
+        path=d,
+        meta=meta,
+        agents=list(meta["agents"]),
+        question_id=np.asarray(table.column("question_id").to_pylist(), dtype=object),
+        label=table.column("label").to_numpy().astype(np.int64),
+        target=target,
+        option_mask=list_matrix(table, "option_mask", k, where).astype(bool),
+        probs=list_matrix(table, "agent_probs", m * k, where).reshape(-1, m, k),
+        variant=list_matrix(table, "variant", m, where).astype(np.int8),
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class RunRef:
-    scenario: str
+@dataclasses.dataclass
+class RunRecord:
+    """One complete run read back, its rows aligned on a ScenarioTable's questions."""
+
     method: str
     seed: int
     path: Path
-    complete: bool
+    meta: dict  # run.json
+    weights: np.ndarray  # [N, M]
+    agg_probs: np.ndarray  # [N, K]
+    agent_probs: np.ndarray | None  # [N, M, K] for methods that changed the agents' probs
+    extras: dict[str, np.ndarray]  # name -> [N, M] (non-null columns only)
+    train_log: pl.DataFrame
+
+    @property
+    def display(self) -> str:
+        return str(self.meta.get("display_name", self.method))
+
+    @property
+    def group(self) -> str:
+        return str(self.meta.get("group", "learning_based"))
 
 
-def list_runs(runs: str | Path, scenario: str | None = None, complete_only: bool = True) -> list[RunRef]:
-    """Runs under <runs> (one scenario or all), sorted by scenario, method, seed."""
+def is_complete(path: str | Path) -> bool:
+    """A run directory is complete iff its run.json (written last) exists."""
+    return (Path(path) / RUN_META).exists()
+
+
+def read_run_meta(path: Path) -> dict:
+    return _read_json(Path(path) / RUN_META)
+
+
+def read_run(path: Path, table: ScenarioTable) -> RunRecord:
+    """One complete run directory, its rows aligned on `table`'s questions (every one exactly once)."""
+    path = Path(path)
+    meta = read_run_meta(path)
+    where = str(path / PREDICTIONS)
+    pred = _read_table(path / PREDICTIONS)
+    qid = np.asarray(pred.column("question_id").to_pylist(), dtype=object)
+    pos = {q: i for i, q in enumerate(qid)}
+    missing = [q for q in table.question_id if q not in pos]
+    if missing or len(pos) != len(qid):
+        raise RunFormatError(f"{where}: {len(missing)} of the scenario's questions missing or duplicated")
+    pred = pred.take(pa.array([pos[q] for q in table.question_id], type=pa.int64()))
+    m, k = len(table.agents), table.target.shape[1]
+    weights, agg = list_matrix(pred, "weights", m, where), list_matrix(pred, "agg_probs", k, where)
+    if weights is None or agg is None or not (np.isfinite(weights).all() and np.isfinite(agg).all()):
+        raise RunFormatError(f"{where}: 'weights' / 'agg_probs' null or non-finite")
+    extras = {
+        e: a for e in EXTRAS if e in pred.column_names and (a := list_matrix(pred, e, m, where)) is not None
+    }
+    flat = list_matrix(pred, "agent_probs", m * k, where) if "agent_probs" in pred.column_names else None
+    log = (
+        pl.read_csv(path / TRAIN_LOG, infer_schema_length=None)
+        if (path / TRAIN_LOG).exists()
+        else pl.DataFrame()
+    )
+    seed = int(meta.get("seed", SEED_DIR.match(path.name).group(1) if SEED_DIR.match(path.name) else -1))
+    return RunRecord(str(meta.get("method", path.parent.name)), seed, path, meta, weights, agg,
+                     None if flat is None else flat.reshape(-1, m, k), extras, log)  # fmt: skip
+
+
+def list_run_dirs(runs: str | Path, scenario: str) -> dict[str, dict[int, Path]]:
+    """method -> seed -> run directory (complete or not) under <runs>/<scenario>/."""
+    out: dict[str, dict[int, Path]] = {}
+    d = scenario_dir(runs, scenario)
+    for mdir in (
+        sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
+    ):
+        for sdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
+            match = SEED_DIR.match(sdir.name)
+            if match is not None:
+                out.setdefault(mdir.name, {})[int(match.group(1))] = sdir
+    return out
+
+
+def list_scenarios(runs: str | Path) -> list[str]:
+    """Scenario directories under <runs> (those holding scenario.json)."""
     root = Path(runs)
     if not root.is_dir():
-        return []
-    scenarios = [scenario] if scenario is not None else sorted(p.name for p in root.iterdir() if p.is_dir())
-    out = []
-    for sc in scenarios:
-        sdir = root / sc
-        if not sdir.is_dir():
-            continue
-        for mdir in sorted(p for p in sdir.iterdir() if p.is_dir()):
-            for rdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
-                match = SEED_DIR.match(rdir.name)
-                if match is None:
-                    continue
-                done = is_complete(rdir)
-                if done or not complete_only:
-                    out.append(RunRef(sc, mdir.name, int(match.group(1)), rdir, done))
-    return sorted(out, key=lambda r: (r.scenario, r.method, r.seed))
+        raise RunFormatError(f"runs directory {root} does not exist (run walla-train first, or pass --runs)")
+    return sorted(p.name for p in root.iterdir() if (p / SCENARIO_META).exists())

@@ -25,7 +25,7 @@ class DummyBackend:
     def __init__(
         self, hidden_size: int = 16, seed: int = 0, batch_tokens: int = 4096, sharpness: float = 2.0
     ):
-        self.hidden_size = int(hidden_size)
+        self.hidden_size = int(hidden_size or 16)
         self.seed = int(seed)
         self.batch_tokens = batch_tokens
         self.sharpness = sharpness  # std of the candidate logits: larger = more confident fake answers

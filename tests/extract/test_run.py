@@ -11,7 +11,7 @@ import torch
 from tiny_model import tiny_model, tiny_tokenizer
 from walla.extract import run as run_mod
 from walla.extract.config import ExtractConfig
-from walla.store import manifests
+from walla.store import catalog
 from walla.store.featureset import read_feature_set
 from walla.store.questions import read_question_table
 
@@ -174,11 +174,11 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
     mdir = tmp_path / "tiny"
     model.save_pretrained(mdir)
     tok.save_pretrained(mdir)
-    models = dict(manifests.load_models())
-    models["tiny"] = manifests.ModelEntry(
+    models = dict(catalog.load_models())
+    models["tiny"] = catalog.ModelEntry(
         name="tiny", source="local", path=str(mdir), hidden_size=32, dtype="float32"
     )
-    monkeypatch.setattr(manifests, "load_models", lambda: models)
+    monkeypatch.setattr(catalog, "load_models", lambda: models)
     rows = [
         {
             "id": f"r{i}",
@@ -198,13 +198,13 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
     ]
     data = _write_jsonl(
         tmp_path / "mine.jsonl",
-        [dict(r, split=s) for r, s in zip(rows, ["train", "train", "test", "test"], strict=True)],
+        [dict(r, split=s) for r, s in zip(rows, ["val", "val", "test", "test"], strict=True)],
     )
-    datasets_ = dict(manifests.load_datasets())
-    datasets_["mine"] = manifests.DatasetEntry(
+    datasets_ = dict(catalog.load_datasets())
+    datasets_["mine"] = catalog.DatasetEntry(
         name="mine", loader="jsonl", split_protocol={"mode": "given"}, has_context=True, prompt="mc_context"
     )
-    monkeypatch.setattr(manifests, "load_datasets", lambda: datasets_)
+    monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
     cfg = ExtractConfig(
         model="tiny",
         dataset="mine",

@@ -19,35 +19,34 @@ from walla.store.featureset import (
     list_feature_sets,
     open_writer,
 )
-from walla.store.manifests import DatasetEntry, ModelEntry, ScenarioEntry
+from walla.store.catalog import DatasetEntry, ModelEntry
+from walla.store.spec import ScenarioSpec
 from walla.store.questions import write_question_table
 from walla.store.schema import VARIANT_CODE
 
 NONE, REL, IRR = VARIANT_CODE["none"], VARIANT_CODE["relevant"], VARIANT_CODE["irrelevant"]
 DATASETS = {
-    "toy": DatasetEntry("toy", "jsonl", {"mode": "uniform"}, has_context=True),
+    "toy": DatasetEntry(name="toy", loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True),
     "soft": DatasetEntry(
-        "soft",
-        "bayesx",
-        {"mode": "uniform"},
+        name="soft",
+        loader="bayesx",
+        split_protocol={"mode": "uniform"},
         option_tokens=["1", "0"],
         soft_target=True,
         has_context=True,
         generator={"n": 1},
     ),
-    "ood": DatasetEntry("ood", "arc", {"mode": "none"}),
+    "ood": DatasetEntry(name="ood", loader="arc", split_protocol={"mode": "none"}),
 }
 TAGS = {"aloe": 1, "gemma2": 2, "llama3.1": 3}
 
 
 def _entry(agents, rule="none", dataset="toy", eval_dataset=None, seed=7):
-    return ScenarioEntry(
-        "t",
-        dataset,
-        list(agents),
-        ["uniform"],
-        [18],
-        "test",
+    return ScenarioSpec(
+        name="t",
+        dataset=dataset,
+        agents=tuple(agents),
+        description="test",
         context_rule=rule,
         context_seed=seed,
         eval_dataset=eval_dataset,
@@ -265,7 +264,11 @@ def test_soft_targets_newest_choice_and_reordered_rows(tmp_path):
 def test_hidden_size_checked_against_models_table(tmp_path):
     q = make_questions(20)
     build_store(tmp_path, "toy", q, {"aloe": 1}, ["none"])
-    models = {"aloe": ModelEntry("aloe", "hub", hidden_size=4096, hub_id="HPAI-BSC/Llama3-Aloe-8B-Alpha")}
+    models = {
+        "aloe": ModelEntry(
+            name="aloe", source="hub", hidden_size=4096, hub_id="HPAI-BSC/Llama3-Aloe-8B-Alpha"
+        )
+    }
     with pytest.raises(StoreError, match="has hidden size 8, expected 4096 for model 'aloe'"):
         scenario_mod.assemble_scenario(_entry(["aloe"]), tmp_path, datasets=DATASETS, models=models)
     models["aloe"] = dataclasses.replace(models["aloe"], hidden_size=8)

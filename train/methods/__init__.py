@@ -1,14 +1,14 @@
-"""Method registry: name -> lazy "module:attr" path (nothing imported until used).
+"""Method registry: name -> module path (nothing imported until used), display name, table group.
 
-Every method module exposes two plain functions (no base class, see STYLE.md item 6):
+Every method module exposes (no base class, see STYLE.md item 6):
 
-    fit(data: ScenarioData, cfg: dict, seed: int, log: LogFn | None = None) -> state
-        Train on data.split_index("train") (early stopping may use "val"); seeded fully.
-        Methods without parameters return None or a small dict.
-    predict(state, data: ScenarioData, rows: np.ndarray) -> MethodOutput
-        Weights and aggregate for the given row indices (eval mode, no dropout).
+    Config                                          # @config dataclass of its hyper-parameters
+    fit(data, cfg: Config, seeds, env: TrainEnv, logs) -> list[state]   # one state per seed
+    predict(state, data, rows, env: TrainEnv) -> MethodOutput           # eval mode, no dropout
+    resolve(cfg, data) -> Config                    # optional: data-dependent fields, for run.json
 
-`cfg` is the method's resolved hyper-parameter dict from the scenario manifest (SPEC §4.4 defaults).
+A method's `family` is the module it lives in ("walla" for walla-i, walla-ii, walla-i-log, walla-i-cal):
+scenario files set hyper-parameters per family or per method name (train/plan.py).
 """
 
 from __future__ import annotations
@@ -34,17 +34,24 @@ class MethodOutput:
 
 
 class Method(Protocol):
-    def fit(self, data: Any, cfg: dict, seed: int, log: LogFn | None = None) -> Any: ...
-    def predict(self, state: Any, data: Any, rows: np.ndarray) -> MethodOutput: ...
+    Config: type
+
+    def fit(self, data: Any, cfg: Any, seeds: Any, env: Any, logs: Any) -> list[Any]: ...
+    def predict(self, state: Any, data: Any, rows: np.ndarray, env: Any) -> MethodOutput: ...
 
 
 @dataclass(frozen=True)
 class MethodInfo:
     name: str
     path: str  # "walla.train.methods.<module>" exposing fit/predict
-    display: str  # row label in the paper's tables
+    display: str  # row label in the paper's tables (plan.MethodPlan.display adds pooling/calibration)
     group: str  # individual | learning_free | learning_based | walla
-    defaults: dict = field(default_factory=dict)  # overrides applied before the scenario's own
+    defaults: dict = field(default_factory=dict)  # what defines this method within its family
+
+    @property
+    def family(self) -> str:
+        """'walla.train.methods.route_llm' -> 'route-llm' (the module a method lives in)."""
+        return self.path.rsplit(".", 1)[-1].replace("_", "-")
 
 
 REGISTRY: dict[str, MethodInfo] = {
@@ -83,14 +90,14 @@ REGISTRY: dict[str, MethodInfo] = {
         MethodInfo(
             "walla-i-log",
             "walla.train.methods.walla",
-            "WALLA I (log pool)",
+            "WALLA I",
             "walla",
             {"variant": "I", "pooling": "log"},
         ),
         MethodInfo(
             "walla-i-cal",
             "walla.train.methods.walla",
-            "WALLA I (calibrated)",
+            "WALLA I",
             "walla",
             {"variant": "I", "calibrated": True},
         ),
@@ -106,3 +113,8 @@ def get_method(name: str) -> tuple[MethodInfo, Any]:
         raise KeyError(f"unknown method {name!r}.{hint} Available: {', '.join(REGISTRY)}")
     info = REGISTRY[name]
     return info, importlib.import_module(info.path)
+
+
+def method_module(name: str) -> Any:
+    """The module of a registered method (KeyError with suggestions for unknown names)."""
+    return get_method(name)[1]

@@ -1,0 +1,144 @@
+"""The paper's three scenario kinds, resolved from what the store holds (no manifest to write).
+
+    walla-train --scenario hetero [--dataset D] [--models a,b]            # every model extracted for D
+    walla-train --scenario homo --model M --agents N [--dataset D]        # N copies; one sees the context
+    walla-train --scenario hetero-context [--irrelevant] [--dataset D]    # all models; one sees the context
+
+The spec is built from the store's complete feature sets; the training plan comes from the same YAML
+presets the named scenarios include (manifests/scenarios/_base.yaml plus the family file: _hetero.yaml,
+_homo_pubmedqa.yaml or _bayesx.yaml; _demo.yaml instead when every agent is an embedded offline model,
+whose few thousand generated rows the paper's learning rates would barely move). Ambiguity (several
+datasets, a missing prompt variant) is one line listing the choices and the `make extract` command that
+resolves it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from walla.store.catalog import collect_tables, load_models, resolve_model_name
+from walla.store.listing import list_feature_sets
+from walla.store.spec import ScenarioSpec
+from walla.store.validate import ConfigError, build
+from walla.store.yaml_io import manifests_dir, merge, read_yaml
+from walla.train.plan import Overrides, TrainPlan, build_plan
+
+KINDS = ("hetero", "homo", "hetero-context")
+
+
+def _inventory(store: Path) -> dict[str, dict[str, set[str]]]:
+    """dataset -> model -> variants with a complete feature set."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for info in list_feature_sets(Path(store)):
+        if info.status == "complete":
+            out.setdefault(info.dataset, {}).setdefault(info.model, set()).add(info.variant)
+    return out
+
+
+def _extract_cmd(model: str, dataset: str, variants: str) -> str:
+    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={variants}"
+
+
+def _dataset(inv: dict, dataset: str | None, store: Path, kind: str) -> str:
+    if dataset is not None:
+        if dataset not in inv:
+            have = ", ".join(sorted(inv)) or "none"
+            raise ValueError(
+                f"store {store} holds no complete feature set of dataset {dataset!r} (it has: {have}); "
+                f"run {_extract_cmd('<model>', dataset, 'none' if kind == 'hetero' else 'none,relevant')}"
+            )
+        return dataset
+    if len(inv) == 1:
+        return next(iter(inv))
+    if not inv:
+        raise ValueError(
+            f"store {store} holds no complete feature set; run e.g. make extract MODEL=smollm2-135m "
+            f"DATASET=facts STORE={store}"
+        )
+    raise ValueError(
+        f"store {store} holds several datasets ({', '.join(sorted(inv))}); choose one with --dataset"
+    )
+
+
+def _presets(kind: str, dataset: str, agents: tuple[str, ...], models_table: dict) -> list[str]:
+    embedded = all(models_table.get(a) is not None and models_table[a].source == "package" for a in agents)
+    if embedded:
+        family = "_demo.yaml"
+    elif dataset == "bayesx":
+        family = "_bayesx.yaml"
+    elif kind == "homo":
+        family = "_homo_pubmedqa.yaml"
+    else:
+        family = "_hetero.yaml"
+    return ["_base.yaml", family]
+
+
+def kind_spec(
+    kind: str, store: Path, *, dataset=None, models=None, model=None, agents=None, irrelevant=False
+):
+    """(ScenarioSpec, preset files) of a scenario kind over the store's feature sets."""
+    inv = _inventory(Path(store))
+    ds = _dataset(inv, dataset, store, kind)
+    table = load_models()
+    if model is not None and model not in inv[ds]:  # the name or path the user gave walla-extract
+        model = resolve_model_name(model, table)[0]
+    if models:
+        models = [m if m in inv[ds] else resolve_model_name(m, table)[0] for m in models]
+    have = inv[ds]
+    variants = (
+        {"none"} if kind == "hetero" else {"none", "relevant"} | ({"irrelevant"} if irrelevant else set())
+    )
+    if kind == "homo":
+        if model is None or agents is None or agents < 2:
+            raise ValueError("--scenario homo needs --model M and --agents N (N >= 2)")
+        chosen = (model,) * agents
+        name = f"homo-{ds}-{model}-x{agents}"
+    else:
+        if model is not None or agents is not None:
+            raise ValueError(f"--model/--agents are for --scenario homo; {kind} takes --models a,b,...")
+        chosen = tuple(models) if models else tuple(sorted(have))
+        name = f"{kind}-{ds}" + ("-irrelevant" if irrelevant else "")
+    for m in dict.fromkeys(chosen):
+        missing = sorted(variants - have.get(m, set()))
+        if missing:
+            raise ValueError(
+                f"scenario {name}: model {m!r} has no complete feature set of {ds} for variant(s) "
+                f"{', '.join(missing)}; run {_extract_cmd(m, ds, ','.join(sorted(variants)))}"
+            )
+    if len(chosen) < 2:
+        raise ValueError(
+            f"scenario {name}: needs >= 2 agents, the store has {list(chosen)} for {ds}; extract another "
+            f"model: {_extract_cmd('<model>', ds, ','.join(sorted(variants)))}"
+        )
+    rule = "none" if kind == "hetero" else ("one_relevant_one_irrelevant" if irrelevant else "one_relevant")
+    what = {"hetero": "all extracted models, no context", "homo": f"{agents} x {model}, one sees the context"}
+    spec = build(
+        ScenarioSpec,
+        {
+            "name": name,
+            "dataset": ds,
+            "agents": chosen,
+            "context_rule": rule,
+            "description": f"{kind} on {ds} from the store ({what.get(kind, 'all models, one sees the context')})",
+            "source": f"--scenario {kind} (store {store})",
+        },
+        f"--scenario {kind}",
+    )
+    return spec
+
+
+def plan_for_kind(kind: str, store: Path, overrides: Overrides, **kw) -> TrainPlan:
+    """The full TrainPlan of a scenario kind (spec from the store, train section from the presets)."""
+    spec = kind_spec(kind, store, **kw)
+    problems: list[str] = []
+    models_table, datasets = collect_tables(None, problems)
+    ds = datasets.get(spec.dataset)
+    if ds is not None and spec.context_rule != "none" and not ds.has_context:
+        problems.append(f"--scenario {kind}: dataset {spec.dataset!r} has no contexts (has_context: false)")
+    raw: dict = {}
+    for f in _presets(kind, spec.dataset, spec.agents, models_table):
+        raw = merge(raw, read_yaml(manifests_dir() / "scenarios" / f, problems))
+    plan = build_plan(raw, Path(spec.name), spec, overrides, problems)
+    if problems:
+        raise ConfigError(problems)
+    return plan

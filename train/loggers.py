@@ -1,0 +1,56 @@
+"""Per-run training loggers (Lightning's): the CSV curve every run keeps, plus TensorBoard / W&B on request.
+
+    logs = RunLogger(run_dir, kind="tensorboard")   # CSV always; TensorBoard too
+    logs({"step": 1, "loss": 0.3})                   # once per training batch (a method's LogFn)
+    rows = logs.finish()                             # the rows, also in <run_dir>/logs/metrics.csv
+
+The CSV log (`logs/metrics.csv`, Lightning's CSVLogger) is part of the run format (train/runs.py): the
+plots read it. `kind` adds one more Lightning logger; a logger whose package is not installed is one
+line naming the package to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+LOGGERS = ("csv", "tensorboard", "wandb")
+_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+
+
+def check_logger(kind: str) -> None:
+    """Raise ValueError (one line) for an unknown logger or one whose package is missing."""
+    if kind not in LOGGERS:
+        raise ValueError(f"--logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
+    pkgs = _PACKAGES.get(kind, ())
+    if pkgs and not any(importlib.util.find_spec(p) for p in pkgs):
+        raise ValueError(f"--logger {kind} needs the {pkgs[0]!r} package: pip install {pkgs[0]}")
+
+
+class RunLogger:
+    """A method's per-batch LogFn for one run: keeps the rows and feeds Lightning's loggers."""
+
+    def __init__(self, run_dir: Path, kind: str = "csv", run_name: str = "") -> None:
+        from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+
+        check_logger(kind)
+        self.rows: list[dict] = []
+        self.loggers = [CSVLogger(str(run_dir), name="logs", version="")]
+        if kind == "tensorboard":
+            self.loggers.append(TensorBoardLogger(str(run_dir), name="logs", version="tensorboard"))
+        elif kind == "wandb":
+            from lightning.pytorch.loggers import WandbLogger
+
+            self.loggers.append(WandbLogger(name=run_name, save_dir=str(run_dir)))
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(row)
+        step = int(row.get("step", len(self.rows)))
+        metrics = {k: float(v) for k, v in row.items() if k != "step"}
+        for lg in self.loggers:
+            lg.log_metrics(metrics, step=step)
+
+    def finish(self) -> list[dict]:
+        for lg in self.loggers:
+            lg.finalize("success")
+        return self.rows
