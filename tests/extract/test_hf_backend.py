@@ -36,9 +36,12 @@ def naive(model, ids: list[int]):
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_outputs_match_naive_full_logits(model, tok, side):
-    # small chunks so the vocabulary x token chunking of the NLL is exercised
-    be = HFBackend(model, tok, batch_tokens=10_000, padding_side=side, chunk_elems=64, vocab_chunk=16)
+@pytest.mark.parametrize(
+    "chunks", [{"chunk_elems": 64, "vocab_chunk": 16}, {}], ids=["vocab-slices", "default"]
+)
+def test_outputs_match_naive_full_logits(model, tok, side, chunks):
+    # small chunks exercise the vocabulary x token chunking of the NLL; the default is one vocabulary pass
+    be = HFBackend(model, tok, batch_tokens=10_000, padding_side=side, **chunks)
     cand = [tok.convert_tokens_to_ids(t) for t in ["A", "B", "C", "YES", "NO"]]
     res = be.score(PROMPTS, cand)
     lengths = {len(be.encode(p)) for p in PROMPTS}

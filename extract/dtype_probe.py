@@ -1,0 +1,187 @@
+"""`--dtype auto`: pick the dtype this machine multiplies fastest, by measuring it (cached per machine).
+
+    python -m walla.extract.dtype_probe [--device cpu] [--refresh]
+
+Whether bfloat16 pays off cannot be read from a spec sheet: on CPUs with AMX a bf16 GEMM runs ~10x
+faster than fp32, on CPUs without native bf16 it is emulated and ~4x SLOWER. So `auto` times a short
+square GEMM per candidate dtype on the target device (a few rounds, interleaved, best of each) and
+takes the fastest low-precision dtype when it beats float32 by at least `MARGIN`, else float32.
+The measurement (~1 s) is cached as JSON under `<cache_dir>/<machine key>.json`, keyed by the CPU
+model and flags (or the GPU name), the torch version and the thread count; `--refresh` measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MARGIN = 1.2  # a low-precision dtype must be this much faster than float32 to be worth its rounding
+PROBE_N = 1024  # square GEMM side: ~2 GFLOP, large enough to reach the GEMM kernels' steady state
+ROUNDS = 3  # interleaved rounds per dtype; the best one counts (robust to a noisy neighbour)
+
+Measure = Callable[[str, str], float]  # (dtype name, device) -> GFLOP/s
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype `auto` resolved to and the measurement behind it."""
+
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    gflops: dict[str, float]  # measured GEMM GFLOP/s per candidate dtype
+    device: str
+    cached: str | None = None  # path of the cache file it was read from; None: measured now
+
+    def why(self) -> str:
+        """One line: the measured rates and the rule that picked the dtype."""
+        rates = ", ".join(f"{k} {v:.0f}" for k, v in sorted(self.gflops.items(), key=lambda kv: -kv[1]))
+        base = self.gflops.get("float32", 0.0)
+        if self.dtype == "float32":
+            rule = f"no lower-precision dtype is >= {MARGIN}x faster than float32"
+        else:
+            rule = f"{self.gflops[self.dtype] / max(base, 1e-9):.1f}x float32"
+        when = f"cached in {self.cached}" if self.cached else "measured now"
+        return f"{self.dtype}: GEMM probe on {self.device} {rates} GFLOP/s; {rule} ({when})"
+
+
+def candidates(device: str) -> list[str]:
+    """float32 and bfloat16; float16 only on GPUs without bf16 (on CPUs fp16 GEMMs are rarely native and
+    fp16's range overflows in LLM activations, so it is never the automatic choice there)."""
+    if device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+        return ["float32", "float16"]
+    return ["float32", "bfloat16"]
+
+
+def gemm_gflops(dtype: str, device: str, n: int = PROBE_N, reps: int = 2) -> float:
+    """GFLOP/s of `reps` n x n x n GEMMs in `dtype` on `device` (one timing; the caller takes the best)."""
+    a = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    b = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a @ b  # warm-up: kernel selection, page faults
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync()
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def measure_all(device: str, measure: Measure, rounds: int = ROUNDS) -> dict[str, float]:
+    """Best GFLOP/s per candidate dtype over `rounds` interleaved rounds."""
+    best = dict.fromkeys(candidates(device), 0.0)
+    for _ in range(rounds):
+        for name in best:
+            best[name] = max(best[name], float(measure(name, device)))
+    return best
+
+
+def decide(gflops: dict[str, float], margin: float = MARGIN) -> str:
+    """The fastest lower-precision dtype if it beats float32 by `margin`, else float32."""
+    base = gflops.get("float32", 0.0)
+    low = [k for k in gflops if k != "float32"]
+    if not low:
+        return "float32"
+    fastest = max(low, key=lambda k: gflops[k])
+    return fastest if gflops[fastest] >= margin * base else "float32"
+
+
+def machine_key(device: str) -> str:
+    """Readable-ish cache key: device kind + a hash of what the GEMM speed depends on."""
+    parts = [torch.__version__, str(torch.get_num_threads()), platform.machine()]
+    if device.startswith("cuda"):
+        idx = torch.device(device).index or 0
+        parts += [torch.cuda.get_device_name(idx), str(torch.cuda.get_device_capability(idx))]
+    else:
+        parts += _cpu_identity()
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"{device.split(':')[0]}-{digest}"
+
+
+def _cpu_identity() -> list[str]:
+    """CPU model name and feature flags (first processor block of /proc/cpuinfo), else platform info."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return [platform.processor(), platform.platform()]
+    keep = {"model name", "flags", "Features", "CPU implementer", "CPU part"}  # x86 and arm spellings
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keep and key.strip() not in found:
+            found[key.strip()] = " ".join(sorted(value.split()))
+    return [f"{k}={v}" for k, v in sorted(found.items())]
+
+
+def probe(
+    device: str,
+    cache_dir: Path | None = None,
+    *,
+    refresh: bool = False,
+    measure: Measure | None = None,
+) -> DtypeChoice:
+    """Measured dtype choice for `device`, from the per-machine cache unless `refresh` or absent.
+
+    `measure` (dtype, device) -> GFLOP/s defaults to `gemm_gflops`; tests pass a fake.
+    """
+    path = cache_dir / f"{machine_key(device)}.json" if cache_dir is not None else None
+    if path is not None and path.exists() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            gflops = {k: float(v) for k, v in data["gflops"].items()}
+            if set(gflops) == set(candidates(device)):
+                return DtypeChoice(decide(gflops), gflops, device, cached=str(path))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # unreadable cache: measure again and overwrite it
+    gflops = measure_all(device, measure or gemm_gflops)
+    if path is not None:
+        _write_atomic(path, {"gflops": gflops, "device": device, "torch": torch.__version__})
+    return DtypeChoice(decide(gflops), gflops, device)
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def resolve(name: str, device: str, cache_dir: Path | None = None) -> tuple[str, str]:
+    """(dtype name, why) for a --dtype value: `auto` is measured (cached), anything else is taken as given.
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    if name == "auto":
+        choice = probe(device, cache_dir)
+        return choice.dtype, f"auto -> {choice.why()}"
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+    return name, f"{name}: as given, not measured"
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="measure which dtype runs GEMMs fastest here")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--refresh", action="store_true", help="measure again even when cached")
+    args = ap.parse_args()
+    from walla.extract.backends.hf import cache_root
+
+    print(probe(args.device, cache_root() / "dtype-probe", refresh=args.refresh).why())
+
+
+if __name__ == "__main__":
+    main()
