@@ -1,9 +1,12 @@
-"""Write small runs in the documented layout (walla.train.runs) with fixed numbers, for evaluate tests.
+"""Small runs with fixed numbers, written by TRAIN's writer (walla.train.runs), for the evaluate tests.
 
     from eval_fixtures import write_scenario, write_run      # pytest puts tests/evaluate on sys.path
 
-Independent of the training code on purpose: the files are what the layout contract says, written with
-pyarrow, so evaluation is tested against the contract and not against one writer.
+The scenario is a real `ScenarioData` written by `write_scenario_table`; a run is a real `MethodOutput`
+written by `walla.train.runs.write_run` with the run.json fields walla-train records, its training curve
+by train's CSV logger. Evaluation then reads them with its own reader, so the tests check that the one
+writer and the one reader agree (issue 9: "a test writes runs with train's writer and reads them with
+evaluate's reader").
 """
 
 from __future__ import annotations
@@ -12,20 +15,15 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-from walla.train.runs import PREDICTIONS, RUN_META, SCENARIO_META, SCENARIO_TABLE, TRAIN_LOG
+from walla.store.scenario_data import ScenarioData
+from walla.train.methods import REGISTRY, MethodOutput
+from walla.train.runs import RUN_META, SCENARIO_META, run_dir, scenario_dir, write_scenario_table
+from walla.train.runs import write_run as train_write_run
+
+SPEC = {"dataset": "toy", "context": "none"}  # a stand-in for the resolved scenario spec
 
 
-def _lists(a: np.ndarray | None, n: int, dtype=pa.float32()) -> pa.Array:
-    if a is None:
-        return pa.array([None] * n, type=pa.list_(dtype))
-    return pa.array([list(map(float, row)) if dtype != pa.bool_() else list(map(bool, row)) for row in a],
-                    type=pa.list_(dtype))  # fmt: skip
-
-
-def write_scenario(
-    runs: Path,
+def scenario_data(
     name: str,
     probs: np.ndarray,  # [N, M, K]
     label: np.ndarray,  # [N]
@@ -35,30 +33,42 @@ def write_scenario(
     target: np.ndarray | None = None,  # [N, K]; one-hot(label) when None
     variant: np.ndarray | None = None,  # [N, M] int8
     soft_target: bool = False,
-    meta: dict | None = None,
-) -> Path:
+    fingerprints: dict[str, str] | None = None,  # default: "<agent>/none" -> 0..0<i>
+    meta: dict | None = None,  # ScenarioData.meta (scenario.json "meta"), e.g. {"compute": ...}
+) -> ScenarioData:
     n, m, k = probs.shape
-    target = np.eye(k)[label] if target is None else target
-    variant = np.zeros((n, m), dtype=np.int8) if variant is None else variant
-    table = pa.table(
-        {
-            "question_id": [f"q{i}" for i in range(n)],
-            "split": split,
-            "label": pa.array(label, type=pa.int64()),
-            "target": _lists(target, n),
-            "option_mask": _lists(np.ones((n, k), dtype=bool), n, pa.bool_()),
-            "agent_probs": _lists(probs.reshape(n, m * k), n),
-            "variant": _lists(variant, n, pa.int8()),
-        }
+    if fingerprints is None:
+        fingerprints = {f"{a}/none": f"{i:016x}" for i, a in enumerate(dict.fromkeys(agents))}
+    return ScenarioData(
+        name=name,
+        dataset=dataset,
+        agents=list(agents),
+        question_id=np.array([f"q{i}" for i in range(n)]),
+        split=np.array(split),
+        question=[f"question {i}" for i in range(n)],
+        prompts=None,
+        n_options=np.full(n, k),
+        option_mask=np.ones((n, k), dtype=bool),
+        probs=np.asarray(probs, dtype=np.float32),
+        label=np.asarray(label, dtype=np.int64),
+        target=np.asarray(np.eye(k)[label] if target is None else target, dtype=np.float32),
+        soft_target=soft_target,
+        prompt_nll=np.zeros((n, m), dtype=np.float32),
+        variant=np.zeros((n, m), dtype=np.int8) if variant is None else np.asarray(variant, dtype=np.int8),
+        hidden=[np.zeros((n, 4), dtype=np.float32) for _ in range(m)],
+        fingerprints=fingerprints,
+        meta=dict(meta or {}),
     )
-    d = runs / name
-    d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, d / SCENARIO_TABLE)
-    info = {"name": name, "agents": agents, "dataset": dataset, "soft_target": soft_target, "K": k, "M": m,
-            "fingerprints": {f"{a}/none": f"{i:016x}" for i, a in enumerate(dict.fromkeys(agents))}}  # fmt: skip
-    info.update(meta or {})
-    (d / SCENARIO_META).write_text(json.dumps(info))
-    return d
+
+
+def write_scenario(runs: Path, name: str, probs, label, split, agents, methods=(), seeds=(), **kw) -> dict:
+    """scenario.parquet + scenario.json through train's writer; returns scenario.json.
+
+    `kw` goes to `scenario_data` (dataset, target, variant, soft_target, fingerprints, meta).
+    """
+    return write_scenario_table(
+        runs, scenario_data(name, probs, label, split, agents, **kw), SPEC, methods, seeds
+    )
 
 
 def write_run(
@@ -71,29 +81,43 @@ def write_run(
     split: list[str],
     extras: dict[str, np.ndarray] | None = None,  # wagers/payouts/advantage/pred_score/pred_baseline [N, M]
     agent_probs: np.ndarray | None = None,  # [N, M, K]
-    train_log: dict[str, list] | None = None,
-    run_meta: dict | None = None,
-    complete: bool = True,
+    train_log: dict[str, list] | None = None,  # column -> values, one per training batch
+    run_meta: dict | None = None,  # overrides of run.json fields
+    complete: bool = True,  # False: as if killed before run.json was written
     question_ids: list[str] | None = None,
 ) -> Path:
-    n, m = weights.shape
-    extras = extras or {}
-    cols = {
-        "question_id": question_ids or [f"q{i}" for i in range(n)],
-        "split": split,
-        "weights": _lists(weights, n),
-        "agg_probs": _lists(agg_probs, n),
+    """One run through train's writer, bound to the scenario's current inputs (scenario.json inputs_id)."""
+    n = len(weights)
+    path = run_dir(runs, scenario, method, seed)
+    if train_log:
+        from walla.train.loggers import RunLogger  # Lightning's CSVLogger: only the plot tests need it
+
+        logs = RunLogger(path)
+        for i in range(len(next(iter(train_log.values())))):
+            logs({key: values[i] for key, values in train_log.items()})
+        logs.finish()
+    scen = json.loads((scenario_dir(runs, scenario) / SCENARIO_META).read_text())
+    info = REGISTRY.get(method)
+    meta = {
+        "scenario": scenario,
+        "method": method,
+        "display_name": info.display if info else method,
+        "group": info.group if info else "learning_based",
+        "seed": seed,
+        "config": {},
+        "inputs_id": f"{scen['inputs_id']}-{method}-{seed}",
+        "scenario_inputs_id": scen["inputs_id"],
+        "fingerprints": scen["fingerprints"],
+        "wall_time_s": 1.0,
+        "device": "cpu",
+        "precision": "32-true",
+        **(run_meta or {}),
     }
-    for key in ("wagers", "payouts", "advantage", "pred_score", "pred_baseline"):
-        cols[key] = _lists(extras.get(key), n)
-    cols["agent_probs"] = _lists(None if agent_probs is None else agent_probs.reshape(n, -1), n)
-    d = runs / scenario / method / f"seed={seed}"
-    d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(cols), d / PREDICTIONS)
-    log = train_log or {"step": [], "epoch": [], "n_seen": []}
-    pq.write_table(pa.table(log), d / TRAIN_LOG)
-    if complete:
-        meta = {"method": method, "seed": seed, "wall_time_s": 1.0}
-        meta.update(run_meta or {})
-        (d / RUN_META).write_text(json.dumps(meta))
-    return d
+    out_extras = dict(extras or {})
+    if agent_probs is not None:
+        out_extras["agent_probs"] = agent_probs
+    output = MethodOutput(np.asarray(weights, np.float32), np.asarray(agg_probs, np.float32), out_extras)
+    train_write_run(path, question_ids or [f"q{i}" for i in range(n)], split, output, meta)
+    if not complete:
+        (path / RUN_META).unlink()
+    return path

@@ -77,9 +77,11 @@ GOLDEN_WAGERS = """\
 """
 
 
-def make_runs(root: Path, meta: dict | None = None, with_heads: bool = False) -> Path:
+def make_runs(root: Path, methods=(), seeds=(), with_heads: bool = False, meta: dict | None = None) -> Path:
     runs = root / "runs"
-    write_scenario(runs, "toy", PROBS, LABEL, SPLIT, ["alpha", "beta"], dataset="toyqa", meta=meta)
+    write_scenario(
+        runs, "toy", PROBS, LABEL, SPLIT, ["alpha", "beta"], methods, seeds, dataset="toyqa", meta=meta
+    )
     for seed in (18, 19):
         write_run(runs, "toy", "uniform", seed, np.full((6, 2), 0.5), PROBS.mean(1), SPLIT,
                   run_meta={"display_name": "UniformAvg", "group": "learning_free"})  # fmt: skip
@@ -146,7 +148,7 @@ def test_soft_target_scenario_uses_kld_tvd_columns(tmp_path):
 
 
 def test_missing_method_seed_and_incomplete_run_are_reported(tmp_path):
-    runs = make_runs(tmp_path, meta={"methods": ["uniform", "walla-i", "stacked-gen"], "seeds": [18, 19, 20]})
+    runs = make_runs(tmp_path, methods=["uniform", "walla-i", "stacked-gen"], seeds=[18, 19, 20])
     write_run(runs, "toy", "walla-i", 20, np.full((6, 2), 0.5), PROBS.mean(1), SPLIT, complete=False)
     write_run(
         runs,
@@ -158,7 +160,8 @@ def test_missing_method_seed_and_incomplete_run_are_reported(tmp_path):
         SPLIT,
         question_ids=[f"x{i}" for i in range(6)],
     )  # fmt: skip  (does not cover the test questions)
-    (runs / "broken" / "uniform" / "seed=1").mkdir(parents=True)  # a scenario dir without scenario.parquet
+    (runs / "broken" / "uniform" / "seed=1").mkdir(parents=True)  # a scenario without scenario.parquet
+    (runs / "broken" / "scenario.json").write_text((runs / "toy" / "scenario.json").read_text())
     # rows in another order than scenario.parquet are re-aligned by question_id
     perm = [5, 0, 3, 1, 4, 2]
     write_run(runs, "toy", "uniform", 19, np.full((6, 2), 0.5), PROBS.mean(1)[perm], [SPLIT[i] for i in perm],
@@ -185,7 +188,7 @@ def test_nan_metric_on_every_seed_is_a_dash_with_footnote(tmp_path):
 
 
 def test_cli_writes_files_and_summary(tmp_path):
-    runs = make_runs(tmp_path, meta={"seeds": [18, 19, 20]})
+    runs = make_runs(tmp_path, seeds=[18, 19, 20])
     out = CliRunner().invoke(
         app, ["--report", str(tmp_path / "o" / "t.md"), "--runs", str(runs), "--no-plots"]
     )
