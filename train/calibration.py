@@ -1,47 +1,74 @@
 """Adaptive temperature scaling of each agent's option distribution (SPEC §9, paper §4.5).
 
-    cal = fit_calibration(data, CalibrationConfig())      # training split only; frozen afterwards
-    probs = apply_calibration(cal, data, rows)            # [n, M, K] calibrated agent probs
+    cal = fit_calibration(data, CalibrationConfig(), env)  # train + val (SPEC §9); frozen afterwards
+    probs = apply_calibration(cal, data, rows, env)        # [n, M, K] calibrated agent probs
 
 Per agent (and, for private-context scenarios, per context ROLE: one head for rows where the agent
 held the relevant context, one for all others) a small MLP on the agent's own hidden state predicts
 a temperature T(x) = min(softplus(out) + t_min, t_max); the calibrated distribution is
 softmax(log p / T). Initial T = t0 = 1 (zero-initialized last layer), so an untrained head is the
-identity. Each head is fitted on its training rows minus a seeded 10% holdout, with AdamW and
+identity. Each head is fitted on its rows of the training view (train + val, as the reference's
+train_val partition, SPEC §9) minus a seeded 10% holdout, with AdamW and
 cross-entropy against the target (soft targets for BayesX-like data, one-hot otherwise; the
 reference uses hard labels), early-stopped on the holdout NLL, best state restored.
 
 All heads train together as one batched module (stacked weights, per-head masked AdamW: a head
 whose epoch has run out of batches, or that has early-stopped, does not move at all), which gives
 each head exactly the updates it would get if trained alone. Calibration does not depend on the
-run's seed (the reference fits it once per pipeline too), so fit_many computes it once.
+run's seed (the reference fits it once per pipeline too), so WALLA's fit computes it once for all
+seeds. Lightning Fabric (walla.train.engine.make_fabric) places the heads and data on env.device and
+runs forward/backward under env.precision; the masked per-head AdamW step is a custom in-place op.
+The state is a plain dict (torch.save-able): cfg, agent, role, fitted, params, in_dims, holdout_nll.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 from walla.store.schema import VARIANT_CODE
-from walla.train.config import CalibrationConfig
+from walla.store.validate import check, config, to_dict
+from walla.train.engine import TrainEnv, make_fabric, seeded
 from walla.train.heads import stack_hidden
-from walla.train.lit import seeded
 
 
-@dataclass
-class CalibrationState:
-    """Frozen temperature heads: head g serves agent `agent[g]` on rows of role `role[g]`."""
+@config
+class CalibrationConfig:
+    """Adaptive temperature heads (SPEC §9); defaults are the reference's."""
 
-    cfg: CalibrationConfig
-    agent: list[int]  # [G] agent slot of each head
-    role: list[int]  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
-    fitted: list[bool]  # [G] False: too few rows, T = t0
-    params: list[torch.Tensor]  # the temperature MLPs' stacked parameters (head g = slice g)
-    in_dims: list[int]  # [G] hidden size of each head's agent
-    holdout_nll: list[tuple[float, float]]  # [G] (before, after) on the head's holdout rows
+    hidden: tuple[int, ...] = (256, 64)
+    t0: float = 1.0  # initial temperature (last layer zero-init, bias = softplus^-1(t0 - t_min))
+    t_min: float = 0.05  # T = softplus(out) + t_min, clamped at t_max
+    t_max: float = 10.0
+    lr: float = 1e-4  # AdamW
+    weight_decay: float = 1e-5
+    batch_size: int = 64
+    epochs: int = 25
+    clip: float = 1.0
+    holdout: float = 0.1  # share of each head's rows held out for early stopping
+    patience: int = 5  # epochs without held-out NLL improvement (> min_delta)
+    min_delta: float = 1e-8
+    seed: int = 18  # head g: holdout, init and order seeded by seed + g (seed-independent)
+    by_role: str = "auto"  # auto: one head per context role when the scenario routes context
+    agents: tuple[int, ...] | None = None  # slots to calibrate; None = all (reference: Gemma only = (0,))
+    min_rows: int = 20  # a role with fewer rows keeps T = t0 (identity at t0 = 1)
+
+    def __post_init__(self) -> None:
+        ts = (self.t_min, self.t0, self.t_max)
+        check(
+            0 < self.t_min < self.t0 < self.t_max,
+            "calibration t_min < t0 < t_max",
+            "0 < t_min < t0 < t_max",
+            ts,
+        )
+        check(self.lr > 0, "calibration lr", "> 0", self.lr)
+        check(self.batch_size >= 1, "calibration batch_size", ">= 1", self.batch_size)
+        check(self.epochs >= 1, "calibration epochs", ">= 1", self.epochs)
+        check(0 < self.holdout < 1, "calibration holdout", "in (0, 1)", self.holdout)
+        check(self.patience >= 1, "calibration patience", ">= 1", self.patience)
+        check(self.by_role in ("auto", "yes", "no"), "calibration by_role", "auto | yes | no", self.by_role)
 
 
 class _TempHeads(nn.Module):
@@ -53,13 +80,15 @@ class _TempHeads(nn.Module):
         dims = [max(in_dims), *cfg.hidden, 1]
         g = len(in_dims)
         pairs = list(zip(dims[:-1], dims[1:], strict=True))
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b)) for a, b in pairs)
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b)) for _, b in pairs)
+        # initialized on the host (seeded CPU RNG: the same init on every device), moved by Fabric
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b, device="cpu")) for a, b in pairs)
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b, device="cpu")) for _, b in pairs)
         bias0 = math.log(math.expm1(cfg.t0 - cfg.t_min))  # softplus^-1(t0 - t_min): T starts at t0
         with torch.no_grad():
             for i, d in enumerate(in_dims):
                 with seeded(cfg.seed + i):  # nn.Linear default init, fan_in = the agent's real H
-                    layers = [nn.Linear(a, b) for a, b in zip([d, *cfg.hidden], cfg.hidden, strict=False)]
+                    pairs = zip([d, *cfg.hidden], cfg.hidden, strict=False)
+                    layers = [nn.Linear(a, b, device="cpu") for a, b in pairs]
                 for j, layer in enumerate(layers):
                     self.weights[j][i, : layer.in_features] = layer.weight.T
                     self.biases[j][i] = layer.bias
@@ -125,15 +154,12 @@ def _roles(data, by_role: str) -> np.ndarray | None:
     return np.where(data.variant == VARIANT_CODE["relevant"], 0, 1)
 
 
-def fit_calibration(
-    data, cfg: CalibrationConfig | dict | None = None, device: str = "cpu"
-) -> CalibrationState:
-    """Fit every agent's (per-role) temperature head on the training split; see module docstring.
+def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) -> dict:
+    """Fit every agent's (per-role) temperature head on train + val; see module docstring.
 
     Raises:
-        ValueError: bad config, or `agents` naming a slot outside [0, M).
+        ValueError: `agents` naming a slot outside [0, M).
     """
-    cfg = cfg if isinstance(cfg, CalibrationConfig) else CalibrationConfig.from_dict(cfg)
     m = data.n_agents
     agents = list(range(m)) if cfg.agents is None else list(cfg.agents)
     bad = [a for a in agents if not 0 <= a < m]
@@ -141,7 +167,7 @@ def fit_calibration(
         raise ValueError(
             f"calibration agents {bad} out of range: the scenario has {m} agent slots (0..{m - 1})"
         )
-    train = data.split_index("train")
+    train = np.sort(np.concatenate([data.split_index("train"), data.split_index("val")]))  # training view
     roles = _roles(data, cfg.by_role)
     head_agent, head_role, head_rows = [], [], []
     for a in agents:
@@ -161,7 +187,10 @@ def fit_calibration(
         hold_rows.append(rows[perm[:n_hold]])
         fit_rows.append(rows[perm[n_hold:]])
 
-    heads = _TempHeads(in_dims, cfg).to(device)
+    fabric = make_fabric(env)
+    device = fabric.device
+    heads = _TempHeads(in_dims, cfg)
+    net = fabric.setup_module(heads)  # moves to env.device; forward under env.precision
     h_max = max(in_dims)
     bank = stack_hidden(data.hidden, train)[:, :, :h_max].to(device)  # [M, n_train, Hmax]; rows by position
     pos = np.full(len(data.split), -1, dtype=np.int64)
@@ -190,7 +219,7 @@ def fit_calibration(
     def holdout_nll() -> torch.Tensor:
         with torch.no_grad():
             x, logp, y, msk, valid = batch_terms(hold_idx)
-            nll = _nll(_scaled(logp, heads(x), msk), y, msk)  # [G, b]
+            nll = _nll(_scaled(logp, net(x).float(), msk), y, msk)  # [G, b]
             return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)  # [G]
 
     hold_idx = padded(hold_rows)
@@ -224,11 +253,11 @@ def fit_calibration(
             idx_np = order_idx[:, t * cfg.batch_size : (t + 1) * cfg.batch_size].copy()
             idx_np[~step_on.cpu().numpy()] = -1
             x, logp, y, msk, valid = batch_terms(idx_np)
-            nll = _nll(_scaled(logp, heads(x), msk), y, msk)  # [G, b]
+            nll = _nll(_scaled(logp, net(x).float(), msk), y, msk)  # [G, b]
             loss = ((nll * valid).sum(1) / valid.sum(1).clamp_min(1)).sum()  # sum of per-head means
             for p in params:
                 p.grad = None
-            loss.backward()
+            fabric.backward(loss)
             with torch.no_grad():
                 _masked_adamw_(params, exp_avg, exp_sq, steps, step_on, cfg.lr, cfg.weight_decay, cfg.clip)
         # ---- per-head early stopping on the holdout NLL ------------------------------------------
@@ -245,37 +274,39 @@ def fit_calibration(
         for p, bp in zip(params, best, strict=True):
             p.copy_(bp)
     after = holdout_nll().tolist()
-    return CalibrationState(
-        cfg=cfg,
-        agent=head_agent,
-        role=head_role,
-        fitted=fitted,
-        params=[p.detach().cpu().clone() for p in params],
-        in_dims=in_dims,
-        holdout_nll=list(zip(nll_before, after, strict=True)),
-    )
+    return {
+        "cfg": to_dict(cfg),
+        "agent": head_agent,  # [G] agent slot of each head
+        "role": head_role,  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
+        "fitted": fitted,  # [G] False: too few rows, T = t0
+        "params": [p.detach().cpu().clone() for p in params],  # stacked MLP parameters (head g = slice g)
+        "in_dims": in_dims,  # [G] hidden size of each head's agent
+        "holdout_nll": [list(pair) for pair in zip(nll_before, after, strict=True)],  # [G] (before, after)
+    }
 
 
-def temperatures(state: CalibrationState, data, rows: np.ndarray, batch: int = 4096) -> np.ndarray:
+def temperatures(
+    state: dict, data, rows: np.ndarray, env: TrainEnv = TrainEnv(), batch: int = 4096
+) -> np.ndarray:
     """Per-agent temperature [n, M] for the given rows (1.0 for uncalibrated agents / unfitted roles)."""
     rows = np.asarray(rows, dtype=np.int64)
-    m = data.n_agents
+    m, dev, cfg = data.n_agents, torch.device(env.device), CalibrationConfig(**state["cfg"])
     temps = np.ones((len(rows), m), dtype=np.float32)
-    heads = _TempHeads(state.in_dims, state.cfg)
+    heads = _TempHeads(state["in_dims"], cfg).to(dev)
     with torch.no_grad():
-        for p, v in zip(heads.parameters(), state.params, strict=True):
+        for p, v in zip(heads.parameters(), state["params"], strict=True):
             p.copy_(v)
-    roles = _roles(data, state.cfg.by_role) if any(r >= 0 for r in state.role) else None
-    agent_t = torch.tensor(state.agent)[:, None]  # [G, 1]
+    roles = _roles(data, cfg.by_role) if any(r >= 0 for r in state["role"]) else None
+    agent_t = torch.tensor(state["agent"], device=dev)[:, None]  # [G, 1]
     for start in range(0, len(rows), batch):
         chunk = rows[start : start + batch]
-        bank = stack_hidden(data.hidden, chunk)[:, :, : max(state.in_dims)]  # [M, n, Hmax]
-        x = bank[agent_t, torch.arange(len(chunk))[None, :]].float()  # [G, n, Hmax]
+        bank = stack_hidden(data.hidden, chunk)[:, :, : max(state["in_dims"])].to(dev)  # [M, n, Hmax]
+        x = bank[agent_t, torch.arange(len(chunk), device=dev)[None, :]].float()  # [G, n, Hmax]
         with torch.no_grad():
-            t = heads(x).numpy()  # [G, n]
-        for g, (a, r) in enumerate(zip(state.agent, state.role, strict=True)):
-            if not state.fitted[g]:
-                t_g = np.full(len(chunk), state.cfg.t0, dtype=np.float32)
+            t = heads(x).cpu().numpy()  # [G, n]
+        for g, (a, r) in enumerate(zip(state["agent"], state["role"], strict=True)):
+            if not state["fitted"][g]:
+                t_g = np.full(len(chunk), cfg.t0, dtype=np.float32)
             else:
                 t_g = t[g]
             sel = np.ones(len(chunk), dtype=bool) if r < 0 else roles[chunk, a] == r
@@ -283,10 +314,10 @@ def temperatures(state: CalibrationState, data, rows: np.ndarray, batch: int = 4
     return temps
 
 
-def apply_calibration(state: CalibrationState, data, rows: np.ndarray) -> np.ndarray:
+def apply_calibration(state: dict, data, rows: np.ndarray, env: TrainEnv = TrainEnv()) -> np.ndarray:
     """Calibrated agent probs [n, M, K] = softmax(log p / T(x)) for the given rows (float32)."""
     rows = np.asarray(rows, dtype=np.int64)
-    temps = torch.from_numpy(temperatures(state, data, rows))  # [n, M]
+    temps = torch.from_numpy(temperatures(state, data, rows, env))  # [n, M]
     probs = torch.from_numpy(np.asarray(data.probs[rows], dtype=np.float32))  # [n, M, K]
     mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool))[:, None, :].expand_as(probs)
     with torch.no_grad():

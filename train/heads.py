@@ -8,8 +8,16 @@
 
 Architecture (paper: "a two-layer perceptron (512, 256)"): [Linear(H -> P)] -> Linear(-> 512) ->
 ReLU -> Dropout(0.1) -> Linear(512 -> 256) -> ReLU -> Dropout(0.1) -> Linear(256 -> 1). The
-optional projection P = `projection_dim` (4096 in the reference) has no nonlinearity after it, so
-it adds no expressiveness (SPEC §5.1 note); it is off by default and kept to reproduce the reference.
+projection P = `projection_dim` (4096 in the reference, the default of WALLA's Config) has no
+nonlinearity after it: same function class as without it (SPEC §5.1 note), but different Adam dynamics,
+so the parameters stay as the reference has them.
+
+Order of computation (exact, only reassociated where no nonlinearity intervenes). Per head and batch
+of b rows, H = 576, P = 4096, D = 512: training computes (x Wp + bp) W1 as written: forward
+2 b P (H + D), weight gradients 2 b P (H + D), the activation gradient dz W1^T 2 b P D (no input
+gradient) = 2.2 GFLOP at b = 100; folding M = Wp W1 first costs 2 H P D = 2.4 GFLOP per step for M
+alone and 6 H P D through the backward, so it only pays when b > H D / (H + D) = 271. Evaluation
+(`predict`, no gradients, thousands of rows) therefore folds the projection into the first layer.
 
 Heterogeneous ensembles (different H_i) are zero-padded to Hmax: padded input coordinates are
 always 0, so their weights get zero gradient, zero Adam moments and never move or contribute.
@@ -39,10 +47,12 @@ class WagerHead(nn.Module):
         hidden: Sequence[int] = (512, 256),
         dropout: float = 0.1,
         projection_dim: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         super().__init__()
         dims = _layer_dims(in_dim, hidden, projection_dim)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        pairs = zip(dims[:-1], dims[1:], strict=True)
+        self.layers = nn.ModuleList(nn.Linear(a, b, device=device) for a, b in pairs)
         self.n_proj = 1 if projection_dim else 0  # leading layers without activation
         self.dropout = dropout
 
@@ -57,7 +67,7 @@ class WagerHead(nn.Module):
             h = torch.relu(h)
             k = j - self.n_proj
             if masks is not None:
-                h = h * masks[k] / (1.0 - self.dropout)
+                h = h * masks[k].to(h.dtype) / (1.0 - self.dropout)
             elif self.training and self.dropout > 0:
                 h = nn.functional.dropout(h, self.dropout, training=True)
         return h.squeeze(-1)  # [B]
@@ -77,6 +87,7 @@ class StackedHeads(nn.Module):
         dropout: float = 0.1,
         projection_dim: int | None = None,
         init: bool = True,
+        device: str | torch.device = "cpu",
     ) -> None:
         super().__init__()
         self.in_dims = [int(d) for d in in_dims]
@@ -85,8 +96,8 @@ class StackedHeads(nn.Module):
         self.dims = _layer_dims(max(self.in_dims), hidden, projection_dim)
         g = len(self.in_dims)
         pairs = list(zip(self.dims[:-1], self.dims[1:], strict=True))
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b)) for a, b in pairs)
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b)) for _, b in pairs)
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b, device=device)) for a, b in pairs)
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b, device=device)) for _, b in pairs)
         if init:
             for i, d in enumerate(self.in_dims):
                 self.load_head(i, WagerHead(d, hidden, dropout, projection_dim))
@@ -136,8 +147,24 @@ class StackedHeads(nn.Module):
                 continue
             h = torch.relu(h)
             if masks is not None:
-                h = h * masks[j - self.n_proj] * (1.0 / (1.0 - self.dropout))  # [G, B, d_j+1]
+                h = h * masks[j - self.n_proj].to(h.dtype) * (1.0 / (1.0 - self.dropout))  # [G, B, d_j+1]
         return h.squeeze(-1)  # [G, B]
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Eval-mode forward (no dropout) of x [G, n, Hmax] -> r [G, n], the projection folded into the first
+        layer when that is cheaper (n > H D / (H + D); see module docstring). Same function up to rounding."""
+        if not self.n_proj or x.shape[1] * (x.shape[2] + self.dims[2]) <= x.shape[2] * self.dims[2]:
+            return self(x)
+        wp, bp, w1, b1 = self.weights[0], self.biases[0], self.weights[1], self.biases[1]
+        w = torch.bmm(wp, w1)  # [G, Hmax, D]
+        b = torch.baddbmm(b1.unsqueeze(1), bp.unsqueeze(1), w1)  # [G, 1, D]
+        h = torch.relu(torch.baddbmm(b, x, w))  # [G, n, D]
+        for j in range(2, len(self.weights)):
+            h = torch.baddbmm(self.biases[j].unsqueeze(1), h, self.weights[j])
+            if j < len(self.weights) - 1:
+                h = torch.relu(h)
+        return h.squeeze(-1)  # [G, n]
 
     @torch.no_grad()
     def clip_per_head_(self, max_norm: float) -> torch.Tensor:
@@ -146,7 +173,7 @@ class StackedHeads(nn.Module):
         Returns the pre-clip norms [G]."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:
-            return torch.zeros(self.n_heads)
+            return torch.zeros(self.n_heads, device=self.weights[0].device)
         norm = sum(
             torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) ** 2 for g in grads
         ).sqrt()  # [G]
@@ -166,7 +193,7 @@ def stack_hidden(hidden: Sequence, rows: np.ndarray) -> torch.Tensor:
     h_max = max(int(h.shape[1]) for h in hidden)
     half = all(np.dtype(getattr(h, "dtype", np.float32)) == np.float16 for h in hidden)
     dtype = torch.float16 if half else torch.float32
-    out = torch.zeros(len(hidden), len(rows), h_max, dtype=dtype)
+    out = torch.zeros(len(hidden), len(rows), h_max, dtype=dtype, device="cpu")  # host buffer
     for i, h in enumerate(hidden):
         block = np.asarray(h[rows] if len(rows) else np.zeros((0, h.shape[1])))
         out[i, :, : block.shape[1]] = torch.from_numpy(

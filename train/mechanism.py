@@ -281,6 +281,14 @@ def wswm_payout(
 # ----------------------------------------------------------------------------------------- pooling
 
 
+def pool_weights(weights: Tensor) -> Tensor:
+    """Non-negative ``weights[..., M]`` renormalized to sum 1; a row without stake gets equal weights."""
+    total = weights.sum(-1, keepdim=True)  # [..., 1]
+    has_stake = total > 0
+    safe = torch.where(has_stake, total, torch.ones_like(total))
+    return torch.where(has_stake, weights / safe, torch.full_like(weights, 1.0 / weights.shape[-1]))
+
+
 def pool(
     probs: Tensor,
     weights: Tensor,
@@ -306,13 +314,7 @@ def pool(
         masks = [("option_mask", mask)] if mask is not None else []
         atol = simplex_atol(p.shape[-1], p0)
         check_values(simplex=[("probs", p)], nonneg=[("weights", w)], masks=masks, atol=atol)
-    total = w.sum(-1, keepdim=True)  # [..., 1]
-    has_stake = total > 0
-    w_norm = torch.where(
-        has_stake,
-        w / torch.where(has_stake, total, torch.ones_like(total)),
-        torch.full_like(w, 1.0 / w.shape[-1]),
-    )  # [..., M], rows sum to 1
+    w_norm = pool_weights(w)  # [..., M], rows sum to 1
     if kind == "linear":
         pooled = (w_norm.unsqueeze(-1) * p).sum(-2)  # [..., K]
         if mask is not None:

@@ -1,4 +1,4 @@
-"""Adaptive temperature calibration (SPEC §9): fitted on train only, per context role, lowers NLL."""
+"""Adaptive temperature calibration (SPEC §9): fitted on train + val, per context role, lowers NLL."""
 
 from __future__ import annotations
 
@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-from walla.train.calibration import apply_calibration, fit_calibration, temperatures
+from walla.store.validate import build
+from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration, temperatures
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 
 FAST = {"lr": 1e-2, "epochs": 15}
+ENV = TrainEnv()
+
+
+def _cal(raw: dict) -> CalibrationConfig:
+    return build(CalibrationConfig, raw, "test")
 
 
 def _sharpen(probs: np.ndarray, factor: float) -> np.ndarray:
@@ -33,9 +40,9 @@ def overconfident():
 
 def test_calibration_lowers_heldout_nll_of_overconfident_agent(overconfident):
     data = overconfident
-    state = fit_calibration(data, FAST)
-    assert state.agent == [0, 0, 1, 1, 2, 2] and state.role == [0, 1] * 3  # per context role
-    assert all(state.fitted)
+    state = fit_calibration(data, _cal(FAST))
+    assert state["agent"] == [0, 0, 1, 1, 2, 2] and state["role"] == [0, 1] * 3  # per context role
+    assert all(state["fitted"])
     test = data.split_index("test")
     raw, cal = (
         _nll(data.probs[test], data.target[test]),
@@ -44,26 +51,31 @@ def test_calibration_lowers_heldout_nll_of_overconfident_agent(overconfident):
     assert cal[0] < 0.6 * raw[0]  # the over-confident agent improves a lot on unseen rows
     temps = temperatures(state, data, test)
     assert temps[:, 0].mean() > 1.5  # ... by being cooled down
-    before, after = zip(*state.holdout_nll, strict=True)
+    before, after = zip(*state["holdout_nll"], strict=True)
     assert all(a <= b + 1e-6 for a, b in zip(after, before, strict=True))  # best state restored
 
 
-def test_calibration_uses_training_rows_only(overconfident):
+def test_calibration_uses_the_training_view_only(overconfident):
+    """train + val rows (SPEC §9: the reference's train_val partition) decide the fit; test rows do not."""
     data = overconfident
-    a = fit_calibration(data, {**FAST, "epochs": 2})
+    a = fit_calibration(data, _cal({**FAST, "epochs": 2}))
     changed = make_private_context_scenario(n=800, m=3, k=3, h=[16, 24, 16], seed=4, min_options=2)
     changed.probs[:, 0] = data.probs[:, 0]
-    held = np.flatnonzero(changed.split != "train")
+    held = np.flatnonzero(changed.split == "test")
     changed.probs[held] = changed.probs[held][:, ::-1]  # scramble val/test predictions
     changed.hidden[0][held] = 0.0
-    b = fit_calibration(changed, {**FAST, "epochs": 2})
-    torch.testing.assert_close(a.params[0], b.params[0])
+    b = fit_calibration(changed, _cal({**FAST, "epochs": 2}))
+    torch.testing.assert_close(a["params"][0], b["params"][0])
+    val = np.flatnonzero(changed.split == "val")
+    changed.hidden[0][val] = 0.0  # val rows are training rows of the calibration heads
+    c = fit_calibration(changed, _cal({**FAST, "epochs": 2}))
+    assert not torch.allclose(a["params"][0], c["params"][0])
 
 
 def test_subset_of_agents_and_identity_at_init(overconfident):
     data = overconfident
-    state = fit_calibration(data, {**FAST, "agents": [0], "by_role": "no", "epochs": 1, "lr": 1e-12})
-    assert state.agent == [0] and state.role == [-1]
+    state = fit_calibration(data, _cal({**FAST, "agents": [0], "by_role": "no", "epochs": 1, "lr": 1e-12}))
+    assert state["agent"] == [0] and state["role"] == [-1]
     rows = np.arange(50)
     out = apply_calibration(state, data, rows)
     np.testing.assert_allclose(
@@ -73,15 +85,16 @@ def test_subset_of_agents_and_identity_at_init(overconfident):
     absent = np.broadcast_to(~data.option_mask[rows][:, None, :], out.shape)
     assert absent.any() and out[absent].max() == 0.0  # absent options stay at probability 0
     with pytest.raises(ValueError, match="calibration agents \\[5\\] out of range"):
-        fit_calibration(data, {"agents": [5]})
+        fit_calibration(data, _cal({"agents": [5]}))
 
 
 def test_walla_calibrated_outputs_agent_probs(overconfident):
     data = overconfident
-    cfg = {"lr": 3e-3, "epochs": 1, "calibrated": True, "calibration": {**FAST, "epochs": 3}}
-    state = walla.fit(data, cfg, seed=18)
+    raw = {"lr": 3e-3, "epochs": 1, "calibrated": True, "calibration": {**FAST, "epochs": 3}}
+    cfg = build(walla.Config, {**raw, "projection_dim": None, "hidden": [16, 8]}, "test")
+    (state,) = walla.fit(data, cfg, [18], ENV, [None])
     rows = data.split_index("test")
-    out = walla.predict(state, data, rows)
+    out = walla.predict(state, data, rows, ENV)
     expect = apply_calibration(state["calibration"], data, rows)
     np.testing.assert_allclose(out.extras["agent_probs"], expect, atol=1e-6)
     assert not np.allclose(out.extras["agent_probs"], data.probs[rows], atol=1e-3)

@@ -12,10 +12,21 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
+from walla.store.validate import ConfigError, build
 from walla.train import mechanism
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 
-FAST = {"lr": 3e-3, "epochs": 6, "patience": 1000}  # the synthetic task is learnable fast
+FAST = {"lr": 3e-3, "epochs": 6, "patience": 1000, "projection_dim": None}  # learnable fast, small heads
+ENV = TrainEnv()
+
+
+def _fit(data, raw: dict, seed: int, log=None) -> dict:
+    return walla.fit(data, build(walla.Config, raw, "test"), [seed], ENV, [log])[0]
+
+
+def _predict(state, data, rows):
+    return walla.predict(state, data, rows, ENV)
 
 
 def _brier(p: np.ndarray, y: np.ndarray) -> float:
@@ -60,9 +71,9 @@ def bayesx():
 @pytest.mark.parametrize("variant", ["I", "II"])
 def test_private_context_walla_wagers_on_the_informed_agent(private, variant):
     data = private
-    state = walla.fit(data, {**FAST, "variant": variant}, seed=18)
+    state = _fit(data, {**FAST, "variant": variant}, 18)
     test = data.split_index("test")
-    out = walla.predict(state, data, test)
+    out = _predict(state, data, test)
     probs, y = data.probs[test], data.target[test]
     w = out.extras["wagers"]
     assert out.weights.shape == w.shape == (len(test), 4)
@@ -79,12 +90,12 @@ def test_private_context_walla_wagers_on_the_informed_agent(private, variant):
 
 def test_bayesx_like_less_confident_informed_agent(bayesx):
     data = bayesx
-    state = walla.fit(data, {**FAST, "variant": "I"}, seed=18)
+    state = _fit(data, {**FAST, "variant": "I"}, 18)
     test = data.split_index("test")
-    out = walla.predict(state, data, test)
+    out = _predict(state, data, test)
     probs, y = data.probs[test], data.target[test]
     uni = _uniform(probs)
-    assert state["cfg"]["stop_metric"] == "kl" and state["cfg"]["preset"] == "bayesx"
+    assert state["cfg"]["stop_metric"] == "kl"
     assert _brier(out.agg_probs, y) < _brier(uni, y)
     assert _kl(out.agg_probs, y) < _kl(uni, y)
     # confidence weighting is fooled here, WALLA is not
@@ -93,9 +104,9 @@ def test_bayesx_like_less_confident_informed_agent(bayesx):
 
 def test_log_pooling_and_diagnostics_outputs(bayesx):
     data = bayesx
-    state = walla.fit(data, {**FAST, "epochs": 1, "pooling": "log", "diagnostics": True}, seed=18)
+    state = _fit(data, {**FAST, "epochs": 1, "pooling": "log", "diagnostics": True}, 18)
     rows = np.arange(len(data.split))
-    out = walla.predict(state, data, rows)
+    out = _predict(state, data, rows)
     assert set(out.extras) >= {"wagers", "payouts", "advantage", "pred_score", "pred_baseline"}
     expect = mechanism.pool(
         torch.from_numpy(data.probs), torch.from_numpy(out.extras["wagers"]), "log"
@@ -108,9 +119,9 @@ def test_same_seed_identical_different_seed_different(private):
     data = private
     cfg = {**FAST, "epochs": 1}
     rows = data.split_index("test")
-    a = walla.predict(walla.fit(data, cfg, seed=21), data, rows)
-    b = walla.predict(walla.fit(data, cfg, seed=21), data, rows)
-    c = walla.predict(walla.fit(data, cfg, seed=22), data, rows)
+    a = _predict(_fit(data, cfg, 21), data, rows)
+    b = _predict(_fit(data, cfg, 21), data, rows)
+    c = _predict(_fit(data, cfg, 22), data, rows)
     np.testing.assert_array_equal(a.weights, b.weights)
     np.testing.assert_array_equal(a.agg_probs, b.agg_probs)
     assert np.abs(a.weights - c.weights).max() > 1e-4
@@ -118,7 +129,7 @@ def test_same_seed_identical_different_seed_different(private):
 
 def test_training_log_per_batch(private):
     logs: list[dict] = []
-    walla.fit(private, {**FAST, "epochs": 2, "window": 3}, seed=18, log=logs.append)
+    _fit(private, {**FAST, "epochs": 2, "window": 3}, 18, logs.append)
     n_train = len(private.split_index("train"))
     assert len(logs) == 2 * int(np.ceil(n_train / 100))
     assert [r["step"] for r in logs] == list(range(1, len(logs) + 1))
@@ -128,7 +139,20 @@ def test_training_log_per_batch(private):
 
 
 def test_bad_config_is_one_clear_error(private):
-    with pytest.raises(ValueError, match="unknown config key.*'lrr'.*did you mean 'lr'"):
-        walla.fit(private, {"lrr": 1e-3}, seed=18)
-    with pytest.raises(ValueError, match="variant must be 'I' or 'II', got 'III'"):
-        walla.fit(private, {"variant": "III"}, seed=18)
+    with pytest.raises(ConfigError, match="lrr: unknown key.*did you mean 'lr'"):
+        build(walla.Config, {"lrr": 1e-3}, "walla")
+    with pytest.raises(ConfigError, match="variant must be 'I' or 'II', got 'III'"):
+        build(walla.Config, {"variant": "III"}, "walla")
+
+
+def test_spec_defaults_are_the_reference_parametrization():
+    c = walla.Config()
+    assert (c.lr, c.epochs, c.patience, c.batch_size, c.temperature, c.clip) == (
+        5e-7,
+        50,
+        10_000,
+        100,
+        2.0,
+        1.0,
+    )
+    assert (c.hidden, c.dropout, c.projection_dim, c.c1, c.c2, c.c3) == ((512, 256), 0.1, 4096, 1.0, 0.5, 0.5)

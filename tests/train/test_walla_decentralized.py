@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 from synthetic import make_private_context_scenario
+from walla.store.validate import build
 from walla.train import mechanism
+from walla.train.engine import TrainEnv
 from walla.train.heads import StackedHeads
 from walla.train.methods import walla
 
-CFG = {
+RAW = {
     "variant": "II",
     "lr": 5e-3,
     "epochs": 2,
@@ -22,7 +24,14 @@ CFG = {
     "hidden": [16, 8],
     "patience": 10**6,
     "clip": 0.05,  # small, so the per-agent clipping is active in most steps
+    "projection_dim": None,
 }
+CFG = build(walla.Config, RAW, "test")
+ENV = TrainEnv()
+
+
+def _fit(data, cfg, seeds):
+    return walla.fit(data, cfg, seeds, ENV, [None] * len(seeds))
 
 
 def _solo_replay(data, cfg, records, init: StackedHeads, s: int, agent: int) -> torch.nn.Module:
@@ -55,7 +64,7 @@ def _solo_replay(data, cfg, records, init: StackedHeads, s: int, agent: int) -> 
 def test_each_agent_equals_training_alone_hetero_hidden_sizes():
     data = make_private_context_scenario(n=300, m=3, k=3, h=[12, 20, 9], seed=3, min_options=2)
     records = []
-    th = walla.train_heads(data, CFG, seeds=[18, 19], trace=records.append)
+    th = walla.train_heads(data, CFG, [18, 19], trace=records.append)
     cfg = th.cfg
     assert th.steps == len(records) == 2 * int(np.ceil(len(data.split_index("train")) / 40))
     init = walla._init_heads([18, 19], th.in_dims, cfg, 1)
@@ -76,8 +85,8 @@ def test_each_agent_equals_training_alone_hetero_hidden_sizes():
 
 def test_diagnostic_heads_never_influence_wagers():
     data = make_private_context_scenario(n=200, m=3, k=2, h=10, seed=5)
-    plain = walla.train_heads(data, CFG, seeds=[7])
-    diag = walla.train_heads(data, {**CFG, "diagnostics": True}, seeds=[7])
+    plain = walla.train_heads(data, CFG, [7])
+    diag = walla.train_heads(data, build(walla.Config, {**RAW, "diagnostics": True}, "test"), [7])
     m = data.n_agents
     for a, b in zip(plain.last, diag.last, strict=True):
         torch.testing.assert_close(a[:m], b[:m], atol=1e-6, rtol=1e-6)  # wager heads = first M rows
@@ -85,18 +94,9 @@ def test_diagnostic_heads_never_influence_wagers():
 
 def test_seed_trajectory_independent_of_batch_companions():
     data = make_private_context_scenario(n=200, m=3, k=2, h=10, seed=6)
-    cfg = {**CFG, "patience": 3, "window": 2}
-    together = walla.fit_many(data, cfg, [18, 19, 20])
-    alone = walla.fit(data, cfg, 19)
+    cfg = build(walla.Config, {**RAW, "patience": 3, "window": 2}, "test")
+    together = _fit(data, cfg, [18, 19, 20])
+    (alone,) = _fit(data, cfg, [19])
     assert together[1]["seed"] == 19 and together[1]["best_step"] == alone["best_step"]
     for a, b in zip(together[1]["params"], alone["params"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-
-
-def test_lightning_engine_runs_the_same_steps():
-    data = make_private_context_scenario(n=150, m=3, k=2, h=8, seed=8)
-    loop = walla.train_heads(data, {**CFG, "engine": "loop"}, seeds=[18])
-    lit = walla.train_heads(data, {**CFG, "engine": "lightning"}, seeds=[18])
-    assert loop.steps == lit.steps
-    for a, b in zip(loop.last, lit.last, strict=True):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)

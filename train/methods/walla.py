@@ -1,120 +1,141 @@
 """WALLA I / II: decentralized wager heads trained from realized advantages (paper §3.3; SPEC §4-§5).
 
-    states = fit_many(data, {"variant": "I"}, seeds=[18, 19, 20, 21, 22])   # all seeds, one module
-    out = predict(states[0], data, data.split_index("test"))               # weights, agg_probs, extras
+    states = fit(data, Config(variant="I"), seeds=[18, 19], env=TrainEnv(), logs=[None, None])
+    out = predict(states[0], data, data.split_index("test"), TrainEnv())   # weights, agg_probs, extras
 
-Per agent i a head on i's OWN last-layer hidden state outputs r_i; its wager is w_i = sigmoid(r_i / T)
-(T = 2). Per training batch (batch 100, train mode, dropout on):
-    1. every agent wagers; the platform (train/mechanism.py) pays each agent its realized advantage
-       A_i = s_i - b_-i (variant I: wager-weighted mean of the others' scores; II: score of the others'
-       linear pool), where b_-i depends only on the OTHER agents' predictions and wagers;
-    2. agent i regresses its wager onto the hindsight best response w*_i = clip(A_i / 2c3, 0, 1)
-       (MSE; own Adam; own gradient-norm clipping at 1.0), the target being a constant for it;
-    3. the aggregate (normalized wagers, linear or log pool) is scored on the batch for ONLINE early
-       stopping: Brier dynamic regret (KL(gold || aggregate) for soft-target data), size-weighted over a
-       rolling window of the last W ~ |val| / 100 training batches; the state after the update of a
-       batch that improves the window metric is kept as best; patience counts batches (SPEC §4.2).
+The formulas, per training batch of b questions (batch 100, train mode, dropout on), agent i:
+    r_i   = head_i(h_i)                          own last-layer hidden state h_i -> raw score (heads.py)
+    w_i   = sigmoid(r_i / T)                     wager, T = 2, in float64 from the raw score on
+    A_i   = s(p_i, y) - b_-i(p_-i, w_-i, y)      realized advantage (mechanism.advantage); b_-i depends only
+                                                 on the OTHER agents (I: wager-weighted mean score,
+                                                 II: score of their linear pool)
+    w*_i  = clip(A_i / 2 c3, 0, 1)               hindsight best response (mechanism.best_response_wager)
+    L_i   = mean_b (w_i - w*_i)^2                agent i's own loss; w*_i is a constant for it
+    step  : own gradient-norm clip at 1.0, own Adam step
+    stop  : D-regret of the pooled aggregate (mechanism.brier_regret; KL(gold || agg) for soft targets,
+            mechanism.kl_gold), size-weighted over a rolling window of the last W ~ |val| / 100 batches;
+            the state after a batch that improves the window is the best state; patience counts batches
+            (SPEC §4.2). One stopping state per seed: the criterion is a property of the ensemble.
 
-Decentralization is exact: nothing reaches agent i's parameters except its own hidden states and its
-own realized advantage. All agents of all seeds live in one StackedHeads module (row g = head g of
-seed s), trained by one Adam over stacked parameters [G, ...]: Adam is elementwise, the loss is a sum
-of per-head means, gradient clipping is per head, dropout masks come from per-seed generators. So each agent's
-trajectory is exactly the one it would follow trained alone against the same sequence of opponents'
-wagers (tests/train/test_walla_decentralized.py checks this against a plain nn.Module + its own Adam),
-and each seed's trajectory is independent of which other seeds share the module.
+Decentralization is exact: all agents of all seeds live in one StackedHeads module (head g = seed
+g // (D M), kind (g // M) % D, agent g % M), trained by one Adam over stacked parameters [G, ...]. Adam is
+elementwise, the loss is a sum of per-head means, clipping is per head and dropout masks come from
+per-seed generators, so each agent follows exactly the trajectory it would follow trained alone against
+the same opponents' wagers (tests/train/test_walla_decentralized.py), and a seed's trajectory does not
+depend on which seeds share the module.
 
-Early stopping: the criterion is the aggregate's regret, a property of the whole ensemble of a seed,
-so there is ONE stopping state per seed (as in the reference), not one per agent. A stopped seed keeps
-computing in the batched module (cheaper than re-packing), but its best state is frozen and its log ends.
+Lightning Fabric runs the loop (walla.train.engine.make_fabric): the module and optimizer go through
+fabric.setup, so `env.device` places every parameter and tensor and `env.precision` applies (the heads'
+matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and metrics stay float64). The best state
+is an in-memory copy of the improved seed's rows: stopping is checked after EVERY batch, and a disk
+checkpoint per improvement would cost more than the step itself.
 
-Deviations from the reference, all deliberate: one forward pass per batch (the reference runs a second
-forward with a fresh dropout mask for the update; here the early-stopping metric and the target use the
-same pre-update wagers); the per-agent projection Linear(H -> 4096) is off by default
-(`projection_dim: 4096` restores it; SPEC §5.1 note); data order is shuffled once per seed with numpy's
-default_rng(seed) (`shuffle: epoch` reshuffles every epoch); init and dropout are seeded.
-
-Engine: the inner loop runs through walla.train.lit.fit_module, either as a plain loop (default) or
-inside Lightning (`engine: lightning`; same steps, bit-identical parameters, tested). Measured on the
-2-core CPU (benchmarks/train_speed.py, 12 agents x 5 seeds, H = 576): ~13-15 s for both engines, the
-per-step difference within run-to-run noise, ~30 ms more per fit for Lightning's Trainer; but importing
-Lightning alone takes 3-10 s on that machine, which a WALLA-only run would pay for nothing. Hence the
-plain loop by default. Against the reference's per-agent loop (same head, same FLOPs minus one forward)
-the batched module measured 1.8x faster on a quiet CPU and 17x on a CPU shared with other jobs: it
-removes per-agent Python/kernel-launch overhead and uses one fused Adam step, but the weight-gradient
-matmuls of 60 heads x 576 x 512 are the same work either way.
+Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
+dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
+(`shuffle: epoch` reshuffles every epoch); init and dropout seeded. `projection_dim: 4096` (default) is
+the reference's Linear(H -> 4096) projection; `null` drops it (same function class, different Adam
+dynamics: it learns slower at the reference's learning rates, issue 10).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from walla.store.validate import check, config, to_dict
 from walla.train import mechanism
-from walla.train.calibration import CalibrationState, apply_calibration, fit_calibration
-from walla.train.config import WallaConfig
+from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration
+from walla.train.engine import TrainEnv, make_fabric, seeded
 from walla.train.heads import StackedHeads, WagerHead, stack_hidden
-from walla.train.lit import fit_module, seeded
 from walla.train.methods import LogFn, MethodOutput
+from walla.train.online_stop import OnlineStop
 
 PARAM_BUDGET_BYTES = 3 * 2**30  # params + grad + Adam moments + best copy of one seed chunk
 
 
-def resolve(data, cfg: dict | None) -> dict:
-    """The fully resolved config for this scenario (preset applied): what run.json records."""
-    return _config(data, cfg).to_dict()
+@config
+class Config:
+    """WALLA hyper-parameters (SPEC §4.4 heterogeneous defaults; presets are the scenario YAML's)."""
+
+    variant: str = "I"  # "I": weighted-score baseline | "II": weighted-prediction baseline
+    pooling: str = "linear"  # aggregate: linear | log (variant II's peer pool stays linear)
+    lr: float = 5e-7  # Adam
+    epochs: int = 50
+    patience: int = 10_000  # training batches without window improvement
+    batch_size: int = 100
+    temperature: float = 2.0  # wager = sigmoid(r / T)
+    clip: float = 1.0  # per-agent gradient-norm clipping
+    hidden: tuple[int, ...] = (512, 256)
+    dropout: float = 0.1
+    projection_dim: int | None = 4096  # the reference's per-agent Linear(H -> 4096); null: none
+    c1: float = 1.0  # score s = c1 - c2 * Brier
+    c2: float = 0.5
+    c3: float = 0.5  # payout w (s - b - c3 w); target w* = clip((s - b) / 2c3, 0, 1)
+    stop_metric: str = "auto"  # auto (kl for soft targets, else brier_regret) | brier_regret | kl | none
+    window: int | None = None  # rolling window (batches); None = max(1, round(|val| / batch_size))
+    shuffle: str = "once"  # training order: "once" per seed (SPEC §3.2) | "epoch"
+    diagnostics: bool = False  # extra heads predicting own score and baseline (never used for wagers)
+    calibrated: bool = False  # adaptive temperature heads before everything (SPEC §9)
+    calibration: CalibrationConfig = CalibrationConfig()
+
+    def __post_init__(self) -> None:
+        check(self.variant in mechanism.VARIANTS, "variant", "'I' or 'II'", self.variant)
+        check(self.pooling in mechanism.POOL_KINDS, "pooling", "'linear' or 'log'", self.pooling)
+        check(self.lr > 0, "lr", "> 0", self.lr)
+        check(self.epochs >= 1, "epochs", ">= 1", self.epochs)
+        check(self.patience >= 1, "patience", ">= 1 batch", self.patience)
+        check(self.batch_size >= 1, "batch_size", ">= 1", self.batch_size)
+        check(self.temperature > 0, "temperature", "> 0", self.temperature)
+        check(self.clip > 0, "clip", "> 0", self.clip)
+        check(0 <= self.dropout < 1, "dropout", "in [0, 1)", self.dropout)
+        check(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1,
+            "hidden",
+            "a non-empty list of sizes",
+            self.hidden,
+        )
+        check(
+            self.projection_dim is None or self.projection_dim >= 1,
+            "projection_dim",
+            ">= 1 or null",
+            self.projection_dim,
+        )
+        check(self.c2 > 0 and self.c3 > 0, "c2 and c3", "> 0", (self.c2, self.c3))
+        stops = ("auto", "brier_regret", "kl", "none")
+        check(self.stop_metric in stops, "stop_metric", " | ".join(stops), self.stop_metric)
+        check(self.window is None or self.window >= 1, "window", ">= 1 batch or null", self.window)
+        check(self.shuffle in ("once", "epoch"), "shuffle", "'once' or 'epoch'", self.shuffle)
 
 
-def _config(data, cfg: dict | WallaConfig | None) -> WallaConfig:
-    c = cfg if isinstance(cfg, WallaConfig) else WallaConfig.from_dict(cfg)
-    return c.resolved(bool(data.soft_target), list(data.agents), len(data.split_index("val")))
+def resolve(cfg: Config, data) -> Config:
+    """Fill the data-dependent fields (stop_metric auto, window null): what run.json records."""
+    soft = bool(data.soft_target)
+    stop = cfg.stop_metric if cfg.stop_metric != "auto" else ("kl" if soft else "brier_regret")
+    window = (
+        cfg.window if cfg.window is not None else max(1, round(len(data.split_index("val")) / cfg.batch_size))
+    )
+    return replace(cfg, stop_metric=stop, window=window)
 
 
 @dataclass
 class TrainedHeads:
     """Result of train_heads for a group of seeds (head g = seed g // A, kind (g % A) // M, agent g % M)."""
 
-    cfg: WallaConfig
+    cfg: Config
     seeds: list[int]
     in_dims: list[int]  # [M] real hidden size per agent
     n_kinds: int  # 1 (wager) or 3 (wager, own-score, baseline diagnostics)
-    last: list[torch.Tensor]  # StackedHeads parameters after the last step (heads on axis 0)
-    best: list[torch.Tensor]  # restored state (best window metric; last if none)
+    last: list[torch.Tensor]  # StackedHeads parameters after the last step (heads on axis 0), CPU
+    best: list[torch.Tensor]  # restored state (best window metric; last if none), CPU
     best_step: list[int | None]  # per seed
     stop_step: list[int | None]  # per seed: step at which patience ran out (None: ran all epochs)
     steps: int
-    calibration: CalibrationState | None
 
 
-def _draw_masks(
-    gens: list[np.random.Generator],
-    diag_gens: list[np.random.Generator],
-    m: int,
-    n_kinds: int,
-    b: int,
-    widths: Sequence[int],
-    keep: float,
-) -> list[torch.Tensor]:
-    """Dropout keep-masks, one [G, b, width] per hidden layer, from per-seed generators.
-
-    numpy's PCG64 draws uniforms ~1.5x faster than torch's CPU generator (masks are ~10% of a step).
-    Diagnostic heads draw from their own per-seed generators, so the wager heads see the same masks
-    (and hence the same trajectory) whether or not diagnostics are on.
-    """
-    out = []
-    for w in widths:
-        parts = []
-        for g, dg in zip(gens, diag_gens, strict=True):
-            parts.append(g.random((m, b, w), dtype=np.float32) < keep)  # [M, b, w]
-            if n_kinds > 1:
-                parts.append(dg.random(((n_kinds - 1) * m, b, w), dtype=np.float32) < keep)
-        out.append(torch.from_numpy(np.concatenate(parts).astype(np.float32)))  # [G, b, w]
-    return out
-
-
-def _init_heads(seeds: Sequence[int], in_dims: list[int], cfg: WallaConfig, n_kinds: int) -> StackedHeads:
+def _init_heads(seeds: Sequence[int], in_dims: list[int], cfg: Config, n_kinds: int) -> StackedHeads:
     """nn.Linear default init per head under seeded(seed): wager heads of agents 0..M-1 first, then the
     diagnostic heads, so wager-head init does not depend on `diagnostics`."""
     m = len(in_dims)
@@ -131,41 +152,43 @@ def _init_heads(seeds: Sequence[int], in_dims: list[int], cfg: WallaConfig, n_ki
     return heads
 
 
+def _masks(
+    gens, diag_gens, m: int, n_kinds: int, b: int, widths: Sequence[int], keep: float
+) -> list[torch.Tensor]:
+    """Dropout keep-masks, one [G, b, width] per hidden layer, from per-seed numpy generators (PCG64 draws
+    ~1.5x faster than torch's CPU generator). Diagnostic heads draw from their own generators, so the
+    wager heads see the same masks whether or not diagnostics are on."""
+    out = []
+    for w in widths:
+        parts = []
+        for g, dg in zip(gens, diag_gens, strict=True):
+            parts.append(g.random((m, b, w), dtype=np.float32) < keep)  # [M, b, w]
+            if n_kinds > 1:
+                parts.append(dg.random(((n_kinds - 1) * m, b, w), dtype=np.float32) < keep)
+        out.append(torch.from_numpy(np.concatenate(parts)))  # [G, b, w] bool
+    return out
+
+
 def _stop_metric(kind: str, agg: torch.Tensor, probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-row early-stopping metric (lower is better). agg [..., K], probs [..., M, K], target [..., K]."""
-    if kind == "kl":  # KL(gold || aggregate), SPEC §8 validation form
-        return (target * ((target + 1e-10).log() - agg.clamp_min(1e-10).log())).sum(-1)
-    # Brier dynamic regret: Brier(aggregate) - min_i Brier(p_i) (unhalved, expected under soft targets)
-    return (
-        mechanism.brier_loss(agg, target) - mechanism.brier_loss(probs, target.unsqueeze(-2)).min(-1).values
-    )
+    """Per-question early-stopping metric (lower is better): the mechanism's one D-regret / KL."""
+    return mechanism.kl_gold(target, agg) if kind == "kl" else mechanism.brier_regret(agg, probs, target)
 
 
 def train_heads(
     data,
-    cfg: dict | WallaConfig | None,
+    cfg: Config,
     seeds: Sequence[int],
+    env: TrainEnv = TrainEnv(),
     logs: Sequence[LogFn | None] | None = None,
-    calibration: CalibrationState | None = None,
+    calibration: dict | None = None,
     trace: Callable[[dict], None] | None = None,
 ) -> TrainedHeads:
-    """Train the wager heads of every agent for every seed as one batched module (see module docstring).
+    """Train the wager heads of every agent for every seed as one batched module (module docstring).
 
-    Args:
-        data: ScenarioData (training uses data.split_index("train") only; |val| sets the window).
-        cfg: WALLA config (dict or WallaConfig), resolved here against `data`.
-        seeds: seeds trained together; each seeds its own init, dropout and data order.
-        logs: optional per-seed LogFn, called once per training batch until that seed stops.
-        calibration: a fitted CalibrationState to reuse (else fitted here when cfg.calibrated).
-        trace: test hook, called per step with {"idx" [S, b] train positions, "wagers" [S, b, M],
-            "masks" list of [G, b, w]} (the pre-update quantities of that step).
-
-    Raises:
-        ValueError: bad config, no training rows, or a scenario with fewer than 2 agents.
+    `trace` (test hook) is called per step with the pre-update {"idx" [S, b], "wagers" [S, b, M],
+    "masks" list of [G, b, w]}. Raises ValueError: fewer than 2 agents, or no training rows.
     """
-    cfg = _config(data, cfg)
-    seeds = [int(s) for s in seeds]
-    m = data.n_agents
+    cfg, seeds, m = resolve(cfg, data), [int(s) for s in seeds], data.n_agents
     if m < 2:
         raise ValueError(
             f"WALLA needs >= 2 agents (a leave-one-out baseline), scenario {data.name!r} has {m}"
@@ -173,188 +196,104 @@ def train_heads(
     train = data.split_index("train")
     if len(train) == 0:
         raise ValueError(f"scenario {data.name!r} has no 'train' rows to fit WALLA on")
-    device = torch.device(cfg.device)
-    if cfg.calibrated and calibration is None:
-        calibration = fit_calibration(data, cfg.calibration, device=cfg.device)
-    probs_np = apply_calibration(calibration, data, train) if cfg.calibrated else data.probs[train]
-    probs = torch.from_numpy(np.asarray(probs_np, dtype=np.float32)).to(device)  # [n, M, K]
-    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float32)).to(device)  # [n, K]
-    option_mask = torch.from_numpy(np.asarray(data.option_mask[train], dtype=bool)).to(device)  # [n, K]
-    bank = stack_hidden(data.hidden, train).to(device)  # [M, n, Hmax]
+    fabric = make_fabric(env)
+    dev = fabric.device
+    probs_np = (
+        apply_calibration(calibration, data, train, env) if calibration is not None else data.probs[train]
+    )
+    probs = torch.as_tensor(np.asarray(probs_np), dtype=torch.float64, device=dev)  # [n, M, K]
+    target = torch.as_tensor(np.asarray(data.target[train]), dtype=torch.float64, device=dev)  # [n, K]
+    option_mask = torch.as_tensor(np.asarray(data.option_mask[train], dtype=bool), device=dev)  # [n, K]
+    bank = stack_hidden(data.hidden, train).to(dev)  # [M, n, Hmax]
     in_dims = [int(h.shape[1]) for h in data.hidden]
     n_kinds = 3 if cfg.diagnostics else 1
     s_n, a_n = len(seeds), n_kinds * m
     g_n = s_n * a_n
-
-    heads = _init_heads(seeds, in_dims, cfg, n_kinds).to(device)
+    heads = _init_heads(seeds, in_dims, cfg, n_kinds)
+    # Adam is elementwise: one optimizer over the stacked parameters = one Adam per head; the fused
+    # kernel does each step in one pass over the parameters (the step is memory-bound at 4096 wide)
+    fused = {"fused": True} if dev.type in ("cpu", "cuda") else {}
+    net, opt = fabric.setup(heads, torch.optim.Adam(heads.parameters(), lr=cfg.lr, **fused))
     gens = [np.random.default_rng([seed, 1]) for seed in seeds]  # wager-head dropout, per seed
     diag_gens = [np.random.default_rng([seed, 2]) for seed in seeds]  # diagnostic heads' dropout
     rngs = [np.random.default_rng(seed) for seed in seeds]  # data order, per seed
     n, bs = len(train), cfg.batch_size
-    n_batches = math.ceil(n / bs)
     orders = np.stack([r.permutation(n) for r in rngs])  # [S, n] train positions
-
-    def batches_for(epoch: int) -> list[tuple[int, int]]:
-        nonlocal orders
+    stop = OnlineStop(cfg, heads, s_n, a_n, logs)
+    step = 0
+    net.train()
+    for epoch in range(cfg.epochs):
         if cfg.shuffle == "epoch" and epoch > 0:
             orders = np.stack([r.permutation(n) for r in rngs])
-        return [(epoch, t) for t in range(n_batches)]
-
-    keep = 1.0 - cfg.dropout
-    widths = list(cfg.hidden)
-    step_out: dict = {}
-
-    def loss_fn(module: StackedHeads, batch: tuple[int, int]):
-        _, t = batch
-        idx = torch.from_numpy(orders[:, t * bs : (t + 1) * bs]).to(device)  # [S, b]
-        b = idx.shape[1]
-        x = bank[:, idx].transpose(0, 1)  # [S, M, b, H]
-        if n_kinds > 1:
-            x = x.unsqueeze(1).expand(s_n, n_kinds, m, b, x.shape[-1])  # [S, D, M, b, H]
-        x = x.reshape(g_n, b, -1).float()  # [G, b, H]
-        masks = _draw_masks(gens, diag_gens, m, n_kinds, b, widths, keep) if cfg.dropout > 0 else None
-        masks = [mk.to(device) for mk in masks] if masks is not None else None
-        r = module(x, masks).view(s_n, n_kinds, m, b)  # [S, D, M, b]
-        w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
-        p, y = probs[idx], target[idx]  # [S, b, M, K], [S, b, K]
-        with torch.no_grad():
-            wd = w.detach()
+        for t in range(math.ceil(n / bs)):
+            idx = torch.from_numpy(orders[:, t * bs : (t + 1) * bs]).to(dev)  # [S, b]
+            b = idx.shape[1]
+            x = bank[:, idx].transpose(0, 1)  # [S, M, b, H]
+            if n_kinds > 1:
+                x = x.unsqueeze(1).expand(s_n, n_kinds, m, b, x.shape[-1])  # [S, D, M, b, H]
+            x = x.reshape(g_n, b, -1).to(heads.weights[0].dtype)  # [G, b, H]
+            masks = None
+            if cfg.dropout > 0:
+                masks = [
+                    mk.to(dev) for mk in _masks(gens, diag_gens, m, n_kinds, b, cfg.hidden, 1 - cfg.dropout)
+                ]
+            # ---- forward: wagers, realized advantages, best-response targets -------------------------
+            r = net(x, masks).double().view(s_n, n_kinds, m, b)  # [S, D, M, b] raw scores, float64
+            w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
+            p, y, wd = probs[idx], target[idx], w.detach()  # [S, b, M, K], [S, b, K], [S, b, M]
             adv = mechanism.advantage(p, wd, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [S, b, M]
             w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)  # [S, b, M]
-        mse = ((w - w_star) ** 2).mean(1)  # [S, M]: agent i's own loss
-        loss = mse.sum()
-        if n_kinds > 1:  # diagnostic heads: own score and baseline, never used for wagers
+            mse = ((w - w_star) ** 2).mean(1)  # [S, M]: agent i's own loss
+            loss = mse.sum()
+            if n_kinds > 1:  # diagnostic heads: own score and baseline, never used for wagers
+                score = mechanism.brier_score(p, y.unsqueeze(-2), cfg.c1, cfg.c2, validate=False)  # [S, b, M]
+                for k, goal in ((1, score), (2, score - adv)):
+                    pred = torch.sigmoid(r[:, k]).transpose(1, 2)  # [S, b, M]
+                    loss = loss + ((pred - goal.clamp(0, 1)) ** 2).mean(1).sum()
+            # ---- update: per-head clipping, one Adam step for every head ------------------------------
+            opt.zero_grad(set_to_none=True)
+            fabric.backward(loss)
+            fabric.strategy.precision.unscale_gradients(opt.optimizer)  # 16-mixed only
+            heads.clip_per_head_(cfg.clip)
+            opt.step()
+            step += 1
+            # ---- online early stopping on the pre-update aggregate ----------------------------------
             with torch.no_grad():
-                score = cfg.c1 - cfg.c2 * mechanism.brier_loss(p, y.unsqueeze(-2))  # [S, b, M]
-                base = score - adv
-            pred_s = torch.sigmoid(r[:, 1]).transpose(1, 2)  # [S, b, M]
-            pred_b = torch.sigmoid(r[:, 2]).transpose(1, 2)
-            loss = (
-                loss
-                + ((pred_s - score.clamp(0, 1)) ** 2).mean(1).sum()
-                + ((pred_b - base.clamp(0, 1)) ** 2).mean(1).sum()
-            )
-        with torch.no_grad():
-            agg = mechanism.pool(
-                p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False
-            )  # [S, b, K]
-            metric = _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if cfg.stop_metric != "none" else None
-            step_out.update(  # per-seed summaries, on the CPU for the bookkeeping below
-                b=b,
-                mse=mse.detach().mean(1).cpu(),
-                metric=metric.cpu() if metric is not None else None,
-                wager=wd.mean(1).cpu(),
-                adv=adv.mean(1).cpu(),
-                payout=(wd * (adv - cfg.c3 * wd)).mean(1).cpu(),
-            )
-        if trace is not None:
-            trace(
-                {"idx": idx.cpu(), "wagers": wd.cpu(), "masks": [mk.cpu() for mk in masks] if masks else None}
-            )
-        return loss, {"batch_size": b}
-
-    # ---- per-seed online early stopping (SPEC §4.2) -----------------------------------------------
-    win = int(cfg.window)
-    ring = torch.zeros(win, s_n, dtype=torch.float64)  # batch metric * batch size
-    ring_n = torch.zeros(win, dtype=torch.float64)
-    filled = 0
-    best_val = torch.full((s_n,), math.inf, dtype=torch.float64)
-    bad = torch.zeros(s_n, dtype=torch.long)
-    active = [True] * s_n
-    best = [p.detach().clone() for p in heads.parameters()]
-    best_step: list[int | None] = [None] * s_n
-    stop_step: list[int | None] = [None] * s_n
-    n_seen = 0
-    logs = list(logs) if logs is not None else [None] * s_n
-
-    def on_step(step: int, row: dict) -> bool:
-        nonlocal filled, n_seen
-        b = step_out["b"]
-        n_seen += b
-        wm = torch.full((s_n,), math.nan, dtype=torch.float64)
-        if step_out["metric"] is not None:
-            ring[(step - 1) % win] = step_out["metric"].double() * b
-            ring_n[(step - 1) % win] = b
-            filled = min(filled + 1, win)
-            if filled == win:
-                wm = ring.sum(0) / ring_n.sum()  # [S] size-weighted window mean
-                for s in range(s_n):
-                    if not active[s]:
-                        continue
-                    if wm[s] < best_val[s]:
-                        best_val[s], bad[s], best_step[s] = wm[s], 0, step
-                        rows = slice(s * a_n, (s + 1) * a_n)
-                        for bp, p in zip(best, heads.parameters(), strict=True):
-                            bp[rows] = p.detach()[rows]  # state AFTER this batch's update
-                    else:
-                        bad[s] += 1
-        for s in range(s_n):
-            if not active[s]:
-                continue
-            if logs[s] is not None:
-                entry = {
-                    "step": step,
-                    "epoch": row["epoch"],
-                    "n_seen": n_seen,
-                    "loss": float(step_out["mse"][s]),
-                    "stop_metric": float(step_out["metric"][s])
-                    if step_out["metric"] is not None
-                    else math.nan,
-                    "window_metric": float(wm[s]),
-                    "wager_mean": float(step_out["wager"][s].mean()),
-                    "advantage_mean": float(step_out["adv"][s].mean()),
-                    "payout_mean": float(step_out["payout"][s].mean()),
-                }
-                entry.update({f"wager_{i}": float(v) for i, v in enumerate(step_out["wager"][s].tolist())})
-                entry.update({f"advantage_{i}": float(v) for i, v in enumerate(step_out["adv"][s].tolist())})
-                logs[s](entry)
-            if bad[s] >= cfg.patience:
-                active[s], stop_step[s] = False, step
-        return not any(active)
-
-    # Adam is elementwise, so one optimizer over the stacked parameters = one Adam per head; the fused
-    # CPU/GPU kernel does each step in one pass over the parameters (the step dominates at H ~ 600)
-    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}
-    opt = torch.optim.Adam(heads.parameters(), lr=cfg.lr, **fused)
-    res = fit_module(
-        heads,
-        loss_fn,
-        batches_for,
-        optimizer=opt,
-        lr=cfg.lr,
-        epochs=cfg.epochs,
-        clip_fn=lambda mod: float(mod.clip_per_head_(cfg.clip).max()),
-        on_step=on_step,
-        seed=seeds[0],
-        engine=cfg.engine,
-        logger=None,
-        device=cfg.device,
-    )
-    last = [p.detach().clone() for p in heads.parameters()]
-    for s in range(s_n):  # a seed whose window never improved keeps its last state
-        if best_step[s] is None:
-            rows = slice(s * a_n, (s + 1) * a_n)
-            for bp, lp in zip(best, last, strict=True):
-                bp[rows] = lp[rows]
-    return TrainedHeads(
-        cfg=cfg,
-        seeds=seeds,
-        in_dims=in_dims,
-        n_kinds=n_kinds,
-        last=[t.cpu() for t in last],
-        best=[t.cpu() for t in best],
-        best_step=best_step,
-        stop_step=stop_step,
-        steps=res.steps,
-        calibration=calibration,
-    )
+                agg = mechanism.pool(
+                    p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False
+                )  # [S, b, K]
+                metric = (
+                    _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if cfg.stop_metric != "none" else None
+                )
+                payout = mechanism.net_payout(p, wd, y, cfg.variant, cfg.c1, cfg.c2, cfg.c3, validate=False)
+            if trace is not None:
+                trace(
+                    {
+                        "idx": idx.cpu(),
+                        "wagers": wd.cpu(),
+                        "masks": [mk.cpu() for mk in masks] if masks else None,
+                    }
+                )
+            summary = {"mse": mse.detach(), "metric": metric, "wager": wd.mean(1), "adv": adv.mean(1)}
+            if stop.update(
+                step,
+                epoch,
+                b,
+                {k: v.cpu() for k, v in summary.items() if v is not None},
+                payout.mean(1).cpu(),
+            ):
+                break
+        if stop.done:
+            break
+    last = [p.detach().clone().cpu() for p in heads.parameters()]
+    best = stop.best_or_last(last)
+    return TrainedHeads(cfg, seeds, in_dims, n_kinds, last, best, stop.best_step, stop.stop_step, step)
 
 
-def _seed_chunks(data, cfg: WallaConfig, seeds: list[int]) -> list[list[int]]:
+def _seed_chunks(data, cfg: Config, seeds: list[int]) -> list[list[int]]:
     """Seeds per batched module so that parameters + grads + Adam moments + best copy fit the budget."""
-    heads = StackedHeads(
-        [max(int(h.shape[1]) for h in data.hidden)], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False
-    )
+    h_max = max(int(h.shape[1]) for h in data.hidden)
+    heads = StackedHeads([h_max], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
     per_seed = (
         sum(p.numel() for p in heads.parameters()) * data.n_agents * (3 if cfg.diagnostics else 1) * 4 * 6
     )
@@ -362,27 +301,25 @@ def _seed_chunks(data, cfg: WallaConfig, seeds: list[int]) -> list[list[int]]:
     return [seeds[i : i + k] for i in range(0, len(seeds), k)]
 
 
-def fit_many(
-    data, cfg: dict | None, seeds: Sequence[int], logs: Sequence[LogFn | None] | None = None
-) -> list[dict]:
-    """Fit one state per seed, all seeds batched in one module (chunked if memory demands it)."""
-    c = _config(data, cfg)
-    seeds = [int(s) for s in seeds]
+def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[LogFn | None]) -> list[dict]:
+    """One state per seed, all seeds batched in one module (chunked if memory demands it)."""
+    cfg, seeds = resolve(cfg, data), [int(s) for s in seeds]
     logs = list(logs) if logs is not None else [None] * len(seeds)
-    calibration = fit_calibration(data, c.calibration, device=c.device) if c.calibrated else None
+    calibration = fit_calibration(data, cfg.calibration, env) if cfg.calibrated else None
     states = []
-    for chunk in _seed_chunks(data, c, seeds):
-        chunk_logs = [logs[seeds.index(s)] for s in chunk]
-        th = train_heads(data, c, chunk, chunk_logs, calibration=calibration)
+    for chunk in _seed_chunks(data, cfg, seeds):
+        th = train_heads(data, cfg, chunk, env, [logs[seeds.index(s)] for s in chunk], calibration)
         a_n = th.n_kinds * data.n_agents
         for j, seed in enumerate(chunk):
             states.append(
                 {
-                    "cfg": c.to_dict(),
+                    "cfg": to_dict(cfg),
                     "seed": seed,
                     "in_dims": th.in_dims,
                     "n_kinds": th.n_kinds,
-                    "params": [t[j * a_n : (j + 1) * a_n].clone() for t in th.best],
+                    "params": [
+                        t[j * a_n : (j + 1) * a_n].clone() for t in th.best
+                    ],  # head = kind * M + agent
                     "best_step": th.best_step[j],
                     "stop_step": th.stop_step[j],
                     "steps": th.steps,
@@ -392,51 +329,40 @@ def fit_many(
     return states
 
 
-def fit(data, cfg: dict | None, seed: int, log: LogFn | None = None) -> dict:
-    """Fit the wager heads of every agent for one seed (see fit_many)."""
-    return fit_many(data, cfg, [seed], [log])[0]
+def predict(state: dict, data, rows: np.ndarray, env: TrainEnv, chunk: int = 2048) -> MethodOutput:
+    """Eval-mode wagers (no dropout) -> weights, pooled prediction, payouts/advantages for `rows`.
 
-
-def predict(state: dict, data, rows: np.ndarray, chunk: int = 2048) -> MethodOutput:
-    """Eval-mode wagers (no dropout) -> weights, pooled prediction, payouts/advantages for `rows`."""
-    cfg = WallaConfig.from_dict(state["cfg"])
+    Wagers are float64 from the raw score on, through pooling, advantages and the returned arrays."""
+    cfg = Config(**{**state["cfg"], "calibration": CalibrationConfig(**state["cfg"]["calibration"])})
     rows = np.asarray(rows, dtype=np.int64)
-    m, n_kinds = data.n_agents, state["n_kinds"]
+    m, n_kinds, dev = data.n_agents, state["n_kinds"], torch.device(env.device)
     if len(state["in_dims"]) != m:
         raise ValueError(f"state was trained with {len(state['in_dims'])} agents, scenario has {m}")
-    heads = StackedHeads(state["in_dims"] * n_kinds, cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
+    dims = state["in_dims"] * n_kinds
+    heads = StackedHeads(dims, cfg.hidden, cfg.dropout, cfg.projection_dim, init=False, device=dev).eval()
     heads.load_rows(slice(None), state["params"])
-    heads.eval()
     cal = state.get("calibration")
-    probs_np = (
-        apply_calibration(cal, data, rows) if cal is not None else np.asarray(data.probs[rows], np.float32)
-    )
+    probs_np = apply_calibration(cal, data, rows, env) if cal is not None else np.asarray(data.probs[rows])
     raw = []
     with torch.no_grad():
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            x = stack_hidden(data.hidden, part)  # [M, n, H]
+            x = stack_hidden(data.hidden, part).to(dev)  # [M, n, H]
             x = x.unsqueeze(0).expand(n_kinds, *x.shape).reshape(n_kinds * m, len(part), -1).float()
-            raw.append(heads(x))  # [D*M, n]
-    r = torch.cat(raw, dim=1) if raw else torch.zeros(n_kinds * m, 0)
-    w = torch.sigmoid(r[:m] / cfg.temperature).T.contiguous()  # [n, M]
-    p = torch.from_numpy(probs_np)  # [n, M, K]
-    y = torch.from_numpy(np.asarray(data.target[rows], dtype=np.float32))  # [n, K]
-    mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool))  # [n, K]
+            raw.append(heads.predict(x).double())  # [D*M, n]
+    r = torch.cat(raw, dim=1) if raw else torch.zeros(n_kinds * m, 0, dtype=torch.float64, device=dev)
+    w = torch.sigmoid(r[:m] / cfg.temperature).T.contiguous()  # [n, M] float64
+    p = torch.as_tensor(probs_np, dtype=torch.float64, device=dev)  # [n, M, K]
+    y = torch.as_tensor(np.asarray(data.target[rows]), dtype=torch.float64, device=dev)  # [n, K]
+    mask = torch.as_tensor(np.asarray(data.option_mask[rows], dtype=bool), device=dev)  # [n, K]
     agg = mechanism.pool(p, w, cfg.pooling, option_mask=mask)  # [n, K]
     adv = mechanism.advantage(p, w, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [n, M]
-    total = w.sum(1, keepdim=True)
-    weights = torch.where(total > 0, w / total.clamp_min(1e-30), torch.full_like(w, 1.0 / m))  # [n, M]
-    extras = {
-        "wagers": w.numpy().astype(np.float32),
-        "advantage": adv.numpy().astype(np.float32),
-        "payouts": (w * (adv - cfg.c3 * w)).numpy().astype(np.float32),
-    }
+    weights = mechanism.pool_weights(w)  # [n, M], rows sum to 1
+    extras = {"wagers": w, "advantage": adv, "payouts": w * (adv - cfg.c3 * w)}
     if n_kinds > 1:
-        extras["pred_score"] = torch.sigmoid(r[m : 2 * m]).T.numpy().astype(np.float32)
-        extras["pred_baseline"] = torch.sigmoid(r[2 * m : 3 * m]).T.numpy().astype(np.float32)
+        extras["pred_score"] = torch.sigmoid(r[m : 2 * m]).T
+        extras["pred_baseline"] = torch.sigmoid(r[2 * m : 3 * m]).T
+    extras = {k: v.cpu().numpy() for k, v in extras.items()}
     if cal is not None:
-        extras["agent_probs"] = probs_np.astype(np.float32)
-    return MethodOutput(
-        weights=weights.numpy().astype(np.float32), agg_probs=agg.numpy().astype(np.float32), extras=extras
-    )
+        extras["agent_probs"] = np.asarray(probs_np, dtype=np.float32)
+    return MethodOutput(weights=weights.cpu().numpy(), agg_probs=agg.cpu().numpy(), extras=extras)
