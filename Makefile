@@ -76,7 +76,7 @@ demo-real: setup
 
 extract: setup
 	$(BIN)/walla-extract --model $(MODEL) --dataset $(DATASET) --store $(STORE) --backend $(BACKEND) \
-	  $(if $(VARIANTS),--variants $(VARIANTS),) $(if $(DATA_FILE),--data-file $(DATA_FILE),) $(if $(LIMIT),--limit $(LIMIT),)
+	  $(if $(VARIANTS),--variants $(VARIANTS),) $(if $(DATA_FILE),--data-file $(DATA_FILE),) $(if $(LIMIT),--limit $(LIMIT),) $(if $(SIZE),--size $(SIZE),)
 
 train: setup
 	$(BIN)/walla-train --scenario $(SCENARIO) --store $(STORE) --runs $(RUNS) --seeds $(SEEDS)

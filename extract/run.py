@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import logging
@@ -24,8 +25,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from walla.extract import hub
+from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, load_dataset_table
+from walla.extract.device import check_device
 from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.prompts import DEFAULT_TEMPLATE, build_prompts, get_template
 from walla.extract.scoring import renormalize, resolve_option_token_ids
@@ -218,8 +221,8 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         hub.HubUnavailableError: hub model/dataset unreachable, gated or not cached (one line).
         ValueError: malformed data, bad settings, store problems (one line naming the input).
     """
-    from walla.store.featureset import FeatureSetSpec, find_complete
     from walla.store.catalog import load_datasets, load_models, resolve_model_name
+    from walla.store.featureset import FeatureSetSpec, find_complete, read_feature_set, writer_lock
     from walla.store.questions import write_question_table
 
     # 1. resolve names -------------------------------------------------------------------------------------
@@ -238,6 +241,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
     chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
     device = cfg.device or _default_device(backend_name)
+    check_device(device, backend_name)
     rm = resolve_model(m_entry)
 
     # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
@@ -248,7 +252,9 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         raise hub.combine([model_problem, e] if model_problem else [e]) from e
     if model_problem:
         raise model_problem
-    qfp = write_question_table(cfg.store, cfg.dataset, table, source)
+    qfp = write_question_table(
+        cfg.store, cfg.dataset, table, source, reproduce_command(cfg, variants, backend_name, dtype)
+    )
     counts = table["split"].value_counts().sort("split")
     out(
         f"questions: {table.height} rows ({', '.join(f'{s} {n}' for s, n in counts.iter_rows())}), "
@@ -264,36 +270,44 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     ident = backend_identity(backend_name, rm, dtype, device, chat, m_entry.hidden_size)
     todo: list[tuple[str, FeatureSetSpec]] = []
     paths: list[Path] = []
-    for variant in variants:
-        inputs = {
-            "questions_fp": qfp,
-            **ident,
-            "prompt": {"template": template.name, "text": template.text_for(variant), "description": ""},
-            "option_tokens": _option_tokens_input(d_entry, template),
-            "context_seed": cfg.context_seed if variant == "irrelevant" else None,
-        }
-        spec = FeatureSetSpec(model_name, cfg.dataset, variant, inputs)
-        done = find_complete(cfg.store, spec)
-        if done is not None:
-            out(f"already complete: {done}")
-            paths.append(done)
-        else:
-            todo.append((variant, spec))
-    if not todo:
-        return paths
+    with contextlib.ExitStack() as locks:
+        for variant in variants:
+            inputs = {
+                "questions_fp": qfp,
+                **ident,
+                "prompt": {"template": template.name, "text": template.text_for(variant), "description": ""},
+                "option_tokens": _option_tokens_input(d_entry, template),
+                "context_seed": cfg.context_seed if variant == "irrelevant" else None,
+            }
+            spec = FeatureSetSpec(model_name, cfg.dataset, variant, inputs)
+            locks.enter_context(
+                writer_lock(cfg.store, spec)
+            )  # a second walla-extract refuses HERE, before a model loads
+            done = find_complete(cfg.store, spec)
+            if done is not None:
+                read_feature_set(done)  # verified: a corrupt set is refused with its fix, never "complete"
+                out(f"already complete: {done}")
+                paths.append(done)
+            else:
+                todo.append((variant, spec))
+        if not todo:
+            return paths
 
-    # 4. load the model once, extract each remaining variant --------------------------------------------
-    t_load = time.perf_counter()
-    backend = load_backend(backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
-    out(
-        f"model {model_name} loaded ({backend_name}, {ident.get('dtype', 'n/a')}) in {time.perf_counter() - t_load:.1f} s"
-    )
-    try:
-        with _Progress(cfg.progress) as bar:
-            for _variant, spec in todo:
-                paths.append(_extract_variant(backend, spec, table, template, d_entry, cfg, bar, out))
-    finally:
-        backend.close()
+        # 4. load the model once, extract each remaining variant ----------------------------------------
+        t_load = time.perf_counter()
+        backend = load_backend(backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
+        out(
+            f"model {model_name} loaded ({backend_name}, {ident.get('dtype', 'n/a')}) in {time.perf_counter() - t_load:.1f} s"
+        )
+        try:
+            with _Progress(cfg.progress) as bar:
+                for variant, spec in todo:
+                    command = reproduce_command(cfg, [variant], backend_name, dtype)
+                    paths.append(
+                        _extract_variant(backend, spec, table, template, d_entry, cfg, bar, out, command)
+                    )
+        finally:
+            backend.close()
     return paths
 
 
@@ -313,7 +327,9 @@ def _option_tokens_input(d_entry, template) -> list[str] | str:
     return "display letters by position"
 
 
-def _extract_variant(backend, spec, table, template, d_entry, cfg: ExtractConfig, bar, out) -> Path:
+def _extract_variant(
+    backend, spec, table, template, d_entry, cfg: ExtractConfig, bar, out, command: str
+) -> Path:
     """Render, resolve option tokens, then score and store shard by shard (resuming after durable rows)."""
     from walla.store.featureset import open_writer
 
@@ -327,7 +343,9 @@ def _extract_variant(backend, spec, table, template, d_entry, cfg: ExtractConfig
     token_ids = [tok_of[s] for s in union]
     token_col = {s: i for i, s in enumerate(union)}
     n = len(prompts)
-    with open_writer(cfg.store, spec, hidden_size=backend.hidden_size, total_rows=n) as w:
+    with open_writer(
+        cfg.store, spec, hidden_size=backend.hidden_size, total_rows=n, command=command, locked=True
+    ) as w:
         start0 = w.done_rows
         if start0:
             out(f"resuming {spec.model}/{spec.dataset}/{spec.variant} after {start0} durable rows")

@@ -14,7 +14,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
-from walla.store import atomic
 from walla.store.featureset import (
     FeatureSetInfo,
     LockedError,
@@ -24,6 +23,8 @@ from walla.store.featureset import (
     remove_feature_set,
     verify_checksums,
 )
+from walla.store.files import describe_os_error, read_json
+from walla.store.listing import dir_size, remove_dir
 from walla.store.questions import QUESTIONS_DIR, list_question_tables, read_question_table
 
 app = typer.Typer(
@@ -36,6 +37,22 @@ STORE_OPT = typer.Option(Path("walla-store"), "--store", help="store directory")
 def _console() -> Console:
     # wide enough that fingerprints and paths are never cut when output goes to a file or a test runner
     return Console(width=max(shutil.get_terminal_size((160, 24)).columns, 160), soft_wrap=False)
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    """One line on stderr, then exit with `code`."""
+    typer.echo(f"walla-store: error: {' '.join(str(msg).split())}", err=True)
+    raise typer.Exit(code)
+
+
+def _check_store(store: Path, must_exist: bool) -> None:
+    """A store path that is a file (or, for verify, missing) is an error, not an empty store."""
+    if store.exists() and not store.is_dir():
+        _fail(
+            f"store {store} is a file, expected a store directory (e.g. walla-store, made by walla-extract)"
+        )
+    if must_exist and not store.exists():
+        _fail(f"store {store} does not exist; give the directory walla-extract wrote (--store DIR)")
 
 
 def _size(n: int) -> str:
@@ -69,8 +86,12 @@ def _entries(store: Path) -> list[_Entry]:
 @app.command("ls")
 def ls(store: Path = STORE_OPT) -> None:
     """List feature sets and question tables: status, rows, hidden size, disk size, creation time."""
+    _check_store(store, must_exist=False)
     console = _console()
-    entries = _entries(store)
+    try:
+        entries = _entries(store)
+    except (StoreError, OSError) as e:
+        _fail(describe_os_error(e) if isinstance(e, OSError) else e)
     if not entries:
         where = "" if store.is_dir() else " (the directory does not exist)"
         console.print(
@@ -93,7 +114,7 @@ def ls(store: Path = STORE_OPT) -> None:
         table.add_column(col, no_wrap=True, justify="right" if col in ("rows", "hidden", "size") else "left")
     total, counts = 0, {}
     for e in entries:
-        size = atomic.dir_size(e.path)
+        size = dir_size(e.path)
         total += size
         if e.info is not None:
             i = e.info
@@ -147,15 +168,21 @@ def verify(
     store: Path = STORE_OPT,
 ) -> None:
     """Recompute the checksum of every file of every complete entry; exit 1 naming the first bad file."""
+    _check_store(store, must_exist=True)
     console = _console()
-    entries = [
-        e for e in _entries(store) if not prefixes or any(e.fingerprint.startswith(p) for p in prefixes)
-    ]
+    try:
+        entries = [
+            e for e in _entries(store) if not prefixes or any(e.fingerprint.startswith(p) for p in prefixes)
+        ]
+    except (StoreError, OSError) as e:
+        _fail(describe_os_error(e) if isinstance(e, OSError) else e)
     if not entries:
-        console.print(
-            f"nothing to verify in {store}" + (f" matching {', '.join(prefixes)}" if prefixes else "")
-        )
-        raise typer.Exit(1 if prefixes else 0)
+        if prefixes:
+            _fail(
+                f"no entry of {store} has a fingerprint starting with {', '.join(prefixes)} (see `walla-store ls`)"
+            )
+        console.print(f"nothing to verify in {store}")
+        return
     failed = 0
     for e in entries:
         label = f"{e.kind} {e.fingerprint} ({e.path})"
@@ -164,7 +191,7 @@ def verify(
                 console.print(f"[yellow]SKIP[/] {label}: {e.info.status}, not committed")
                 continue
             if e.info is not None and e.info.status == "stale":
-                verify_checksums(e.path, atomic.read_json(e.path / "meta.json"))
+                verify_checksums(e.path, read_json(e.path / "meta.json"))
                 console.print(f"[yellow]OK  [/] {label}: checksums match, but schema is stale (re-extract)")
                 continue
             if e.info is not None:
@@ -177,7 +204,8 @@ def verify(
             console.print(f"[green]OK  [/] {label}")
         except (StoreError, ValueError, OSError) as err:
             failed += 1
-            console.print(f"[red]FAIL[/] {label}: {err}")
+            msg = describe_os_error(err) if isinstance(err, OSError) else " ".join(str(err).split())
+            typer.echo(f"FAIL {label}: {msg}", err=True)
     if failed:
         console.print(f"[red]{failed} of {len(entries)} entries failed verification[/]")
         raise typer.Exit(1)
@@ -193,21 +221,20 @@ def rm(
     """Remove a feature set (complete or not) or a question table by fingerprint prefix."""
     console = _console()
     if len(prefix) < 4:
-        console.print(f"fingerprint prefix {prefix!r} is too short: give at least 4 characters")
-        raise typer.Exit(2)
-    matches = [e for e in _entries(store) if e.fingerprint.startswith(prefix)]
+        _fail(f"fingerprint prefix {prefix!r} is too short: give at least 4 characters", 2)
+    _check_store(store, must_exist=True)
+    try:
+        matches = [e for e in _entries(store) if e.fingerprint.startswith(prefix)]
+    except (StoreError, OSError) as e:
+        _fail(describe_os_error(e) if isinstance(e, OSError) else e)
     if not matches:
-        console.print(
-            f"no entry of {store} has a fingerprint starting with {prefix!r} (see `walla-store ls`)"
-        )
-        raise typer.Exit(1)
+        _fail(f"no entry of {store} has a fingerprint starting with {prefix!r} (see `walla-store ls`)")
     if len(matches) > 1 and not all_matches:
-        console.print(
+        _fail(
             f"{prefix!r} matches {len(matches)} entries: "
             + ", ".join(f"{e.kind} {e.fingerprint}" for e in matches)
             + "; give more characters or --all"
         )
-        raise typer.Exit(1)
     for e in matches:
         if not yes and not typer.confirm(f"remove {e.kind} {e.fingerprint} ({e.path})?"):
             continue
@@ -215,12 +242,11 @@ def rm(
             if e.info is not None:
                 remove_feature_set(e.info)
             else:
-                doomed = e.path.with_name(e.path.name + ".deleting")
-                e.path.rename(doomed)
-                shutil.rmtree(doomed)
+                remove_dir(e.path)
         except LockedError as err:
-            console.print(str(err))
-            raise typer.Exit(1) from None
+            _fail(err)
+        except OSError as err:
+            _fail(describe_os_error(err))
         console.print(f"removed {e.kind} {e.fingerprint} ({e.path})")
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import PurePath
+import os
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
+from walla.store.atomic import TMP_SUFFIX
 
 FP_LENGTH = 16  # hex characters kept from the sha256 digest
 
@@ -118,3 +120,20 @@ def checksum_matches(path: str | PurePath, recorded: str) -> bool:
     """Recompute a file's checksum with the algorithm named in `recorded` and compare."""
     algo, _, _ = recorded.partition(":")
     return file_checksum(path, algo) == recorded
+
+
+def dir_files(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Relative POSIX paths of all files under root (sorted), skipping names in `exclude` and temp files."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            rel = Path(dirpath, name).relative_to(root).as_posix()
+            if rel in exclude or name.endswith(TMP_SUFFIX):
+                continue
+            out.append(rel)
+    return sorted(out)
+
+
+def dir_checksums(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """{relative path: "<algo>:<hex>"} of every file under root: the per-file checksums readers recompute."""
+    return {rel: file_checksum(root / rel) for rel in dir_files(root, exclude)}

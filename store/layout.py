@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 
 from walla.store import atomic
@@ -39,10 +40,21 @@ class LockedError(StoreError):
     """Another process holds the writer lock of this feature set."""
 
 
-def extract_command(model: str, dataset: str, variants: str | list[str]) -> str:
-    """The exact command that (re)creates feature sets; every 'missing/stale' error quotes it."""
+def extract_command(model: str, dataset: str, variants: str | list[str], size: int | None = None) -> str:
+    """The `make extract` command that (re)creates feature sets; 'missing' errors quote it.
+
+    `size`: rows of a generated dataset (its question table, hence its fingerprints, depend on it).
+    """
     v = variants if isinstance(variants, str) else ",".join(variants)
-    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={v}"
+    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={v}" + (f" SIZE={size}" if size else "")
+
+
+def fix_command(fingerprint: str, store: Path, recreate: str) -> str:
+    """The remedy a 'corrupt / stale / inconsistent' error quotes: remove the entry, then re-create it.
+
+    Re-running the extraction alone is not enough: it would find the entry complete and keep it.
+    """
+    return f"fix: `walla-store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {recreate}`"
 
 
 def check_name(name: str, what: str) -> None:

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from walla.store import atomic
+from walla.store.files import read_json
 from walla.store.layout import (
     FEATURES_DIR,
     FS_DIR_RE,
@@ -36,7 +36,7 @@ class FeatureSetInfo:
     variant: str
     fingerprint: str
     path: Path
-    status: str  # complete | stale | writing | incomplete
+    status: str  # complete | stale | corrupt (unreadable meta.json) | writing | incomplete
     n_rows: int | None  # total rows (when known)
     done_rows: int | None  # durable rows of an incomplete write
     hidden_size: int | None
@@ -46,7 +46,17 @@ class FeatureSetInfo:
 
     @property
     def size_bytes(self) -> int:
-        return atomic.dir_size(self.path)
+        return dir_size(self.path)
+
+
+def dir_size(root: Path) -> int:
+    """Bytes of every file under root (files renamed away meanwhile are skipped)."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # a writer renamed it meanwhile
+                total += os.stat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _lock_held(lock_path: Path) -> bool:
@@ -70,8 +80,14 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
     incomplete = d.name.endswith(INCOMPLETE)
     fp = d.name[: -len(INCOMPLETE)] if incomplete else d.name
     if not incomplete and (d / META_FILE).exists():
-        m = atomic.read_json(d / META_FILE)
-        status = "complete" if m.get("schema_version") == FEATURE_SCHEMA_VERSION else "stale"
+        try:
+            m = read_json(d / META_FILE)
+        except StoreError:  # `walla-store verify` names the file (read_feature_set)
+            m = {"schema_version": None}
+        if m.get("schema_version") is None:
+            status = "corrupt"
+        else:
+            status = "complete" if m.get("schema_version") == FEATURE_SCHEMA_VERSION else "stale"
         return FeatureSetInfo(
             model,
             dataset,
@@ -87,8 +103,8 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
             m.get("questions_fp"),
         )
     w = {}
-    with contextlib.suppress(OSError, ValueError):
-        w = atomic.read_json(d / WRITER_FILE)
+    with contextlib.suppress(StoreError):
+        w = read_json(d / WRITER_FILE)
     done = 0
     if (d / ROWS_FILE).exists() or (d / META_FILE).exists():
         done = w.get("total_rows", 0)
@@ -147,8 +163,12 @@ def remove_feature_set(info: FeatureSetInfo) -> None:
     lock_path = info.path.with_name(info.fingerprint + LOCK)
     if _lock_held(lock_path):
         raise LockedError(f"feature set {info.path} is being written right now; stop that writer first")
-    # rename first so a reader never sees a half-deleted complete directory
-    doomed = info.path.with_name(f"{info.path.name}.deleting-{os.getpid()}")
-    os.rename(info.path, doomed)
-    shutil.rmtree(doomed)
+    remove_dir(info.path)
     lock_path.unlink(missing_ok=True)
+
+
+def remove_dir(path: Path) -> None:
+    """Rename a store directory away, then delete it: a reader never sees a half-deleted entry."""
+    doomed = path.with_name(f"{path.name}.deleting-{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)

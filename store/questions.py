@@ -11,6 +11,7 @@ feature sets extracted from it name it in their inputs (`questions_fp`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -20,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from walla.store import atomic
+from walla.store.files import read_json, read_parquet
 from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
-from walla.store.layout import check_name
+from walla.store.layout import StoreError, check_name, fix_command
+from walla.store.provenance import library_versions, now_iso
 from walla.store.schema import FEATURE_SCHEMA_VERSION, QUESTION_COLUMNS, SPLITS
 
 QUESTIONS_DIR = "questions"
@@ -144,7 +147,9 @@ def question_dir(store: Path, dataset: str, fp: str) -> Path:
     return Path(store) / QUESTIONS_DIR / dataset / fp
 
 
-def write_question_table(store: Path, dataset: str, df: pl.DataFrame, source: dict) -> str:
+def write_question_table(
+    store: Path, dataset: str, df: pl.DataFrame, source: dict, command: str | None = None
+) -> str:
     """Validate and store a dataset's canonical question table once; return its fingerprint.
 
     Idempotent: an existing complete table with the same content is left alone. The table is written
@@ -156,8 +161,11 @@ def write_question_table(store: Path, dataset: str, df: pl.DataFrame, source: di
         dataset: dataset short name (datasets.yaml key).
         df: the table, columns = schema.QUESTION_COLUMNS.
         source: where it came from (hub id/split, local file, generator params); recorded in meta.json.
+        command: the command line that re-creates it (recorded; quoted by the reader's errors).
     Returns:
         The table's 16-hex fingerprint.
+    Raises:
+        StoreError: a table with this fingerprint exists but fails verification (fix named).
     """
     check_name(dataset, "dataset")
     df = validate_question_table(df, dataset)
@@ -165,6 +173,7 @@ def write_question_table(store: Path, dataset: str, df: pl.DataFrame, source: di
     fp = question_table_fingerprint(dataset, content)
     final = question_dir(store, dataset, fp)
     if (final / META_FILE).exists():
+        _verify(final, read_json(final / META_FILE), dataset)  # never build on a corrupt table
         return fp
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{fp}.{uuid.uuid4().hex[:8]}.incomplete")
@@ -182,12 +191,13 @@ def write_question_table(store: Path, dataset: str, df: pl.DataFrame, source: di
             "n_rows": df.height,
             "split_counts": {s: int(n) for s, n in zip(counts["split"], counts["count"], strict=True)},
             "checksums": {TABLE_FILE: file_checksum(tmp / TABLE_FILE)},
-            "versions": atomic.library_versions(),
-            "created_at": atomic.now_iso(),
+            "versions": library_versions(),
+            "created_at": now_iso(),
+            "command": command,
         }
         atomic.write_json(tmp / META_FILE, meta)
         try:
-            tmp.rename(final)
+            atomic.replace(tmp, final)
         except OSError:
             if not (final / META_FILE).exists():  # not a lost race: a real failure
                 raise
@@ -206,21 +216,30 @@ def list_question_tables(store: Path, dataset: str | None = None) -> list[dict]:
         if dataset is not None and ds_dir.name != dataset:
             continue
         for d in sorted(ds_dir.iterdir()) if ds_dir.is_dir() else []:
-            if d.is_dir() and (d / META_FILE).exists() and not d.name.endswith(".incomplete"):
-                meta = atomic.read_json(d / META_FILE)
+            if d.is_dir() and "." not in d.name and (d / META_FILE).exists():  # not .incomplete/.deleting
+                try:
+                    meta = read_json(d / META_FILE, "the question table's meta.json")
+                except StoreError as e:
+                    fix = fix_command(
+                        d.name, Path(store), f"make extract MODEL=<model> DATASET={ds_dir.name}"
+                    )
+                    raise StoreError(f"{e}; {fix}") from None
                 meta["path"] = str(d)
                 metas.append(meta)
     return sorted(metas, key=lambda m: m.get("created_at", ""), reverse=True)
 
 
 def read_question_table(
-    store: Path, dataset: str, fp: str | None = None, verify: bool = False
+    store: Path, dataset: str, fp: str | None = None, verify: bool = True
 ) -> tuple[pl.DataFrame, str]:
     """Read a dataset's question table: the one with fingerprint `fp` (a unique prefix works), else the newest.
 
+    Args:
+        verify: recompute the file checksums (default); the schema version, row count and columns are
+            always checked.
     Raises:
         FileNotFoundError: no such table (the message says which `make extract` creates one).
-        ValueError: schema version mismatch, or a checksum mismatch when verify=True.
+        StoreError: schema version mismatch, unreadable/corrupt file or checksum mismatch (file and fix named).
     """
     tables = list_question_tables(store, dataset)
     if fp is not None:
@@ -240,19 +259,50 @@ def read_question_table(
         )
     meta = tables[0]
     path = Path(meta["path"])
-    if meta.get("schema_version") != FEATURE_SCHEMA_VERSION:
-        raise ValueError(
-            f"question table {path} has schema version {meta.get('schema_version')}, this walla reads "
-            f"{FEATURE_SCHEMA_VERSION}: re-run `make extract MODEL=<model> DATASET={dataset}` "
-            f"(and remove the old one with `walla-store rm {meta['fingerprint']}`)"
-        )
-    if verify:
-        for rel, want in meta["checksums"].items():
-            if not checksum_matches(path / rel, want):
-                raise ValueError(f"checksum mismatch in {path / rel}: the file changed after it was written")
-    df = pl.read_parquet(path / TABLE_FILE)
-    if df.height != meta["n_rows"] or df.columns != list(QUESTION_COLUMNS):
-        raise ValueError(
-            f"question table {path} does not match its meta.json (rows or columns); re-extract it"
-        )
+    df = _verify(path, meta, dataset, checksums=verify)
     return df, meta["fingerprint"]
+
+
+def _verify(path: Path, meta: dict, dataset: str, checksums: bool = True) -> pl.DataFrame:
+    """The table in `path` after checking schema version, checksums, rows and columns against meta.json."""
+    fix = fix_command(meta.get("fingerprint", path.name), path.parents[2], _recreate_command(meta, dataset))
+    if meta.get("schema_version") != FEATURE_SCHEMA_VERSION:
+        raise StoreError(
+            f"question table {path} has schema version {meta.get('schema_version')}, this walla reads "
+            f"{FEATURE_SCHEMA_VERSION}; {fix}"
+        )
+    try:
+        for rel, want in meta["checksums"].items() if checksums else ():
+            if not (path / rel).is_file() or not checksum_matches(path / rel, want):
+                raise StoreError(
+                    f"checksum mismatch: {path / rel} is missing or changed after it was written"
+                )
+        df = read_parquet(path / TABLE_FILE)
+    except StoreError as e:
+        raise StoreError(f"{e}; {fix}") from None
+    if df.height != meta["n_rows"] or df.columns != list(QUESTION_COLUMNS):
+        raise StoreError(
+            f"question table {path / TABLE_FILE} does not match its meta.json (rows or columns); {fix}"
+        )
+    return df
+
+
+def _recreate_command(meta: dict, dataset: str) -> str:
+    if meta.get("command"):
+        return meta["command"]
+    n = _size_of(meta)
+    return f"make extract MODEL=<model> DATASET={dataset}" + (f" SIZE={n}" if n else "")
+
+
+def _size_of(meta: dict) -> int | None:
+    source = meta.get("source") or {}
+    return (source.get("params") or {}).get("n") if source.get("generator") else None
+
+
+def generated_size(store: Path, dataset: str, fp: str | None) -> int | None:
+    """Rows of a generated dataset's question table `fp` (what `--size` / `SIZE=` must repeat), else None."""
+    if not fp:
+        return None
+    with contextlib.suppress(StoreError):
+        return _size_of(read_json(question_dir(store, dataset, fp) / META_FILE))
+    return None

@@ -1,6 +1,6 @@
 """A feature-set writer that kills itself with SIGKILL at a chosen step (run in a child process).
 
-Every durable step of the writer goes through `atomic.replace` (a rename) or `featureset._write_hidden`
+Every durable step of the writer goes through `atomic.replace` (a rename) or `feature_writer._write_hidden`
 (zarr region write). The child counts those calls and, at call number `crash_at`, does:
     _write_hidden  "before": nothing (exactly at a shard boundary)  "mid": the first half of the shard,
                    plus a stray zarr chunk temp file (as a kill inside zarr's chunk write leaves)
@@ -41,10 +41,10 @@ def write_all(store: Path) -> Path:
 
 def count_steps(store: Path) -> int:
     """Run a clean write in-process and return how many interceptable steps it took."""
-    from walla.store import atomic, featureset
+    from walla.store import atomic, feature_writer
 
     n = {"calls": 0}
-    orig_replace, orig_hidden = atomic.replace, featureset._write_hidden
+    orig_replace, orig_hidden = atomic.replace, feature_writer._write_hidden
 
     def replace(src, dst):
         n["calls"] += 1
@@ -54,20 +54,20 @@ def count_steps(store: Path) -> int:
         n["calls"] += 1
         orig_hidden(arr, start, h)
 
-    atomic.replace, featureset._write_hidden = replace, write_hidden
+    atomic.replace, feature_writer._write_hidden = replace, write_hidden
     try:
         write_all(store)
     finally:
-        atomic.replace, featureset._write_hidden = orig_replace, orig_hidden
+        atomic.replace, feature_writer._write_hidden = orig_replace, orig_hidden
     return n["calls"]
 
 
 def crash_run(store: str, crash_at: int, flavor: str) -> None:
     """Child entry point: write, and SIGKILL ourselves at step `crash_at`."""
-    from walla.store import atomic, featureset
+    from walla.store import atomic, feature_writer
 
     n = {"calls": 0}
-    orig_replace, orig_hidden = atomic.replace, featureset._write_hidden
+    orig_replace, orig_hidden = atomic.replace, feature_writer._write_hidden
 
     def hit() -> bool:
         n["calls"] += 1
@@ -94,7 +94,7 @@ def crash_run(store: str, crash_at: int, flavor: str) -> None:
             die()
         orig_hidden(arr, start, h)
 
-    atomic.replace, featureset._write_hidden = replace, write_hidden
+    atomic.replace, feature_writer._write_hidden = replace, write_hidden
     write_all(Path(store))
 
 

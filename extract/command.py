@@ -1,0 +1,37 @@
+"""The exact `walla-extract` command line that re-creates one feature set (recorded in its meta.json).
+
+Store readers quote it in their 'corrupt / stale / inconsistent' errors after `walla-store rm`, so the
+remedy rebuilds the same question table and the same fingerprint: every option that changes the bytes
+is repeated (the resolved backend and dtype, --size of a generated dataset, --data-file, ...).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from walla.extract.config import ExtractConfig
+
+
+def reproduce_command(
+    cfg: ExtractConfig, variants: list[str] | tuple[str, ...], backend: str, dtype: str
+) -> str:
+    """`walla-extract ...` for these variants with every content-changing option of `cfg` spelled out."""
+    argv = ["walla-extract", "--model", cfg.model, "--dataset", cfg.dataset, "--variants", ",".join(variants)]
+    argv += ["--store", str(cfg.store), "--backend", backend]
+    if backend != "dummy":
+        argv += ["--dtype", dtype]
+    optional = {
+        "--data-file": cfg.data_file,
+        "--split": cfg.split,
+        "--hub-config": cfg.hub_config,
+        "--limit": cfg.limit,
+        "--size": cfg.size,
+    }  # not --device: with the dtype spelled out it does not change the bytes
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if cfg.chat_template is not None:
+        argv.append("--chat-template" if cfg.chat_template else "--no-chat-template")
+    if "irrelevant" in variants and cfg.context_seed:
+        argv += ["--context-seed", str(cfg.context_seed)]
+    return shlex.join(argv)
