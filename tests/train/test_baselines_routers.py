@@ -7,31 +7,20 @@ import math
 import numpy as np
 import pytest
 import torch
+from method_runs import HASHING, brier, config_of, informed_mrr, run, run_seeds
 from synthetic import make_private_context_scenario
-from walla.train import encoders
-from walla.train.mechanism import brier_loss
-from walla.train.methods import get_method
-from walla.train.methods.nirt_router import NIRTConfig, NIRTHead, PosLinear
+from walla.store.validate import ConfigError
+from walla.train import embedding_cache
+from walla.train.methods.nirt_router import Config as NIRTConfig
+from walla.train.methods.nirt_router import NIRTHead, PosLinear
 from walla.train.methods.router_dc import contrastive_loss
 
-FAST = {"encoder": "hashing", "engine": "loop"}
+FAST = {**HASHING, "lr": 3e-2}  # frozen model-free encoder, a head lr for a fresh linear layer
+LRS = {"route-llm": 3e-2, "router-dc": 5e-2, "nirt-router": 1e-2}
 
 
-def _run(name: str, data, cfg: dict | None = None, seed: int = 18):
-    info, mod = get_method(name)
-    state = mod.fit(data, {**info.defaults, **(cfg or {})}, seed)
-    return state, mod.predict(state, data, data.split_index("test"))
-
-
-def _brier(out, data) -> float:
-    rows = data.split_index("test")
-    return float(brier_loss(torch.tensor(out.agg_probs), torch.tensor(data.target[rows])).mean())
-
-
-def _informed_mrr(out, data) -> float:
-    order = np.argsort(-out.weights, axis=1, kind="stable")
-    rank = np.argmax(order == data.meta["informed"][data.split_index("test")][:, None], axis=1) + 1
-    return float((1.0 / rank).mean())
+def _fast(name: str) -> dict:
+    return {**HASHING, "lr": LRS[name.removesuffix("-ctx")]}
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +78,18 @@ def test_nirt_head_probabilities_and_pos_linear():
 
 @pytest.mark.parametrize("name", ["route-llm", "router-dc"])
 def test_context_routers_find_the_informed_agent(private, name):
-    _, un = _run("uniform", private)
-    _, with_ctx = _run(f"{name}-ctx", private, FAST)
-    _, no_ctx = _run(name, private, FAST)
-    assert _informed_mrr(with_ctx, private) >= 0.9
-    assert _brier(with_ctx, private) < _brier(un, private) - 0.02
-    # the question text alone carries no hint of who holds the context
-    assert _informed_mrr(no_ctx, private) < 0.75
-    assert _brier(no_ctx, private) > _brier(un, private) - 0.02
+    _, un = run("uniform", private)
+    _, with_ctx = run(f"{name}-ctx", private, _fast(name))
+    _, no_ctx = run(name, private, _fast(name))
+    assert informed_mrr(with_ctx, private) >= 0.9
+    assert brier(with_ctx, private) < brier(un, private) - 0.02
+    # the no-context prompt carries no hint of who holds the context
+    assert informed_mrr(no_ctx, private) < 0.75
+    assert brier(no_ctx, private) > brier(un, private) - 0.02
 
 
 def test_nirt_router_fits_and_weights_are_distributions(private):
-    state, out = _run("nirt-router-ctx", private, {**FAST, "epochs": 2})
+    state, out = run("nirt-router-ctx", private, {**_fast("nirt-router"), "epochs": 2})
     assert out.weights.shape == (len(private.split_index("test")), 3)
     np.testing.assert_allclose(out.weights.sum(1), 1.0, atol=1e-5)
     assert np.isfinite(out.agg_probs).all() and state["epochs_run"] <= 2
@@ -108,72 +97,99 @@ def test_nirt_router_fits_and_weights_are_distributions(private):
 
 @pytest.mark.parametrize("name", ["route-llm-ctx", "router-dc", "nirt-router"])
 def test_same_seed_same_weights(private, name):
-    cfg = {**FAST, "epochs": 2}
-    _, a = _run(name, private, cfg, seed=18)
-    _, b = _run(name, private, cfg, seed=18)
-    _, c = _run(name, private, cfg, seed=19)
+    cfg = {**_fast(name.removesuffix("-ctx")), "epochs": 2}
+    _, a = run(name, private, cfg, seed=18)
+    _, b = run(name, private, cfg, seed=18)
+    _, c = run(name, private, cfg, seed=19)
     np.testing.assert_array_equal(a.weights, b.weights)
     assert not np.array_equal(a.weights, c.weights)
+    states, outs = run_seeds(name, private, cfg, (18, 19))  # several seeds in one call: the same fits
+    np.testing.assert_array_equal(outs[0].weights, a.weights)
+    np.testing.assert_array_equal(outs[1].weights, c.weights)
 
 
 def test_frozen_embeddings_are_encoded_once(private, monkeypatch, tmp_path):
+    from walla.train.engine import TrainEnv
+
     calls = []
-    real = encoders._encode_uncached
+    real = embedding_cache._encode_uncached
     monkeypatch.setattr(
-        encoders, "_encode_uncached", lambda t, s, b=64: calls.append(len(t)) or real(t, s, b)
+        embedding_cache, "_encode_uncached", lambda t, s, d, b=64: calls.append(len(t)) or real(t, s, d, b)
     )
-    encoders.clear_memory_cache()
-    cfg = {**FAST, "epochs": 1, "embedding_cache": str(tmp_path)}
+    embedding_cache.clear_memory_cache()
+    env = TrainEnv(store=tmp_path)
     for name in ("route-llm-ctx", "router-dc-ctx", "nirt-router-ctx"):
-        for seed in (18, 19):
-            _run(name, private, cfg, seed=seed)
+        cfg = {**_fast(name), "epochs": 1, "truncation_side": "left"}  # one spec for all three
+        run_seeds(name, private, cfg, (18, 19), env=env)
     assert len(calls) == 1  # one text set, one encoder spec: encoded once for all methods and seeds
     assert len(list((tmp_path / "embeddings" / "hashing").glob("*.npy"))) == 1
 
 
-def test_context_router_without_prompts_fails_clearly(private):
+def test_router_configs_fail_clearly(private):
     import copy
 
     data = copy.copy(private)
     data.prompts = None
-    with pytest.raises(ValueError, match="with_context routers need each agent's prompt"):
-        _run("route-llm-ctx", data, FAST)
-    with pytest.raises(ValueError, match="unknown config key 'top_k'"):
-        _run("route-llm", private, {**FAST, "top_k": 2})
+    with pytest.raises(ValueError, match="ScenarioData.prompts is None"):
+        run("route-llm-ctx", data, FAST)
+    with pytest.raises(ConfigError, match="top_k: unknown key"):
+        config_of("route-llm", {**FAST, "top_k": 2})
+    with pytest.raises(ConfigError, match="encoder_lr_mult"):  # hashing has nothing to fine-tune
+        config_of("route-llm", {"encoder": "hashing", "pooling": "none"})
+    with pytest.raises(ConfigError, match="pooling"):
+        config_of("router-dc", {"pooling": "max"})
+    with pytest.raises(ConfigError, match="truncation_side"):
+        config_of("nirt-router", {"truncation_side": "middle"})
 
 
-def test_finetune_mode_updates_a_tiny_bert(private, tmp_path):
-    """Paper mode: gradients flow into the encoder (a tiny random BERT built from a config here)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    AutoTokenizer.from_pretrained(encoders.minilm_dir()).save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    BertModel(
-        BertConfig(
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=64,
-        )
-    ).save_pretrained(tmp_path)
-    small = make_private_context_scenario(n=40, m=2, k=2, h=4, seed=1)
-    cfg = {
-        "encoder": str(tmp_path),
-        "encoder_mode": "finetune",
+PAPER = {  # SPEC §6
+    "route-llm": {
+        "encoder": "bert-base-uncased",
         "pooling": "pooler",
-        "max_len": 32,
-        "epochs": 1,
-        "batch_size": 16,
-        "encoder_lr": 1e-2,
-        "engine": "loop",
-    }
-    state, out = _run("route-llm-ctx", small, cfg)
-    tuned = state["net"].encoder.model.state_dict()
-    _, original = encoders.load_encoder(str(tmp_path), "right")
-    diffs = [
-        float((tuned[k] - v).abs().max()) for k, v in original.state_dict().items() if v.is_floating_point()
-    ]
-    assert max(diffs) > 0  # the encoder moved
-    assert state["d_in"] == 2 * 16 and out.weights.shape == (len(small.split_index("test")), 2)
-    np.testing.assert_allclose(out.weights.sum(1), 1.0, atol=1e-5)
+        "truncation_side": "right",
+        "lr": 5e-5,
+        "encoder_lr_mult": 1.0,
+        "weight_decay": 0.01,
+        "clip": 1.0,
+        "batch_size": 50,
+        "epochs": 5,
+        "dropout": 0.1,
+        "temperature": 2.0,
+        "max_len": 512,
+    },
+    "router-dc": {
+        "encoder": "microsoft/mdeberta-v3-base",
+        "pooling": "cls",
+        "truncation_side": "left",
+        "lr": 1e-6,
+        "encoder_lr_mult": 0.01,
+        "clip": 0.5,
+        "skip_grad_norm_above": 1000.0,
+        "top_k": 3,
+        "last_k": 3,
+        "temperature": 1.0,
+        "expert_init_std": 0.78,
+        "epochs": 5,
+    },
+    "nirt-router": {
+        "encoder": "bert-base-uncased",
+        "pooling": "pooler",
+        "truncation_side": "left",
+        "lr": 1e-4,
+        "encoder_lr_mult": 1.0,
+        "weight_decay": 0.01,
+        "clip": 1.0,
+        "batch_size": 50,
+        "ce_weight": 0.25,
+        "reg_weight": 1e-4,
+        "temperature": 1.0,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(PAPER))
+def test_paper_defaults(name):
+    """Config defaults = SPEC §6 (the paper's routers); the demo overrides them in its manifests."""
+    c = config_of(name)
+    assert {k: getattr(c, k) for k in PAPER[name]} == PAPER[name]
+    assert config_of(f"{name}-ctx").with_context and not c.with_context

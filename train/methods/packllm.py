@@ -7,44 +7,38 @@ to 1 / ppl_i. ppl is clipped at 1e-12 as in the reference (log ppl >= log 1e-12)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+from walla.store.validate import build, check, config, to_dict
+from walla.train.method_io import as_rows, pooled_output
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import as_rows, build_config, pooled_output, resolved_dict
 
-NAME = "packllm"
 PPL_CLIP = 1e-12
 
 
-@dataclass(frozen=True)
-class PackLLMConfig:
+@config
+class Config:
     tau: float = 1.0  # softmax temperature over -log perplexity (reference: 1)
 
-    def check(self, method: str) -> None:
-        if not self.tau > 0:
-            raise ValueError(f"{method}: config key 'tau' must be > 0, got {self.tau!r}")
+    def __post_init__(self) -> None:
+        check(self.tau > 0, "tau", "> 0", self.tau)
 
 
-def resolve(data, cfg: dict | None) -> dict:
-    """The fully resolved config (defaults filled in) that run.json records."""
-    return resolved_dict(PackLLMConfig, cfg, NAME)
-
-
-def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
-    """Nothing to learn; validates cfg and that prompt NLLs are usable."""
+def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | None]) -> list[dict]:
+    """Nothing to learn; checks that prompt NLLs are usable. One state per seed."""
     nll = np.asarray(data.prompt_nll)
     if nll.shape != (len(data.split), data.n_agents):
         raise ValueError(
             f"scenario {data.name!r}: prompt_nll has shape {nll.shape}, "
             f"expected [{len(data.split)}, {data.n_agents}]"
         )
-    return {"config": build_config(PackLLMConfig, cfg, NAME)}
+    return [{"config": to_dict(cfg)} for _ in seeds]
 
 
-def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
-    c = state["config"]
+def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
+    c = build(Config, state["config"], "packllm state")
     rows = as_rows(rows, len(data.split))
     nll = torch.as_tensor(np.asarray(data.prompt_nll[rows], dtype=np.float64))  # [n, M] mean prompt NLL
     if not torch.isfinite(nll).all():

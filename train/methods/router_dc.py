@@ -1,77 +1,54 @@
 """RouterDC baseline: dual-contrastive text router with trainable expert embeddings (SPEC §6).
 
-    q = encoder(question)   (paper: mdeberta-v3-base [CLS] state; with_context: concat of agents' prompts)
+    q = encoder(no-context prompt)   (mdeberta-v3-base first-token state; with_context: concat of prompts)
     logits_m = cos(q, E_m) / T,  T = 1;   weights = softmax(logits);   E_m ~ N(0, 0.78^2) per coordinate
     loss (sample-LLM contrastive): p_gold[b, m] = sum_k q_bk p_bmk; positives = top_k agents by p_gold,
         negatives = last_k agents by p_gold, a negative dropped if p_gold > 0.5 or it is the positive;
         per positive rank r: -log softmax([pos, negs])[pos] * 1[p_gold(pos) > 0.01], averaged over the
         batch; loss = mean over the top_k ranks.
 
-AdamW (head at ``lr``, encoder at ``encoder_lr`` in finetune mode), clip per group, and a step is skipped
-when the pre-clip gradient norm is non-finite or above ``skip_grad_norm_above`` (reference: 1000).
-Paper settings: lr 1e-6 with encoder multiplier 0.01, clip 0.5, top_k = last_k = 2 (4-model MMLU/MedMCQA)
-or 3; homogeneous/BayesX: lr 5e-5 or 1e-6, multiplier 1, clip 1.0, top/last 3; batch 20-50; 5 epochs.
-Default here: frozen offline encoder (cached embeddings), a head learning rate suited to the expert
-embeddings alone.
+AdamW param groups: experts at ``lr``, encoder at ``lr * encoder_lr_mult``; a step is skipped when the
+pre-clip gradient norm is non-finite or above ``skip_grad_norm_above``. Defaults = the paper's
+heterogeneous setting (lr 1e-6, multiplier 0.01, clip 0.5, skip 1000, top_k = last_k = 3, truncation
+left); 4-model MMLU/MedMCQA use top/last 2, homogeneous/BayesX lr 5e-5 or 1e-6, multiplier 1, clip 1.0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
-from walla.train.encoders import OFFLINE_DEFAULT
-from walla.train.lit import seeded
+from walla.store.validate import check, config
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import (
-    RouterNet,
-    build_config,
-    check_common,
-    fit_router,
-    resolved_dict,
-    router_input,
-    router_predict,
-    scenario_tensors,
-)
+from walla.train.routers import RouterConfig, fit_router, router_predict
 
-NAME = "router-dc"
 NEG_MAX_P = 0.5  # a negative whose p_gold exceeds this is not a negative
 POS_MIN_P = 0.01  # a positive whose p_gold is below this contributes nothing
 
 
-@dataclass(frozen=True)
-class RouterDCConfig:
-    with_context: bool = False
-    encoder: str = OFFLINE_DEFAULT  # paper: microsoft/mdeberta-v3-base
-    encoder_mode: str = "frozen"  # frozen (cached embeddings) | finetune (paper)
-    pooling: str | None = None  # None: the encoder's default (mdeberta: [CLS])
-    max_len: int | None = None
-    truncation_side: str | None = None  # None: the encoder's default (mdeberta: left)
-    embedding_cache: str | None = None
-    lr: float = 5e-2  # expert embeddings (paper: 1e-6 .. 5e-5, with the encoder)
-    encoder_lr: float = 1e-8  # finetune mode only (paper hetero: 1e-6 * 0.01)
-    weight_decay: float = 0.01
+@config
+class Config(RouterConfig):
+    encoder: str = "microsoft/mdeberta-v3-base"
+    pooling: str = "cls"  # first-token hidden state, no pooler
+    truncation_side: str = "left"
+    lr: float = 1e-6  # expert embeddings
+    encoder_lr_mult: float = 0.01  # encoder lr = lr * this
+    clip: float = 0.5
+    batch_size: int = 32  # SPEC: 20-50 per config
     temperature: float = 1.0  # logits = cos / temperature
     expert_init_std: float = 0.78
     top_k: int = 3  # clamped to M
     last_k: int = 3  # clamped to M
-    clip: float = 1.0
-    skip_grad_norm_above: float | None = 1000.0
-    batch_size: int = 32
-    epochs: int = 5
-    patience: int = 5
-    reference_early_stopping: bool = False
-    engine: str = "lightning"
+    skip_grad_norm_above: float = 1000.0  # skip the step above this pre-clip gradient norm
 
-    def check(self, method: str) -> None:
-        check_common(self, method)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for key in ("top_k", "last_k"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{method}: config key {key!r} must be >= 1, got {getattr(self, key)}")
-        if not self.expert_init_std > 0:
-            raise ValueError(f"{method}: config key 'expert_init_std' must be > 0")
+            check(getattr(self, key) >= 1, key, ">= 1", getattr(self, key))
+        check(self.expert_init_std > 0, "expert_init_std", "> 0", self.expert_init_std)
+        check(self.skip_grad_norm_above > 0, "skip_grad_norm_above", "> 0", self.skip_grad_norm_above)
 
 
 class ExpertHead(nn.Module):
@@ -103,40 +80,19 @@ def contrastive_loss(logits: torch.Tensor, p_gold: torch.Tensor, top_k: int, las
     return term.mean(0).mean()  # batch mean per rank, then mean over ranks
 
 
-def resolve(data, cfg: dict | None) -> dict:
-    """The fully resolved config (defaults filled in) that run.json records."""
-    return resolved_dict(RouterDCConfig, cfg, NAME)
+def make_head(c: Config, d_in: int, m: int) -> nn.Module:
+    return ExpertHead(d_in, m, c.expert_init_std)
 
 
-def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
-    c = build_config(RouterDCConfig, cfg, NAME)
-    probs, target, _ = scenario_tensors(data)
-    p_gold = (probs * target.unsqueeze(1)).sum(-1)  # [N, M] prob each agent gives the (soft) truth
-    x, encoder, d_in = router_input(data, c, NAME)
-    with seeded(seed):
-        head = ExpertHead(d_in, data.n_agents, c.expert_init_std)
-    net = RouterNet(head, encoder)
-
-    def weights_fn(module: nn.Module, rows: np.ndarray) -> torch.Tensor:
-        return torch.softmax(module(x[torch.from_numpy(rows)]) / c.temperature, dim=-1)  # [B, M]
-
-    def loss_fn(module: nn.Module, rows: np.ndarray):
-        logits = module(x[torch.from_numpy(rows)]) / c.temperature  # [B, M]
-        return contrastive_loss(logits, p_gold[rows], c.top_k, c.last_k)
+def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | None]) -> list[dict]:
+    def loss_of(module, logits: torch.Tensor, probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        p_gold = (probs * target.unsqueeze(1)).sum(-1)  # [B, M] prob each agent gives the (soft) truth
+        return contrastive_loss(logits / cfg.temperature, p_gold, cfg.top_k, cfg.last_k)
 
     return fit_router(
-        net,
-        data,
-        loss_fn,
-        weights_fn,
-        c,
-        seed,
-        log,
-        encoder,
-        d_in,
-        skip_grad_norm_above=c.skip_grad_norm_above,
+        data, cfg, seeds, env, logs, make_head, loss_of, skip_grad_norm_above=cfg.skip_grad_norm_above
     )
 
 
-def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
-    return router_predict(state, data, rows, NAME)
+def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
+    return router_predict(state, data, rows, env, Config, make_head)

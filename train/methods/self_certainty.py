@@ -7,25 +7,24 @@ SPEC §6 / §10.8: p_i clipped at 1e-12 over the question's real options, c_i = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+from walla.store.validate import build, check, config, to_dict
+from walla.train.method_io import as_rows, pooled_output
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import as_rows, build_config, pooled_output, resolved_dict
 
-NAME = "self-certainty"
 PROB_CLIP = 1e-12
 CONF_OFFSET = 1e-8
 
 
-@dataclass(frozen=True)
-class SelfCertaintyConfig:
+@config
+class Config:
     temperature: float = 1.0  # softmax temperature across agents (reference: 1)
 
-    def check(self, method: str) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"{method}: config key 'temperature' must be > 0, got {self.temperature!r}")
+    def __post_init__(self) -> None:
+        check(self.temperature > 0, "temperature", "> 0", self.temperature)
 
 
 def confidence(probs: torch.Tensor, option_mask: torch.Tensor) -> torch.Tensor:
@@ -36,18 +35,13 @@ def confidence(probs: torch.Tensor, option_mask: torch.Tensor) -> torch.Tensor:
     return -torch.log(k_q) - logp.sum(-1) / k_q  # [n, M]
 
 
-def resolve(data, cfg: dict | None) -> dict:
-    """The fully resolved config (defaults filled in) that run.json records."""
-    return resolved_dict(SelfCertaintyConfig, cfg, NAME)
+def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | None]) -> list[dict]:
+    """Nothing to learn: one state per seed holding the config."""
+    return [{"config": to_dict(cfg)} for _ in seeds]
 
 
-def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
-    """Nothing to learn; validates cfg."""
-    return {"config": build_config(SelfCertaintyConfig, cfg, NAME)}
-
-
-def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
-    c = state["config"]
+def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
+    c = build(Config, state["config"], "self-certainty state")
     rows = as_rows(rows, len(data.split))
     probs = torch.as_tensor(np.asarray(data.probs[rows], dtype=np.float64))  # [n, M, K]
     mask = torch.as_tensor(np.asarray(data.option_mask[rows], dtype=bool))  # [n, K]

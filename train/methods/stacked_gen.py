@@ -1,129 +1,183 @@
 """StackedGen baseline: one CENTRALIZED MLP on all agents' hidden states -> aggregation weights (SPEC §6).
 
-    x = concat_i [normalize?(h_i)]            (or concat_i Linear(H_i -> projection_dim)(h_i), reference)
+    x = concat_i Linear_i(normalize?(h_i))      per-agent Linear(H_i -> 4096) projection (reference;
+                                                projection_dim null: concat_i h_i directly)
     logits = MLP(x; 512, 256, ReLU, dropout 0.1) -> M;   weights = softmax(logits / 2)
     loss = -mean sum_k q_k log(p_agg,k + 1e-10),   p_agg = linear pool of the agents' probs with weights
 
-Unlike WALLA it sees every agent's hidden state at once. Adam, grad clip 1.0 per parameter group (MLP and
-projections separately, as the reference), batch 100, 50 epochs, validation early stopping (_baselines).
-Default: no per-agent 4096 projection (a linear map followed by a linear layer adds no expressiveness,
-SPEC §5.1 note); ``projection_dim: 4096`` reproduces the reference head.
-The SPEC learning rates (1e-7 MMLU/MedMCQA, 5e-7 PubMedQA hetero, 5e-6 homogeneous/BayesX) are tuned to
-7B-model hidden states; scenario manifests set them, the module default is the largest one.
+Adam, batch 100, 50 epochs, grad clip 1.0 separately for the MLP and the projections (as the reference),
+validation early stopping (SPEC §4.3). All seeds train as ONE module (`SeedStackedGen`, stacked
+parameters [S, ...], batched matmuls): each seed keeps its own init (nn.Linear defaults under
+seeded(seed)), batch order (row_batches with its seed), dropout masks (its own generator), clipping and
+early stopping, and Adam is elementwise, so each seed's trajectory is that of training it alone.
+The SPEC learning rates (1e-7 MMLU/MedMCQA, 5e-7 PubMedQA hetero, 5e-6 homogeneous/BayesX) are set by
+the scenario manifests; the module default is the largest one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
-from walla.train.lit import seeded
+from walla.store.validate import build, check, config, to_dict
+from walla.train.engine import TrainEnv, fit_module, row_batches, seeded
+from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import (
-    as_rows,
-    build_config,
-    check_common,
-    fit_weight_model,
-    mixture_ce,
-    pooled_output,
-    resolved_dict,
-    scenario_tensors,
-)
+from walla.train.pooling_losses import mixture_nll, val_metric
 
-NAME = "stacked-gen"
-MATERIALIZE_BYTES = 2 << 30  # below this the fit's hidden rows are gathered once as float32, else per batch
+MATERIALIZE_BYTES = 2 << 30  # below this the fit's hidden rows are gathered once (float32), else per batch
+CHUNK = 4096  # rows per forward pass at validation/predict
 
 
-@dataclass(frozen=True)
-class StackedGenConfig:
-    lr: float = 5e-6
+@config
+class Config:
+    lr: float = 5e-6  # Adam
     epochs: int = 50
     batch_size: int = 100
     hidden: tuple[int, ...] = (512, 256)
     dropout: float = 0.1
     temperature: float = 2.0  # weights = softmax(logits / temperature)
-    projection_dim: int | None = None  # reference: 4096 (per-agent Linear before the MLP)
+    projection_dim: int | None = 4096  # per-agent Linear(H_i -> P) before the MLP; null: none
     normalize_hidden: bool = False  # L2-normalize each agent's hidden state (reference: PubMedQA hetero)
-    clip: float = 1.0
-    weight_decay: float = 0.0
+    clip: float = 1.0  # per seed, MLP and projections clipped separately
     patience: int = 5  # validation epochs without improvement (wrong-context: 50)
-    reference_early_stopping: bool = (
-        False  # SPEC §10.2: train all epochs, keep the last (soft targets: best KL)
-    )
-    engine: str = "lightning"  # lit.fit_module engine: lightning | loop (same steps)
+    reference_early_stopping: bool = False  # SPEC §10.2: all epochs, keep the last (soft targets: best KL)
 
-    def check(self, method: str) -> None:
-        check_common(self, method)
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"{method}: config key 'hidden' must be a non-empty list of sizes >= 1")
-        if self.projection_dim is not None and self.projection_dim < 1:
-            raise ValueError(f"{method}: config key 'projection_dim' must be >= 1 or null")
+    def __post_init__(self) -> None:
+        for key in ("lr", "clip", "temperature"):
+            check(getattr(self, key) > 0, key, "> 0", getattr(self, key))
+        for key in ("epochs", "batch_size", "patience"):
+            check(getattr(self, key) >= 1, key, ">= 1", getattr(self, key))
+        check(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+        check(bool(self.hidden) and min(self.hidden) >= 1, "hidden", "sizes >= 1, at least one", self.hidden)
+        check((self.projection_dim or 1) >= 1, "projection_dim", ">= 1 or null", self.projection_dim)
 
 
 class StackedNet(nn.Module):
-    """Concatenated hidden states [B, sum H_i] -> weight logits [B, M]."""
+    """One seed's reference network (plain layers): supplies each seed's default init."""
 
-    def __init__(self, sizes: list[int], c: StackedGenConfig):
+    def __init__(self, sizes: Sequence[int], c: Config):
         super().__init__()
-        self.sizes, self.normalize = list(sizes), c.normalize_hidden
-        self.proj = (
-            nn.ModuleList(nn.Linear(h, c.projection_dim) for h in sizes)
-            if c.projection_dim is not None
-            else None
-        )
-        width = c.projection_dim * len(sizes) if c.projection_dim is not None else sum(sizes)
-        layers: list[nn.Module] = []
-        for h in c.hidden:
-            layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(c.dropout)]
-            width = h
-        layers.append(nn.Linear(width, len(sizes)))
-        self.mlp = nn.Sequential(*layers)
+        p = c.projection_dim
+        width = p * len(sizes) if p is not None else sum(sizes)
+        dims = [width, *c.hidden, len(sizes)]
+        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        # created after the MLP, as the reference adds its projections lazily on the first batch
+        self.proj = nn.ModuleList(nn.Linear(h, p) for h in sizes) if p is not None else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.normalize or self.proj is not None:
-            parts = list(torch.split(x, self.sizes, dim=-1))  # M x [B, H_i]
+
+class SeedStackedGen(nn.Module):
+    """S StackedGen networks (one per seed) as stacked parameters; seed s only touches slice s.
+
+    proj_w[i] [S, H_i, P], proj_b[i] [S, P] (per-agent projections); mlp_w[j] [S, a, b], mlp_b[j] [S, b].
+    """
+
+    def __init__(self, sizes: Sequence[int], n_seeds: int, c: Config):
+        super().__init__()
+        self.sizes, self.normalize, self.dropout = [int(h) for h in sizes], c.normalize_hidden, c.dropout
+        ref = StackedNet(self.sizes, c)  # shapes only
+
+        def stacked(layers) -> tuple[nn.ParameterList, nn.ParameterList]:
+            ws = nn.ParameterList(nn.Parameter(torch.zeros(n_seeds, *lin.weight.T.shape)) for lin in layers)
+            bs = nn.ParameterList(nn.Parameter(torch.zeros(n_seeds, lin.out_features)) for lin in layers)
+            return ws, bs
+
+        self.mlp_w, self.mlp_b = stacked(ref.mlp)
+        self.proj_w, self.proj_b = stacked(ref.proj) if ref.proj is not None else (None, None)
+
+    @property
+    def widths(self) -> list[int]:
+        """Widths of the dropout layers (every MLP layer but the last)."""
+        return [int(b.shape[1]) for b in self.mlp_b][:-1]
+
+    def groups(self) -> list[list[nn.Parameter]]:
+        """Parameter groups clipped separately: the MLP, then the projections."""
+        out = [[*self.mlp_w, *self.mlp_b]]
+        if self.proj_w is not None:
+            out.append([*self.proj_w, *self.proj_b])
+        return out
+
+    @torch.no_grad()
+    def load_seed(self, s: int, net: StackedNet) -> None:
+        pairs = [(self.mlp_w, self.mlp_b, net.mlp)]
+        if self.proj_w is not None:
+            pairs.append((self.proj_w, self.proj_b, net.proj))
+        for ws, bs, layers in pairs:
+            for w, b, lin in zip(ws, bs, layers, strict=True):
+                w[s] = lin.weight.T
+                b[s] = lin.bias
+
+    def forward(
+        self, xs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """xs: per agent [S, B, H_i]; masks: keep-masks [S, B, w] per dropout layer (None: eval) -> [S, B, M]."""
+        parts = []
+        for i, x in enumerate(xs):
             if self.normalize:
-                parts = [nn.functional.normalize(p, dim=-1, eps=1e-8) for p in parts]
-            if self.proj is not None:
-                parts = [lin(p) for lin, p in zip(self.proj, parts, strict=True)]  # M x [B, P]
-            x = torch.cat(parts, dim=-1)  # [B, M*P] or [B, sum H_i]
-        return self.mlp(x)  # [B, M]
+                x = nn.functional.normalize(x, dim=-1, eps=1e-8)
+            if self.proj_w is not None:
+                x = torch.baddbmm(self.proj_b[i].unsqueeze(1), x, self.proj_w[i])  # [S, B, P]
+            parts.append(x)
+        h = torch.cat(parts, dim=-1)  # [S, B, M*P] or [S, B, sum H_i]
+        last = len(self.mlp_w) - 1
+        for j, (w, b) in enumerate(zip(self.mlp_w, self.mlp_b, strict=True)):
+            h = torch.baddbmm(b.unsqueeze(1), h, w)  # [S, B, d_j+1]
+            if j < last:
+                h = torch.relu(h)
+                if masks is not None:
+                    h = h * masks[j] * (1.0 / (1.0 - self.dropout))
+        return h  # [S, B, M] logits
+
+
+@torch.no_grad()
+def clip_per_seed_(groups: Sequence[Sequence[nn.Parameter]], max_norm: float) -> torch.Tensor:
+    """Clip each (group, seed slice) gradient norm like clip_grad_norm_ on that slice alone: norms [G, S]."""
+    out = []
+    for params in groups:
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]).norm(dim=0)  # [S]
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        out.append(norm)
+    return torch.stack(out)
 
 
 class HiddenRows:
-    """Row gatherer over the agents' hidden arrays: rows -> float32 [n, sum H_i].
+    """Agents' hidden states by row on a device: rows [..., B] -> per agent float32 [..., B, H_i].
 
     The rows a fit touches are converted once when they fit in MATERIALIZE_BYTES, else per batch
     (hidden arrays may be float16 memory maps of a large store).
     """
 
-    def __init__(self, hidden: list[np.ndarray], keep_rows: np.ndarray | None = None):
-        self.hidden = hidden
-        self.sizes = [int(h.shape[1]) for h in hidden]
-        self.pos: np.ndarray | None = None
-        self.mat: torch.Tensor | None = None
-        if keep_rows is not None and len(keep_rows) * sum(self.sizes) * 4 <= MATERIALIZE_BYTES:
-            self.mat = self._gather(keep_rows)  # [n_keep, sum H]
-            self.pos = np.full(hidden[0].shape[0], -1, dtype=np.int64)
-            self.pos[keep_rows] = np.arange(len(keep_rows))
+    def __init__(self, hidden: list[np.ndarray], device: str, keep_rows: np.ndarray | None = None):
+        self.hidden, self.device = hidden, device
+        self.pos: torch.Tensor | None = None
+        sizes = sum(int(h.shape[1]) for h in hidden)
+        if keep_rows is not None and len(keep_rows) * sizes * 4 <= MATERIALIZE_BYTES:
+            self.mat = [self._gather(h, keep_rows) for h in hidden]  # per agent [n_keep, H_i]
+            pos = np.full(hidden[0].shape[0], -1, dtype=np.int64)
+            pos[keep_rows] = np.arange(len(keep_rows))
+            self.pos = torch.from_numpy(pos)
 
-    def _gather(self, rows: np.ndarray) -> torch.Tensor:
-        sorted_rows = np.sort(rows)  # memory maps read fastest in order
-        back = np.argsort(np.argsort(rows, kind="stable"), kind="stable")
-        parts = [np.asarray(h[sorted_rows], dtype=np.float32)[back] for h in self.hidden]
-        return torch.from_numpy(np.concatenate(parts, axis=1))  # [n, sum H]
+    def _gather(self, h: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+        flat = rows.reshape(-1)
+        order = np.argsort(flat, kind="stable")  # memory maps read fastest in order
+        out = np.empty((len(flat), h.shape[1]), dtype=np.float32)
+        out[order] = np.asarray(h[flat[order]], dtype=np.float32)
+        return torch.from_numpy(out).to(self.device).reshape(*rows.shape, h.shape[1])
 
-    def __call__(self, rows: np.ndarray) -> torch.Tensor:
-        if self.mat is not None:
-            local = self.pos[rows]
-            if (local >= 0).all():
-                return self.mat[torch.from_numpy(local)]
-        return self._gather(rows)
+    def __call__(self, rows: np.ndarray) -> list[torch.Tensor]:
+        if self.pos is not None:
+            local = self.pos[torch.from_numpy(rows)]
+            if bool((local >= 0).all()):
+                return [m[local] for m in self.mat]
+        return [self._gather(h, rows) for h in self.hidden]
 
 
-def _check_hidden(data) -> None:
+def _check_hidden(data) -> list[int]:
     if len(data.hidden) != data.n_agents:
         raise ValueError(
             f"scenario {data.name!r}: {len(data.hidden)} hidden arrays for {data.n_agents} agents"
@@ -133,58 +187,160 @@ def _check_hidden(data) -> None:
             raise ValueError(
                 f"scenario {data.name!r}: hidden[{i}] has shape {h.shape}, expected [{len(data.split)}, H]"
             )
+    return [int(h.shape[1]) for h in data.hidden]
 
 
-def resolve(data, cfg: dict | None) -> dict:
-    """The fully resolved config (defaults filled in) that run.json records."""
-    return resolved_dict(StackedGenConfig, cfg, NAME)
+def _weights(net: SeedStackedGen, xs: list[torch.Tensor], temperature: float) -> torch.Tensor:
+    return torch.softmax(net(xs) / temperature, dim=-1)  # [S, n, M]
 
 
-def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
-    """Train the centralized MLP on the train split (early stopping on val); returns its state."""
-    c = build_config(StackedGenConfig, cfg, NAME)
-    _check_hidden(data)
-    probs, target, _ = scenario_tensors(data)
-    fit_rows = np.concatenate([data.split_index("train"), data.split_index("val")])
-    x = HiddenRows(data.hidden, fit_rows)
-    with seeded(seed):
-        net = StackedNet(x.sizes, c)
+def _eval_weights(net: SeedStackedGen, x: HiddenRows, rows: np.ndarray, n_seeds: int, c: Config):
+    """Eval-mode weights of every seed on the same rows: [S, n, M]."""
+    out = []
+    for s in range(0, len(rows), CHUNK):
+        xs = [v.unsqueeze(0).expand(n_seeds, -1, -1) for v in x(rows[s : s + CHUNK])]  # [S, b, H_i]
+        out.append(_weights(net, xs, c.temperature))
+    return torch.cat(out, dim=1)
 
-    def weights_fn(module: nn.Module, rows: np.ndarray) -> torch.Tensor:
-        return torch.softmax(module(x(rows)) / c.temperature, dim=-1)  # [B, M]
 
-    def loss_fn(module: nn.Module, rows: np.ndarray):
-        return mixture_ce(weights_fn(module, rows), probs[rows], target[rows])
+class _SeedStopping:
+    """Per-seed validation early stopping at each epoch end (SPEC §4.3), run from the engine's on_step.
 
-    groups = [{"params": list(net.mlp.parameters())}]
-    if net.proj is not None:
-        groups.append({"params": list(net.proj.parameters())})  # clipped separately (reference)
-    res = fit_weight_model(
-        net, data, loss_fn, weights_fn, c, seed, log, param_groups=groups, optimizer="adam"
+    Best states are in-memory copies of the seed's slices: validation runs once per epoch, so a copy
+    per improvement is cheap next to the epoch it follows, and no disk round trip is needed.
+    """
+
+    def __init__(self, net: SeedStackedGen, val_fn, n_seeds: int, patience: int):
+        self.net, self.val_fn, self.patience = net, val_fn, patience
+        self.best = [None] * n_seeds
+        self.best_val = [float("inf")] * n_seeds
+        self.best_epoch: list[int | None] = [None] * n_seeds
+        self.bad = [0] * n_seeds
+        self.stop_epoch: list[int | None] = [None] * n_seeds
+
+    @torch.no_grad()
+    def epoch_end(self, epoch: int) -> bool:
+        vals = self.val_fn().tolist()  # [S]
+        for s, v in enumerate(vals):
+            if self.stop_epoch[s] is not None:
+                continue
+            if v < self.best_val[s]:
+                self.best_val[s], self.best_epoch[s], self.bad[s] = v, epoch, 0
+                self.best[s] = [p.detach()[s].clone() for p in self.net.parameters()]
+            else:
+                self.bad[s] += 1
+                if self.bad[s] >= self.patience:
+                    self.stop_epoch[s] = epoch
+        return all(e is not None for e in self.stop_epoch)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for s, best in enumerate(self.best):
+            if best is not None:
+                for p, v in zip(self.net.parameters(), best, strict=True):
+                    p[s] = v
+
+
+def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[LogFn | None]) -> list[dict]:
+    """Train every seed's network as one batched module; one state per seed."""
+    c, seeds = cfg, list(seeds)
+    sizes, n_s = _check_hidden(data), len(seeds)
+    train_rows, val_rows = data.split_index("train"), data.split_index("val")
+    if len(train_rows) == 0:
+        raise ValueError(f"scenario {data.name!r} has no train rows to fit on")
+    probs, target, _ = scenario_tensors(data, env.device)
+    x = HiddenRows(data.hidden, env.device, np.concatenate([train_rows, val_rows]))
+    net = SeedStackedGen(sizes, n_s, c)
+    for s, seed in enumerate(seeds):
+        with seeded(seed):
+            net.load_seed(s, StackedNet(sizes, c))
+    orders = [row_batches(train_rows, c.batch_size, seed) for seed in seeds]
+    batches = [np.stack(b) for b in zip(*orders, strict=True)]  # per step [S, b]: each seed its own order
+    gens = [np.random.default_rng(seed) for seed in seeds]  # per-seed dropout streams
+    keep = 1.0 - c.dropout
+    step_info: dict[str, torch.Tensor] = {}
+
+    def loss_fn(module, rows: np.ndarray):
+        masks = [
+            torch.from_numpy(
+                np.stack([g.random((rows.shape[1], w), dtype=np.float32) < keep for g in gens])
+            ).to(env.device, torch.float32)
+            for w in net.widths
+        ]  # per dropout layer [S, b, w]
+        idx = torch.from_numpy(rows)  # [S, b]
+        w = torch.softmax(module(x(rows), masks) / c.temperature, dim=-1)  # [S, b, M]
+        per_seed = mixture_nll(w, probs[idx], target[idx]).mean(-1)  # [S]
+        step_info["loss"] = per_seed.detach()
+        return per_seed.sum(), {"batch_size": rows.shape[1]}  # seed s's gradient = its own loss's
+
+    def clip_fn(module) -> float:
+        norms = clip_per_seed_(net.groups(), c.clip)  # [G, S]
+        step_info["grad_norm"] = norms.max(0).values
+        return float(norms.max())
+
+    use_val = len(val_rows) > 0 and (bool(data.soft_target) or not c.reference_early_stopping)
+    soft = bool(data.soft_target)
+    vp, vt = probs[torch.from_numpy(val_rows)], target[torch.from_numpy(val_rows)]
+    stopping = _SeedStopping(
+        net, lambda: val_metric(_eval_weights(net, x, val_rows, n_s, c), vp, vt, soft), n_s, c.patience
     )
-    return {
-        "config": c,
-        "net": res.module,
-        "sizes": x.sizes,
-        "best_epoch": res.best_epoch,
-        "epochs_run": res.epochs_run,
-    }
+
+    def on_step(step: int, row: dict) -> bool:
+        loss, norm = step_info["loss"].tolist(), step_info["grad_norm"].tolist()
+        for s, log in enumerate(logs):
+            if log is not None:
+                log(
+                    {
+                        "step": step,
+                        "epoch": row["epoch"],
+                        "n_seen": row["n_seen"],
+                        "loss": loss[s],
+                        "grad_norm": norm[s],
+                    }
+                )
+        return use_val and step % len(batches) == 0 and stopping.epoch_end(step // len(batches) - 1)
+
+    groups = [{"params": g} for g in net.groups()]
+    res = fit_module(
+        net,
+        loss_fn,
+        batches,
+        env=env,
+        optimizer="adam",
+        lr=c.lr,
+        param_groups=groups,
+        epochs=c.epochs,
+        clip_fn=clip_fn,
+        on_step=on_step,
+        seed=seeds[0],
+    )
+    stopping.restore()
+    names = [name for name, _ in net.named_parameters()]
+    return [
+        {
+            "config": to_dict(c),
+            "sizes": sizes,
+            "params": {n: p.detach()[s].cpu().clone() for n, p in zip(names, net.parameters(), strict=True)},
+            "best_epoch": stopping.best_epoch[s],
+            "epochs_run": (stopping.stop_epoch[s] + 1)
+            if stopping.stop_epoch[s] is not None
+            else res.epochs_run,
+        }
+        for s in range(n_s)
+    ]
 
 
-def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
-    c, net = state["config"], state["net"]
+def predict(state: dict, data, rows: np.ndarray, env: TrainEnv) -> MethodOutput:
+    c = build(Config, state["config"], "stacked-gen state")
     rows = as_rows(rows, len(data.split))
-    _check_hidden(data)
-    sizes = [int(h.shape[1]) for h in data.hidden]
+    sizes = _check_hidden(data)
     if sizes != state["sizes"]:
         raise ValueError(
             f"scenario {data.name!r}: hidden sizes {sizes} differ from the fitted {state['sizes']}"
         )
-    x = HiddenRows(data.hidden)
-    net.eval()
-    out = []
+    net = SeedStackedGen(sizes, 1, c)
+    net.load_state_dict({k: v.unsqueeze(0) for k, v in state["params"].items()})
+    net.to(env.device)
     with torch.no_grad():
-        for s in range(0, len(rows), 4096):
-            out.append(torch.softmax(net(x(rows[s : s + 4096])) / c.temperature, dim=-1))  # [b, M]
-    weights = torch.cat(out) if out else torch.zeros((0, data.n_agents))
+        weights = _eval_weights(net, HiddenRows(data.hidden, env.device), rows, 1, c)[0]  # [n, M]
     return pooled_output(data, rows, weights)

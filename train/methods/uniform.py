@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+from walla.store.validate import config, to_dict
+from walla.train.method_io import as_rows, pooled_output
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.methods._baselines import as_rows, build_config, pooled_output, resolved_dict
-
-NAME = "uniform"
 
 
-@dataclass(frozen=True)
-class UniformConfig:
+@config
+class Config:
     """No hyper-parameters: equal weights."""
 
 
-def resolve(data, cfg: dict | None) -> dict:
-    """The fully resolved config (defaults filled in) that run.json records."""
-    return resolved_dict(UniformConfig, cfg, NAME)
+def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | None]) -> list[dict]:
+    """Nothing to learn: one state per seed holding the config."""
+    return [{"config": to_dict(cfg)} for _ in seeds]
 
 
-def fit(data, cfg: dict, seed: int, log: LogFn | None = None) -> dict:
-    """Nothing to learn; validates cfg (no keys allowed) and returns it."""
-    return {"config": build_config(UniformConfig, cfg, NAME)}
-
-
-def predict(state: dict, data, rows: np.ndarray) -> MethodOutput:
+def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
     """w_i = 1/M for every question in ``rows``."""
     rows = as_rows(rows, len(data.split))
     weights = torch.full((len(rows), data.n_agents), 1.0 / data.n_agents)  # [n, M]
