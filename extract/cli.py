@@ -58,6 +58,7 @@ def extract(
     from walla.extract.config import ExtractConfig
     from walla.extract.hub import HubUnavailableError
     from walla.extract.run import run
+    from walla.store.files import describe_os_error
 
     try:
         cfg = ExtractConfig(
@@ -87,7 +88,9 @@ def extract(
         _fail(str(e.args[0] if e.args else e), 2)
     except HubUnavailableError as e:
         _fail(str(e), 3)
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+    except OSError as e:  # the path and what was expected, in words (not "[Errno 21]")
+        _fail(describe_os_error(e), 1)
+    except (ValueError, RuntimeError) as e:
         _fail(" ".join(str(e).split()), 1)
     except KeyboardInterrupt:
         _fail("interrupted; rerun the same command to resume after the last durable shard", 130)

@@ -37,6 +37,11 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # e.g. a full disk inside write(): say which file
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

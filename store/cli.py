@@ -25,7 +25,7 @@ from walla.store.featureset import (
 )
 from walla.store.files import describe_os_error, read_json
 from walla.store.listing import dir_size, remove_dir
-from walla.store.questions import QUESTIONS_DIR, list_question_tables, read_question_table
+from walla.store.questions import QUESTIONS_DIR, question_table_dirs, read_question_meta, read_question_table
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="walla store: list, verify and remove feature sets"
@@ -70,13 +70,17 @@ class _Entry:
     path: Path
     info: FeatureSetInfo | None = None
     meta: dict | None = None
+    error: str | None = None  # a question table whose meta.json cannot be read (file and fix named)
 
 
 def _entries(store: Path) -> list[_Entry]:
     out = [_Entry("features", i.fingerprint, i.path, info=i) for i in list_feature_sets(store)]
-    out += [
-        _Entry("questions", m["fingerprint"], Path(m["path"]), meta=m) for m in list_question_tables(store)
-    ]
+    for d in question_table_dirs(store):
+        try:
+            m = read_question_meta(d)
+            out.append(_Entry("questions", m["fingerprint"], d, meta=m))
+        except StoreError as e:
+            out.append(_Entry("questions", d.name, d, error=str(e)))
     qroot = store / QUESTIONS_DIR
     for d in sorted(qroot.glob("*/*.incomplete")) if qroot.is_dir() else []:  # a killed question-table write
         out.append(_Entry("questions", d.name.split(".")[0], d))
@@ -152,7 +156,16 @@ def ls(store: Path = STORE_OPT) -> None:
             )
         else:
             table.add_row(
-                "questions", "", e.path.parent.name, "", e.fingerprint, "incomplete", "?", "", _size(size), ""
+                "questions",
+                "",
+                e.path.parent.name,
+                "",
+                e.fingerprint,
+                "corrupt" if e.error else "incomplete",
+                "?",
+                "",
+                _size(size),
+                "",
             )
     console.print(table)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -187,6 +200,8 @@ def verify(
     for e in entries:
         label = f"{e.kind} {e.fingerprint} ({e.path})"
         try:
+            if e.error is not None:
+                raise StoreError(e.error)
             if e.info is not None and e.info.status in ("incomplete", "writing"):
                 console.print(f"[yellow]SKIP[/] {label}: {e.info.status}, not committed")
                 continue

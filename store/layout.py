@@ -54,7 +54,14 @@ def fix_command(fingerprint: str, store: Path, recreate: str) -> str:
 
     Re-running the extraction alone is not enough: it would find the entry complete and keep it.
     """
-    return f"fix: `walla-store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {recreate}`"
+    argv = shlex.split(recreate)
+    if "--store" in argv[:-1]:  # the recorded command names the store it ran on; the store may have moved
+        argv[argv.index("--store") + 1] = str(store)
+    elif argv[:2] == ["make", "extract"]:
+        argv.append(f"STORE={store}")
+    return (
+        f"fix: `walla-store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {shlex.join(argv)}`"
+    )
 
 
 def check_name(name: str, what: str) -> None:

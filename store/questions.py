@@ -24,6 +24,7 @@ from walla.store import atomic
 from walla.store.files import read_json, read_parquet
 from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
 from walla.store.layout import StoreError, check_name, fix_command
+from walla.store.listing import list_feature_sets
 from walla.store.provenance import library_versions, now_iso
 from walla.store.schema import FEATURE_SCHEMA_VERSION, QUESTION_COLUMNS, SPLITS
 
@@ -206,26 +207,40 @@ def write_question_table(
     return fp
 
 
-def list_question_tables(store: Path, dataset: str | None = None) -> list[dict]:
-    """meta.json of every complete question table (optionally of one dataset), newest first."""
+def question_table_dirs(store: Path, dataset: str | None = None) -> list[Path]:
+    """Directories of committed question tables (a meta.json; not `.incomplete` / `.deleting`), sorted."""
     root = Path(store) / QUESTIONS_DIR
     if not root.is_dir():
         return []
-    metas = []
+    out = []
     for ds_dir in sorted(root.iterdir()):
         if dataset is not None and ds_dir.name != dataset:
             continue
         for d in sorted(ds_dir.iterdir()) if ds_dir.is_dir() else []:
-            if d.is_dir() and "." not in d.name and (d / META_FILE).exists():  # not .incomplete/.deleting
-                try:
-                    meta = read_json(d / META_FILE, "the question table's meta.json")
-                except StoreError as e:
-                    fix = fix_command(
-                        d.name, Path(store), f"make extract MODEL=<model> DATASET={ds_dir.name}"
-                    )
-                    raise StoreError(f"{e}; {fix}") from None
-                meta["path"] = str(d)
-                metas.append(meta)
+            if d.is_dir() and "." not in d.name and (d / META_FILE).exists():
+                out.append(d)
+    return out
+
+
+def read_question_meta(d: Path) -> dict:
+    """meta.json of the question table in `d` (+ its "path").
+
+    Raises:
+        StoreError: unreadable / not JSON / not UTF-8 (the file and the fix named).
+    """
+    try:
+        meta = read_json(d / META_FILE, "the question table's meta.json")
+    except StoreError as e:
+        store = d.parents[2]
+        fix = fix_command(d.name, store, recreate_question_command(store, d.parent.name, d.name))
+        raise StoreError(f"{e}; {fix}") from None
+    meta["path"] = str(d)
+    return meta
+
+
+def list_question_tables(store: Path, dataset: str | None = None) -> list[dict]:
+    """meta.json of every complete question table (optionally of one dataset), newest first."""
+    metas = [read_question_meta(d) for d in question_table_dirs(store, dataset)]
     return sorted(metas, key=lambda m: m.get("created_at", ""), reverse=True)
 
 
@@ -265,7 +280,8 @@ def read_question_table(
 
 def _verify(path: Path, meta: dict, dataset: str, checksums: bool = True) -> pl.DataFrame:
     """The table in `path` after checking schema version, checksums, rows and columns against meta.json."""
-    fix = fix_command(meta.get("fingerprint", path.name), path.parents[2], _recreate_command(meta, dataset))
+    store = path.parents[2]
+    fix = fix_command(path.name, store, recreate_question_command(store, dataset, path.name, meta))
     if meta.get("schema_version") != FEATURE_SCHEMA_VERSION:
         raise StoreError(
             f"question table {path} has schema version {meta.get('schema_version')}, this walla reads "
@@ -287,11 +303,26 @@ def _verify(path: Path, meta: dict, dataset: str, checksums: bool = True) -> pl.
     return df
 
 
-def _recreate_command(meta: dict, dataset: str) -> str:
-    if meta.get("command"):
+def recreate_question_command(store: Path, dataset: str, fp: str, meta: dict | None = None) -> str:
+    """The command that re-creates question table `fp`: recorded in its meta.json or in a feature set's."""
+    if meta and meta.get("command"):
         return meta["command"]
-    n = _size_of(meta)
+    for info in list_feature_sets(store, dataset=dataset):
+        if info.questions_fp == fp:
+            with contextlib.suppress(StoreError):
+                if cmd := read_json(info.path / META_FILE).get("command"):
+                    return cmd
+    n = _size_of(meta or {})
     return f"make extract MODEL=<model> DATASET={dataset}" + (f" SIZE={n}" if n else "")
+
+
+def question_command(store: Path, dataset: str, fp: str | None) -> str | None:
+    """The command recorded in question table `fp`'s meta.json, if any."""
+    if not fp:
+        return None
+    with contextlib.suppress(StoreError):
+        return read_json(question_dir(store, dataset, fp) / META_FILE).get("command")
+    return None
 
 
 def _size_of(meta: dict) -> int | None:

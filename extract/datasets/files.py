@@ -16,7 +16,12 @@ from walla.extract import hub
 
 def read_json_records(path: Path) -> Iterator[tuple[str, object]]:
     """(where, record) for JSON lines, a JSON array, or a JSON object keyed by id (key kept as '_key')."""
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); expected JSON records") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory; expected a JSON / JSON lines file") from None
     head = text.lstrip()[:1]
     if head == "[":
         try:
