@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table as RichTable
-from walla.evaluate.report import EvalConfig, key_summary, run
+from walla.evaluate.report import EvalConfig, key_summary, problem_summary, run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla evaluate stage")
 
@@ -19,6 +19,12 @@ def _fmt(s) -> str:
     if not s.defined:
         return "–"
     return f"{100 * s.mean:.2f}" + ("" if s.ci is None else f" ± {100 * s.ci:.2f}")
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    """One line on stderr (newlines inside a library's message folded), then exit `code`."""
+    typer.echo("error: " + " ".join(str(message).split()), err=True)
+    return typer.Exit(code)
 
 
 @app.command()
@@ -30,19 +36,18 @@ def main_command(
     runs: Path = typer.Option(Path("runs"), "--runs", help="runs directory written by walla-train"),
     no_plots: bool = typer.Option(False, "--no-plots", help="tables only"),
 ) -> None:
-    """Metrics with 95% CIs over seeds, the paper's tables (.md/.tex/.csv) and plots, from saved runs."""
-    console, err = Console(), Console(stderr=True)
+    """Metrics with 95% CIs over seeds, the paper's tables (.md/.tex/.csv) and plots, from saved runs.
+
+    Exit 1 when a run or scenario file is unreadable (the report is still written without it).
+    """
+    console = Console()
     if report.suffix.lower() != ".md":
-        err.print(
-            f"[red]error:[/red] --report {report}: expected a .md path (.tex/.csv are written beside it)"
-        )
-        raise typer.Exit(2)
+        raise _fail(f"--report {report}: expected a .md path (.tex/.csv are written beside it)", 2)
     cfg = EvalConfig(report=report, runs=runs, scenarios=tuple(scenario), plots=not no_plots)
     try:
         result = run(cfg)
-    except (FileNotFoundError, ValueError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(1) from None
+    except (OSError, ValueError) as e:
+        raise _fail(e, 1) from None
     for ev in result.scenarios:
         s = ev.data.scenario
         keys = ["KLD", "DRegret"] if s.soft_target else ["ACC", "DRegret"]
@@ -53,14 +58,13 @@ def main_command(
         for label, sums in key_summary(ev):
             t.add_row(label, *(_fmt(v) for v in sums.values()))
         console.print(t)
-    if result.problems:
-        err.print(
-            f"[yellow]warning:[/yellow] {len(result.problems)} run(s) missing, incomplete or unreadable "
-            f"(listed under 'Missing runs' in {report})",
-            highlight=False,
-        )
     for path in result.files:
-        console.print(f"wrote {path}", highlight=False)
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    unreadable = [p for p in result.problems if p.kind == "unreadable"]
+    if unreadable:  # a broken file is an error (exit 1), after the report of everything else is written
+        raise _fail(f"{unreadable[0].line()} ({problem_summary(result.problems)}, listed in {report})", 1)
+    if result.problems:
+        typer.echo(f"warning: {problem_summary(result.problems)} (listed in {report})", err=True)
 
 
 def main() -> None:

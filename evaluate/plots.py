@@ -4,16 +4,16 @@ Per scenario:
 * alignment  learned wager vs realized advantage s_i - b_-i (the paper's alignment figure), Pearson r;
 * heads      predicted own score / predicted baseline vs the realized ones, and wager vs their difference
              (only when a run saved the diagnostic heads: pred_score / pred_baseline non-null);
-* training   the metrics train_log.parquet has (D-Regret, MRR, ACC, ...) over training batches;
-* reliability  reliability diagram of the aggregate, WALLA I vs UniformAvg.
+* training   the metrics of the run's training curve (logs/metrics.csv: D-Regret, MRR, ACC, ...) over
+             training batches;
+* reliability  reliability diagram of the aggregate, WALLA I vs UniformAvg;
+* compute    accuracy (Brier on soft targets) vs LLM compute per question, every method (compute.py).
 Each function returns the written path, or None when the runs hold nothing to draw.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -23,13 +23,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from walla.evaluate.compute import ScenarioCompute  # noqa: E402
 from walla.evaluate.load import Run, ScenarioRuns  # noqa: E402
-from walla.evaluate.metrics import ECE_BINS, ece, reliability  # noqa: E402
+from walla.evaluate.metrics import ECE_BINS, METRICS, ece, reliability  # noqa: E402
 from walla.store.schema import VARIANTS  # noqa: E402
 from walla.train.mechanism import brier_score  # noqa: E402
 
 MAX_POINTS = 20_000  # scatter points drawn (Pearson r always uses every point)
-LOG_AXES = ("step", "epoch", "n_seen")  # train_log columns that are x-axes, not metrics
+LOG_AXES = ("step", "epoch", "n_seen")  # training-log columns that are x-axes, not metrics
 LOG_SKIP = ("grad_norm", "skipped")  # bookkeeping columns, not metrics
 # train_log metrics shown first, in this order (substring match); per-agent columns (wager_0, ...) are skipped
 PREFERRED = (
@@ -55,20 +56,13 @@ MAX_PANELS = 4
 
 
 def _save(fig, path: Path) -> Path:
-    """Write via a temp file + os.replace, so a crash never leaves half a PNG."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
+    """Write the PNG atomically (a crash never leaves half a PNG) and close the figure."""
+    from walla.evaluate.report import write_file  # report imports this module lazily: no cycle
+
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600
-        os.replace(tmp, path)
+        return write_file(path, lambda p: fig.savefig(p, format="png", dpi=110, bbox_inches="tight"))
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
-    return path
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
@@ -267,7 +261,38 @@ def reliability_plot(data: ScenarioRuns, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def scenario_plots(data: ScenarioRuns, prefix: Path) -> list[tuple[Path, str]]:
+GROUP_MARKERS = {"individual": "s", "learning_free": "^", "learning_based": "D", "walla": "o"}
+
+
+def compute_plot(sc: ScenarioCompute, scenario: str, path: Path) -> Path | None:
+    """Quality (accuracy, or Brier on soft targets) vs LLM compute per question: agents and every method
+    on one figure, 95% CI over seeds as error bars."""
+    pts = [p for p in sc.points if p.quality.defined and np.isfinite(p.flops) and p.flops > 0]
+    if not pts:
+        return None
+    q = METRICS[sc.metric]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for i, p in enumerate(pts):
+        ci = 0.0 if p.quality.ci is None else p.quality.ci * q.scale
+        x, y = p.flops / 1e9, p.quality.mean * q.scale
+        ax.errorbar(x, y, yerr=ci, fmt=GROUP_MARKERS.get(p.group, "o"), color=f"C{i % 10}", ms=7, capsize=3,
+                    label=f"{p.label} ({p.agents:g} agent{'s' if p.agents != 1 else ''})")  # fmt: skip
+    flops = [p.flops for p in pts]
+    if max(flops) / min(flops) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("forward GFLOPs per question (agents run)")
+    ax.set_ylabel(
+        f"{q.label}" + (" (×100)" if q.scale == 100.0 else "") + (" ↑" if q.higher_is_better else " ↓")
+    )
+    ax.set_title(f"{q.label} vs LLM compute per question, {scenario}\n(test split; mean ± 95% CI over seeds; "
+                 "methods at the same x run the same agents)", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, loc="best")
+    return _save(fig, path)
+
+
+def scenario_plots(
+    data: ScenarioRuns, prefix: Path, compute: ScenarioCompute | None = None
+) -> list[tuple[Path, str]]:
     """Every plot the scenario's runs support: (path, caption) pairs, written as <prefix>-<kind>.png."""
     out = []
     for kind, fn, caption in (
@@ -279,4 +304,8 @@ def scenario_plots(data: ScenarioRuns, prefix: Path) -> list[tuple[Path, str]]:
         path = fn(data, Path(f"{prefix}-{kind}.png"))
         if path is not None:
             out.append((path, caption))
+    if compute is not None and (
+        path := compute_plot(compute, data.scenario.name, Path(f"{prefix}-compute.png"))
+    ):
+        out.append((path, f"{METRICS[compute.metric].label} vs LLM compute per question"))
     return out

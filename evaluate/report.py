@@ -5,7 +5,9 @@
 Reads top to bottom: find scenarios, load their runs (load.py), compute every metric of every run on the
 test split and on the hard subset (metrics.py), summarize over seeds (aggregate.py), lay out the paper's
 tables (tables.py), draw the plots (plots.py), write the files. Missing, interrupted or unreadable runs
-are listed in a "Missing runs" section instead of stopping the report.
+are listed in a "Missing runs" section instead of stopping the report; runs trained from other inputs than
+the scenario's current ones are listed under "Stale runs" and never counted (load.py). When scenario.json
+records the agents' compute, a compute table and an accuracy-vs-compute plot are added (compute.py).
 
 Choices (documented here because they change numbers):
 * the hard subset is defined once per scenario from the agents' own (uncalibrated) probabilities, so every
@@ -21,7 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from walla.evaluate.aggregate import Summary, summarize
+from walla.evaluate.compute import ScenarioCompute, compute_table, scenario_compute
 from walla.evaluate.load import Problem, Run, ScenarioRuns, list_scenarios, load_scenario_runs
 from walla.evaluate.metrics import (
     EXTRA_COLUMNS,
@@ -41,6 +44,7 @@ from walla.evaluate.metrics import (
     per_agent_brier,
 )
 from walla.evaluate.tables import CSV_FIELDS, Cell, Column, Row, Table, to_csv_rows, to_latex, to_markdown
+from walla.store.atomic import write_atomic
 
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
 NOTE_VALUES = "Values ×100: mean ± 95% CI over seeds (t-interval); bold = best aggregation method per column (individual agents excluded)."  # noqa: E501
@@ -63,6 +67,7 @@ class ScenarioEval:
     individual: list[dict[str, dict[str, float]]]  # agent slot -> subset -> metric -> value
     runs: dict[str, dict[int, dict[str, dict[str, float]]]]  # method -> seed -> subset -> metric -> value
     uniform: set[str]  # methods with equal weights on every question of every seed
+    compute: ScenarioCompute | str | None = None  # compute.py; a sentence when not recorded
 
     @property
     def seeds(self) -> list[int]:
@@ -117,7 +122,9 @@ def evaluate_scenario(data: ScenarioRuns) -> ScenarioEval:
             equal &= bool(np.all(np.abs(run.weights - 1.0 / m) < UNIFORM_ATOL))
         if method in runs and equal:
             uniform.add(method)
-    return ScenarioEval(data, mask, individual, runs, uniform)
+    ev = ScenarioEval(data, mask, individual, runs, uniform)
+    ev.compute = scenario_compute(ev)
+    return ev
 
 
 # ----------------------------------------------------------------------------------------- tables
@@ -215,29 +222,21 @@ def scenario_tables(ev: ScenarioEval) -> list[Table]:
         metric_table(ev, "other", "all", extra, f"{s.name}: other metrics (all test questions)"),
     ]  # fmt: skip
     wagers = wager_table(ev)
+    if isinstance(ev.compute, ScenarioCompute):
+        tables.append(compute_table(ev.compute, s.name, _caption(ev, len(s.label))))
     return tables + ([wagers] if wagers else [])
 
 
 # ----------------------------------------------------------------------------------------- writing
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+def write_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """Atomically write one output file (walla.store.atomic); an OSError becomes one line naming `path`."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the report the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_atomic(path, write)
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def render_markdown(cfg: EvalConfig, evals: list[ScenarioEval], tables: list[Table], figures: dict,
@@ -249,24 +248,26 @@ def render_markdown(cfg: EvalConfig, evals: list[ScenarioEval], tables: list[Tab
         f"Runs: `{cfg.runs}` · scenarios: {names} · metrics on the test split.",
         "",
     ]
+    stale = [p for p in problems if p.kind == "stale"]
+    other = [p for p in problems if p.kind != "stale"]
     if problems:
-        out += [
-            f"> **Warning:** {len(problems)} run(s) missing, incomplete or unreadable; see *Missing runs*.",
-            "",
-        ]
+        out += [f"> **Warning:** {problem_summary(problems)}; see *Missing runs* / *Stale runs*.", ""]
     for ev in evals:
         name = ev.data.scenario.name
         out += [f"## Scenario `{name}`", ""]
         for t in (t for t in tables if t.scenario == name):
             out += [to_markdown(t)]
+        if isinstance(ev.compute, str):
+            out += [f"*{ev.compute}*", ""]
         if figures.get(name):
             out += ["### Plots", ""]
             for path, caption in figures[name]:
                 out += [f"![{caption}]({os.path.relpath(path, cfg.report.parent)})", f"*{caption}*", ""]
-    if problems:
-        out += ["## Missing runs", ""]
-        out += [f"- {p.line()}" for p in problems]
-        out += [""]
+    if other:
+        out += ["## Missing runs", ""] + [f"- {p.line()}" for p in other] + [""]
+    if stale:
+        out += ["## Stale runs", "", "Trained from other inputs than the scenario's current ones; not counted "
+                "in any table.", ""] + [f"- {p.line()}" for p in stale] + [""]  # fmt: skip
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -307,8 +308,8 @@ def _run(cfg: EvalConfig) -> ReportResult:
     for name in cfg.scenarios or available:
         try:
             data = load_scenario_runs(cfg.runs, name)
-        except (OSError, KeyError, ValueError) as e:
-            result.problems.append(Problem("unreadable", name, None, None, str(e).strip("'\"")))
+        except (OSError, ValueError) as e:  # load.py turns every format error into a RunFormatError
+            result.problems.append(Problem("unreadable", name, None, None, str(e)))
             continue
         ev = evaluate_scenario(data)
         result.problems += data.problems
@@ -318,7 +319,8 @@ def _run(cfg: EvalConfig) -> ReportResult:
             from walla.evaluate import plots  # matplotlib only when drawing
 
             prefix = cfg.report.parent / f"{cfg.report.stem}-{name}"
-            figures[name] = plots.scenario_plots(data, prefix)
+            compute = ev.compute if isinstance(ev.compute, ScenarioCompute) else None
+            figures[name] = plots.scenario_plots(data, prefix, compute)
             result.files += [p for p, _ in figures[name]]
     if not result.scenarios:
         raise ValueError(
@@ -340,7 +342,7 @@ def _run(cfg: EvalConfig) -> ReportResult:
         (cfg.report.with_suffix(".csv"), buf.getvalue()),
     ]
     for path, text in written:
-        _atomic_write(path, text)
+        write_file(path, lambda p, text=text: p.write_text(text, encoding="utf-8"))
     result.files = [p for p, _ in written] + result.files
     return result
 
@@ -353,3 +355,9 @@ def key_summary(ev: ScenarioEval) -> list[tuple[str, dict[str, Summary]]]:
         display = next(iter(ev.data.runs[method].values())).display
         out.append((display, {k: summarize([v["all"][k] for v in by_seed.values()]) for k in keys}))
     return out
+
+
+def problem_summary(problems: list[Problem]) -> str:
+    """'2 missing, 1 stale run(s) not counted' (kinds in first-seen order)."""
+    kinds = {k: sum(p.kind == k for p in problems) for k in dict.fromkeys(p.kind for p in problems)}
+    return ", ".join(f"{n} {k}" for k, n in kinds.items()) + " run(s) not counted"

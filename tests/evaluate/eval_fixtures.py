@@ -22,6 +22,20 @@ from walla.train.runs import write_run as train_write_run
 
 SPEC = {"dataset": "toy", "context": "none"}  # a stand-in for the resolved scenario spec
 
+# q0 is a train row (must be ignored); q1..q5 are test rows. Probabilities per agent (alpha, beta):
+PROBS = np.array(
+    [
+        [[0.5, 0.5], [0.5, 0.5]],
+        [[0.91, 0.09], [0.62, 0.38]],
+        [[0.23, 0.77], [0.71, 0.29]],
+        [[0.34, 0.66], [0.43, 0.57]],
+        [[0.58, 0.42], [0.17, 0.83]],
+        [[0.74, 0.26], [0.48, 0.52]],
+    ]
+)
+LABEL = np.array([0, 0, 0, 1, 1, 0])
+SPLIT = ["train"] + ["test"] * 5
+
 
 def scenario_data(
     name: str,

@@ -10,26 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eval_fixtures import write_run, write_scenario
+from eval_fixtures import LABEL, PROBS, SPLIT, write_run, write_scenario
 from typer.testing import CliRunner
 from walla.evaluate.cli import app
 from walla.evaluate.plots import _log_metrics, rolling_mean
 from walla.evaluate.report import EvalConfig, run
 from walla.evaluate.tables import to_markdown
 
-# q0 is a train row (must be ignored); q1..q5 are test rows. Probabilities per agent (alpha, beta):
-PROBS = np.array(
-    [
-        [[0.5, 0.5], [0.5, 0.5]],
-        [[0.91, 0.09], [0.62, 0.38]],
-        [[0.23, 0.77], [0.71, 0.29]],
-        [[0.34, 0.66], [0.43, 0.57]],
-        [[0.58, 0.42], [0.17, 0.83]],
-        [[0.74, 0.26], [0.48, 0.52]],
-    ]
-)
-LABEL = np.array([0, 0, 0, 1, 1, 0])
-SPLIT = ["train"] + ["test"] * 5
 WALLA_W = {
     18: [[0.5, 0.5], [0.8, 0.2], [0.25, 0.75], [0.5, 0.5], [0.1, 0.9], [0.65, 0.35]],
     19: [[0.5, 0.5], [0.7, 0.3], [0.1, 0.9], [0.6, 0.4], [0.3, 0.7], [0.55, 0.45]],
