@@ -202,7 +202,11 @@ def verify(
         try:
             if e.error is not None:
                 raise StoreError(e.error)
-            if e.info is not None and e.info.status in ("incomplete", "writing"):
+            if (
+                e.info is not None
+                and e.info.status in ("incomplete", "writing")
+                and e.path.name.endswith(".incomplete")
+            ):
                 console.print(f"[yellow]SKIP[/] {label}: {e.info.status}, not committed")
                 continue
             if e.info is not None and e.info.status == "stale":

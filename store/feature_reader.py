@@ -34,6 +34,7 @@ from walla.store.layout import (
     StoreError,
     extract_command,
     fix_command,
+    on_store,
 )
 from walla.store.questions import generated_size, question_command
 from walla.store.schema import FEATURE_SCHEMA_VERSION, ROW_COLUMNS
@@ -103,12 +104,17 @@ def read_feature_set(path: Path, verify: bool = True) -> FeatureSet:
         IncompleteError, StaleSchemaError, StoreError: one line naming the file and the command that fixes it.
     """
     path = Path(path)
-    if path.name.endswith(INCOMPLETE) or not (path / META_FILE).exists():
+    fp = path.name.removesuffix(INCOMPLETE)
+    if path.name.endswith(INCOMPLETE):
         raise IncompleteError(
-            f"feature set {path} is incomplete (no {META_FILE}: still being written, or the writer died); "
-            f"resume it with `{_resume_command(path)}`"
+            f"feature set {path} is incomplete (still being written, or the writer died); "
+            f"resume it with `{on_store(recreate_command(path, {}), store_of(path))}`"
         )
-    fp = path.name
+    if not (path / META_FILE).exists():
+        raise IncompleteError(
+            f"{path / META_FILE} is missing: {path} is not a committed feature set; "
+            f"{fix_command(fp, store_of(path), recreate_command(path, {}))}"
+        )
     try:
         meta = read_json(path / META_FILE, "the feature set's meta.json")
     except StoreError as e:
@@ -166,18 +172,3 @@ def verify_checksums(path: Path, meta: dict) -> None:
             raise StoreError(
                 f"checksum mismatch: {path / rel} changed after it was written (corrupt or edited)"
             )
-
-
-def _resume_command(path: Path) -> str:
-    """The extraction that resumes an incomplete write (its writer.json, else the path, names it)."""
-    w: dict = {}
-    with contextlib.suppress(StoreError):
-        w = read_json(path / WRITER_FILE)
-    parts = path.parts
-    model, dataset, variant = w.get("model"), w.get("dataset"), w.get("variant")
-    if not (model and dataset and variant):
-        if len(parts) < 5 or parts[-5] != FEATURES_DIR:
-            return "make extract MODEL=<model> DATASET=<dataset> VARIANTS=<variant>"
-        model, dataset, variant = parts[-4], parts[-3], parts[-2]
-    qfp = (w.get("fingerprint_inputs") or {}).get("inputs", {}).get("questions_fp")
-    return extract_command(model, dataset, variant, size=generated_size(store_of(path), dataset, qfp))

@@ -54,14 +54,17 @@ def fix_command(fingerprint: str, store: Path, recreate: str) -> str:
 
     Re-running the extraction alone is not enough: it would find the entry complete and keep it.
     """
-    argv = shlex.split(recreate)
-    if "--store" in argv[:-1]:  # the recorded command names the store it ran on; the store may have moved
+    return f"fix: `walla-store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {on_store(recreate, store)}`"
+
+
+def on_store(command: str, store: Path) -> str:
+    """`command` pointed at `store`: a recorded command names the store it ran on, and stores move."""
+    argv = shlex.split(command)
+    if "--store" in argv[:-1]:
         argv[argv.index("--store") + 1] = str(store)
     elif argv[:2] == ["make", "extract"]:
         argv.append(f"STORE={store}")
-    return (
-        f"fix: `walla-store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {shlex.join(argv)}`"
-    )
+    return shlex.join(argv)
 
 
 def check_name(name: str, what: str) -> None:

@@ -297,6 +297,14 @@ CASES = [
         run_fix=True,
     ),
     Case(
+        "verify: deleted feature meta.json",
+        "walla-store",
+        verify_argv,
+        "meta.json is missing",
+        damage=lambda s: (feature_dir(s) / "meta.json").unlink(),
+        run_fix=True,
+    ),
+    Case(
         "verify: truncated rows.parquet",
         "walla-store",
         verify_argv,
@@ -428,3 +436,19 @@ def test_second_extract_refuses_before_loading_the_model(
         r = invoke("walla-extract", extract(store, "--dataset", "facts", "--size", "20"))
     assert r.exit_code == 1 and "is being written by another process" in r.stderr, (r.output, r.stderr)
     assert invoke("walla-store", ["verify", "--store", str(store)]).exit_code == 0
+
+
+def test_disk_full_names_the_file(base_store: Path, tmp_path: Path, monkeypatch) -> None:
+    """A full disk inside an atomic write is one line naming the file (not a bare '[Errno 28]')."""
+    import errno
+
+    from walla.store import atomic
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "replace", full)
+    r = invoke("walla-extract", extract(tmp_path / "store", "--dataset", "facts", "--size", "20"))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1, r.stderr
+    assert "questions.parquet: disk full (no space left on the device)" in lines[0], lines[0]
