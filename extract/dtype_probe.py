@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from walla.store import atomic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MARGIN = 1.2  # a low-precision dtype must be this much faster than float32 to be worth its rounding
@@ -143,18 +142,9 @@ def probe(
             pass  # unreadable cache: measure again and overwrite it
     gflops = measure_all(device, measure or gemm_gflops)
     if path is not None:
-        _write_atomic(path, {"gflops": gflops, "device": device, "torch": torch.__version__})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(path, {"gflops": gflops, "device": device, "torch": torch.__version__}, indent=1)
     return DtypeChoice(decide(gflops), gflops, device)
-
-
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.partial")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def resolve(name: str, device: str, cache_dir: Path | None = None) -> tuple[str, str]:
