@@ -16,6 +16,7 @@ from walla.train.methods import REGISTRY
 from walla.train.runs import (
     METHOD_GROUPS,
     PREDICTIONS,
+    SCENARIO_META,
     SCENARIO_TABLE,
     RunFormatError,
     RunRecord,
@@ -29,7 +30,15 @@ from walla.train.runs import (
 
 Run = RunRecord  # evaluation reads RunRecords; the alias keeps plots/report signatures short
 Scenario = ScenarioTable
-__all__ = ["Problem", "Run", "Scenario", "ScenarioRuns", "list_scenarios", "load_scenario_runs"]
+__all__ = [
+    "Problem",
+    "Run",
+    "Scenario",
+    "ScenarioRuns",
+    "list_scenarios",
+    "load_scenario_runs",
+    "orphan_runs",
+]
 
 
 # what a well-formed but wrong file raises inside the reader: a missing key or column, a column of
@@ -129,3 +138,15 @@ def load_scenario_runs(runs_dir: Path, name: str) -> ScenarioRuns:
             runs.setdefault(method, {})[seed] = run
     ordered = sorted(runs, key=lambda mt: method_order(mt, next(iter(runs[mt].values())).group))
     return ScenarioRuns(table, {mt: runs[mt] for mt in ordered}, problems, seeds)
+
+
+def orphan_runs(runs_dir: Path) -> list[Problem]:
+    """Directories under runs_dir holding run directories but no scenario.json (deleted or never written):
+    their runs cannot be read, and a report that left them out without a word would look complete."""
+    listed = set(list_scenarios(runs_dir))
+    return [
+        Problem("unreadable", d.name, None, None,
+                f"{d / SCENARIO_META}: missing, so its runs cannot be read; rerun walla-train --scenario {d.name}")
+        for d in sorted(Path(runs_dir).iterdir())
+        if d.is_dir() and d.name not in listed and list_run_dirs(runs_dir, d.name)
+    ]  # fmt: skip

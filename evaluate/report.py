@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from walla.evaluate.aggregate import Summary, summarize
 from walla.evaluate.compute import ScenarioCompute, compute_table, scenario_compute
-from walla.evaluate.load import Problem, Run, ScenarioRuns, list_scenarios, load_scenario_runs
+from walla.evaluate.load import Problem, Run, ScenarioRuns, list_scenarios, load_scenario_runs, orphan_runs
 from walla.evaluate.metrics import (
     EXTRA_COLUMNS,
     MAIN_COLUMNS,
@@ -297,13 +297,14 @@ def run(cfg: EvalConfig) -> ReportResult:
 def _run(cfg: EvalConfig) -> ReportResult:
     available = list_scenarios(cfg.runs)
     if not available:
-        raise ValueError(f"no scenario under {cfg.runs} (expected <runs>/<scenario>/scenario.parquet)")
+        orphans = "".join(f"; {p.line()}" for p in orphan_runs(cfg.runs))
+        raise ValueError(f"no scenario under {cfg.runs} (expected <runs>/<scenario>/scenario.json){orphans}")
     unknown = [s for s in cfg.scenarios if s not in available]
     if unknown:
         raise ValueError(
             f"scenario(s) {', '.join(unknown)} not under {cfg.runs}; available: {', '.join(available)}"
         )
-    result = ReportResult()
+    result = ReportResult(problems=[] if cfg.scenarios else orphan_runs(cfg.runs))
     figures: dict[str, list[tuple[Path, str]]] = {}
     for name in cfg.scenarios or available:
         try:

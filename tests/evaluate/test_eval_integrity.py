@@ -67,6 +67,12 @@ def _corrupt_run_json(runs: Path) -> Path:
     return path
 
 
+def _deleted_scenario_json(runs: Path) -> Path:
+    make_runs(runs.parent, "other")
+    (path := runs / "other" / "scenario.json").unlink()
+    return path
+
+
 def _corrupt_scenario_json(runs: Path) -> Path:
     (path := runs / "toy" / "scenario.json").write_text("{not json")
     return path
@@ -94,6 +100,7 @@ def _scenario_parquet_without_columns(runs: Path) -> Path:
     "corrupt",
     [
         _corrupt_run_json,
+        _deleted_scenario_json,
         _corrupt_scenario_json,
         _truncated_predictions,
         _predictions_without_columns,
