@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 ROUTER_FAMILIES = ("route-llm", "router-dc", "nirt-router")  # methods that may run only routed agents
 NOT_RECORDED = (
-    "LLM compute per question: compute not recorded (scenario.json has no meta.compute; walla-train "
-    "adds it from the feature sets' extraction records)."
+    "LLM compute per question: compute not recorded (scenario.json has no meta.compute, which scenario "
+    "assembly takes from the feature sets' extraction records)."
 )
 
 
