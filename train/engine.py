@@ -32,10 +32,10 @@ autocast directly (train/methods/walla.py, train/calibration.py).
 Seeding stays local: `seeded(seed)` forks torch's RNG for a block, so no run depends on what ran
 before; fabric.seed_everything (global) is never used.
 
-Import cost (measured on the 2-core development CPU shared with other jobs, `python -X importtime`
-and wall clock around `from lightning.fabric import Fabric` after `import torch`): 1.0-1.5 s when the
-files are in the page cache, up to ~8 s cold. It is paid once per `walla-train` process, which
-imports it before the first fit; methods without trainable parameters never import it.
+Import cost of `from lightning.fabric import Fabric` after `import torch` (wall clock, the 2-core
+development CPU shared with other jobs at load average 7-9): 3.3-3.5 s with the files in the page cache,
+8.3 s cold. It is paid once per `walla-train` process, on the first make_fabric; methods without
+trainable parameters never import it.
 """
 
 from __future__ import annotations
