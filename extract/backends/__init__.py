@@ -1,4 +1,4 @@
-"""Extraction backends: `hf` (transformers; CPU or GPU), `vllm` (GPU), `dummy` (seeded, for tests).
+"""Extraction backends: `hf` (transformers; CPU or GPU), `vllm` (GPU or CPU; its own venv), `dummy` (seeded, for tests).
 
 No base class (STYLE item 12): each backend is a plain class with the same few methods, documented
 by the `Backend` Protocol below, and duplicates code freely.

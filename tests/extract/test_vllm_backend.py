@@ -1,89 +1,154 @@
-"""Pure parts of the vLLM backend, with fake vLLM output objects (vLLM itself needs a GPU)."""
+"""vLLM backend: pure parts with fake vLLM outputs, the keywords we pass against the INSTALLED vLLM's
+signatures, and (slow) the real engine on SmolLM2 where `make setup-vllm` has been run."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import json
+import subprocess
 from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
 import torch
 from walla.extract.backends import vllm as vb
+from walla.extract.backends import vllm_engine as ve
 
 
-def fake_generate_output(prompt_ids, logp_rows, next_logp):
+def fake_generate_output(prompt_ids, logp_rows, options: dict[int, float]):
     """A RequestOutput-like object: prompt_logprobs[t] = {token: Logprob} (None at t=0), 1 generated token."""
     plp = [None] + [{tid: NS(logprob=lp, rank=1)} for tid, lp in zip(prompt_ids[1:], logp_rows, strict=True)]
-    gen = NS(token_ids=[7], logprobs=[{7: NS(logprob=next_logp, rank=1)}])
+    step = {7: NS(logprob=-0.1, rank=1)} | {t: NS(logprob=lp, rank=2) for t, lp in options.items()}
+    gen = NS(token_ids=[7], logprobs=[step])
     return NS(prompt_token_ids=list(prompt_ids), prompt_logprobs=plp, outputs=[gen])
 
 
-def test_requests_and_generate_parsing():
-    ids = [[1, 5, 9], [1, 4]]
-    assert vb.build_requests(ids) == [{"prompt_token_ids": [1, 5, 9]}, {"prompt_token_ids": [1, 4]}]
-    out = fake_generate_output([1, 5, 9], [-2.0, -4.0], -0.25)
-    nll, n, top1 = vb.parse_generate_output(out, [1, 5, 9])
-    assert nll == pytest.approx(3.0) and n == 3 and top1 == -0.25
-    one = fake_generate_output([1], [], -1.0)
-    assert vb.parse_generate_output(one, [1])[:2] == (0.0, 1)
-    bad = fake_generate_output([1, 5, 9], [-2.0, -4.0], -0.25)
-    bad.prompt_logprobs = bad.prompt_logprobs[:2]
+def test_generate_parsing_options_and_nll():
+    out = fake_generate_output([1, 5, 9], [-2.0, -4.0], {11: -1.5, 12: -3.0})
+    opt, nll = ve.parse_generate_output(out, [1, 5, 9], [12, 11])
+    np.testing.assert_allclose(opt, [-3.0, -1.5])
+    assert nll == pytest.approx(3.0)
+    one = fake_generate_output([1], [], {11: -1.0})
+    assert ve.parse_generate_output(one, [1], [11])[1] == 0.0
+    with pytest.raises(RuntimeError, match=r"no log-prob for option token ids \[13\]"):
+        ve.parse_generate_output(out, [1, 5, 9], [11, 13])
+    out.prompt_logprobs = out.prompt_logprobs[:2]
     with pytest.raises(RuntimeError, match="2 prompt log-probs for 3 prompt tokens"):
-        vb.parse_generate_output(bad, [1, 5, 9])
+        ve.parse_generate_output(out, [1, 5, 9], [11])
 
 
 def test_order_check():
     outs = [NS(prompt_token_ids=[1, 2]), NS(prompt_token_ids=[1, 3])]
-    vb.check_order(outs, [[1, 2], [1, 3]], "generate")
+    ve.check_order(outs, [[1, 2], [1, 3]], "generate")
     with pytest.raises(RuntimeError, match="out of order"):
-        vb.check_order(outs[::-1], [[1, 2], [1, 3]], "generate")
+        ve.check_order(outs[::-1], [[1, 2], [1, 3]], "generate")
     with pytest.raises(RuntimeError, match="1 outputs for 2 prompts"):
-        vb.check_order(outs[:1], [[1, 2], [1, 3]], "pooling")
+        ve.check_order(outs[:1], [[1, 2], [1, 3]], "pooling")
 
 
 def test_pooling_parsing_both_output_kinds():
     emb = NS(outputs=NS(embedding=[0.5, -1.0]))
     pool = NS(outputs=NS(data=torch.tensor([0.5, -1.0], dtype=torch.bfloat16)))
-    np.testing.assert_array_equal(vb.parse_pooling_output(emb), [0.5, -1.0])
-    np.testing.assert_array_equal(vb.parse_pooling_output(pool), [0.5, -1.0])
+    np.testing.assert_array_equal(ve.parse_pooling_output(emb), [0.5, -1.0])
+    np.testing.assert_array_equal(ve.parse_pooling_output(pool), [0.5, -1.0])
 
 
-def test_option_logprobs_from_hidden_match_full_softmax():
-    torch.manual_seed(0)
-    h, w = torch.randn(3, 8), torch.randn(50, 8)
-    raw, top1 = vb.option_logprobs_from_hidden(h, w, [4, 9, 11], softcap=5.0)
-    z = torch.tanh((h @ w.T) / 5.0) * 5.0
-    want = torch.log_softmax(z, -1)
-    np.testing.assert_allclose(raw, want[:, [4, 9, 11]].numpy(), atol=1e-6)
-    np.testing.assert_allclose(top1, want.max(-1).values.numpy(), atol=1e-6)
-    vb.check_top1(top1, top1 + 1e-3)
-    with pytest.raises(RuntimeError, match="consistency check failed on 1 prompt"):
-        vb.check_top1(top1, top1 + np.array([0.0, 0.5, 0.0]))
-
-
-def test_lm_head_name_and_identity():
-    assert (
-        vb.lm_head_tensor_name(
-            {"tie_word_embeddings": False}, {"lm_head.weight": "a", "model.embed_tokens.weight": "b"}
-        )
-        == "lm_head.weight"
+def test_engine_kwargs_memory_budget(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    opts = {"model": "/m", "dtype": "float32", "gpu_memory_utilization": None, "enforce_eager": None}
+    gen, pool = ve.engine_kwargs(opts, on_cpu=True, default_utilization=0.92)
+    assert gen["kv_cache_memory_bytes"] == ve.CPU_KV_CACHE_BYTES and "gpu_memory_utilization" not in gen
+    assert gen["enforce_eager"] is True and pool["runner"] == "pooling" and "runner" not in gen
+    gen, _ = ve.engine_kwargs(opts, on_cpu=False, default_utilization=0.92)
+    assert gen["gpu_memory_utilization"] == pytest.approx(0.46) and gen["enforce_eager"] is False
+    gen, pool = ve.engine_kwargs(
+        {**opts, "gpu_memory_utilization": 0.8}, on_cpu=False, default_utilization=0.9
     )
-    assert (
-        vb.lm_head_tensor_name(
-            {"tie_word_embeddings": True}, {"lm_head.weight": "a", "model.embed_tokens.weight": "b"}
-        )
-        == "model.embed_tokens.weight"
-    )
-    with pytest.raises(RuntimeError, match="cannot find the LM head"):
-        vb.lm_head_tensor_name({}, {"x": "a"})
-    ident = vb.vllm_identity("bfloat16", False)
-    assert ident["backend"] == "vllm" and ident["dtype"] == "bfloat16"
+    assert gen["gpu_memory_utilization"] == pool["gpu_memory_utilization"] == pytest.approx(0.4)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert "kv_cache_memory_bytes" not in ve.engine_kwargs(opts, on_cpu=True, default_utilization=0.92)[0]
 
 
-def test_not_usable_here_is_a_clear_error():
+def test_identity_and_unusable_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("WALLA_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
     ok, why = vb.vllm_usable()
-    if ok:
-        pytest.skip("vLLM and a GPU are present")
-    from walla.extract.models import ResolvedModel
+    assert not ok and "does not exist" in why
 
-    with pytest.raises(RuntimeError, match="--backend vllm cannot run here"):
-        vb.load_vllm_backend(ResolvedModel("m", "org/m", None, "main", {}))
+
+# ----------------------------------------------------------------------------- against the installed vLLM
+
+_SIGNATURES = """
+import dataclasses, inspect, json
+from vllm import LLM, SamplingParams
+from vllm.config import PoolerConfig
+from vllm.engine.arg_utils import EngineArgs
+fields = lambda c: sorted(f.name for f in dataclasses.fields(c))
+print(json.dumps({
+    "LLM": sorted(inspect.signature(LLM.__init__).parameters),
+    "EngineArgs": fields(EngineArgs),
+    "PoolerConfig": fields(PoolerConfig),
+    "SamplingParams": sorted(inspect.signature(SamplingParams.__init__).parameters)
+        + sorted(getattr(SamplingParams, "__struct_fields__", ())),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_signatures():
+    py = vb.find_vllm_python()
+    if py is None or not vb.vllm_usable()[0]:
+        pytest.skip(f"vLLM is not importable anywhere ({vb.SETUP_HINT})")
+    out = subprocess.run([py, "-c", _SIGNATURES], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_keyword_we_pass_exists_in_installed_vllm(vllm_signatures):
+    sig = vllm_signatures
+    llm_keys = set(sig["LLM"]) | set(sig["EngineArgs"])  # LLM(**kwargs) forwards the rest to EngineArgs
+    for on_cpu in (True, False):
+        opts = {"model": "/m", "revision": None, "gpu_memory_utilization": 0.5 if on_cpu else None}
+        gen, pool = ve.engine_kwargs(opts, on_cpu=on_cpu, default_utilization=0.9)
+        assert set(gen) | set(pool) | {"pooler_config"} <= llm_keys, set(gen) | set(pool) - llm_keys
+    assert set(ve.pooler_kwargs()) <= set(sig["PoolerConfig"])
+    assert set(ve.sampling_kwargs([1, 2])) <= set(sig["SamplingParams"])
+
+
+def test_the_keyword_check_itself_catches_a_removed_keyword(vllm_signatures):
+    """PoolerConfig(normalize=...) was removed in vLLM 0.16+: the check above would have caught it."""
+    assert "normalize" not in vllm_signatures["PoolerConfig"]
+    assert "pooling_type" in vllm_signatures["PoolerConfig"]
+
+
+def test_engine_module_imports_nothing_from_walla():
+    """The worker runs under the vLLM venv, where walla is not installed."""
+    tree = ast.parse(inspect.getsource(ve))
+    mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not [m for m in mods if m.startswith("walla")], mods
+
+
+@pytest.mark.slow
+def test_real_vllm_matches_hf_on_smollm2():
+    """The real engines (CPU here) against the hf backend on a few prompts: same options, states, NLL."""
+    if not vb.vllm_usable()[0]:
+        pytest.skip(f"vLLM is not installed ({vb.SETUP_HINT})")
+    from walla.extract.backends.hf import load_hf_backend
+    from walla.extract.check import compare
+    from walla.extract.models import resolve_model
+    from walla.store.catalog import load_models
+
+    rm = resolve_model(load_models()["smollm2-135m"])
+    prompts = ["The capital of France is", "Question: Which gas do plants take in? Answer:"]
+    hf = load_hf_backend(rm, dtype="float32", device="cpu")
+    cand = [hf.encode_bare(s)[0] for s in (" Paris", " carbon", " A")]
+    ref = hf.score(prompts, cand)
+    hf.close()
+    v = vb.load_vllm_backend(rm, dtype="float32")
+    try:
+        got = v.score(prompts, cand)
+    finally:
+        v.close()
+    m = compare(ref, got, [[0, 1, 2]] * len(prompts))
+    assert m["lp_max"] < 5e-3 and m["cos_min"] > 0.9999 and m["nll_max"] < 5e-3 and m["same_tokens"], m
