@@ -35,7 +35,9 @@ USER_ERRORS = (
 
 
 def _fail(msg: str) -> None:
-    err.print(f"[bold red]error:[/] {msg}", markup=True)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(msg)}", markup=True)
     raise typer.Exit(2)
 
 

@@ -158,7 +158,9 @@ def run_plan(
         raw = data
         if plan.calibrated:  # one calibration for every method
             cal = fit_calibration(data, plan.calibration, env)
-            data = dataclasses.replace(data, probs=apply_calibration(cal, data, np.arange(len(data.split))))
+            data = dataclasses.replace(
+                data, probs=apply_calibration(cal, data, np.arange(len(data.split)), env)
+            )
         calibration = to_dict(plan.calibration) if plan.calibrated else None
         all_rows = np.arange(len(data.split))
         for mp in plan.methods:

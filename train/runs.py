@@ -110,7 +110,10 @@ def write_scenario_table(runs: str | Path, data, spec: dict, methods=(), seeds=(
     d.mkdir(parents=True, exist_ok=True)
     n, m, k = data.probs.shape
     ident = data_inputs_id(data, spec)
-    old = _read_json(d / SCENARIO_META) if (d / SCENARIO_META).exists() else {}
+    try:  # a missing or unreadable scenario.json is simply rewritten (its runs then count as stale)
+        old = _read_json(d / SCENARIO_META)
+    except RunFormatError:
+        old = {}
     same = old.get("inputs_id") == ident and (d / SCENARIO_TABLE).exists()
     meta = {
         "name": data.name,

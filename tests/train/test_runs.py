@@ -1,21 +1,24 @@
-"""Runs on disk (train/runs.py layout): round trip, atomic completion marker, skip finished runs."""
+"""The run format (train/runs.py) and the recipe (train/run.py): round trip, completion marker,
+skipping finished runs, retraining stale ones, and the one-writer lock."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 from synthetic import make_private_context_scenario
+from walla.store.spec import ScenarioSpec
+from walla.train.engine import TrainEnv
 from walla.train.methods import MethodOutput
-from walla.train.run import limit_rows, run_scenario
+from walla.train.plan import Overrides, build_plan
+from walla.train.run import RunsLockedError, run_plan, runs_lock
 from walla.train.runs import (
-    PREDICTIONS,
     RUN_META,
-    TRAIN_LOG,
+    RunFormatError,
     is_complete,
-    list_runs,
+    list_run_dirs,
     read_run,
     read_scenario_table,
     run_dir,
@@ -23,12 +26,29 @@ from walla.train.runs import (
     write_scenario_table,
 )
 
-TINY = {"walla-i": {"lr": 3e-3, "epochs": 1, "hidden": [8]}}
+SPEC = {"dataset": "synthetic", "agents": ["a", "b", "c"]}
+TRAIN = {
+    "methods": ["uniform", "walla-i"],
+    "seeds": [18, 19],
+    "hparams": {
+        "walla": {"lr": 3.0e-3, "epochs": 1, "hidden": [8], "projection_dim": None, "batch_size": 20}
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def data():
     return make_private_context_scenario(n=120, m=3, k=3, h=[6, 8, 6], seed=9, min_options=2)
+
+
+def _plan(data, train=None, **over):
+    spec = ScenarioSpec(
+        name=data.name, dataset="synthetic", agents=tuple(data.agents), description="synthetic"
+    )
+    problems: list[str] = []
+    plan = build_plan({"train": train or TRAIN}, Path("synthetic.yaml"), spec, Overrides(**over), problems)
+    assert not problems, problems
+    return plan
 
 
 def _output(n: int, m: int, k: int, seed: int = 0) -> MethodOutput:
@@ -42,106 +62,89 @@ def _output(n: int, m: int, k: int, seed: int = 0) -> MethodOutput:
     )
 
 
-def test_scenario_table_round_trip(tmp_path, data):
-    write_scenario_table(tmp_path, data, ["uniform"], [18])
-    write_scenario_table(tmp_path, data, ["walla-i"], [19, 18])  # lists merge
-    df, meta = read_scenario_table(tmp_path, data.name)
-    n, m, k = data.probs.shape
-    assert meta["agents"] == data.agents and meta["K"] == k and meta["M"] == m
-    assert meta["methods"] == ["uniform", "walla-i"] and meta["seeds"] == [18, 19]
-    assert meta["fingerprints"] == data.fingerprints
-    assert df["question_id"].to_list() == list(data.question_id)
-    np.testing.assert_allclose(np.array(df["agent_probs"].to_list()).reshape(n, m, k), data.probs)
-    np.testing.assert_array_equal(np.array(df["option_mask"].to_list()), data.option_mask)
-    np.testing.assert_array_equal(np.array(df["variant"].to_list()), data.variant)
-    with pytest.raises(FileNotFoundError, match="scenario.parquet: missing"):
-        read_scenario_table(tmp_path, "nope")
-
-
-def test_run_round_trip_and_listing(tmp_path, data):
-    n, m, k = data.probs.shape
-    out = _output(n, m, k)
-    log = [
-        {"step": 1, "epoch": 0, "n_seen": 10, "loss": 0.5},
-        {"step": 2, "epoch": 0, "n_seen": 20, "loss": 0.4},
+def test_scenario_table_and_run_round_trip(tmp_path, data):
+    meta = write_scenario_table(tmp_path, data, SPEC, ["uniform"], [18])
+    assert write_scenario_table(tmp_path, data, SPEC, ["walla-i"], [19, 18])["methods"] == [
+        "uniform",
+        "walla-i",
     ]
+    table = read_scenario_table(tmp_path, data.name)
+    test = data.split_index("test")
+    n, m, k = data.probs.shape
+    assert table.agents == list(data.agents) and table.fingerprints == data.fingerprints
+    assert list(table.question_id) == list(data.question_id[test])
+    np.testing.assert_allclose(table.probs, data.probs[test], atol=1e-6)
+    np.testing.assert_array_equal(table.variant, data.variant[test])
+    out = _output(n, m, k)
     path = run_dir(tmp_path, data.name, "walla-i", 18)
     write_run(
         path,
         data.question_id,
         data.split,
         out,
-        log,
-        {"method": "walla-i", "seed": 18, "config": {"lr": 1e-3}},
+        {"method": "walla-i", "seed": 18, "scenario_inputs_id": meta["inputs_id"]},
     )
-    assert is_complete(path) and not list(path.glob("*.tmp"))
-    rec = read_run(path)
-    assert rec.meta["config"] == {"lr": 1e-3} and rec.meta["seed"] == 18
-    np.testing.assert_allclose(rec.array("weights"), out.weights)
-    np.testing.assert_allclose(rec.array("agg_probs", split="test"), out.agg_probs[data.split == "test"])
-    np.testing.assert_allclose(rec.array("agent_probs").reshape(n, m, k), out.extras["agent_probs"])
-    assert rec.array("advantage") is None  # absent extras are null columns
-    assert rec.train_log["loss"].to_list() == [0.5, 0.4]
-    # an interrupted rerun leaves no run.json behind: the run counts as incomplete
-    with pytest.raises(ValueError, match="non-finite weights"):
-        bad = MethodOutput(weights=np.full((n, m), np.nan, np.float32), agg_probs=out.agg_probs)
-        write_run(path, data.question_id, data.split, bad, [], {"method": "walla-i"})
-    assert not is_complete(path) and (path / PREDICTIONS).exists()
-    with pytest.raises(FileNotFoundError, match="incomplete"):
-        read_run(path)
-    other = run_dir(tmp_path, data.name, "uniform", 19)
-    write_run(other, data.question_id, data.split, out, None, {"method": "uniform"})
-    assert pl.read_parquet(other / TRAIN_LOG).columns == ["step", "epoch", "n_seen"]
-    refs = list_runs(tmp_path)
-    assert [(r.method, r.seed) for r in refs] == [("uniform", 19)]
-    assert len(list_runs(tmp_path, data.name, complete_only=False)) == 2
+    rec = read_run(path, table)
+    np.testing.assert_allclose(rec.weights, out.weights[test], atol=1e-6)
+    np.testing.assert_allclose(rec.extras["wagers"], out.extras["wagers"][test], atol=1e-6)
+    np.testing.assert_allclose(rec.agent_probs, out.extras["agent_probs"][test], atol=1e-6)
+    assert list_run_dirs(tmp_path, data.name) == {"walla-i": {18: path}}
+    (path / RUN_META).write_text("{not json")
+    with pytest.raises(RunFormatError, match=r"run.json: not valid JSON"):
+        read_run(path, table)
 
 
-def test_run_scenario_writes_every_row_and_skips_finished(tmp_path, data):
-    s1 = run_scenario(data, ["uniform", "walla-i"], [18, 19], tmp_path, overrides=TINY)
-    assert [r.status for r in s1.results] == ["done"] * 4
-    path = run_dir(tmp_path, data.name, "walla-i", 19)
-    rec = read_run(path)
-    assert rec.predictions.height == len(data.split)  # all rows of all splits
-    assert set(rec.predictions["split"].unique()) == {"train", "val", "test"}
-    assert rec.meta["group"] == "walla" and rec.meta["display_name"] == "WALLA I"
-    assert rec.meta["config"]["lr"] == 3e-3 and rec.meta["batched_seeds"] == [18, 19]
-    assert rec.meta["fingerprints"] == data.fingerprints and rec.meta["wall_time_s"] > 0
-    assert rec.train_log.height == int(np.ceil((data.split == "train").sum() / 100))
-    stamp = (path / RUN_META).stat().st_mtime_ns
-    (run_dir(tmp_path, data.name, "uniform", 18) / RUN_META).unlink()  # simulate an interrupted run
-    s2 = run_scenario(data, ["uniform", "walla-i"], [18, 19], tmp_path, overrides=TINY)
-    status = {(r.method, r.seed): r.status for r in s2.results}
-    assert status == {
-        ("uniform", 18): "done",
-        ("uniform", 19): "skipped",
-        ("walla-i", 18): "skipped",
-        ("walla-i", 19): "skipped",
-    }
-    assert (path / RUN_META).stat().st_mtime_ns == stamp
-    s3 = run_scenario(data, ["walla-i"], [19], tmp_path, overrides=TINY, force=True)
-    assert [r.status for r in s3.results] == ["done"]
-    again = read_run(path)  # same seed, same data: identical predictions
-    np.testing.assert_array_equal(again.array("weights"), rec.array("weights"))
-    meta = json.loads((tmp_path / data.name / "scenario.json").read_text())
-    assert meta["methods"] == ["uniform", "walla-i"] and meta["seeds"] == [18, 19]
+def test_write_run_refuses_non_finite(tmp_path, data):
+    n, m, k = data.probs.shape
+    out = _output(n, m, k)
+    out.agg_probs[0, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        write_run(tmp_path / "r", data.question_id, data.split, out, {"method": "x"})
+    assert not is_complete(tmp_path / "r")
 
 
-def test_scenario_calibration_records_agent_probs(tmp_path, data):
-    cal = {"calibration": {"epochs": 1, "min_rows": 5}}
-    run_scenario(data, ["uniform"], [18], tmp_path, calibrated=True, overrides=cal)
-    rec = read_run(run_dir(tmp_path, data.name, "uniform", 18))
-    assert rec.meta["calibrated"] == "scenario"
-    assert rec.array("agent_probs").shape == (len(data.split), data.n_agents * 3)
+def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
+    plan = _plan(data)
+    env = TrainEnv()
+    res = run_plan(plan, data, tmp_path, env, note=lambda s: None)
+    assert [(r["method"], r["seed"], r["status"]) for r in res] == [
+        ("uniform", 18, "done"), ("uniform", 19, "done"), ("walla-i", 18, "done"), ("walla-i", 19, "done"),
+    ]  # fmt: skip
+    wpath = run_dir(tmp_path, data.name, "walla-i", 18)
+    assert (wpath / "state.pt").exists() and (wpath / "logs" / "metrics.csv").exists()
+    table = read_scenario_table(tmp_path, data.name)
+    rec = read_run(wpath, table)
+    assert rec.train_log.height > 0 and {"step", "loss"} <= set(rec.train_log.columns)
+    assert rec.meta["display_name"] == "WALLA I" and rec.meta["config"]["lr"] == 3e-3
+    np.testing.assert_allclose(rec.weights.sum(1), 1.0, atol=1e-5)
+    again = run_plan(plan, data, tmp_path, env, note=lambda s: None)
+    assert {r["status"] for r in again} == {"skipped"}
+    # a changed config makes the walla-i runs stale: they are retrained, uniform's are kept
+    notes: list[str] = []
+    hp = {"walla": {**TRAIN["hparams"]["walla"], "lr": 1.0e-3}}
+    changed = run_plan(_plan(data, {**TRAIN, "hparams": hp}), data, tmp_path, env, note=notes.append)
+    assert [r["status"] for r in changed] == ["skipped", "skipped", "done", "done"]
+    assert any("trained from other inputs; retraining" in s for s in notes)
+    # other questions (a different scenario input): every run is retrained
+    other = dataclasses.replace(data, fingerprints={**data.fingerprints, "a/none": "ffff"})
+    assert {r["status"] for r in run_plan(_plan(data), other, tmp_path, env, note=lambda s: None)} == {"done"}
+
+
+def test_one_writer_per_scenario(tmp_path, data):
+    with runs_lock(tmp_path, data.name):
+        with pytest.raises(RunsLockedError, match="another walla-train is writing"):
+            run_plan(_plan(data), data, tmp_path, TrainEnv(), note=lambda s: None)
+
+
+def test_too_small_scenarios_are_refused_with_numbers(tmp_path, data):
+    tiny = data.subset(np.concatenate([data.split_index("train")[:5], data.split_index("test")[:1]]))
+    with pytest.raises(ValueError, match=r"5 train / 0 val / 1 test questions"):
+        run_plan(_plan(data), tiny, tmp_path, TrainEnv(), note=lambda s: None)
 
 
 def test_limit_rows_keeps_split_shares(data):
-    small = limit_rows(data, 60)
-    assert 50 <= len(small.split) <= 60
-    assert {"train", "val", "test"} == set(small.split) and small.name == f"{data.name}-rows60"
-    assert small.hidden[1].shape == (len(small.split), 8) and small.probs.shape[0] == len(small.split)
-
-
-def test_unknown_method_suggests(tmp_path, data):
-    with pytest.raises(KeyError, match="walla-ii"):
-        run_scenario(data, ["walla-iii"], [18], tmp_path)
+    small = data.limit_rows(30)
+    assert small.name.endswith("-rows30") and 25 <= len(small.split) <= 30
+    assert {s: len(small.split_index(s)) > 0 for s in ("train", "val", "test")} == dict.fromkeys(
+        ("train", "val", "test"), True
+    )

@@ -1,88 +1,93 @@
-"""`walla-train` CLI: a run on a synthetic scenario, and one clear error line for user mistakes."""
+"""`walla-train` CLI: a run on a synthetic scenario, --show-plan, and one clear error line for mistakes."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+import yaml
 from synthetic import make_private_context_scenario
 from typer.testing import CliRunner
+from walla.store import scenario as scenario_mod
 from walla.train import cli
-from walla.train.runs import list_runs
 
 runner = CliRunner()
+SCENARIO = """\
+# For: walla-train --scenario synth.yaml
+description: synthetic
+scenario: {dataset: facts, agents: [smollm2-135m, smollm2-135m, smollm2-135m], context_rule: one_relevant}
+train:
+  methods: [uniform, walla-i]
+  seeds: [18, 19, 20]
+  hparams: {walla: {lr: 1.0e-3, epochs: 1, hidden: [8], projection_dim: null, batch_size: 25}}
+"""
 
 
 @pytest.fixture
-def synthetic_store(monkeypatch):
-    """Substitute manifest + store with a synthetic scenario (the CLI logic stays real)."""
-    data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth-cli")
-    entry = SimpleNamespace(
-        name="synth-cli",
-        methods=["uniform", "walla-i"],
-        seeds=[18, 19, 20],
-        calibrated=False,
-        hparams={"walla-i": {"variant": "I", "lr": 1e-3, "epochs": 1, "hidden": [8]}},
+def synth(tmp_path, monkeypatch):
+    """A scenario file and a synthetic assembled scenario (the CLI and plan logic stay real)."""
+    data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
+    monkeypatch.setattr(scenario_mod, "assemble_scenario", lambda spec, store: data)
+    (tmp_path / "store").mkdir()
+    path = tmp_path / "synth.yaml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def _run(tmp_path, *args: str):
+    return runner.invoke(
+        cli.app, ["--store", str(tmp_path / "store"), "--runs", str(tmp_path / "runs"), *args]
     )
-    monkeypatch.setattr(cli, "load_entry", lambda name: entry)
-    monkeypatch.setattr(cli, "load_data", lambda e, store: data)
-    return data
 
 
-def _run(*args: str):
-    return runner.invoke(cli.app, list(args))
-
-
-def test_train_writes_runs_and_prints_summary(tmp_path, synthetic_store):
-    res = _run("--scenario", "synth-cli", "--runs", str(tmp_path), "--seeds", "2")
+def test_train_writes_runs_and_prints_summary(tmp_path, synth):
+    res = _run(tmp_path, "--scenario", str(synth), "--seeds", "2")
     assert res.exit_code == 0, res.output
     assert "WALLA I" in res.output and "UniformAvg" in res.output and "Brier" in res.output
-    refs = list_runs(tmp_path, "synth-cli")
-    assert sorted((r.method, r.seed) for r in refs) == [
-        ("uniform", 18),
-        ("uniform", 19),
-        ("walla-i", 18),
-        ("walla-i", 19),
+    assert sorted(p.name for p in (tmp_path / "runs" / "synth" / "walla-i").iterdir()) == [
+        "seed=18",
+        "seed=19",
     ]
-    res = _run(
-        "--scenario", "synth-cli", "--runs", str(tmp_path), "--seed-list", "19,20", "--methods", "walla-i"
-    )
+
+
+def test_show_plan_prints_the_resolved_plan(tmp_path, synth):
+    res = _run(tmp_path, "--scenario", str(synth), "--show-plan", "--set", "walla.epochs=3")
     assert res.exit_code == 0, res.output
-    assert len(list_runs(tmp_path, "synth-cli")) == 5  # 19 skipped, 20 new
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--methods", "walla-iii"], "unknown method 'walla-iii'. Did you mean walla-ii"),
-        (["--seeds", "2", "--seed-list", "18"], "either --seeds N or --seed-list"),
-        (["--seed-list", "a,b"], "--seed-list: expected comma-separated integers"),
-        (["--seed-list", "18,18"], "seeds must be distinct"),
-        (["--device", "tpu"], "device must be cpu | cuda"),
-    ],
-)
-def test_user_errors_are_one_line_exit_2(tmp_path, synthetic_store, args, message):
-    res = _run("--scenario", "synth-cli", "--runs", str(tmp_path), *args)
-    assert res.exit_code == 2
-    assert message in " ".join(res.output.split())
-    assert "Traceback" not in res.output
-
-
-def test_unknown_scenario_suggests_close_match(tmp_path):
-    res = _run("--scenario", "demo-hetero-factz", "--runs", str(tmp_path))
-    assert res.exit_code == 2
-    out = " ".join(res.output.split())
-    assert "no such scenario 'demo-hetero-factz'" in out and "did you mean 'demo-hetero-facts'" in out
-
-
-def test_missing_feature_sets_name_the_extract_command(tmp_path):
-    store = tmp_path / "store"
-    store.mkdir()
-    res = _run("--scenario", "demo-hetero-facts", "--store", str(store), "--runs", str(tmp_path / "runs"))
-    assert res.exit_code == 2
-    assert "extract" in res.output and "Traceback" not in res.output
+    plan = yaml.safe_load(res.output)
+    assert plan["seeds"] == [18, 19, 20] and plan["methods"]["walla-i"]["config"]["epochs"] == 3
+    assert plan["methods"]["walla-i"]["config"]["temperature"] == 2.0  # every key, defaults included
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--methods", "wala-i"], "unknown method 'wala-i' (did you mean 'walla-i'?)"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--seed-list", "18,x"], "--seed-list: expected comma-separated integers, got '18,x'"),
+        (["--set", "walla.lr=fast"], "walla-i.lr: Input should be a valid number"),
+        (["--set", "lr=1"], "expected METHOD_OR_FAMILY.KEY=VALUE"),
+        (["--device", "cuda:7"], "cuda"),
+        (["--device", "tpu"], "tpu"),
+        (["--logger", "tensorboard"], "pip install tensorboard"),
+        (["--logger", "mlflow"], "--logger must be one of csv, tensorboard, wandb"),
+        (["--limit-rows", "2"], "--limit-rows must be >= 3"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(tmp_path, synth, args, message):
+    res = _run(tmp_path, "--scenario", str(synth), *args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1, res.output
+
+
+def test_unknown_scenario_and_missing_store(tmp_path):
+    res = _run(tmp_path, "--scenario", "demo-hetero-fact")
+    assert res.exit_code == 2 and "did you mean 'demo-hetero-facts'" in res.output
+    res = _run(tmp_path, "--scenario", "demo-hetero-facts")
+    assert res.exit_code == 2 and "store" in res.output and "does not exist" in res.output
+
+
 def test_main_is_the_console_entry_point():
-    assert callable(cli.main)
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "walla-train"]
+    assert ep.value == "walla.train.cli:main"
