@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -182,6 +183,9 @@ def run_plan(
                 continue
             if progress:
                 progress("start", mp.name, None)
+            for s in pending:  # a run being redone is incomplete from now on, its old curve gone
+                (run_dir(runs, data.name, mp.name, s) / RUN_META).unlink(missing_ok=True)
+                shutil.rmtree(run_dir(runs, data.name, mp.name, s) / "logs", ignore_errors=True)
             logs = [
                 RunLogger(run_dir(runs, data.name, mp.name, s), logger, f"{data.name}/{mp.name}/{s}")
                 for s in pending
