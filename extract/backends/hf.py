@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from walla.extract import dtype_probe, hub
 from walla.extract.backends import Progress, ScoreResult
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
@@ -202,9 +203,12 @@ class HFBackend:
         out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
         for t0 in range(0, h.shape[0], tc):
             hc, tg = h[t0 : t0 + tc], targets[t0 : t0 + tc]  # [tc, d], [tc]
-            if vc == n_vocab:  # one slice: no running logsumexp, the target logit by gather
-                z = self._slice_logits(hc, w, b, 0, vc)  # [tc, V]
-                out[t0 : t0 + tc] = torch.logsumexp(z, dim=-1) - z.gather(1, tg[:, None])[:, 0]
+            if vc == n_vocab:  # one slice: the fused log-softmax of cross_entropy, one pass over [tc, V]
+                z = hc @ w.T if b is None else hc @ w.T + b  # [tc, V] in the model's dtype
+                z = self._cap(z.float()) if self.softcap else z
+                # bf16 logits stay bf16 (the kernel accumulates in fp32): 1.8x faster than an fp32 copy +
+                # logsumexp, mean prompt NLL within 1e-3 of that (bf16 itself is ~1e-2 from fp32)
+                out[t0 : t0 + tc] = F.cross_entropy(z, tg, reduction="none").float()
                 continue
             lse = torch.full((hc.shape[0],), -torch.inf, device=h.device)
             tgt_logit = torch.zeros(hc.shape[0], device=h.device)

@@ -59,6 +59,21 @@ def test_outputs_match_naive_full_logits(model, tok, side, chunks):
         np.testing.assert_allclose(renormalize(res.raw_logprobs[i]), logits, atol=2e-5)
 
 
+@pytest.mark.parametrize(
+    "chunks", [{"chunk_elems": 64, "vocab_chunk": 16}, {}], ids=["vocab-slices", "default"]
+)
+def test_softcapped_prompt_nll_matches_naive(model, tok, chunks):
+    """Final-logit soft-capping (Gemma-2) enters the prompt NLL on both NLL paths."""
+    be = HFBackend(model, tok, **chunks)
+    be.softcap = 2.0
+    ids = be.encode(PROMPTS[1])
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()  # [L, V]
+    lp = torch.log_softmax(torch.tanh(logits / 2.0) * 2.0, -1)
+    want = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+    assert be.score([PROMPTS[1]], [5]).prompt_nll[0] == pytest.approx(want, abs=2e-5)
+
+
 def test_hidden_equals_models_own_left_padded_batch(model, tok):
     """Our hidden state == the model's own hidden_states[-1] in a properly left-padded batch."""
     be = HFBackend(model, tok, padding_side="left")
