@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from tiny_model import tiny_model, tiny_tokenizer
+from walla.extract import dtype_probe
 from walla.extract import run as run_mod
 from walla.extract.config import ExtractConfig
 from walla.store import catalog
@@ -205,6 +206,9 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
         name="mine", loader="jsonl", split_protocol={"mode": "given"}, has_context=True, prompt="mc_context"
     )
     monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
+    # --dtype auto measures (here: a fake GEMM probe on which bf16 is emulated and slow) and says why
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(dtype_probe, "gemm_gflops", lambda d, dev: {"float32": 100.0, "bfloat16": 25.0}[d])
     cfg = ExtractConfig(
         model="tiny",
         dataset="mine",
@@ -214,10 +218,16 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
         progress=False,
         device="cpu",
         batch_tokens=64,
+        dtype="auto",
     )
-    paths = run_mod.run(cfg, out=lambda s: None)
+    lines, out = _lines()
+    paths = run_mod.run(cfg, out=out)
     assert len(paths) == 3
+    assert any(
+        x.startswith("dtype auto -> float32: GEMM probe on cpu float32 100, bfloat16 25") for x in lines
+    )
     fs = read_feature_set(paths[0])  # none
+    assert fs.meta["inputs"]["dtype"] == "float32"  # the fingerprint records the dtype actually used
     assert fs.rows["n_options"].to_list() == [2, 3, 2, 3]
     ids = tok(fs.rows["prompt"][1])["input_ids"]
     with torch.no_grad():
