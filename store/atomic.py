@@ -3,6 +3,7 @@
 A file is written to `<name>.<random>.tmp` in its own directory and `os.replace`d into place, so a
 reader (or a process killed with SIGKILL mid-write) sees either the old file or the new one, never
 half of one. Directories are committed by one rename (`replace`) after their marker file is written.
+On a remote store (store/location.py) the file is written locally and uploaded in one PUT instead.
 
     write_json(path, {"a": 1})
     write_atomic(path, lambda tmp: df.write_csv(tmp))
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+from walla.store.location import is_remote, write_via_local
 
 TMP_SUFFIX = ".tmp"
 
@@ -33,6 +35,9 @@ def replace(src: Path, dst: Path) -> None:
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
     """Run `write(tmp)` then rename tmp onto `path`; the temp file is removed on any exception."""
+    if is_remote(path):
+        write_via_local(path, write)
+        return path
     tmp = tmp_name(path)
     try:
         write(tmp)

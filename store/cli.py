@@ -25,13 +25,16 @@ from walla.store.featureset import (
 )
 from walla.store.files import describe_os_error, read_json
 from walla.store.listing import dir_size, remove_dir
+from walla.store.location import Location, as_location, is_remote
 from walla.store.questions import QUESTIONS_DIR, question_table_dirs, read_question_meta, read_question_table
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="walla store: list, verify and remove feature sets"
 )
 
-STORE_OPT = typer.Option(Path("walla-store"), "--store", help="store directory")
+STORE_OPT = typer.Option(
+    "walla-store", "--store", help="store directory, or an fsspec URL (s3://bucket/prefix, file:///dir)"
+)
 
 
 def _console() -> Console:
@@ -45,8 +48,19 @@ def _fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _check_store(store: Path, must_exist: bool) -> None:
-    """A store path that is a file (or, for verify, missing) is an error, not an empty store."""
+def _open_store(where: str, must_exist: bool) -> Location:
+    """The store at `where` (a directory or an fsspec URL); a file (or, for verify/rm, nothing) is an error."""
+    try:
+        store = as_location(where)
+        _check_store(store, must_exist)
+    except (ImportError, ValueError) as e:  # no fsspec implementation for the protocol, a bad URL
+        _fail(f"store {where}: cannot be opened ({e})")
+    except OSError as e:
+        _fail(f"store {where}: {describe_os_error(e)}")
+    return store
+
+
+def _check_store(store: Location, must_exist: bool) -> None:
     if store.exists() and not store.is_dir():
         _fail(
             f"store {store} is a file, expected a store directory (e.g. walla-store, made by walla-extract)"
@@ -88,9 +102,9 @@ def _entries(store: Path) -> list[_Entry]:
 
 
 @app.command("ls")
-def ls(store: Path = STORE_OPT) -> None:
+def ls(store: str = STORE_OPT) -> None:
     """List feature sets and question tables: status, rows, hidden size, disk size, creation time."""
-    _check_store(store, must_exist=False)
+    store = _open_store(store, must_exist=False)
     console = _console()
     try:
         entries = _entries(store)
@@ -178,10 +192,10 @@ def ls(store: Path = STORE_OPT) -> None:
 @app.command("verify")
 def verify(
     prefixes: list[str] = typer.Argument(None, help="fingerprint prefixes to check (default: everything)"),
-    store: Path = STORE_OPT,
+    store: str = STORE_OPT,
 ) -> None:
     """Recompute the checksum of every file of every complete entry; exit 1 naming the first bad file."""
-    _check_store(store, must_exist=True)
+    store = _open_store(store, must_exist=True)
     console = _console()
     try:
         entries = [
@@ -205,7 +219,7 @@ def verify(
             if (
                 e.info is not None
                 and e.info.status in ("incomplete", "writing")
-                and e.path.name.endswith(".incomplete")
+                and (e.path.name.endswith(".incomplete") or is_remote(e.path))  # remote: written in place
             ):
                 console.print(f"[yellow]SKIP[/] {label}: {e.info.status}, not committed")
                 continue
@@ -233,7 +247,7 @@ def verify(
 @app.command("rm")
 def rm(
     prefix: str = typer.Argument(..., help="fingerprint prefix (at least 4 characters)"),
-    store: Path = STORE_OPT,
+    store: str = STORE_OPT,
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
     all_matches: bool = typer.Option(False, "--all", help="remove every entry the prefix matches"),
 ) -> None:
@@ -241,7 +255,7 @@ def rm(
     console = _console()
     if len(prefix) < 4:
         _fail(f"fingerprint prefix {prefix!r} is too short: give at least 4 characters", 2)
-    _check_store(store, must_exist=True)
+    store = _open_store(store, must_exist=True)
     try:
         matches = [e for e in _entries(store) if e.fingerprint.startswith(prefix)]
     except (StoreError, OSError) as e:

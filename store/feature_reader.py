@@ -36,6 +36,7 @@ from walla.store.layout import (
     fix_command,
     on_store,
 )
+from walla.store.location import as_location, missing_files, zarr_store
 from walla.store.questions import generated_size, question_command
 from walla.store.schema import FEATURE_SCHEMA_VERSION, ROW_COLUMNS
 
@@ -66,7 +67,7 @@ def find_complete(store: Path, spec: FeatureSetSpec) -> Path | None:
 
 def store_of(path: Path) -> Path:
     """The store root of `<store>/features/<model>/<dataset>/<variant>/<fp>`."""
-    path = Path(path)
+    path = as_location(path)
     parts = path.parts
     return path.parents[4] if len(parts) >= 5 and parts[-5] == FEATURES_DIR else path.parent
 
@@ -76,7 +77,7 @@ def recreate_command(path: Path, meta: dict) -> str:
     this variant), else `make extract` (with SIZE= for a generated dataset)."""
     if meta.get("command"):
         return meta["command"]
-    parts = Path(path).parts
+    parts = as_location(path).parts
     model, dataset, variant = (
         meta.get("model") or parts[-4],
         meta.get("dataset") or parts[-3],
@@ -103,7 +104,7 @@ def read_feature_set(path: Path, verify: bool = True) -> FeatureSet:
     Raises:
         IncompleteError, StaleSchemaError, StoreError: one line naming the file and the command that fixes it.
     """
-    path = Path(path)
+    path = as_location(path)
     fp = path.name.removesuffix(INCOMPLETE)
     if path.name.endswith(INCOMPLETE):
         raise IncompleteError(
@@ -126,14 +127,14 @@ def read_feature_set(path: Path, verify: bool = True) -> FeatureSet:
             f"{FEATURE_SCHEMA_VERSION}; {fix}"
         )
     try:
-        missing = [rel for rel in meta["checksums"] if not (path / rel).is_file()]
+        missing = missing_files(path, meta["checksums"])
         if missing:
             raise StoreError(f"{path / missing[0]} is missing ({len(missing)} file(s) of the feature set)")
         if verify:
             verify_checksums(path, meta)
         rows = read_parquet(path / ROWS_FILE)
         try:
-            hidden = zarr.open_array(str(path / HIDDEN_DIR), mode="r")
+            hidden = zarr.open_array(zarr_store(path / HIDDEN_DIR, read_only=True), mode="r")
         except Exception as e:  # zarr raises several types for a broken zarr.json
             raise StoreError(f"{path / HIDDEN_DIR}: not a readable zarr array ({type(e).__name__})") from None
         _check_consistent(path, meta, rows, hidden)

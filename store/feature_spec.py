@@ -12,6 +12,7 @@ from pathlib import Path
 
 from walla.store.fingerprint import canonical, fingerprint
 from walla.store.layout import FEATURES_DIR, check_name
+from walla.store.location import as_location
 from walla.store.schema import FEATURE_SCHEMA_VERSION, VARIANTS
 
 
@@ -61,7 +62,7 @@ class FeatureSetSpec:
         return fingerprint(self.fingerprint_inputs())
 
     def path(self, store: Path) -> Path:
-        return Path(store) / FEATURES_DIR / self.model / self.dataset / self.variant / self.fingerprint
+        return as_location(store) / FEATURES_DIR / self.model / self.dataset / self.variant / self.fingerprint
 
 
 def question_ids_sha256(ids: list[str]) -> str:

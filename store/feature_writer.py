@@ -4,8 +4,14 @@ Write protocol (every step is an atomic rename, so SIGKILL anywhere leaves a res
   1. hidden rows of a shard go into the zarr array (each chunk file is replaced atomically by zarr),
   2. then the shard's rows are renamed into shards/ -- this rename makes the shard durable,
   3. commit(): shards -> rows.parquet, checksums, meta.json, then one rename `<fp>.incomplete` -> `<fp>`.
-A rerun reopens the `.incomplete` dir and resumes after the last durable shard (`done_rows`); chunks
+A rerun reopens the `.incomplete` dir and writes the rows no durable shard holds (`missing`); chunks
 touched by a killed shard are simply rewritten, so the result is byte-identical to an uninterrupted run.
+
+Parallel writers (extract/distributed.py): one driver opens the writer (lock, writer.json, the zarr
+array), workers `attach_writer` and `write_range` disjoint chunk-aligned row ranges (shards may then
+have holes until every range is in), the driver `refresh()`es and commits.
+On a remote store (store/location.py) the set is written in place at `<fp>/` and committed by its
+meta.json alone (no directory rename on object stores); no lock file.
 
     with open_writer(store, spec, hidden_size=576, total_rows=len(rows)) as w:
         for start in range(w.done_rows, n, 256):
@@ -16,11 +22,9 @@ touched by a killed shard are simply rewritten, so the result is byte-identical 
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import filelock
 import numpy as np
 import polars as pl
 import zarr
@@ -31,16 +35,17 @@ from walla.store.fingerprint import canonical, dir_checksums
 from walla.store.layout import (
     HIDDEN_DIR,
     INCOMPLETE,
-    LOCK,
     META_FILE,
     ROWS_FILE,
     SHARDS_DIR,
     WRITER_FILE,
-    LockedError,
     StoreError,
     durable_shards,
+    missing_pieces,
     remove_temp_files,
 )
+from walla.store.location import as_location, is_remote, parquet_columns, rmtree, zarr_store
+from walla.store.lock import writer_lock
 from walla.store.provenance import library_versions, now_iso
 from walla.store.rows import validate_rows
 from walla.store.schema import FEATURE_SCHEMA_VERSION
@@ -68,6 +73,7 @@ class FeatureSetWriter:
         total_rows: int,
         chunk_rows: int | None,
         command: str | None = None,
+        attach: bool = False,
     ):
         if not (isinstance(hidden_size, int) and hidden_size > 0):
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
@@ -79,9 +85,11 @@ class FeatureSetWriter:
         self.hidden_size = hidden_size
         self.total_rows = total_rows
         self.final = spec.path(store)
-        self.tmp = self.final.with_name(self.final.name + INCOMPLETE)
+        self.remote = is_remote(self.final)
+        self.tmp = self.incomplete_dir(self.final)
         self.complete = False
-        self.done_rows = 0
+        self.done_rows = 0  # rows [0, done_rows) are durable
+        self.shards: list = []  # durable shards (path, start, end), row order
         self._ids: set[str] = set()
         self._columns: list[str] | None = None  # columns of the first shard; later shards must match
         self._arr: zarr.Array | None = None
@@ -91,9 +99,12 @@ class FeatureSetWriter:
             "total_rows": total_rows,
             "chunk_rows": chunk_rows or default_chunk_rows(hidden_size, total_rows),
         }
-        if (self.final / META_FILE).exists():
+        self.chunk_rows = want["chunk_rows"]
+        if attach:  # a worker of a parallel write: the driver started it; shards are its business
+            self._check_writer(want)
+        elif (self.final / META_FILE).exists():
             self._open_complete(want)
-        elif self.final.exists():
+        elif not self.remote and self.final.exists():
             raise StoreError(
                 f"{self.final} exists but has no {META_FILE}: not written by walla; remove it "
                 f"(`walla-store rm {self.fingerprint} --store {store} --yes`) and re-run"
@@ -104,6 +115,12 @@ class FeatureSetWriter:
             self._start(want)
 
     # -- opening -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def incomplete_dir(final: Path) -> Path:
+        """Where a write in progress lives: `<fp>.incomplete` locally; remote: `<fp>` itself (object stores
+        cannot rename a directory, so meta.json written last is the commit)."""
+        return final if is_remote(final) else final.with_name(final.name + INCOMPLETE)
 
     def _open_complete(self, want: dict) -> None:
         meta = read_json(self.final / META_FILE)
@@ -117,10 +134,10 @@ class FeatureSetWriter:
         self.done_rows = self.total_rows
 
     def _start(self, want: dict) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)  # an init killed before writer.json: nothing durable
+        rmtree(self.tmp)  # an init killed before writer.json: nothing durable
         (self.tmp / SHARDS_DIR).mkdir(parents=True)
         zarr.create_array(
-            str(self.tmp / HIDDEN_DIR),
+            zarr_store(self.tmp / HIDDEN_DIR),
             shape=(self.total_rows, self.hidden_size),
             chunks=(want["chunk_rows"], self.hidden_size),  # rows only: a row is always read whole
             dtype="float16",
@@ -140,7 +157,7 @@ class FeatureSetWriter:
             },  # no timestamps: a resumed write must end byte-identical to a clean one
         )
 
-    def _resume(self, want: dict) -> None:
+    def _check_writer(self, want: dict) -> None:
         have = read_json(self.tmp / WRITER_FILE)
         diff = {k: (have.get(k), v) for k, v in want.items() if k != "chunk_rows" and have.get(k) != v}
         if diff:
@@ -149,23 +166,40 @@ class FeatureSetWriter:
                 f"({', '.join(f'{k}: {a} != {b}' for k, (a, b) in diff.items())}); remove it with "
                 f"`walla-store rm {self.fingerprint} --store {self.final.parents[4]} --yes` and re-run"
             )
+        self.chunk_rows = have["chunk_rows"]
+
+    def _resume(self, want: dict) -> None:
+        self._check_writer(want)
         if (self.tmp / META_FILE).exists() or (self.tmp / ROWS_FILE).exists():  # killed inside commit()
             self.done_rows = self.total_rows
             return
         remove_temp_files(self.tmp)  # a shard or chunk killed before its rename: not durable
-        shards = durable_shards(self.tmp)
-        for path, _start, end in shards:
-            ids = read_parquet(path, columns=["question_id"])["question_id"].to_list()
-            self._ids.update(ids)
+        self.refresh()
+        for path, _start, _end in self.shards:
+            self._ids.update(read_parquet(path, columns=["question_id"])["question_id"].to_list())
+        if self.shards:
+            self._columns = parquet_columns(self.shards[0][0])
+
+    def refresh(self) -> None:
+        """Re-read the durable shards (parallel workers add them): `shards`, `done_rows`."""
+        self.shards = durable_shards(self.tmp, gaps=True)
+        self.done_rows = 0
+        for _path, start, end in self.shards:
+            if start != self.done_rows:
+                break
             self.done_rows = end
-        if shards:
-            self._columns = pl.read_parquet_schema(shards[0][0]).names()
+
+    def missing(self, block: int) -> list[list[tuple[int, int]]]:
+        """Row ranges no durable shard holds, cut at multiples of `block`, grouped per block (one task each)."""
+        if self.complete or (self.tmp / ROWS_FILE).exists():
+            return []
+        return missing_pieces(self.shards, self.total_rows, block)
 
     @property
     def array(self) -> zarr.Array:
         if self._arr is None:
             self._arr = zarr.open_array(
-                str(self.tmp / HIDDEN_DIR), mode="r+", config={"write_empty_chunks": True}
+                zarr_store(self.tmp / HIDDEN_DIR), mode="r+", config={"write_empty_chunks": True}
             )
         return self._arr
 
@@ -178,9 +212,15 @@ class FeatureSetWriter:
             ValueError: bad columns/types/values (one message naming the row and column), shape
                 mismatch, duplicate question ids, more rows than total_rows, or writing after commit.
         """
+        self.write_range(self.done_rows, rows, hidden)
+
+    def write_range(self, start: int, rows: pl.DataFrame, hidden: np.ndarray) -> None:
+        """Write rows [start, start + n) as one durable shard (as write_shard, at any start).
+
+        Parallel writers must keep to ranges that share no zarr chunk (see `missing`).
+        """
         if self.complete:
             raise StoreError(f"feature set {self.final} is already complete; nothing to write")
-        start = self.done_rows
         rows = validate_rows(rows, self.spec.variant, where=f"shard at row {start} of {self.tmp.name}")
         n = rows.height
         hidden = np.asarray(hidden)
@@ -188,7 +228,7 @@ class FeatureSetWriter:
             raise ValueError(
                 f"hidden has shape {hidden.shape}; expected ({n}, {self.hidden_size}) for this shard"
             )
-        if start + n > self.total_rows:
+        if start < 0 or start + n > self.total_rows:
             raise ValueError(f"shard of {n} rows at row {start} overflows total_rows={self.total_rows}")
         if self._columns is not None and rows.columns != self._columns:
             raise ValueError(f"shard columns {rows.columns} differ from earlier shards {self._columns}")
@@ -211,7 +251,8 @@ class FeatureSetWriter:
         atomic.write_parquet(shard, rows)  # 2. ... then the rename that makes the shard durable
         self._ids.update(ids)
         self._columns = rows.columns
-        self.done_rows = end
+        if start == self.done_rows:
+            self.done_rows = end
 
     def commit(self) -> Path:
         """Consolidate the shards, write meta.json last and rename the directory into place.
@@ -223,6 +264,8 @@ class FeatureSetWriter:
         """
         if self.complete:
             return self.final
+        if self.done_rows != self.total_rows:
+            self.refresh()  # parallel workers wrote shards this writer did not
         if self.done_rows != self.total_rows:
             raise StoreError(
                 f"commit() after {self.done_rows} of {self.total_rows} rows of {self.tmp}; write the remaining "
@@ -240,8 +283,11 @@ class FeatureSetWriter:
                     raise StoreError(
                         f"{self.tmp}: shards hold {rows.height} rows, expected {self.total_rows}"
                     )
+                if rows["question_id"].is_duplicated().any():  # parallel ranges are checked here
+                    dup = rows.filter(pl.col("question_id").is_duplicated())["question_id"][0]
+                    raise StoreError(f"{self.tmp}: question_id {dup!r} is in two shards")
                 atomic.write_parquet(self.tmp / ROWS_FILE, rows)
-            shutil.rmtree(self.tmp / SHARDS_DIR, ignore_errors=True)
+            rmtree(self.tmp / SHARDS_DIR)
             qsha = question_ids_sha256(rows["question_id"].to_list())
             fp_inputs = canonical(self.spec.fingerprint_inputs())
             attrs = {
@@ -273,37 +319,10 @@ class FeatureSetWriter:
                 "command": self.command,
             }
             atomic.write_json(self.tmp / META_FILE, meta)  # the completion marker: last file written
-        atomic.replace(self.tmp, self.final)  # the commit: one directory rename
+        if not self.remote:
+            atomic.replace(self.tmp, self.final)  # the commit: one directory rename
         self.complete = True
         return self.final
-
-
-@contextlib.contextmanager
-def writer_lock(store: Path, spec: FeatureSetSpec, timeout: float = 0.0) -> Iterator[Path]:
-    """Hold the one-writer lock of a feature set (take it BEFORE loading a model: a second writer refuses).
-
-    Args:
-        timeout: seconds to wait for another writer of the same key (0: fail at once; -1: wait forever).
-    Yields:
-        The lock file's path.
-    Raises:
-        LockedError: another process writes this feature set.
-    """
-    final = spec.path(store)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = final.with_name(final.name + LOCK)
-    lock = filelock.FileLock(str(lock_path), timeout=timeout)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise LockedError(
-            f"feature set {final} is being written by another process (lock {lock_path}); wait for it to finish "
-            "(the lock is released automatically if that process dies)"
-        ) from None
-    try:
-        yield lock_path
-    finally:
-        lock.release()
 
 
 @contextlib.contextmanager
@@ -335,4 +354,13 @@ def open_writer(
         LockedError: another process writes this feature set.
     """
     with contextlib.nullcontext() if locked else writer_lock(store, spec, lock_timeout):
-        yield FeatureSetWriter(Path(store), spec, hidden_size, total_rows, chunk_rows, command)
+        yield FeatureSetWriter(as_location(store), spec, hidden_size, total_rows, chunk_rows, command)
+
+
+def attach_writer(store: Path, spec: FeatureSetSpec) -> FeatureSetWriter:
+    """A worker's handle on a write the driver opened (no lock, no shard scan): call write_range only."""
+    tmp = FeatureSetWriter.incomplete_dir(spec.path(store))
+    w = read_json(tmp / WRITER_FILE, "the writer.json of a started feature set")
+    return FeatureSetWriter(
+        as_location(store), spec, w["hidden_size"], w["total_rows"], w["chunk_rows"], attach=True
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 from walla.store.layout import StoreError
+from walla.store.location import as_location, is_remote, read_parquet_remote
 
 _REASONS = {
     errno.ENOENT: "does not exist",
@@ -43,7 +44,7 @@ def read_json(path: Path, what: str = "a JSON object") -> dict:
         StoreError: missing/unreadable file, not UTF-8, not valid JSON, or not an object (file named).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = as_location(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise StoreError(f"{path}: not UTF-8 text, expected {what} (the file is corrupt)") from None
     except OSError as e:
@@ -64,6 +65,8 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
         StoreError: missing/unreadable file or not a readable Parquet file (the file named, one line).
     """
     try:
+        if is_remote(path):
+            return read_parquet_remote(path, columns)
         return pl.read_parquet(path, columns=columns)
     except OSError as e:
         raise StoreError(describe_os_error(e, path)) from None

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
 from walla.store.atomic import TMP_SUFFIX
+from walla.store.location import as_location, open_binary, walk_files
 
 FP_LENGTH = 16  # hex characters kept from the sha256 digest
 
@@ -110,7 +110,7 @@ def file_checksum(path: str | PurePath, algo: str | None = None, block: int = 1 
     """'<algo>:<hex>' checksum of a file's bytes (detects corruption; not a security boundary)."""
     algo = algo or CHECKSUM_ALGO
     h = _hasher(algo)
-    with open(path, "rb") as f:
+    with open_binary(as_location(path)) as f:
         while chunk := f.read(block):
             h.update(chunk)
     return f"{algo}:{h.hexdigest()}"
@@ -124,14 +124,7 @@ def checksum_matches(path: str | PurePath, recorded: str) -> bool:
 
 def dir_files(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
     """Relative POSIX paths of all files under root (sorted), skipping names in `exclude` and temp files."""
-    out = []
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            rel = Path(dirpath, name).relative_to(root).as_posix()
-            if rel in exclude or name.endswith(TMP_SUFFIX):
-                continue
-            out.append(rel)
-    return sorted(out)
+    return [rel for rel in walk_files(root) if rel not in exclude and not rel.endswith(TMP_SUFFIX)]
 
 
 def dir_checksums(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 from walla.store import atomic
+from walla.store.location import is_remote
 
 FEATURES_DIR = "features"
 ROWS_FILE = "rows.parquet"
@@ -83,26 +84,56 @@ def check_name(name: str, what: str) -> None:
 
 
 def remove_temp_files(root: Path) -> None:
-    """Delete temp files of killed writes: ours (`*.tmp`) and zarr's chunk temps (`*.partial`)."""
+    """Delete temp files of killed writes: ours (`*.tmp`) and zarr's chunk temps (`*.partial`).
+
+    A remote store has none: its objects appear whole (one PUT) or not at all."""
+    if is_remote(root):
+        return
     for dirpath, _, files in os.walk(root):
         for name in files:
             if name.endswith((atomic.TMP_SUFFIX, ".partial")):
                 os.unlink(os.path.join(dirpath, name))
 
 
-def durable_shards(tmp: Path) -> list[tuple[Path, int, int]]:
-    """Committed shard files of an incomplete feature set, in row order; they must tile [0, end)."""
+def durable_shards(tmp: Path, gaps: bool = False) -> list[tuple[Path, int, int]]:
+    """Committed shard files of an incomplete feature set, in row order.
+
+    A sequential write's shards tile [0, end); with `gaps` (row ranges written by parallel workers)
+    holes are allowed, overlaps never.
+    """
     shards = []
     d = tmp / SHARDS_DIR
-    for p in sorted(d.iterdir()) if d.is_dir() else []:
+    for p in d.iterdir() if d.is_dir() else []:
         m = SHARD_RE.match(p.name)
         if m:
             shards.append((p, int(m.group(1)), int(m.group(2))))
+    shards.sort(key=lambda s: s[1])
     expect = 0
     for p, start, end in shards:
-        if start != expect:
+        if start < expect or (start != expect and not gaps):
             raise StoreError(
                 f"{p}: shard starts at row {start}, expected {expect}; the store was modified by hand"
             )
         expect = end
     return shards
+
+
+def missing_pieces(
+    shards: list[tuple[Path, int, int]], total: int, block: int
+) -> list[list[tuple[int, int]]]:
+    """Row ranges [a, b) not covered by `shards`, cut at multiples of `block` and grouped per block.
+
+    One group is one task: with `block` a multiple of the zarr chunk rows, two groups never share a
+    chunk, so parallel workers can write them at the same time.
+    """
+    groups: dict[int, list[tuple[int, int]]] = {}
+    covered = [(s, e) for _, s, e in shards] + [(total, total)]
+    pos = 0
+    for s, e in covered:
+        a = pos
+        while a < s:
+            b = min(s, (a // block + 1) * block)
+            groups.setdefault(a // block, []).append((a, b))
+            a = b
+        pos = max(pos, e)
+    return [groups[k] for k in sorted(groups)]

@@ -24,6 +24,7 @@ from walla.store.layout import (
     StoreError,
     durable_shards,
 )
+from walla.store.location import as_location, du, is_remote, rmtree, subdirs
 from walla.store.schema import FEATURE_SCHEMA_VERSION
 
 
@@ -51,17 +52,12 @@ class FeatureSetInfo:
 
 def dir_size(root: Path) -> int:
     """Bytes of every file under root (files renamed away meanwhile are skipped)."""
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # a writer renamed it meanwhile
-                total += os.stat(os.path.join(dirpath, name)).st_size
-    return total
+    return du(root)
 
 
 def _lock_held(lock_path: Path) -> bool:
     """True if a live process holds the flock (a dead writer's lock is released by the kernel)."""
-    if not lock_path.exists():
+    if is_remote(lock_path) or not lock_path.exists():
         return False
     try:
         import fcntl
@@ -110,8 +106,7 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
         done = w.get("total_rows", 0)
     else:
         with contextlib.suppress(StoreError, OSError):
-            shards = durable_shards(d)
-            done = shards[-1][2] if shards else 0
+            done = sum(end - start for _, start, end in durable_shards(d, gaps=True))  # parallel: holes
     status = "writing" if _lock_held(d.with_name(fp + LOCK)) else "incomplete"
     return FeatureSetInfo(
         model,
@@ -139,7 +134,7 @@ def list_feature_sets(
     store: Path, model: str | None = None, dataset: str | None = None, variant: str | None = None
 ) -> list[FeatureSetInfo]:
     """Every feature-set directory (complete, stale, writing, incomplete), optionally filtered, sorted by path."""
-    root = Path(store) / FEATURES_DIR
+    root = as_location(store) / FEATURES_DIR
     out = []
     for mdir in _subdirs(root, model):
         for ddir in _subdirs(mdir, dataset):
@@ -153,9 +148,9 @@ def list_feature_sets(
 
 
 def _subdirs(root: Path, only: str | None) -> list[Path]:
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (only is None or p.name == only))
+    if only is not None:  # one name: no listing of its siblings
+        return [root / only] if (root / only).is_dir() else []
+    return subdirs(root)
 
 
 def remove_feature_set(info: FeatureSetInfo) -> None:
@@ -168,7 +163,13 @@ def remove_feature_set(info: FeatureSetInfo) -> None:
 
 
 def remove_dir(path: Path) -> None:
-    """Rename a store directory away, then delete it: a reader never sees a half-deleted entry."""
+    """Rename a store directory away, then delete it: a reader never sees a half-deleted entry.
+
+    Remote (no rename): meta.json, the commit marker, goes first, so readers refuse the rest at once."""
+    if is_remote(path):
+        (path / META_FILE).unlink(missing_ok=True)
+        rmtree(path)
+        return
     doomed = path.with_name(f"{path.name}.deleting-{os.getpid()}")
     os.rename(path, doomed)
     shutil.rmtree(doomed)

@@ -25,6 +25,7 @@ from walla.store.files import read_json, read_parquet
 from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
 from walla.store.layout import StoreError, check_name, fix_command
 from walla.store.listing import list_feature_sets
+from walla.store.location import as_location, is_remote, subdirs
 from walla.store.provenance import library_versions, now_iso
 from walla.store.schema import FEATURE_SCHEMA_VERSION, QUESTION_COLUMNS, SPLITS
 
@@ -145,7 +146,7 @@ def question_table_fingerprint(dataset: str, content_sha256: str) -> str:
 
 
 def question_dir(store: Path, dataset: str, fp: str) -> Path:
-    return Path(store) / QUESTIONS_DIR / dataset / fp
+    return as_location(store) / QUESTIONS_DIR / dataset / fp
 
 
 def write_question_table(
@@ -177,7 +178,8 @@ def write_question_table(
         _verify(final, read_json(final / META_FILE), dataset)  # never build on a corrupt table
         return fp
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{fp}.{uuid.uuid4().hex[:8]}.incomplete")
+    remote = is_remote(final)  # remote: written in place, committed by meta.json (no directory rename)
+    tmp = final if remote else final.with_name(f"{fp}.{uuid.uuid4().hex[:8]}.incomplete")
     tmp.mkdir()
     try:
         atomic.write_parquet(tmp / TABLE_FILE, df)
@@ -198,27 +200,24 @@ def write_question_table(
         }
         atomic.write_json(tmp / META_FILE, meta)
         try:
-            atomic.replace(tmp, final)
+            if not remote:
+                atomic.replace(tmp, final)
         except OSError:
             if not (final / META_FILE).exists():  # not a lost race: a real failure
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not remote:
+            shutil.rmtree(tmp, ignore_errors=True)
     return fp
 
 
 def question_table_dirs(store: Path, dataset: str | None = None) -> list[Path]:
     """Directories of committed question tables (a meta.json; not `.incomplete` / `.deleting`), sorted."""
-    root = Path(store) / QUESTIONS_DIR
-    if not root.is_dir():
-        return []
     out = []
-    for ds_dir in sorted(root.iterdir()):
+    for ds_dir in subdirs(as_location(store) / QUESTIONS_DIR):
         if dataset is not None and ds_dir.name != dataset:
             continue
-        for d in sorted(ds_dir.iterdir()) if ds_dir.is_dir() else []:
-            if d.is_dir() and "." not in d.name and (d / META_FILE).exists():
-                out.append(d)
+        out.extend(d for d in subdirs(ds_dir) if "." not in d.name and (d / META_FILE).exists())
     return out
 
 
@@ -273,7 +272,7 @@ def read_question_table(
             f"fingerprint prefix {fp!r} matches several question tables of {dataset!r}; give more characters"
         )
     meta = tables[0]
-    path = Path(meta["path"])
+    path = as_location(meta["path"])
     df = _verify(path, meta, dataset, checksums=verify)
     return df, meta["fingerprint"]
 

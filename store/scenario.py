@@ -30,6 +30,7 @@ from walla.store.featureset import (
     read_feature_set,
 )
 from walla.store.hidden_fill import fill_hidden
+from walla.store.location import as_location
 from walla.store.questions import read_question_table
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import SPLITS, VARIANT_CODE
@@ -186,7 +187,7 @@ def assemble_scenario(
             incomplete/stale/inconsistent feature sets, or a bad irrelevant-context source.
     """
     t0 = time.perf_counter()
-    store = Path(store)
+    store = as_location(store)  # a directory, or an fsspec URL (store/location.py)
     datasets = datasets if datasets is not None else load_datasets()
     for key in ("dataset", "eval_dataset"):
         name = getattr(entry, key)
