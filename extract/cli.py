@@ -40,7 +40,9 @@ def extract(
     hub_config: str = typer.Option(None, "--hub-config", help="hub config name (e.g. anatomy for cais/mmlu)"),
     limit: int = typer.Option(None, help="keep the first N questions"),
     size: int = typer.Option(None, help="rows of a generated dataset (bayesx, facts)"),
-    store: Path = typer.Option(Path("walla-store"), help="feature store directory"),
+    store: str = typer.Option(
+        "walla-store", help="feature store directory, or an fsspec URL (s3://bucket/prefix, file:///dir)"
+    ),
     batch_tokens: int = typer.Option(8192, "--batch-tokens", help="padded tokens per forward pass"),
     shard_rows: int = typer.Option(256, "--shard-rows", help="rows per durable store shard"),
     dtype: str = typer.Option(
@@ -61,6 +63,14 @@ def extract(
     ),
     enforce_eager: bool = typer.Option(
         None, "--enforce-eager/--no-enforce-eager", help="vllm: no CUDA graphs/compile (default: on CPU only)"
+    ),
+    workers: int = typer.Option(
+        None,
+        "--workers",
+        help="Ray actors (one model each) over row ranges; a local Ray unless --ray-address",
+    ),
+    ray_address: str = typer.Option(
+        None, "--ray-address", help="an existing Ray cluster (auto, ray://head:10001); needs walla[ray]"
     ),
 ) -> None:
     """Extract option log-probs, last-token hidden states and prompt NLL for every prompt variant."""
@@ -93,6 +103,8 @@ def extract(
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
+            workers=workers,
+            ray_address=ray_address,
         )
     except ValueError as e:
         _fail(str(e), 2)

@@ -26,7 +26,7 @@ class ExtractConfig:
         None  # keep the first N questions (after split assignment): a different question table
     )
     size: int | None = None  # generated datasets: number of rows (overrides generator.n)
-    store: Path = Path("walla-store")
+    store: Path | str = Path("walla-store")  # a directory, or an fsspec URL (s3://bucket/prefix)
     batch_tokens: int = 8192  # padded tokens per forward pass (rows x longest prompt in the bucket)
     shard_rows: int = 256  # rows per durable store shard (the resume granularity)
     dtype: str | None = None  # None: the model's manifest dtype
@@ -39,6 +39,9 @@ class ExtractConfig:
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPU
+    # Ray (extract/distributed.py): N actors on a local Ray, or the actors of an existing cluster
+    workers: int | None = None  # None: one process, no Ray
+    ray_address: str | None = None  # e.g. "auto" or "ray://head:10001"; workers default to its GPUs
 
     def __post_init__(self) -> None:
         problems = []
@@ -54,7 +57,15 @@ class ExtractConfig:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for name in ("limit", "size", "batch_tokens", "shard_rows", "tensor_parallel_size", "max_model_len"):
+        for name in (
+            "limit",
+            "size",
+            "batch_tokens",
+            "shard_rows",
+            "tensor_parallel_size",
+            "max_model_len",
+            "workers",
+        ):
             v = getattr(self, name)
             if v is not None and v < 1:
                 problems.append(f"{name} must be >= 1, got {v}")

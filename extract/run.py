@@ -10,6 +10,7 @@
    Complete ones are skipped at once ("already complete: <path>"), before any model is loaded.
 4. Load the model ONCE, then per remaining variant: render prompts, resolve option tokens, open the
    store writer, resume after its durable rows, score shard by shard (bounded memory), commit.
+   With --workers / --ray-address, step 4 runs in Ray actors over row ranges (extract/distributed.py).
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
     chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
     device = cfg.device or _default_device(backend_name)
-    check_device(device, backend_name)
+    if not cfg.ray_address:  # on a cluster the workers' devices count, not the driver's (they check)
+        check_device(device, backend_name)
     rm = resolve_model(m_entry)
 
     # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
@@ -300,6 +302,11 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
                 todo.append((variant, spec))
         if not todo:
             return paths
+        if cfg.workers or cfg.ray_address:  # 4'. the same, in Ray actors over row ranges
+            from walla.extract.distributed import extract_parallel
+
+            load_args = (backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
+            return paths + extract_parallel(todo, table, template, d_entry, cfg, load_args, out)
 
         # 4. load the model once, extract each remaining variant ----------------------------------------
         t_load = time.perf_counter()
@@ -335,6 +342,25 @@ def _option_tokens_input(d_entry, template) -> list[str] | str:
     return "display letters by position"
 
 
+def prepare_variant(backend, spec, table, template, d_entry, cfg: ExtractConfig) -> tuple:
+    """Render the prompts of one variant and resolve its option tokens: (prompts, token_ids, token_col)."""
+    prompts = build_prompts(
+        table, template, spec.variant, option_tokens=d_entry.option_tokens, seed=cfg.context_seed
+    )
+    prompts = [replace(p, text=backend.format_prompt(p.text)) for p in prompts]
+    union = list(dict.fromkeys(s for p in prompts for s in p.options))
+    tok_of = resolve_option_token_ids(backend.encode, backend.encode_bare, prompts[0].text, union)
+    return prompts, [tok_of[s] for s in union], {s: i for i, s in enumerate(union)}
+
+
+def score_range(backend, prepared: tuple, a: int, b: int, advance=None) -> tuple[pl.DataFrame, np.ndarray]:
+    """Rows a..b-1 of a prepared variant: (store rows, hidden [b - a, H])."""
+    prompts, token_ids, token_col = prepared
+    chunk = prompts[a:b]
+    res = backend.score([p.text for p in chunk], token_ids, advance)
+    return feature_rows(chunk, res, token_col, a), res.hidden
+
+
 def _extract_variant(
     backend, spec, table, template, d_entry, cfg: ExtractConfig, bar, out, command: str
 ) -> Path:
@@ -342,26 +368,18 @@ def _extract_variant(
     from walla.store.featureset import open_writer
 
     t0 = time.perf_counter()
-    prompts = build_prompts(
-        table, template, spec.variant, option_tokens=d_entry.option_tokens, seed=cfg.context_seed
-    )
-    prompts = [replace(p, text=backend.format_prompt(p.text)) for p in prompts]
-    union = list(dict.fromkeys(s for p in prompts for s in p.options))
-    tok_of = resolve_option_token_ids(backend.encode, backend.encode_bare, prompts[0].text, union)
-    token_ids = [tok_of[s] for s in union]
-    token_col = {s: i for i, s in enumerate(union)}
-    n = len(prompts)
+    prepared = prepare_variant(backend, spec, table, template, d_entry, cfg)
+    n = len(prepared[0])
     with open_writer(
         cfg.store, spec, hidden_size=backend.hidden_size, total_rows=n, command=command, locked=True
     ) as w:
-        start0 = w.done_rows
+        pieces = [piece for group in w.missing(cfg.shard_rows) for piece in group]  # rows no shard holds
+        start0 = n - sum(b - a for a, b in pieces)
         if start0:
             out(f"resuming {spec.model}/{spec.dataset}/{spec.variant} after {start0} durable rows")
         bar.task(f"{spec.model} {spec.dataset}/{spec.variant}", n, start0)
-        for start in range(start0, n, cfg.shard_rows):
-            chunk = prompts[start : start + cfg.shard_rows]
-            res = backend.score([p.text for p in chunk], token_ids, bar.advance)
-            w.write_shard(feature_rows(chunk, res, token_col, start), res.hidden)
+        for a, b in pieces:
+            w.write_range(a, *score_range(backend, prepared, a, b, bar.advance))
         path = w.commit()
     dt = time.perf_counter() - t0
     out(
