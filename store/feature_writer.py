@@ -183,6 +183,9 @@ class FeatureSetWriter:
     def refresh(self) -> None:
         """Re-read the durable shards (parallel workers add them): `shards`, `done_rows`."""
         self.shards = durable_shards(self.tmp, gaps=True)
+        self._advance()
+
+    def _advance(self) -> None:
         self.done_rows = 0
         for _path, start, end in self.shards:
             if start != self.done_rows:
@@ -230,6 +233,8 @@ class FeatureSetWriter:
             )
         if start < 0 or start + n > self.total_rows:
             raise ValueError(f"shard of {n} rows at row {start} overflows total_rows={self.total_rows}")
+        if any(a < start + n and start < b for _, a, b in self.shards):
+            raise ValueError(f"rows {start}-{start + n} overlap a durable shard of {self.tmp}")
         if self._columns is not None and rows.columns != self._columns:
             raise ValueError(f"shard columns {rows.columns} differ from earlier shards {self._columns}")
         h16 = hidden.astype(np.float16, copy=False)  # [n, H]
@@ -251,8 +256,8 @@ class FeatureSetWriter:
         atomic.write_parquet(shard, rows)  # 2. ... then the rename that makes the shard durable
         self._ids.update(ids)
         self._columns = rows.columns
-        if start == self.done_rows:
-            self.done_rows = end
+        self.shards = sorted([*self.shards, (shard, start, end)], key=lambda s: s[1])
+        self._advance()
 
     def commit(self) -> Path:
         """Consolidate the shards, write meta.json last and rename the directory into place.

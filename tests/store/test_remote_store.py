@@ -143,6 +143,8 @@ def test_parallel_ranges_with_holes_commit(kind, tmp_path, request):
         worker = attach_writer(store, spec)  # what a Ray worker does, in another process
         for a, b in [(40, 60), (0, 20), (60, 70)]:  # out of order, one range still missing
             worker.write_range(a, rows[a:b], hidden[a:b])
+        with pytest.raises(ValueError, match="overlap a durable shard"):
+            worker.write_range(30, rows[30:50], hidden[30:50])
         w.refresh()
         assert w.done_rows == 20 and w.missing(20) == [[(20, 40)]]
         [info] = list_feature_sets(store)
