@@ -68,19 +68,19 @@ check-vllm: setup setup-vllm
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The offline demo: generate data, extract with the two embedded LLMs, train every method x 5 seeds
-# on a homogeneous private-context scenario (BayesX) and a heterogeneous one (facts), report.
+# The offline demo: generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs
+# (each with and without the fact), then train every method x 5 seeds on the paper's three scenario kinds:
+# homogeneous with private context, heterogeneous without context, heterogeneous with private context.
 DEMO_OUT ?= demo-out
-DEMO_FACTS ?= 300
-DEMO_BAYESX ?= 120
-DEMO_SCENARIOS ?= demo-homo-bayesx demo-hetero-facts
+DEMO_FACTS ?= 400
+DEMO_SCENARIOS ?= demo-homo-facts demo-hetero-nocontext demo-hetero-facts
 DEMO_STORE = $(DEMO_OUT)/store
 
 demo: setup
 	@start=$$(date +%s); set -e; \
-	$(BIN)/walla-extract --model smollm2-135m --dataset bayesx --size $(DEMO_BAYESX) --variants none,relevant --store $(DEMO_STORE); \
-	$(BIN)/walla-extract --model smollm2-135m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
-	$(BIN)/walla-extract --model gemma3-270m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
+	for m in smollm2-135m gemma3-270m; do \
+	  $(BIN)/walla-extract --model $$m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
+	done; \
 	for s in $(DEMO_SCENARIOS); do \
 	  $(BIN)/walla-train --scenario $$s --store $(DEMO_STORE) --runs $(DEMO_OUT)/runs --seeds $(SEEDS); \
 	done; \

@@ -71,6 +71,9 @@ class Config:
     hidden: tuple[int, ...] = (512, 256)
     dropout: float = 0.1
     projection_dim: int | None = 4096  # the reference's per-agent Linear(H -> 4096); null: none
+    standardize: bool = (
+        False  # per-agent standardisation of its own hidden states (mean/std of its train rows)
+    )
     c1: float = 1.0  # score s = c1 - c2 * Brier
     c2: float = 0.5
     c3: float = 0.5  # payout w (s - b - c3 w); target w* = clip((s - b) / 2c3, 0, 1)
@@ -118,6 +121,23 @@ def resolve(cfg: Config, data) -> Config:
         cfg.window if cfg.window is not None else max(1, round(len(data.split_index("val")) / cfg.batch_size))
     )
     return replace(cfg, stop_metric=stop, window=window)
+
+
+def hidden_stats(data, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-agent mean and std [M, Hmax] of each agent's OWN hidden states on `rows` (padding: 0 / 1).
+
+    Decentralized: agent i's statistics come from its own features only. Small models' last-layer
+    states have norms in the tens to thousands; standardised inputs keep the heads' first steps (and so
+    the wagers) from saturating the sigmoid at demo-sized learning rates.
+    """
+    hmax = max(int(h.shape[1]) for h in data.hidden)
+    mean = torch.zeros(len(data.hidden), hmax)
+    std = torch.ones(len(data.hidden), hmax)
+    for i, h in enumerate(data.hidden):
+        x = np.asarray(h[rows], dtype=np.float64)  # [n, H_i]
+        mean[i, : x.shape[1]] = torch.from_numpy(x.mean(0))
+        std[i, : x.shape[1]] = torch.from_numpy(np.maximum(x.std(0), 1e-6))
+    return mean, std
 
 
 @dataclass
@@ -205,6 +225,9 @@ def train_heads(
     target = torch.as_tensor(np.asarray(data.target[train]), dtype=torch.float64, device=dev)  # [n, K]
     option_mask = torch.as_tensor(np.asarray(data.option_mask[train], dtype=bool), device=dev)  # [n, K]
     bank = stack_hidden(data.hidden, train).to(dev)  # [M, n, Hmax]
+    if cfg.standardize:
+        mean, std = (t.to(dev) for t in hidden_stats(data, train))
+        bank = (bank.float() - mean[:, None]) / std[:, None]  # [M, n, Hmax] float32 (fp16 would lose digits)
     in_dims = [int(h.shape[1]) for h in data.hidden]
     n_kinds = 3 if cfg.diagnostics else 1
     s_n, a_n = len(seeds), n_kinds * m
@@ -324,6 +347,9 @@ def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[L
                     "stop_step": th.stop_step[j],
                     "steps": th.steps,
                     "calibration": calibration,
+                    "hidden_stats": hidden_stats(data, data.split_index("train"))
+                    if cfg.standardize
+                    else None,
                 }
             )
     return states
@@ -348,6 +374,9 @@ def predict(state: dict, data, rows: np.ndarray, env: TrainEnv, chunk: int = 204
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
             x = stack_hidden(data.hidden, part).to(dev)  # [M, n, H]
+            if state.get("hidden_stats") is not None:
+                mean, std = (t.to(dev) for t in state["hidden_stats"])
+                x = (x.float() - mean[:, None]) / std[:, None]
             x = x.unsqueeze(0).expand(n_kinds, *x.shape).reshape(n_kinds * m, len(part), -1).float()
             raw.append(heads.predict(x).double())  # [D*M, n]
     r = torch.cat(raw, dim=1) if raw else torch.zeros(n_kinds * m, 0, dtype=torch.float64, device=dev)
