@@ -53,8 +53,8 @@ def _open_store(where: str, must_exist: bool) -> Location:
     try:
         store = as_location(where)
         _check_store(store, must_exist)
-    except (ImportError, ValueError) as e:  # no fsspec implementation for the protocol, a bad URL
-        _fail(f"store {where}: cannot be opened ({e})")
+    except ValueError as e:  # no fsspec implementation for the protocol, a bad URL (store named)
+        _fail(e)
     except OSError as e:
         _fail(f"store {where}: {describe_os_error(e)}")
     return store

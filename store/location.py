@@ -144,7 +144,12 @@ def as_location(where: str | os.PathLike | RemotePath) -> Location:
         return Path(text.split("://", 1)[1])
     import fsspec  # only for remote stores
 
-    fs, path = fsspec.core.url_to_fs(text, **FS_OPTIONS)
+    try:
+        fs, path = fsspec.core.url_to_fs(text, **FS_OPTIONS)
+    except ImportError as e:  # e.g. "Install s3fs to access S3": say which store needs it
+        raise ValueError(f"store {text}: {e} (pip install 'walla[s3]' for s3://)") from None
+    except ValueError as e:  # "Protocol not known: foo"
+        raise ValueError(f"store {text}: {e}") from None
     return RemotePath(fs, protocol, path)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -23,12 +24,11 @@ from walla.store import catalog
 from walla.store.cli import app as store_app
 from walla.store.featureset import list_feature_sets, read_feature_set
 
-ray = pytest.importorskip("ray", reason="--workers needs the ray extra: pip install 'walla[ray]'")
-
 
 @pytest.fixture(scope="module")
 def local_ray(s3_server):
     """One local Ray (2 CPUs) for the module, started after the S3 env is set (workers inherit it)."""
+    ray = pytest.importorskip("ray", reason="--workers needs the ray extra: pip install 'walla[ray]'")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     yield
     ray.shutdown()
@@ -143,3 +143,29 @@ def test_cli_workers_on_a_local_store_equals_one_process(tmp_path, local_ray):
     assert [i.status for i in b] == ["complete", "complete"]
     for x, y in zip(a, b, strict=True):
         _assert_same(x.path, y.path)
+
+
+def test_without_ray_installed_workers_fail_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    r = CliRunner().invoke(
+        app,
+        ["--model", "smollm2-135m", "--dataset", "facts", "--backend", "dummy", "--size", "12"]
+        + ["--store", str(tmp_path), "--workers", "2", "--no-progress"],
+    )
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [
+        "walla-extract: error: --workers/--ray-address need Ray, which is not installed: pip install 'walla[ray]'"
+    ]
+
+
+def test_unusable_store_urls_fail_in_one_line(tmp_path):
+    r = CliRunner().invoke(
+        app, ["--model", "smollm2-135m", "--dataset", "facts", "--backend", "dummy", "--store", "foo://x/y"]
+    )
+    assert r.exit_code == 1
+    assert r.stderr.strip() == "walla-extract: error: store foo://x/y: Protocol not known: foo"
+    r = CliRunner().invoke(store_app, ["ls", "--store", "foo://x/y"])
+    assert (
+        r.exit_code == 1
+        and r.stderr.strip() == "walla-store: error: store foo://x/y: Protocol not known: foo"
+    )
