@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib.metadata
 import logging
 import time
 from dataclasses import replace
@@ -30,6 +29,7 @@ from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, load_dataset_table
 from walla.extract.device import check_device
+from walla.extract.model_stats import non_embedding_params
 from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.prompts import DEFAULT_TEMPLATE, build_prompts, get_template
 from walla.extract.scoring import renormalize, resolve_option_token_ids
@@ -380,6 +380,11 @@ def _extract_variant(
         bar.task(f"{spec.model} {spec.dataset}/{spec.variant}", n, start0)
         for a, b in pieces:
             w.write_range(a, *score_range(backend, prepared, a, b, bar.advance))
+        w.stats = {
+            "n_params_non_embedding": non_embedding_params(getattr(backend, "model", None)),
+            "wall_s": time.perf_counter() - t0,
+            "device": str(getattr(backend, "device", cfg.device)),
+        }
         path = w.commit()
     dt = time.perf_counter() - t0
     out(
@@ -387,10 +392,3 @@ def _extract_variant(
         f"  {path}"
     )
     return path
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None

@@ -322,12 +322,26 @@ class FeatureSetWriter:
                 "versions": library_versions(),
                 "created_at": now_iso(),
                 "command": self.command,
+                "compute": _compute_stats(getattr(self, "stats", None), rows),
             }
             atomic.write_json(self.tmp / META_FILE, meta)  # the completion marker: last file written
         if not self.remote:
             atomic.replace(self.tmp, self.final)  # the commit: one directory rename
         self.complete = True
         return self.final
+
+
+def _compute_stats(stats: dict | None, rows: pl.DataFrame) -> dict | None:
+    """What producing the set cost (issue: compute next to accuracy): prompt tokens, 2 x non-embedding
+    parameters x tokens forward FLOPs (when the extractor knew the parameter count), wall time, device."""
+    if not stats:
+        return None
+    out = dict(stats)
+    if "n_prompt_tokens" in rows.columns:
+        out["prompt_tokens"] = int(rows["n_prompt_tokens"].sum())
+        if out.get("n_params_non_embedding"):
+            out["forward_flops"] = 2.0 * out["n_params_non_embedding"] * out["prompt_tokens"]
+    return out
 
 
 @contextlib.contextmanager

@@ -164,6 +164,18 @@ def _softmax_rows(lp: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+def _compute(agents, tokens: np.ndarray, params: dict) -> dict | None:
+    """Per agent slot: mean prompt tokens per test question and forward FLOPs (2 x params x tokens)."""
+    if not tokens.size or not tokens.any():
+        return None
+    out = []
+    for s, a in enumerate(agents):
+        tpq = float(tokens[:, s].mean())
+        out.append({"model": a, "tokens_per_question": tpq,
+                    "flops_per_question": 2.0 * params[a] * tpq if params.get(a) else None})  # fmt: skip
+    return {"agents": out, "source": "feature sets' n_prompt_tokens and meta.json compute"}
+
+
 def assemble_scenario(
     entry: ScenarioSpec,
     store: Path,
@@ -253,6 +265,8 @@ def assemble_scenario(
     prompt_nll = np.zeros((n, m), np.float32)  # [N, M]
     with_prompts = all("prompt" in f.rows.columns for p in parts for f in p.fs.values())
     prompts = [np.empty(n, dtype=object) for _ in range(m)] if with_prompts else None
+    tokens = np.zeros((n, m))  # [N, M] prompt tokens each agent processed (compute accounting)
+    params: dict[str, float | None] = {}  # model -> non-embedding parameters (None: not recorded)
     for p in parts:
         rows = slice(p.offset, p.offset + p.n)
         for (model, v), f in p.fs.items():
@@ -261,6 +275,10 @@ def assemble_scenario(
             dist = _softmax_rows(_dense(f.rows["option_logprobs"], k_f, k, -np.inf))[s_idx]  # [n_p, K]
             nll = f.rows["prompt_nll"].to_numpy()[s_idx]  # [n_p]
             text = np.array(f.rows["prompt"].to_list(), dtype=object)[s_idx] if with_prompts else None
+            ntok = (
+                f.rows["n_prompt_tokens"].to_numpy()[s_idx] if "n_prompt_tokens" in f.rows.columns else None
+            )
+            params.setdefault(model, (f.meta.get("compute") or {}).get("n_params_non_embedding"))
             for s, a in enumerate(entry.agents):
                 if a != model:
                     continue
@@ -268,6 +286,8 @@ def assemble_scenario(
                 dst = np.flatnonzero(sel) + p.offset
                 probs[dst, s] = dist[sel]
                 prompt_nll[dst, s] = nll[sel]
+                if ntok is not None:
+                    tokens[dst, s] = ntok[sel]
                 if prompts is not None:
                     prompts[s][dst] = text[sel]
 
@@ -304,6 +324,7 @@ def assemble_scenario(
         "question_tables": {p.dataset: p.questions_fp for p in parts},
         "parts": [{"dataset": p.dataset, "offset": p.offset, "n": p.n} for p in parts],
         "notes": notes,
+        "compute": _compute(entry.agents, tokens[split == "test"], params),
         "n_questions": n,
         "n_options_max": k,
         "timing_s": {  # where assembly spent its time
