@@ -13,6 +13,11 @@ in listing.py. Layout (readable path, hash last):
         shards/rows-<start>-<end>.parquet   one per durable shard
     <store>/features/<model>/<dataset>/<variant>/<fp>.lock          filelock: one writer per key
 
+The store may be a local directory or any fsspec URL (store/location.py). On an object store there is
+no directory rename and no flock: a set is written in place at `<fp>/` (shards/ included) and is
+complete once meta.json, written last, exists. Parallel writers (extract/distributed.py) fill
+chunk-aligned row ranges of one set: `attach_writer(store, spec).write_range(start, rows, hidden)`.
+
     spec = FeatureSetSpec("smollm2-135m", "facts", "none", inputs={...,"questions_fp": qfp})
     with open_writer(store, spec, hidden_size=576, total_rows=len(rows)) as w:
         for start in range(w.done_rows, n, 256):
@@ -23,7 +28,7 @@ in listing.py. Layout (readable path, hash last):
 
 from walla.store.feature_reader import FeatureSet, find_complete, read_feature_set, verify_checksums
 from walla.store.feature_spec import FeatureSetSpec
-from walla.store.feature_writer import FeatureSetWriter, open_writer, writer_lock
+from walla.store.feature_writer import FeatureSetWriter, attach_writer, open_writer, writer_lock
 from walla.store.layout import (
     IncompleteError,
     LockedError,
@@ -43,6 +48,7 @@ __all__ = [
     "LockedError",
     "StaleSchemaError",
     "StoreError",
+    "attach_writer",
     "extract_command",
     "find_complete",
     "fix_command",
