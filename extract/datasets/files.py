@@ -79,7 +79,8 @@ def is_original(data_file: Path | None, local_format: str | None) -> bool:
 def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable[dict], dict]:
     """Rows in hub format: from the hub itself, or from a local parquet file / save_to_disk folder.
 
-    Returns (rows, source). The hub path uses `datasets.load_dataset(path, name, split=split)`.
+    Returns (rows, source). The hub path uses `datasets.load_dataset(path, name, split=split, revision=...)`
+    and records the commit sha it loaded in `source["hub"]["revision"]` (a feature set fingerprint input).
     """
     import datasets  # lazy: importing datasets costs ~1 s
 
@@ -101,20 +102,36 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
     if not hub_spec or not hub_spec.get("path"):
         raise ValueError("this dataset has no hub source in its manifest; pass --data-file PATH")
     path, name, split = hub_spec["path"], hub_spec.get("name"), hub_spec.get("split") or "train"
+    revision = hub_spec.get("revision") or "main"
+    label = f"{path}" + (f" ({name})" if name else "")
+    hint = "pass the dataset as a local file with --data-file PATH"
     why = hub.prepare_hub_access()
+    want = hub.resolve_revision(
+        "dataset", path, revision, hint
+    )  # offline: None when refs/<rev> is not cached
     try:
-        ds = datasets.load_dataset(path, name, split=split)
+        ds = datasets.load_dataset(path, name, split=split, revision=want or revision)
     except Exception as e:  # offline, gated, missing config/split: all become one line
         reason = why or hub.describe_failure(e)
         if why:
             reason += " and it is not in the local cache"
-        raise hub.unavailable(
-            "dataset",
-            f"{path}" + (f" ({name})" if name else ""),
-            reason,
-            "pass the dataset as a local file with --data-file PATH",
-        ) from e
+        raise hub.unavailable("dataset", label, reason, hint) from e
+    sha = _loaded_commit(ds)
+    also = f"{why} and " if why else ""
+    if want and sha and sha != want:  # offline, `datasets` loads its newest cached build, whatever revision
+        reason = f"{also}the cached copy is commit {sha}, not revision {revision!r} ({want})"
+        raise hub.unavailable("dataset", label, reason, hint)
+    if not want and (not sha or revision != "main"):
+        reason = f"{also}the local cache does not tell which commit revision {revision!r} is"
+        raise hub.unavailable("dataset", label, reason, hint)
     return ds, {
-        "hub": {"path": path, "name": name, "split": split},
+        "hub": {"path": path, "name": name, "split": split, "revision": sha or want},
         "fingerprint": getattr(ds, "_fingerprint", None),
     }
+
+
+def _loaded_commit(ds) -> str | None:
+    """The commit sha a hub dataset was built from: `datasets` names its cache folder after it."""
+    files = getattr(ds, "cache_files", None) or []
+    sha = Path(files[0]["filename"]).parent.name if files else None
+    return sha if hub.is_commit_sha(sha) else None
