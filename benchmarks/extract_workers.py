@@ -1,10 +1,11 @@
 """Extraction throughput with Ray workers: `walla-extract --workers 1` vs `--workers 2` on this machine.
 
     .venv/bin/python benchmarks/extract_workers.py                  # smollm2-135m, 128 ARC rows, fp32
-    .venv/bin/python benchmarks/extract_workers.py --rows 299 --shard-rows 32
+    .venv/bin/python benchmarks/extract_workers.py --rows 299 --shard-rows 32 --repeat 2
 
 Each setting runs the real CLI in a fresh process into a fresh temp store (one process without Ray for
-reference, then a local Ray with 1 and with 2 actors), and reports
+reference, then a local Ray with 1 and with 2 actors; --repeat rounds of the three, best of each: the
+machine is shared and noisy), and reports
   scoring: rows/s from the first range handed out to the commit (what more workers speed up),
   total:   rows/s of the whole command (Ray start and per-actor model loading included).
 Ray gives each of N actors cpus // N torch threads, so on this 2-core machine 2 workers x 1 thread compete
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--shard-rows", type=int, default=16, help="rows per range (= per durable shard)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the three settings (best of each)")
     ap.add_argument("--data-file", type=Path, default=ROOT.parent / "shared/data/arc/ARC-Challenge-Dev.jsonl")
     args = ap.parse_args()
     if not args.data_file.is_file():
@@ -65,12 +67,21 @@ def main() -> None:
     except ImportError:
         sys.exit("the ray extra is not installed: pip install 'walla[ray]'")
     results = {}
-    for label, workers in (("1 process (no Ray)", None), ("Ray, 1 worker", 1), ("Ray, 2 workers", 2)):
-        root = Path(tempfile.mkdtemp(prefix="walla-bench-workers-"))
-        try:
-            r = results[label] = extract(args, root / "store", workers)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+    settings = (("1 process (no Ray)", None), ("Ray, 1 worker", 1), ("Ray, 2 workers", 2))
+    for _ in range(args.repeat):
+        for label, workers in settings:
+            root = Path(tempfile.mkdtemp(prefix="walla-bench-workers-"))
+            try:
+                r = extract(args, root / "store", workers)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            print(
+                f"  {label}: scoring {r['scoring_s']:.1f} s, whole command {r['total_s']:.1f} s", flush=True
+            )
+            if label not in results or r["scoring_s"] < results[label]["scoring_s"]:
+                results[label] = r
+    for label, _ in settings:
+        r = results[label]
         print(
             f"{label:20s} {r['rows']} rows: scoring {r['scoring_s']:6.1f} s = {r['rows'] / r['scoring_s']:6.2f} rows/s; "
             f"whole command {r['total_s']:6.1f} s = {r['rows'] / r['total_s']:6.2f} rows/s"
@@ -78,6 +89,8 @@ def main() -> None:
     one, two = results["Ray, 1 worker"], results["Ray, 2 workers"]
     ratio = one["scoring_s"] / two["scoring_s"]
     print(f"whole command, 2 workers over 1: {one['total_s'] / two['total_s']:.2f}")
+    plain = results["1 process (no Ray)"]
+    print(f"scoring, 2 workers over 1 process without Ray: {plain['scoring_s'] / two['scoring_s']:.2f}")
     print(f"RESULT workers2_over_1={ratio:.2f}")
 
 
