@@ -7,6 +7,7 @@
     walla-train --scenario hetero [--dataset D] [--models a,b]          # every model extracted for D
     walla-train --scenario homo --model M --agents N [--dataset D]      # N copies, one sees the context
     walla-train --scenario hetero-context [--irrelevant] [--dataset D]  # all models, one sees the context
+    walla-train --scenario S --add-agent M [--drop-agent M] [--from-scratch]  # agents join / leave (join.py)
 
 Finished runs (run.json present, same inputs) are skipped unless --force. Every error a user can cause
 is one line on stderr and exit status 2 (--debug shows the traceback).
@@ -14,6 +15,7 @@ is one line on stderr and exit status 2 (--debug shows the traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -109,6 +111,11 @@ def train(
     model: str = typer.Option(None, "--model", help="homo: the model copied into every slot"),
     agents: int = typer.Option(None, "--agents", help="homo: number of agents"),
     irrelevant: bool = typer.Option(False, "--irrelevant", help="hetero-context: one more agent sees another question's context"),
+    eval_dataset: str = typer.Option(None, "--eval-dataset", help="hetero/homo/hetero-context: test on every row of this dataset (OOD)"),
+    add_agent: list[str] = typer.Option([], "--add-agent", help="a model joins the trained scenario S (repeatable)"),
+    drop_agent: list[str] = typer.Option([], "--drop-agent", help="the last agent of this model leaves S (repeatable)"),
+    from_scratch: bool = typer.Option(False, "--from-scratch", help="with --add/--drop-agent: train every head anew"),
+    join_epochs: int = typer.Option(1, "--join-epochs", help="with --add/--drop-agent: passes over the training stream"),
     methods: str = typer.Option(None, "--methods", help="comma-separated method names (default: the scenario's)"),
     seeds: int = typer.Option(None, "--seeds", help="number of seeds 18, 19, ... (default: the scenario's)"),
     seed_list: str = typer.Option(None, "--seed-list", help="explicit seeds, e.g. 18,19"),
@@ -128,7 +135,7 @@ def train(
     console = Console()
     try:
         from walla.store.validate import ConfigError
-        from walla.train.plan import Overrides, load_plan, plan_yaml
+        from walla.train.plan import Overrides, load_plan, plan_yaml, with_spec
 
         overrides = Overrides(
             methods=_parse_list(methods, "--methods"),
@@ -137,13 +144,24 @@ def train(
             hparams=_parse_sets(sets),
         )
         kind_args = dict(dataset=dataset, models=_parse_list(models, "--models"), model=model, agents=agents,
-                         irrelevant=irrelevant)  # fmt: skip
+                         irrelevant=irrelevant, eval_dataset=eval_dataset)  # fmt: skip
         from walla.train.kinds import KINDS, plan_for_kind
 
         if scenario in KINDS:
             plan = plan_for_kind(scenario, store, overrides, **kind_args)
         else:
             plan = load_plan(scenario, overrides)
+        base_name, origin = plan.spec.name, None
+        if add_agent or drop_agent:
+            from walla.train.join import joined_plan
+
+            plan, origin = joined_plan(
+                plan, list(add_agent), list(drop_agent), None if from_scratch else join_epochs
+            )
+            if from_scratch:
+                plan = with_spec(plan, dataclasses.replace(plan.spec, name=f"{plan.spec.name}-scratch"))
+        elif from_scratch:
+            raise ValueError("--from-scratch goes with --add-agent / --drop-agent")
         if show_plan:
             sys.stdout.write(plan_yaml(plan))
             return
@@ -164,6 +182,11 @@ def train(
             if limit_rows < 3:
                 raise ValueError(f"--limit-rows must be >= 3, got {limit_rows}")
             data = data.limit_rows(limit_rows)
+        initial = None
+        if origin is not None and not from_scratch:
+            from walla.train.join import initial_params
+
+            initial = initial_params(plan, base_name, origin, data, runs)
         console.print(
             f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
             f"{len(plan.methods)} methods x {len(plan.seeds)} seeds on {env.device} ({env.precision}) -> {runs}"
@@ -184,7 +207,8 @@ def train(
                     bar.advance(total)
 
             results = run_plan(plan, data, runs, env, force=force, logger=logger, progress=progress,
-                               note=lambda s: console.print(f"note: {s}", highlight=False))  # fmt: skip
+                               note=lambda s: console.print(f"note: {s}", highlight=False),
+                               initial=initial, initial_from=base_name)  # fmt: skip
         _summary(results, data.name, runs, console)
     except typer.Exit:
         raise

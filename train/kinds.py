@@ -74,11 +74,33 @@ def _presets(kind: str, dataset: str, agents: tuple[str, ...], models_table: dic
 
 
 def kind_spec(
-    kind: str, store: Path, *, dataset=None, models=None, model=None, agents=None, irrelevant=False
+    kind: str,
+    store: Path,
+    *,
+    dataset=None,
+    models=None,
+    model=None,
+    agents=None,
+    irrelevant=False,
+    eval_dataset=None,
 ):
-    """(ScenarioSpec, preset files) of a scenario kind over the store's feature sets."""
+    """The ScenarioSpec of a scenario kind over the store's feature sets."""
     inv = _inventory(Path(store))
-    ds = _dataset(inv, dataset, store, kind)
+    if dataset is None and eval_dataset is not None:
+        ds = _dataset({d: v for d, v in inv.items() if d != eval_dataset}, None, store, kind)
+    else:
+        ds = _dataset(inv, dataset, store, kind)
+    table_ds = collect_tables(None, [])[1]
+    if eval_dataset is None and ds in table_ds and table_ds[ds].split_protocol.get("mode") == "none":
+        raise ValueError(
+            f"dataset {ds!r} has no training rows (every row is test, as the paper's ARC-Challenge); name the "
+            f"dataset to train on and test on {ds}: walla-train --scenario {kind} --dataset mmlu --eval-dataset {ds}"
+        )
+    if eval_dataset is not None and eval_dataset not in inv:
+        raise ValueError(
+            f"store {store} holds no complete feature set of --eval-dataset {eval_dataset!r}; run "
+            f"{_extract_cmd('<model>', eval_dataset, 'none')}"
+        )
     table = load_models()
     if model is not None and model not in inv[ds]:  # the name or path the user gave walla-extract
         model = resolve_model_name(model, table)[0]
@@ -97,8 +119,21 @@ def kind_spec(
         if model is not None or agents is not None:
             raise ValueError(f"--model/--agents are for --scenario homo; {kind} takes --models a,b,...")
         chosen = tuple(models) if models else tuple(sorted(have))
-        name = f"{kind}-{ds}" + ("-irrelevant" if irrelevant else "")
+        if eval_dataset is not None:
+            chosen = tuple(m for m in chosen if m in inv[eval_dataset]) if not models else chosen
+        name = (
+            f"{kind}-{ds}"
+            + (f"-{eval_dataset}" if eval_dataset else "")
+            + ("-irrelevant" if irrelevant else "")
+        )
     for m in dict.fromkeys(chosen):
+        for d in [ds] + ([eval_dataset] if eval_dataset else []):
+            missing = sorted(variants - inv[d].get(m, set()))
+            if missing:
+                raise ValueError(
+                    f"scenario {name}: model {m!r} has no complete feature set of {d} for variant(s) "
+                    f"{', '.join(missing)}; run {_extract_cmd(m, d, ','.join(sorted(variants)))}"
+                )
         missing = sorted(variants - have.get(m, set()))
         if missing:
             raise ValueError(
@@ -119,6 +154,7 @@ def kind_spec(
             "dataset": ds,
             "agents": chosen,
             "context_rule": rule,
+            "eval_dataset": eval_dataset,
             "description": f"{kind} on {ds} from the store ({what.get(kind, 'all models, one sees the context')})",
             "source": f"--scenario {kind} (store {store})",
         },

@@ -142,11 +142,16 @@ def run_plan(
     logger: str = "csv",
     progress: ProgressFn | None = None,
     note: Callable[[str], None] = print,
+    initial: dict[str, dict[int, list]] | None = None,
+    initial_from: str | None = None,
 ) -> list[dict]:
     """Train and predict every (method, seed) of a plan; returns the run.json of every run, in order.
 
     Raises:
         RunsLockedError: another walla-train holds the scenario. ValueError: data too small, bad output.
+
+    `initial` (train/join.py): method -> seed -> head parameters to continue from (runs of scenario
+    `initial_from`); such runs record it, and their inputs_id includes it.
     """
     from walla.train.calibration import apply_calibration, fit_calibration
 
@@ -168,7 +173,11 @@ def run_plan(
             module = method_module(mp.name)
             cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
             cfg_dict = to_dict(cfg)
-            ids = {s: inputs_id(scen["inputs_id"], mp.name, cfg_dict, calibration, s) for s in plan.seeds}
+            init = (initial or {}).get(mp.name)
+            origin = f"continued from {initial_from}" if init else None
+            ids = {
+                s: inputs_id(scen["inputs_id"], mp.name, cfg_dict, calibration, s, origin) for s in plan.seeds
+            }
             pending, notes = _pending(runs, data, mp.name, plan.seeds, ids, force)
             for line in notes:
                 note(line)
@@ -192,7 +201,8 @@ def run_plan(
             ]
             t0 = time.perf_counter()
             with seeded_globals(pending[0]):
-                states = module.fit(data, cfg, pending, env, logs)
+                extra = {"initial": [init.get(s) for s in pending]} if init else {}
+                states = module.fit(data, cfg, pending, env, logs, **extra)
             fit_s = (time.perf_counter() - t0) / len(pending)
             for seed, state, log in zip(pending, states, logs, strict=True):
                 t1 = time.perf_counter()
@@ -215,6 +225,7 @@ def run_plan(
                     "config": cfg_dict,
                     "calibration": calibration,
                     "inputs_id": ids[seed],
+                    "initialized": origin or "default init",
                     "scenario_inputs_id": scen["inputs_id"],
                     "fingerprints": dict(data.fingerprints),
                     "wall_time_s": fit_s + time.perf_counter() - t1,

@@ -202,6 +202,7 @@ def train_heads(
     logs: Sequence[LogFn | None] | None = None,
     calibration: dict | None = None,
     trace: Callable[[dict], None] | None = None,
+    initial: Sequence[list[torch.Tensor] | None] | None = None,
 ) -> TrainedHeads:
     """Train the wager heads of every agent for every seed as one batched module (module docstring).
 
@@ -233,6 +234,9 @@ def train_heads(
     s_n, a_n = len(seeds), n_kinds * m
     g_n = s_n * a_n
     heads = _init_heads(seeds, in_dims, cfg, n_kinds)
+    for j, params in enumerate(initial or []):  # continue from trained heads (train/join.py), per seed
+        if params is not None:
+            heads.load_rows(slice(j * a_n, (j + 1) * a_n), params)
     # Adam is elementwise: one optimizer over the stacked parameters = one Adam per head; the fused
     # kernel does each step in one pass over the parameters (the step is memory-bound at 4096 wide)
     fused = {"fused": True} if dev.type in ("cpu", "cuda") else {}
@@ -261,7 +265,7 @@ def train_heads(
                     mk.to(dev) for mk in _masks(gens, diag_gens, m, n_kinds, b, cfg.hidden, 1 - cfg.dropout)
                 ]
             # ---- forward: wagers, realized advantages, best-response targets -------------------------
-            r = net(x, masks).double().view(s_n, n_kinds, m, b)  # [S, D, M, b] raw scores, float64
+            r = net(x, masks, write_grads=True).double().view(s_n, n_kinds, m, b)  # [S, D, M, b] float64
             w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
             p, y, wd = probs[idx], target[idx], w.detach()  # [S, b, M, K], [S, b, K], [S, b, M]
             adv = mechanism.advantage(p, wd, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [S, b, M]
@@ -273,14 +277,8 @@ def train_heads(
                 for k, goal in ((1, score), (2, score - adv)):
                     pred = torch.sigmoid(r[:, k]).transpose(1, 2)  # [S, b, M]
                     loss = loss + ((pred - goal.clamp(0, 1)) ** 2).mean(1).sum()
-            # ---- update: per-head clipping, one Adam step for every head ------------------------------
-            opt.zero_grad(set_to_none=True)
-            fabric.backward(loss)
-            fabric.strategy.precision.unscale_gradients(opt.optimizer)  # 16-mixed only
-            heads.clip_per_head_(cfg.clip)
-            opt.step()
             step += 1
-            # ---- online early stopping on the pre-update aggregate ----------------------------------
+            # ---- online early stopping on the pre-update aggregate (before the update: lazy best copy)
             with torch.no_grad():
                 agg = mechanism.pool(
                     p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False
@@ -298,13 +296,19 @@ def train_heads(
                     }
                 )
             summary = {"mse": mse.detach(), "metric": metric, "wager": wd.mean(1), "adv": adv.mean(1)}
-            if stop.update(
+            done = stop.update(
                 step,
                 epoch,
                 b,
                 {k: v.cpu() for k, v in summary.items() if v is not None},
                 payout.mean(1).cpu(),
-            ):
+            )
+            # ---- update: gradients written in place (no zero_grad), per-head clipping, one Adam step --
+            fabric.backward(loss)
+            fabric.strategy.precision.unscale_gradients(opt.optimizer)  # 16-mixed only
+            heads.clip_per_head_(cfg.clip)
+            opt.step()
+            if done:
                 break
         if stop.done:
             break
@@ -324,14 +328,24 @@ def _seed_chunks(data, cfg: Config, seeds: list[int]) -> list[list[int]]:
     return [seeds[i : i + k] for i in range(0, len(seeds), k)]
 
 
-def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[LogFn | None]) -> list[dict]:
+def fit(
+    data,
+    cfg: Config,
+    seeds: Sequence[int],
+    env: TrainEnv,
+    logs: Sequence[LogFn | None],
+    initial: Sequence[list[torch.Tensor] | None] | None = None,
+) -> list[dict]:
     """One state per seed, all seeds batched in one module (chunked if memory demands it)."""
     cfg, seeds = resolve(cfg, data), [int(s) for s in seeds]
     logs = list(logs) if logs is not None else [None] * len(seeds)
     calibration = fit_calibration(data, cfg.calibration, env) if cfg.calibrated else None
     states = []
     for chunk in _seed_chunks(data, cfg, seeds):
-        th = train_heads(data, cfg, chunk, env, [logs[seeds.index(s)] for s in chunk], calibration)
+        init = [initial[seeds.index(s)] for s in chunk] if initial is not None else None
+        th = train_heads(
+            data, cfg, chunk, env, [logs[seeds.index(s)] for s in chunk], calibration, initial=init
+        )
         a_n = th.n_kinds * data.n_agents
         for j, seed in enumerate(chunk):
             states.append(

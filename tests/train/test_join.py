@@ -1,0 +1,83 @@
+"""Agents joining a trained WALLA market (train/join.py): old heads continue, the newcomer starts fresh."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from synthetic import make_private_context_scenario
+from walla.store.spec import ScenarioSpec
+from walla.train.engine import TrainEnv, load_checkpoint
+from walla.train.join import initial_params, joined_plan
+from walla.train.plan import Overrides, build_plan
+from walla.train.run import run_plan
+from walla.train.runs import STATE, read_run_meta, run_dir
+
+HP = {"walla": {"lr": 3.0e-3, "epochs": 2, "hidden": [8], "projection_dim": None, "batch_size": 20}}
+
+
+def _agents(data, slots: list[int], name: str):
+    """The scenario restricted to some agent slots."""
+    return dataclasses.replace(
+        data,
+        name=name,
+        agents=[data.agents[i] for i in slots],
+        probs=data.probs[:, slots],
+        prompt_nll=data.prompt_nll[:, slots],
+        variant=data.variant[:, slots],
+        hidden=[data.hidden[i] for i in slots],
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    full = make_private_context_scenario(n=200, m=4, k=2, h=[6, 6, 6, 9], seed=5)
+    full = dataclasses.replace(full, agents=["a", "a", "a", "b"])
+    base = _agents(full, [0, 1, 2], "base")
+    spec = ScenarioSpec(name="base", dataset="synthetic", agents=("a", "a", "a"), description="base")
+    problems: list[str] = []
+    plan = build_plan({"train": {"methods": ["walla-i"], "seeds": [18, 19], "hparams": HP}}, Path("x.yaml"), spec,
+                      Overrides(), problems)  # fmt: skip
+    assert not problems
+    runs = tmp_path_factory.mktemp("runs")
+    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None)
+    return full, plan, runs
+
+
+def test_joined_heads_start_from_the_trained_ones(trained):
+    full, plan, runs = trained
+    joined, origin = joined_plan(plan, ["b"], [], epochs=1)
+    assert (
+        joined.spec.name == "base+b"
+        and joined.spec.agents == ("a", "a", "a", "b")
+        and origin == [0, 1, 2, -1]
+    )
+    assert joined.method("walla-i").config.epochs == 1
+    data = _agents(full, [0, 1, 2, 3], "base+b")
+    init = initial_params(joined, "base", origin, data, runs)
+    old = load_checkpoint(run_dir(runs, "base", "walla-i", 18) / STATE)["params"]
+    new = init["walla-i"][18]
+    for p_new, p_old in zip(new, old, strict=True):  # agents 0..2 continue, padded to the newcomer's H
+        idx = (slice(0, 3), *(slice(0, d) for d in p_old.shape[1:]))
+        torch.testing.assert_close(p_new[idx], p_old)
+    assert new[0][3, :9].abs().sum() > 0  # the newcomer's fresh head (its input is 9 wide)
+    res = run_plan(joined, data, runs, TrainEnv(), note=lambda s: None, initial=init, initial_from="base")
+    assert [r["status"] for r in res] == ["done", "done"]
+    meta = read_run_meta(run_dir(runs, "base+b", "walla-i", 18))
+    assert meta["initialized"] == "continued from base" and meta["config"]["epochs"] == 1
+
+
+def test_dropping_an_agent_and_missing_base_runs(trained):
+    full, plan, runs = trained
+    left, origin = joined_plan(plan, [], ["a"])
+    assert left.spec.agents == ("a", "a") and origin == [0, 1]
+    with pytest.raises(ValueError, match="not an agent of base"):
+        joined_plan(plan, [], ["zzz"])
+    data = _agents(full, [0, 1], "base-a")
+    other = dataclasses.replace(plan, seeds=(77,))
+    with pytest.raises(FileNotFoundError, match="train the base scenario first"):
+        initial_params(other, "base", origin, data, runs)
+    np.testing.assert_array_equal(data.hidden[0], full.hidden[0])
