@@ -80,7 +80,9 @@ def test_resolve_explicit_and_unknown(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="dtype must be one of auto"):
         dp.resolve("fp8", "cpu", tmp_path)
     name, why = dp.resolve("auto", "cpu", tmp_path)
-    assert name == "bfloat16" and why.startswith("auto -> bfloat16: GEMM probe on cpu bfloat16 130, float32 100")
+    assert name == "bfloat16" and why.startswith(
+        "auto -> bfloat16: GEMM probe on cpu bfloat16 130, float32 100"
+    )
 
 
 def test_real_gemm_probe_returns_a_positive_rate():
