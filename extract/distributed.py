@@ -55,7 +55,15 @@ class RangeWorker:
         self.prepared: dict[str, tuple] = {}
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "hidden_size": self.backend.hidden_size}
+        from walla.extract.model_stats import non_embedding_params
+
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "hidden_size": self.backend.hidden_size,
+            "n_params_non_embedding": non_embedding_params(getattr(self.backend, "model", None)),
+            "device": str(getattr(self.backend, "device", "")),
+        }
 
     def prepare(self, spec, context: list) -> int:
         """Render the prompts of `spec`'s variant once per actor; returns the number of rows."""
@@ -235,6 +243,13 @@ def extract_parallel(todo, table, template, d_entry, cfg: ExtractConfig, load_ar
                         )
                     bar.task(f"{spec.model} {spec.dataset}/{spec.variant}", n, n - todo_rows)
                     pool.run(cfg.store, spec, tasks, context, bar)
+                    first = next(iter(pool.info.values()), {})
+                    w.stats = {  # compute accounting, as the single process records it (meta.json "compute")
+                        "n_params_non_embedding": first.get("n_params_non_embedding"),
+                        "wall_s": time.perf_counter() - t0,
+                        "device": first.get("device") or device,
+                        "workers": n_workers,
+                    }
                     path = w.commit()
                 out(
                     f"wrote {spec.model}/{spec.dataset}/{spec.variant}: {n} rows in "

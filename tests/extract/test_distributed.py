@@ -126,6 +126,9 @@ def test_killed_worker_and_killed_driver_on_s3_give_the_single_process_result(
     assert any(s.startswith("resuming tiny/mine/none:") and "finished ranges kept" in s for s in lines), lines
     assert str(got).startswith("s3://")
     _assert_same(want, got)
+    cw, cg = read_feature_set(want).meta["compute"], read_feature_set(got).meta["compute"]
+    assert cg["workers"] == 2 and cg["prompt_tokens"] == cw["prompt_tokens"]
+    assert cg["n_params_non_embedding"] == cw["n_params_non_embedding"] > 0
     r = CliRunner().invoke(store_app, ["verify", "--store", s3_store])
     assert r.exit_code == 0 and "OK" in r.output, (r.output, r.stderr)
 
