@@ -120,7 +120,7 @@ def train(
     seeds: int = typer.Option(None, "--seeds", help="number of seeds 18, 19, ... (default: the scenario's)"),
     seed_list: str = typer.Option(None, "--seed-list", help="explicit seeds, e.g. 18,19"),
     sets: list[str] = typer.Option([], "--set", help="hyper-parameter override METHOD_OR_FAMILY.KEY=VALUE"),
-    store: Path = typer.Option(Path("walla-store"), "--store", help="feature store root"),
+    store_arg: str = typer.Option("walla-store", "--store", help="feature store: a directory or an fsspec URL (s3://...)"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="runs root"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | mps | auto"),
     precision: str = typer.Option("32-true", "--precision", help="Lightning precision: 32-true | bf16-mixed | 16-mixed | 64-true | auto"),
@@ -134,6 +134,9 @@ def train(
     """Fit every method x seed of a scenario; write runs/<scenario>/<method>/seed=<s>/."""
     console = Console()
     try:
+        from walla.store.location import as_location
+
+        store = as_location(store_arg)  # a local Path (the fast path) or a RemotePath over fsspec
         from walla.store.validate import ConfigError
         from walla.train.plan import Overrides, load_plan, plan_yaml, with_spec
 
@@ -175,7 +178,7 @@ def train(
         env = TrainEnv(device=dev, precision=resolve_precision(precision, dev), store=store)
         if not store.is_dir():
             raise FileNotFoundError(
-                f"store {store} does not exist (run `make extract ...` first, or pass --store)"
+                f"store {store_arg} does not exist (run `make extract ...` first, or pass --store)"
             )
         data = assemble_scenario(plan.spec, store)
         if limit_rows is not None:

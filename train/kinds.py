@@ -29,7 +29,7 @@ KINDS = ("hetero", "homo", "hetero-context")
 def _inventory(store: Path) -> dict[str, dict[str, set[str]]]:
     """dataset -> model -> variants with a complete feature set."""
     out: dict[str, dict[str, set[str]]] = {}
-    for info in list_feature_sets(Path(store)):
+    for info in list_feature_sets(store):
         if info.status == "complete":
             out.setdefault(info.dataset, {}).setdefault(info.model, set()).add(info.variant)
     return out
@@ -85,7 +85,7 @@ def kind_spec(
     eval_dataset=None,
 ):
     """The ScenarioSpec of a scenario kind over the store's feature sets."""
-    inv = _inventory(Path(store))
+    inv = _inventory(store)
     if dataset is None and eval_dataset is not None:
         ds = _dataset({d: v for d, v in inv.items() if d != eval_dataset}, None, store, kind)
     else:

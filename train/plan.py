@@ -198,6 +198,8 @@ def load_plan(name_or_path: str | Path, overrides: Overrides | None = None) -> T
     problems: list[str] = []
     models, datasets = collect_tables(None, problems)
     raw = read_scenario_file(path, problems)
+    if problems:  # an unreadable file (or include): its consequences would only repeat the cause
+        raise ConfigError(problems)
     spec = spec_from_raw(raw, path, models, datasets, problems)
     plan = build_plan(raw, path, spec, overrides or Overrides(), problems)
     if problems:

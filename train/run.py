@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from filelock import FileLock, Timeout
 from walla.store.scenario_data import ScenarioData
@@ -39,6 +41,7 @@ from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import TrainPlan
 from walla.train.runs import (
     LOCK,
+    PREDICTIONS,
     RUN_META,
     STATE,
     RunFormatError,
@@ -122,9 +125,10 @@ def _pending(runs: Path, data: ScenarioData, name: str, seeds, ids: dict[int, st
             continue
         try:
             old = read_run_meta(path).get("inputs_id")
-        except RunFormatError as e:
+            pq.read_metadata(path / PREDICTIONS)  # a truncated or corrupt predictions file: redo the run
+        except (RunFormatError, OSError, pa.ArrowException) as e:
             old = None
-            notes.append(f"{name} seed {s}: {e}; retraining")
+            notes.append(f"{name} seed {s}: {str(e).splitlines()[0]}; retraining")
         if old != ids[s]:
             todo.append(s)
             if old is not None:
@@ -156,6 +160,8 @@ def run_plan(
     from walla.train.calibration import apply_calibration, fit_calibration
 
     runs = Path(runs_dir)
+    if runs.exists() and not runs.is_dir():
+        raise ValueError(f"--runs {runs}: is a file, expected a directory for the runs")
     check_data(plan, data)
     spec = to_dict(plan.spec)
     results: list[dict] = []

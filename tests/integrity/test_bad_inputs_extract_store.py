@@ -107,7 +107,7 @@ CASES = [
         "facts --size 3",
         "walla-extract",
         lambda s, t: extract(s, "--dataset", "facts", "--size", "3"),
-        "2 train / 0 val / 0 test rows; need >= 1 val and >= 1 test row (--size 14 is the minimum)",
+        "need >= 1 val and >= 1 test row (--size 8 is the minimum)",
     ),
     Case(  # issue 12 #5: --data-file was silently ignored
         "facts --data-file",

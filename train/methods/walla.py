@@ -312,7 +312,7 @@ def train_heads(
                 break
         if stop.done:
             break
-    last = [p.detach().clone().cpu() for p in heads.parameters()]
+    last = [p.detach().cpu() for p in heads.parameters()]  # the module is not used again: no copy
     best = stop.best_or_last(last)
     return TrainedHeads(cfg, seeds, in_dims, n_kinds, last, best, stop.best_step, stop.stop_step, step)
 
