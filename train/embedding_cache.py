@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from walla.store.atomic import write_atomic
+from walla.store.location import is_remote
 from walla.train.encoders import (
     EncoderSpec,
     _dedupe,
@@ -119,7 +120,8 @@ def encode_texts(
     if key in _MEMORY:
         _MEMORY.move_to_end(key)
         return _MEMORY[key]
-    path = cache_path(Path(store), spec, key) if store is not None else None
+    local = store is not None and not is_remote(store)  # a remote store: no cache, encode in memory
+    path = cache_path(Path(store), spec, key) if local else None
     if path is not None and path.is_file():
         arr = np.load(path)
         if arr.shape[0] != len(texts):

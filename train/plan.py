@@ -81,8 +81,10 @@ class MethodPlan:
     def display(self) -> str:
         """Table row label naming the pooling and calibration actually used (e.g. "WALLA I (log pool)")."""
         notes = []
-        if getattr(self.config, "pooling", "linear") != "linear":
-            notes.append(f"{self.config.pooling} pool")
+        if (
+            getattr(self.config, "pooling", None) == "log"
+        ):  # aggregation pooling (routers' `pooling` is the encoder's)
+            notes.append("log pool")
         if getattr(self.config, "calibrated", False):
             notes.append("calibrated")
         return self.info.display + (f" ({', '.join(notes)})" if notes else "")
