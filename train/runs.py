@@ -191,29 +191,35 @@ def write_run(path: Path, question_id, split, output, meta: dict) -> Path:
 # ---------------------------------------------------------------------------------------------- reader
 
 
-def _read_json(path: Path) -> dict:
+def _read(path: Path, parse, what: str, fix: str):
+    """parse(path), with a missing or unreadable file as one RunFormatError naming it and the fix."""
     try:
-        out = json.loads(path.read_text(encoding="utf-8"))
+        return parse(path)
     except FileNotFoundError:
         raise RunFormatError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunFormatError(
-            f"{path}: not valid JSON ({e}); delete the run directory and rerun walla-train"
-        ) from None
+    except (
+        ValueError,
+        UnicodeDecodeError,
+        OSError,
+        pa.ArrowException,
+    ) as e:  # JSONDecodeError is a ValueError
+        raise RunFormatError(f"{path}: not {what} ({e}); {fix}") from None
+
+
+def _read_json(path: Path) -> dict:
+    fix = (
+        "rerun walla-train (it rewrites the file)"
+        if path.name == SCENARIO_META
+        else "rerun walla-train --force"
+    )
+    out = _read(path, lambda p: json.loads(p.read_text(encoding="utf-8")), "valid JSON", fix)
     if not isinstance(out, dict):
         raise RunFormatError(f"{path}: expected a JSON object")
     return out
 
 
 def _read_table(path: Path) -> pa.Table:
-    try:
-        return pq.read_table(path)
-    except FileNotFoundError:
-        raise RunFormatError(f"{path}: missing") from None
-    except (pa.ArrowException, OSError) as e:
-        raise RunFormatError(
-            f"{path}: not a readable Parquet file ({e}); rerun walla-train with --force"
-        ) from None
+    return _read(path, pq.read_table, "a readable Parquet file", "rerun walla-train with --force")
 
 
 def list_matrix(table: pa.Table, name: str, width: int | None, where: str) -> np.ndarray | None:
