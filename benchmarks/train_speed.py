@@ -5,15 +5,21 @@
 Configuration (printed): WALLA I heads Linear(576 -> 4096) -> 512 -> 256 -> 1 (projection_dim 4096, the
 reference's parametrization), dropout 0.1, batch 100, lr 5e-5, T 2, clip 1.0, no early stop.
 Prints:
-    1. the machine's GEMM peaks, measured now (n = 2048 square GEMM, best of repeats): float32 and bf16;
-       the precision "auto" picks from them (engine.resolve_precision);
-    2. WALLA I batched (all agents x all seeds in one StackedHeads module through Lightning Fabric), in
-       float32 and in the chosen precision: wall time of the training steps, model FLOPs (forward, weight
-       gradients, activation gradients except the input's), MFU = FLOPs / time / peak of the dtype used;
-    3. the reference's per-agent algorithm with the same heads, implemented as the reference does it: one
+    1. measured now: the GEMM peaks (n = 2048 square GEMM, best of repeats) of float32 and bf16, the memory
+       bandwidth (a fused Adam step on 64M parameters), and the precision "auto" picks (engine.resolve_precision's probe);
+    2. WALLA I batched (all agents x all seeds in one StackedHeads module, walla.fit through Lightning
+       Fabric) in float32 and bf16-mixed: wall time of fit, the mean step time (between consecutive
+       per-step log calls, first interval skipped), model FLOPs per step (forward, weight gradients,
+       activation gradients except the input's), MFU = FLOPs / step time / GEMM peak of the dtype used,
+       and the memory floor: the bytes each step must move (Adam's fp32 state, gradient, casts; MIN_BYTES
+       per parameter) / measured bandwidth -> the MFU bound it implies;
+    3. test Brier and D-regret of the pooled forecast per seed, float32 vs bf16-mixed (mean +- 95% CI over
+       seeds, paired difference); bf16 is used only if both stay within the fp32 seed noise;
+    4. the reference's per-agent algorithm with the same heads, implemented as the reference does it: one
        nn.Module and one Adam per agent, a Python loop over agents, a no-grad wager pass then an update
-       pass with a fresh forward per agent, per-agent clipping;
-    4. every registered method x seeds through its module's fit/predict (the path walla-train takes);
+       pass with a fresh forward per agent, per-agent clipping (float32; its training loop only is timed,
+       against the whole batched fit call);
+    5. every registered method x seeds through its module's fit/predict (the path walla-train takes);
        a method that cannot run here is excluded and named with the reason.
 Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_seeds_s=<x>
 """
@@ -90,11 +96,68 @@ def per_agent_loop(data, cfg: walla.Config, seed: int) -> float:
     return time.perf_counter() - t0
 
 
-def batched(data, cfg: walla.Config, seeds: list[int], precision: str) -> tuple[float, int]:
-    """Wall seconds and steps of WALLA I's batched trainer (all seeds in one module)."""
+def mem_bandwidth(n: int = 64 * 2**20) -> float:
+    """Measured bytes/s that a fused Adam step moves (28 bytes per float32 parameter: reads p, g, m, v,
+    writes p, m, v) on n parameters, best of 3: the memory speed the training step's largest pass gets."""
+    p = torch.nn.Parameter(torch.zeros(n))
+    p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.Adam([p], lr=1e-3, fused=True)
+    opt.step()
+    return 28 * n / min(_timed(opt.step) for _ in range(3))
+
+
+def _timed(fn) -> float:
     t0 = time.perf_counter()
-    th = walla.train_heads(data, cfg, seeds, TrainEnv(precision=precision))
-    return time.perf_counter() - t0, th.steps
+    fn()
+    return time.perf_counter() - t0
+
+
+def batched(data, cfg: walla.Config, seeds: list[int], precision: str) -> dict:
+    """WALLA I's batched trainer through fit (all seeds in one module) + test predictions per seed.
+
+    Returns wall seconds of fit, the per-step durations (between consecutive per-step log calls, which
+    happen at the same point of every step) and per-seed test Brier / D-regret of the pooled forecast."""
+    env, stamps = TrainEnv(precision=precision), []
+    t0 = time.perf_counter()
+    states = walla.fit(
+        data, cfg, seeds, env, [lambda _row: stamps.append(time.perf_counter())] + [None] * (len(seeds) - 1)
+    )
+    secs = time.perf_counter() - t0
+    test = data.split_index("test")
+    p, y = (torch.from_numpy(np.asarray(a[test], dtype=np.float64)) for a in (data.probs, data.target))
+    brier, regret = [], []
+    for st in states:
+        agg = torch.from_numpy(walla.predict(st, data, test, env).agg_probs)
+        brier.append(float(mechanism.brier_loss(agg, y).mean()))
+        regret.append(float(mechanism.brier_regret(agg, p, y).mean()))
+    steps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
+    return {"secs": secs, "steps": steps, "brier": np.array(brier), "regret": np.array(regret)}
+
+
+def ci95(x: np.ndarray) -> float:
+    """Half-width of a 95% t interval of the mean (n <= 10 seeds)."""
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(len(x), 1.96)
+    return float(t * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan
+
+
+def same_within_noise(ref: dict, other: dict) -> bool:
+    """Test Brier and D-regret: |mean paired difference| <= the 95% CI half-width of the fp32 seed mean."""
+    ok = True
+    for key in ("brier", "regret"):
+        d = other[key] - ref[key]
+        ok &= bool(abs(d.mean()) <= ci95(ref[key]))
+        print(
+            f"  test {key:<6} 32-true {ref[key].mean():.5f} +- {ci95(ref[key]):.5f}   bf16-mixed "
+            f"{other[key].mean():.5f} +- {ci95(other[key]):.5f}   paired diff {d.mean():+.6f} +- {ci95(d):.6f}"
+        )
+    return ok
+
+
+def roofline(n_params: int, flops: float, peak: float, bw: float, bytes_per_param: int) -> float:
+    """Upper bound of MFU when each step must move `bytes_per_param` per parameter through memory (not
+    overlapped with the GEMMs: Adam, clipping and casts are separate passes after / before them)."""
+    t_mem = n_params * bytes_per_param / bw
+    return flops / (t_mem + flops / peak) / peak
 
 
 def all_methods(data, seeds: list[int], epochs: int) -> float:
@@ -124,6 +187,13 @@ def all_methods(data, seeds: list[int], epochs: int) -> float:
     return total
 
 
+# bytes per parameter each step must move at least: fused Adam reads p, g, m, v and writes p, m, v (28),
+# backward writes the fp32 gradient (4), clipping reads it for the per-head norm (4), the forward reads the
+# weight (4); bf16-mixed adds the cast to a bf16 copy (read 4 + write 2), reads bf16 instead of fp32 in the
+# GEMMs (-2), and the bf16 weight gradient is written then converted into the fp32 one (write 2 + read 2).
+MIN_BYTES = {"32-true": 40, "bf16-mixed": 50}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
@@ -138,6 +208,7 @@ def main() -> None:
         "32-true": gemm_flops(torch.float32, "cpu", 2048),
         "bf16-mixed": gemm_flops(torch.bfloat16, "cpu", 2048),
     }
+    bw = mem_bandwidth()
     precision = resolve_precision(args.precision, "cpu")
     print(
         f"synthetic scenario N=1000 (8:1:1) M=12 H=576 K=2; {len(seeds)} seeds x {cfg.epochs} epochs; torch "
@@ -145,34 +216,56 @@ def main() -> None:
         f"{list(cfg.hidden)}, dropout {cfg.dropout}, batch {cfg.batch_size}, lr {cfg.lr}, T {cfg.temperature}"
     )
     print(
-        f"GEMM peak (measured): float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} GFLOP/s"
+        f"measured: GEMM peak float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} "
+        f"GFLOP/s; memory bandwidth (fused Adam step) {bw / 1e9:.1f} GB/s"
     )
-    print(f"precision: {precision} (requested {args.precision})")
+    print(f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe)")
     walla.train_heads(data, walla.resolve(build(walla.Config, {**HEADS, "epochs": 1}, "w"), data), seeds[:1])
-    n_train = len(data.split_index("train"))
     dims = _layer_dims(576, cfg.hidden, cfg.projection_dim)
-    flops_per_seed = (
-        sum(
-            step_flops(dims, min(cfg.batch_size, n_train - t * cfg.batch_size)) * data.n_agents
-            for t in range(math.ceil(n_train / cfg.batch_size))
-        )
-        * cfg.epochs
+    n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
+    flops = step_flops(dims, cfg.batch_size) * data.n_agents * len(seeds)  # one full-batch step, all heads
+    print(
+        f"one step, all {data.n_agents * len(seeds)} heads: {flops / 1e9:.1f} GFLOP, {n_params / 1e6:.0f}M "
+        f"parameters ({n_params * 4 / 2**30:.2f} GiB float32)"
     )
     runs = {}
-    for prec in dict.fromkeys(["32-true", precision]):
-        secs, steps = batched(data, cfg, seeds, prec)
-        mfu = flops_per_seed * len(seeds) / secs / peak.get(prec, peak["32-true"])
-        runs[prec] = (secs, mfu)
+    for prec in dict.fromkeys(["32-true", "bf16-mixed" if peak["bf16-mixed"] > 0 else "32-true"]):
+        dtype = torch.bfloat16 if prec == "bf16-mixed" else torch.float32
+        local = gemm_flops.__wrapped__(dtype, "cpu", 2048)  # re-measured next to the run (shared machine)
+        r = runs[prec] = batched(data, cfg, seeds, prec)
+        peak[prec] = max(peak[prec], local)  # MFU against the best peak seen in this run (conservative)
+        full = r["steps"][1:]  # every batch is full (800 train rows); the first interval warms up
+        r["step_s"] = float(np.mean(full))
+        r["mfu"] = flops / r["step_s"] / peak[prec]
+        bound = roofline(n_params, flops, peak[prec], bw, MIN_BYTES[prec])
         print(
-            f"  batched WALLA I, {prec:<10}: {secs:7.2f} s ({steps} steps, "
-            f"{flops_per_seed * len(seeds) / secs / 1e9:.1f} GFLOP/s, MFU {mfu:.3f} of the {prec} GEMM peak)"
+            f"  batched WALLA I, {prec:<10}: fit {r['secs']:6.2f} s, step {r['step_s']:.3f} s (mean of "
+            f"{len(full)} steps) = {flops / r['step_s'] / 1e9:.1f} GFLOP/s, MFU {r['mfu']:.3f} of the "
+            f"{prec} GEMM peak; memory floor {n_params * MIN_BYTES[prec] / 1e9:.1f} GB/step = "
+            f"{n_params * MIN_BYTES[prec] / bw:.3f} s -> MFU bound {bound:.3f}"
         )
+    if "bf16-mixed" in runs and precision == "bf16-mixed":
+        if not same_within_noise(runs["32-true"], runs["bf16-mixed"]):
+            print("bf16-mixed results are NOT within seed noise of float32: keeping 32-true")
+            precision = "32-true"
+        else:
+            print("bf16-mixed results are within seed noise of float32")
     t_loop = sum(per_agent_loop(data, cfg, s) for s in seeds)
-    print(f"  per-agent loop (reference algorithm, float32): {t_loop:7.2f} s")
-    total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs)
-    secs, mfu = runs[precision]
+    secs, n_steps = runs[precision]["secs"], len(runs[precision]["steps"]) + 1
+    fwd = 2.0 * cfg.batch_size * sum(a * c for a, c in zip(dims[:-1], dims[1:], strict=True))  # its 2nd pass
+    loop_flops = (flops + fwd * data.n_agents * len(seeds)) * n_steps
+    floor = n_steps * (n_params * MIN_BYTES[precision] / bw + flops / peak[precision])
     print(
-        f"RESULT walla_train_mfu={mfu:.3f} walla_speedup_vs_loop={t_loop / secs:.2f} all_methods_5_seeds_s={total:.2f}"
+        f"  per-agent loop (reference algorithm, float32, training loop only): {t_loop:7.2f} s = "
+        f"{loop_flops / t_loop / 1e9:.1f} GFLOP/s ({loop_flops / t_loop / peak['32-true']:.2f} of the fp32 "
+        f"peak; it runs a second forward pass); batched fit ({precision}, init + Fabric + steps + best "
+        f"state): {secs:.2f} s, its steps alone {runs[precision]['step_s'] * n_steps:.2f} s"
+        f"\n  speedup bound: loop time / (steps x (memory floor + GEMMs at peak)) = {t_loop / floor:.2f}"
+    )
+    total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs)
+    print(
+        f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop={t_loop / secs:.2f} "
+        f"all_methods_5_seeds_s={total:.2f}"
     )
 
 
