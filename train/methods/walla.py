@@ -27,8 +27,9 @@ depend on which seeds share the module.
 Lightning Fabric runs the loop (walla.train.engine.make_fabric): the module and optimizer go through
 fabric.setup, so `env.device` places every parameter and tensor and `env.precision` applies (the heads'
 matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and metrics stay float64). The best state
-is an in-memory copy of the improved seed's rows: stopping is checked after EVERY batch, and a disk
-checkpoint per improvement would cost more than the step itself.
+is an in-memory copy of the improved seed's rows, taken lazily (online_stop.py): stopping is checked after
+EVERY batch, and a disk checkpoint per improvement would cost more than the step itself. Gradients are
+written into persistent .grad buffers (StackedHeads write_grads: no 0.5 GB allocation per step).
 
 Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
 dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
@@ -280,29 +281,16 @@ def train_heads(
             step += 1
             # ---- online early stopping on the pre-update aggregate (before the update: lazy best copy)
             with torch.no_grad():
-                agg = mechanism.pool(
-                    p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False
-                )  # [S, b, K]
-                metric = (
-                    _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if cfg.stop_metric != "none" else None
-                )
+                agg = mechanism.pool(p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False)
+                stop_on = cfg.stop_metric != "none"  # agg [S, b, K]; metric [S]
+                metric = _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if stop_on else None
                 payout = mechanism.net_payout(p, wd, y, cfg.variant, cfg.c1, cfg.c2, cfg.c3, validate=False)
             if trace is not None:
-                trace(
-                    {
-                        "idx": idx.cpu(),
-                        "wagers": wd.cpu(),
-                        "masks": [mk.cpu() for mk in masks] if masks else None,
-                    }
-                )
+                cpu_masks = [mk.cpu() for mk in masks] if masks else None
+                trace({"idx": idx.cpu(), "wagers": wd.cpu(), "masks": cpu_masks})
             summary = {"mse": mse.detach(), "metric": metric, "wager": wd.mean(1), "adv": adv.mean(1)}
-            done = stop.update(
-                step,
-                epoch,
-                b,
-                {k: v.cpu() for k, v in summary.items() if v is not None},
-                payout.mean(1).cpu(),
-            )
+            summary = {k: v.cpu() for k, v in summary.items() if v is not None}
+            done = stop.update(step, epoch, b, summary, payout.mean(1).cpu())
             # ---- update: gradients written in place (no zero_grad), per-head clipping, one Adam step --
             fabric.backward(loss)
             fabric.strategy.precision.unscale_gradients(opt.optimizer)  # 16-mixed only
