@@ -27,6 +27,7 @@ from walla.evaluate.aggregate import Summary, summarize
 from walla.evaluate.metrics import METRICS
 from walla.evaluate.tables import Cell, Column, Row, Table
 from walla.train.methods import REGISTRY
+from walla.train.runs import SCENARIO_META
 
 if TYPE_CHECKING:
     from walla.evaluate.report import ScenarioEval
@@ -95,7 +96,7 @@ def needed(method: str, weights: np.ndarray) -> np.ndarray:
 def scenario_compute(ev: ScenarioEval) -> ScenarioCompute | str:
     """Compute and quality of every agent and every counted method; a sentence when not recorded."""
     s = ev.data.scenario
-    costs = agent_costs(s.meta, s.agents, str(s.path / "scenario.json"))
+    costs = agent_costs(s.meta, s.agents, str(s.path / SCENARIO_META))
     if isinstance(costs, str):
         return costs
     tokens, flops = costs

@@ -11,13 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
 from walla.train.methods import REGISTRY
 from walla.train.runs import (
     METHOD_GROUPS,
-    PREDICTIONS,
     SCENARIO_META,
-    SCENARIO_TABLE,
     RunFormatError,
     RunRecord,
     ScenarioTable,
@@ -39,18 +36,6 @@ __all__ = [
     "load_scenario_runs",
     "orphan_runs",
 ]
-
-
-# what a well-formed but wrong file raises inside the reader: a missing key or column, a column of
-# another type (a file written by another version or by hand)
-BAD_CONTENT = (KeyError, TypeError, IndexError, pa.ArrowException)
-
-
-def _what(e: BaseException) -> str:
-    if isinstance(e, KeyError):
-        text = str(e.args[0])
-        return text if " " in text else f"missing key {text!r}"  # pyarrow's KeyError is a sentence
-    return str(e).split("\n")[0]
 
 
 @dataclass(frozen=True)
@@ -89,13 +74,7 @@ def load_scenario_runs(runs_dir: Path, name: str) -> ScenarioRuns:
     Raises:
         RunFormatError: only when the scenario itself (scenario.parquet / scenario.json) cannot be read.
     """
-    try:
-        table = read_scenario_table(runs_dir, name)
-    except BAD_CONTENT as e:
-        raise RunFormatError(
-            f"{Path(runs_dir) / name / SCENARIO_TABLE} (or scenario.json beside it): {_what(e)}; not written by "
-            f"this walla-train: rerun walla-train --scenario {name}"
-        ) from None
+    table = read_scenario_table(runs_dir, name)
     current = table.meta.get("inputs_id")
     found = list_run_dirs(runs_dir, name)
     seeds = sorted({int(s) for s in table.meta.get("seeds", [])}) or sorted(
@@ -118,10 +97,6 @@ def load_scenario_runs(runs_dir: Path, name: str) -> ScenarioRuns:
                 run = read_run(path, table)
             except RunFormatError as e:
                 problems.append(Problem("unreadable", name, method, seed, str(e)))
-                continue
-            except BAD_CONTENT as e:
-                detail = f"{path / PREDICTIONS}: {_what(e)}; rerun walla-train with --force"
-                problems.append(Problem("unreadable", name, method, seed, detail))
                 continue
             if run.meta.get("scenario_inputs_id") != current:
                 problems.append(

@@ -5,12 +5,12 @@
 
 A scenario file has three top-level keys (plus `include:` and comments):
 
-    description: one line for tables and `walla-train --show-plan`
+    description: one line for tables and the training plan (`--show-plan`)
     scenario:            # read here, by the store: dataset, agents, context routing
       dataset: facts
       agents: [smollm2-135m, smollm2-135m, gemma3-270m, gemma3-270m]
       context_rule: one_relevant
-    train:               # read by walla-train (train/plan.py): methods, seeds, hyper-parameters
+    train:               # read by the train stage (train/plan.py): methods, seeds, hyper-parameters
 
 The store validates `scenario:` against the model and dataset tables and never looks inside `train:`.
 """

@@ -102,7 +102,7 @@ def kind_spec(
             f"{_extract_cmd('<model>', eval_dataset, 'none')}"
         )
     table = load_models()
-    if model is not None and model not in inv[ds]:  # the name or path the user gave walla-extract
+    if model is not None and model not in inv[ds]:  # the name or path the user gave the extract stage
         model = resolve_model_name(model, table)[0]
     if models:
         models = [m if m in inv[ds] else resolve_model_name(m, table)[0] for m in models]

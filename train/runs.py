@@ -14,13 +14,11 @@
                              columns (Lightning's CSVLogger, train/loggers.py; absent for methods without
                              training); logs/tensorboard/ with --logger tensorboard
         state.pt             the trained state (e.g. WALLA heads; continued by --add-agent)
-        run.json             method, display_name, group, seed, config (resolved), inputs_id,
-                             fingerprints, wall_time_s, test_brier, test_acc. Written LAST: its
-                             presence marks the run complete.
+        run.json             method, display_name, group, seed, config (resolved), inputs_id, fingerprints,
+                             wall_time_s, test_brier, test_acc; written LAST: marks the run complete
 
-`inputs_id` binds a run to exactly what it was trained from: a hash of the feature-set fingerprints,
-the question ids and splits, the scenario spec, the method's resolved config and the seed. A run whose
-inputs_id differs from the current one is stale: walla-train retrains it, walla-eval never counts it.
+`inputs_id` binds a run to what it was trained from (a hash of the feature-set fingerprints, question ids
+and splits, spec, resolved config, seed): a run trained from other inputs is retrained, never counted.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ def scenario_dir(runs: str | Path, scenario: str) -> Path:
 
 
 def run_dir(runs: str | Path, scenario: str, method: str, seed: int) -> Path:
-    return Path(runs) / scenario / method / f"seed={int(seed)}"
+    return scenario_dir(runs, scenario) / method / f"seed={int(seed)}"
 
 
 def jsonable(obj: Any) -> Any:
@@ -269,7 +267,28 @@ class ScenarioTable:
         return dict(self.meta.get("fingerprints") or {})
 
 
+# what a well-formed but wrong file raises inside the readers: a missing key or column, a column of another
+# type (written by another version, or by hand); reported as RunFormatError naming the file
+_BAD_CONTENT = (KeyError, TypeError, IndexError, pa.ArrowException)
+
+
+def _content_error(path: Path, e: BaseException, fix: str) -> RunFormatError:
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e).split("\n")[0]
+    if isinstance(e, KeyError) and " " not in text:  # pyarrow's KeyError is a sentence already
+        text = f"missing key {text!r}"
+    return RunFormatError(f"{path}: {text}; not written by this walla-train: {fix}")
+
+
 def read_scenario_table(runs: str | Path, scenario: str, split: str = "test") -> ScenarioTable:
+    """scenario.parquet + scenario.json, one split. Raises RunFormatError naming a missing or bad file."""
+    try:
+        return _scenario_table(runs, scenario, split)
+    except _BAD_CONTENT as e:
+        where = scenario_dir(runs, scenario) / SCENARIO_TABLE
+        raise _content_error(where, e, f"rerun walla-train --scenario {scenario}") from None
+
+
+def _scenario_table(runs: str | Path, scenario: str, split: str) -> ScenarioTable:
     d = scenario_dir(runs, scenario)
     meta = _read_json(d / SCENARIO_META)
     where = str(d / SCENARIO_TABLE)
@@ -317,8 +336,7 @@ class RunRecord:
         return str(self.meta.get("group", "learning_based"))
 
 
-def is_complete(path: str | Path) -> bool:
-    """A run directory is complete iff its run.json (written last) exists."""
+def is_complete(path: str | Path) -> bool:  # run.json is written last
     return (Path(path) / RUN_META).exists()
 
 
@@ -328,7 +346,13 @@ def read_run_meta(path: Path) -> dict:
 
 def read_run(path: Path, table: ScenarioTable) -> RunRecord:
     """One complete run directory, its rows aligned on `table`'s questions (every one exactly once)."""
-    path = Path(path)
+    try:
+        return _read_run(Path(path), table)
+    except _BAD_CONTENT as e:
+        raise _content_error(Path(path) / PREDICTIONS, e, "rerun walla-train with --force") from None
+
+
+def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
     meta = read_run_meta(path)
     where = str(path / PREDICTIONS)
     pred = _read_table(path / PREDICTIONS)
