@@ -39,8 +39,7 @@ import pyarrow.parquet as pq
 from walla.store.atomic import write_atomic, write_json, write_parquet
 
 SCENARIO_TABLE, SCENARIO_META, LOCK = "scenario.parquet", "scenario.json", ".lock"
-PREDICTIONS, TRAIN_LOG, STATE = "predictions.parquet", "logs/metrics.csv", "state.pt"
-RUN_META = "run.json"  # completion marker, written last
+PREDICTIONS, TRAIN_LOG, STATE, RUN_META = "predictions.parquet", "logs/metrics.csv", "state.pt", "run.json"
 METHOD_GROUPS = ("individual", "learning_free", "learning_based", "walla")
 EXTRAS = ("wagers", "payouts", "advantage", "pred_score", "pred_baseline")  # optional [M] columns
 SEED_DIR = re.compile(r"^seed=(-?\d+)$")
@@ -221,7 +220,7 @@ def _read_table(path: Path) -> pa.Table:
 
 
 def list_matrix(table: pa.Table, name: str, width: int | None, where: str) -> np.ndarray | None:
-    """A list<float> column as float64 [n, width]; None if every row is null (null rows -> NaN)."""
+    """A list<float> column as float64 [n, width]; None if all null (null rows -> NaN)."""
     if name not in table.column_names:
         raise RunFormatError(f"{where}: missing column {name!r} (have {', '.join(table.column_names)})")
     col = table.column(name)
