@@ -45,8 +45,8 @@ EXTRAS = ("wagers", "payouts", "advantage", "pred_score", "pred_baseline")  # op
 SEED_DIR = re.compile(r"^seed=(-?\d+)$")
 
 
-class RunFormatError(ValueError):
-    """A run or scenario file that cannot be read as this format (names the file)."""
+class RunFormatError(ValueError):  # a run or scenario file that cannot be read as this format (names it)
+    pass
 
 
 def scenario_dir(runs: str | Path, scenario: str) -> Path:
