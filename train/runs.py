@@ -394,8 +394,7 @@ def list_run_dirs(runs: str | Path, scenario: str) -> dict[str, dict[int, Path]]
 
 
 def list_scenarios(runs: str | Path) -> list[str]:
-    """Scenario directories under <runs> (those holding scenario.json)."""
-    root = Path(runs)
+    root = Path(runs)  # the scenario directories: those holding scenario.json
     if not root.is_dir():
         raise RunFormatError(f"runs directory {root} does not exist (run walla-train first, or pass --runs)")
     return sorted(p.name for p in root.iterdir() if (p / SCENARIO_META).exists())
