@@ -75,6 +75,7 @@ def _lock_held(lock_path: Path) -> bool:
 def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
     incomplete = d.name.endswith(INCOMPLETE)
     fp = d.name[: -len(INCOMPLETE)] if incomplete else d.name
+    key = (model, dataset, variant, fp, d)
     if not incomplete and (d / META_FILE).exists():
         try:
             m = read_json(d / META_FILE)
@@ -84,20 +85,9 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
             status = "corrupt"
         else:
             status = "complete" if m.get("schema_version") == FEATURE_SCHEMA_VERSION else "stale"
-        return FeatureSetInfo(
-            model,
-            dataset,
-            variant,
-            fp,
-            d,
-            status,
-            m.get("n_rows"),
-            m.get("n_rows"),
-            m.get("hidden_size"),
-            m.get("created_at"),
-            m.get("schema_version"),
-            m.get("questions_fp"),
-        )
+        n = m.get("n_rows")
+        return FeatureSetInfo(*key, status, n, n, m.get("hidden_size"), m.get("created_at"),
+                              m.get("schema_version"), m.get("questions_fp"))  # fmt: skip
     w = {}
     with contextlib.suppress(StoreError):
         w = read_json(d / WRITER_FILE)
@@ -108,19 +98,9 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
         with contextlib.suppress(StoreError, OSError):
             done = sum(end - start for _, start, end in durable_shards(d, gaps=True))  # parallel: holes
     status = "writing" if _lock_held(d.with_name(fp + LOCK)) else "incomplete"
-    return FeatureSetInfo(
-        model,
-        dataset,
-        variant,
-        fp,
-        d,
-        status,
-        w.get("total_rows"),
-        done,
-        w.get("hidden_size"),
-        _mtime_iso(d / WRITER_FILE),
-        FEATURE_SCHEMA_VERSION if w else None,
-    )
+    written = FEATURE_SCHEMA_VERSION if w else None
+    return FeatureSetInfo(*key, status, w.get("total_rows"), done, w.get("hidden_size"),
+                          _mtime_iso(d / WRITER_FILE), written)  # fmt: skip
 
 
 def _mtime_iso(path: Path) -> str | None:

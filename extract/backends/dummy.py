@@ -31,12 +31,7 @@ class DummyBackend:
         self.sharpness = sharpness  # std of the candidate logits: larger = more confident fake answers
 
     def identity(self) -> dict:
-        return {
-            "backend": "dummy",
-            "hidden_size": self.hidden_size,
-            "seed": self.seed,
-            "sharpness": self.sharpness,
-        }
+        return dict(backend="dummy", hidden_size=self.hidden_size, seed=self.seed, sharpness=self.sharpness)
 
     def format_prompt(self, text: str) -> str:
         return text

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, generator_params
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, generated
 
 DEFAULTS = {"n": 10_000, "seed": 42, "tpr_range": (0.90, 0.95), "fpr_range": (0.05, 0.10)}
 
@@ -69,16 +69,6 @@ def generate(n: int = 10_000, seed: int = 42, tpr_range=(0.90, 0.95), fpr_range=
 
 def load(req: DatasetRequest) -> Loaded:
     """Loader entry point: generator parameters from the manifest's `generator:` block."""
-    params = generator_params(req, DEFAULTS)
-    n, seed = int(params["n"]), int(params["seed"])
-    if n < 1:
-        raise ValueError(f"bayesx generator: n must be >= 1, got {n}")
-    rows = generate(n, seed, tuple(params["tpr_range"]), tuple(params["fpr_range"]))
-    return Loaded(
-        rows,
-        [f"bayesx generator row {i}" for i in range(n)],
-        {
-            "generator": "bayesx",
-            "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
-        },
+    return generated(
+        req, DEFAULTS, 1, lambda n, seed, p: generate(n, seed, tuple(p["tpr_range"]), tuple(p["fpr_range"]))
     )

@@ -18,63 +18,26 @@ from __future__ import annotations
 
 import random
 
-from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, generator_params
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, generated
 
 DEFAULTS = {"n": 2000, "seed": 7}
 
 # (fact template, question template, values); {e} = entity number, {v} = value.
-TEMPLATES: list[tuple[str, str, list[str]]] = [
-    (
-        "The door of room {e} is painted {v}.",
-        "Is the door of room {e} painted {v}?",
-        ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"],
-    ),
-    (
-        "Locker {e} holds {v} boxes.",
-        "Does locker {e} hold {v} boxes?",
-        ["two", "three", "four", "five", "six", "seven", "eight", "nine"],
-    ),
-    (
-        "Ship {e} sails to {v}.",
-        "Does ship {e} sail to {v}?",
-        ["Paris", "Tokyo", "Lima", "Cairo", "Oslo", "Delhi", "Boston", "Sydney"],
-    ),
-    (
-        "The train {e} leaves on {v}.",
-        "Does the train {e} leave on {v}?",
-        ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
-    ),
-    (
-        "The pet in flat {e} is a {v}.",
-        "Is the pet in flat {e} a {v}?",
-        ["cat", "dog", "rabbit", "parrot", "turtle", "hamster", "goldfish", "snake"],
-    ),
-    (
-        "The statue in hall {e} is made of {v}.",
-        "Is the statue in hall {e} made of {v}?",
-        ["bronze", "marble", "wood", "glass", "iron", "clay", "stone", "silver"],
-    ),
-    (
-        "Crate {e} is full of {v}.",
-        "Is crate {e} full of {v}?",
-        ["apples", "pears", "lemons", "plums", "cherries", "mangoes", "grapes", "peaches"],
-    ),
-    (
-        "The musician in band {e} plays the {v}.",
-        "Does the musician in band {e} play the {v}?",
-        ["piano", "violin", "guitar", "drums", "flute", "trumpet", "cello", "harp"],
-    ),
-    (
-        "Courier {e} delivers mail by {v}.",
-        "Does courier {e} deliver mail by {v}?",
-        ["bike", "car", "train", "boat", "van", "scooter", "truck", "bus"],
-    ),
-    (
-        "The flag of club {e} is {v}.",
-        "Is the flag of club {e} {v}?",
-        ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"],
-    ),
+# fmt: off
+TEMPLATES: list[tuple[str, str, str]] = [
+    # (fact, question, values): one template a line (values split on spaces by the generator)
+    ('The door of room {e} is painted {v}.', 'Is the door of room {e} painted {v}?', 'red blue green yellow white black orange purple'),
+    ('Locker {e} holds {v} boxes.', 'Does locker {e} hold {v} boxes?', 'two three four five six seven eight nine'),
+    ('Ship {e} sails to {v}.', 'Does ship {e} sail to {v}?', 'Paris Tokyo Lima Cairo Oslo Delhi Boston Sydney'),
+    ('The train {e} leaves on {v}.', 'Does the train {e} leave on {v}?', 'Monday Tuesday Wednesday Thursday Friday Saturday Sunday'),
+    ('The pet in flat {e} is a {v}.', 'Is the pet in flat {e} a {v}?', 'cat dog rabbit parrot turtle hamster goldfish snake'),
+    ('The statue in hall {e} is made of {v}.', 'Is the statue in hall {e} made of {v}?', 'bronze marble wood glass iron clay stone silver'),
+    ('Crate {e} is full of {v}.', 'Is crate {e} full of {v}?', 'apples pears lemons plums cherries mangoes grapes peaches'),
+    ('The musician in band {e} plays the {v}.', 'Does the musician in band {e} play the {v}?', 'piano violin guitar drums flute trumpet cello harp'),
+    ('Courier {e} delivers mail by {v}.', 'Does courier {e} deliver mail by {v}?', 'bike car train boat van scooter truck bus'),
+    ('The flag of club {e} is {v}.', 'Is the flag of club {e} {v}?', 'red blue green yellow white black orange purple'),
 ]
+# fmt: on
 MAX_ENTITY = 9999
 
 
@@ -93,7 +56,8 @@ def generate(n: int = 2000, seed: int = 7) -> list[dict]:
             if (t, e) not in used:
                 used.add((t, e))
                 break
-        fact_t, question_t, values = TEMPLATES[t]
+        fact_t, question_t, words = TEMPLATES[t]
+        values = words.split()
         value = rng.choice(values)
         asked = value if label == 0 else rng.choice([v for v in values if v != value])
         rows.append(
@@ -112,11 +76,4 @@ def generate(n: int = 2000, seed: int = 7) -> list[dict]:
 
 def load(req: DatasetRequest) -> Loaded:
     """Loader entry point: `generator: {n, seed}` from the manifest."""
-    params = generator_params(req, DEFAULTS)
-    n, seed = int(params["n"]), int(params["seed"])
-    if n < 2:
-        raise ValueError(f"facts generator: n must be >= 2, got {n}")
-    rows = generate(n, seed)
-    return Loaded(
-        rows, [f"facts generator row {i}" for i in range(n)], {"generator": "facts", "params": params}
-    )
+    return generated(req, DEFAULTS, 2, lambda n, seed, params: generate(n, seed))

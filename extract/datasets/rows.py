@@ -126,3 +126,14 @@ def generator_params(req: DatasetRequest, defaults: dict) -> dict:
             f"{req.loader} generator: unknown parameters {sorted(unknown)}; expected {sorted(defaults)}"
         )
     return params
+
+
+def generated(req: DatasetRequest, defaults: dict, min_n: int, make) -> Loaded:
+    """A generated dataset: parameters (generator_params), n checked, rows = make(n, seed, params)."""
+    params = generator_params(req, defaults)
+    n, seed = int(params["n"]), int(params["seed"])
+    if n < min_n:
+        raise ValueError(f"{req.loader} generator: n must be >= {min_n}, got {n}")
+    record = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+    return Loaded(make(n, seed, params), [f"{req.loader} generator row {i}" for i in range(n)],
+                  {"generator": req.loader, "params": record})  # fmt: skip

@@ -383,7 +383,10 @@ def test_facts_generator():
     assert abs(int((df["label"] == 0).sum()) - int((df["label"] == 1).sum())) <= 1
     for q, c, lab in zip(df["question"], df["context"], df["label"], strict=True):
         e = re.search(r"\d+", c).group()
-        fact_t, q_t, values = next(t for t in TEMPLATES if any(c == t[0].format(e=e, v=v) for v in t[2]))
+        fact_t, q_t, words = next(
+            t for t in TEMPLATES if any(c == t[0].format(e=e, v=v) for v in t[2].split())
+        )
+        values = words.split()
         value = next(v for v in values if c == fact_t.format(e=e, v=v))
         assert (q == q_t.format(e=e, v=value)) == (lab == 0), (
             q,
