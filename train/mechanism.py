@@ -153,6 +153,18 @@ def _baseline(
     return c1 - c2 * brier_loss(q_minus, target.unsqueeze(-2))  # q_minus [..., M, K] -> [..., M]
 
 
+def _scores_and_baseline(
+    probs, wagers, target, variant, c1, c2, option_mask, validate
+) -> tuple[Tensor, Tensor]:
+    """(s_i [..., M], b_-i [..., M]): each agent's score and its leave-one-out baseline."""
+    check_choice("variant", variant, VARIANTS)
+    p, w, q, mask = prepare(probs, wagers, target, validate, option_mask)
+    if validate:
+        check_consts(c2=c2)
+    scores = c1 - c2 * brier_loss(p, q.unsqueeze(-2))  # [..., M]
+    return scores, _baseline(p, w, q, scores, mask, variant, c1, c2)
+
+
 def loo_baseline(
     probs: Tensor,
     wagers: Tensor,
@@ -175,12 +187,7 @@ def loo_baseline(
     forecast WALLA II keeps no-arbitrage (E_{Y~u}[s(p_i) - s(u)] <= 0). The reference's 0/1e-16 division
     gives 0 (= s_min) for variant I and s(0-vector) = c1 - c2 for variant II at M = 1 instead.
     """
-    check_choice("variant", variant, VARIANTS)
-    p, w, q, mask = prepare(probs, wagers, target, validate, option_mask)
-    if validate:
-        check_consts(c2=c2)
-    scores = c1 - c2 * brier_loss(p, q.unsqueeze(-2))  # [..., M]
-    return _baseline(p, w, q, scores, mask, variant, c1, c2)
+    return _scores_and_baseline(probs, wagers, target, variant, c1, c2, option_mask, validate)[1]
 
 
 def advantage(
@@ -198,12 +205,8 @@ def advantage(
     b_-i depends on the *other* agents' wagers, so autograd links agents through it: detach A before
     using it as agent i's regression target if agents must learn independently (SPEC §5.3).
     """
-    check_choice("variant", variant, VARIANTS)
-    p, w, q, mask = prepare(probs, wagers, target, validate, option_mask)
-    if validate:
-        check_consts(c2=c2)
-    scores = c1 - c2 * brier_loss(p, q.unsqueeze(-2))  # [..., M]
-    return scores - _baseline(p, w, q, scores, mask, variant, c1, c2)
+    scores, baseline = _scores_and_baseline(probs, wagers, target, variant, c1, c2, option_mask, validate)
+    return scores - baseline
 
 
 def net_payout(
