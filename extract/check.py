@@ -203,17 +203,9 @@ def check(
 
     names = [b.strip() for b in backends.split(",") if b.strip()]
     try:
-        cfg = ExtractConfig(
-            model=model,
-            dataset=dataset,
-            data_file=data_file,
-            limit=limit,
-            dtype=dtype,
-            device=device,
-            progress=False,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-        )
+        vllm_opts = {"max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization}
+        cfg = ExtractConfig(model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype,
+                            device=device, progress=False, **vllm_opts)  # fmt: skip
         bad = [b for b in names if b not in ("hf", "vllm", "dummy")]
         if bad:
             raise ValueError(f"--backends: unknown {', '.join(bad)} (expected hf, vllm)")

@@ -190,16 +190,8 @@ def loo_baseline(
     return _scores_and_baseline(probs, wagers, target, variant, c1, c2, option_mask, validate)[1]
 
 
-def advantage(
-    probs: Tensor,
-    wagers: Tensor,
-    target: Tensor,
-    variant: str = "I",
-    c1: float = 1.0,
-    c2: float = 0.5,
-    option_mask: Tensor | None = None,
-    validate: bool = True,
-) -> Tensor:
+def advantage(probs: Tensor, wagers: Tensor, target: Tensor, variant: str = "I", c1: float = 1.0, c2: float = 0.5,
+             option_mask: Tensor | None = None, validate: bool = True) -> Tensor:  # fmt: skip
     """Comparative advantage A_i = s(p_i, y) - b_-i: ``[..., M]`` (training regresses wagers onto it).
 
     b_-i depends on the *other* agents' wagers, so autograd links agents through it: detach A before
@@ -209,17 +201,8 @@ def advantage(
     return scores - baseline
 
 
-def net_payout(
-    probs: Tensor,
-    wagers: Tensor,
-    target: Tensor,
-    variant: str = "I",
-    c1: float = 1.0,
-    c2: float = 0.5,
-    c3: float = 0.5,
-    option_mask: Tensor | None = None,
-    validate: bool = True,
-) -> Tensor:
+def net_payout(probs: Tensor, wagers: Tensor, target: Tensor, variant: str = "I", c1: float = 1.0, c2: float = 0.5,
+              c3: float = 0.5, option_mask: Tensor | None = None, validate: bool = True) -> Tensor:  # fmt: skip
     """WALLA net payout pi_i = w_i (s_i - b_-i - c3 w_i): ``[..., M]`` (Def. "Net Payout Function")."""
     if validate:
         check_consts(c3=c3)
