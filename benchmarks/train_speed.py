@@ -228,6 +228,13 @@ def main() -> None:
         f"one step, all {data.n_agents * len(seeds)} heads: {flops / 1e9:.1f} GFLOP, {n_params / 1e6:.0f}M "
         f"parameters ({n_params * 4 / 2**30:.2f} GiB float32)"
     )
+    chunks = walla._seed_chunks(data, cfg, seeds)  # fit trains seeds in chunks (memory budget)
+    c_flops, c_params = (v * len(chunks[0]) / len(seeds) for v in (flops, n_params))  # first chunk's heads
+    print(
+        f"fit trains the seeds in chunks of {[len(c) for c in chunks]} (walla.PARAM_BUDGET_BYTES "
+        f"{walla.PARAM_BUDGET_BYTES / 2**30:.0f} GiB); step times and MFU below are the first chunk's "
+        f"({len(chunks[0]) * data.n_agents} heads, {c_flops / 1e9:.1f} GFLOP per step)"
+    )
     runs = {}
     for prec in dict.fromkeys(["32-true", "bf16-mixed" if peak["bf16-mixed"] > 0 else "32-true"]):
         dtype = torch.bfloat16 if prec == "bf16-mixed" else torch.float32
@@ -236,13 +243,13 @@ def main() -> None:
         peak[prec] = max(peak[prec], local)  # MFU against the best peak seen in this run (conservative)
         full = r["steps"][1:]  # every batch is full (800 train rows); the first interval warms up
         r["step_s"] = float(np.mean(full))
-        r["mfu"] = flops / r["step_s"] / peak[prec]
-        bound = roofline(n_params, flops, peak[prec], bw, MIN_BYTES[prec])
+        r["mfu"] = c_flops / r["step_s"] / peak[prec]
+        bound = roofline(c_params, c_flops, peak[prec], bw, MIN_BYTES[prec])
         print(
             f"  batched WALLA I, {prec:<10}: fit {r['secs']:6.2f} s, step {r['step_s']:.3f} s (mean of "
-            f"{len(full)} steps) = {flops / r['step_s'] / 1e9:.1f} GFLOP/s, MFU {r['mfu']:.3f} of the "
-            f"{prec} GEMM peak; memory floor {n_params * MIN_BYTES[prec] / 1e9:.1f} GB/step = "
-            f"{n_params * MIN_BYTES[prec] / bw:.3f} s -> MFU bound {bound:.3f}"
+            f"{len(full)} steps) = {c_flops / r['step_s'] / 1e9:.1f} GFLOP/s, MFU {r['mfu']:.3f} of the "
+            f"{prec} GEMM peak; memory floor {c_params * MIN_BYTES[prec] / 1e9:.1f} GB/step = "
+            f"{c_params * MIN_BYTES[prec] / bw:.3f} s -> MFU bound {bound:.3f}"
         )
     if "bf16-mixed" in runs and precision == "bf16-mixed":
         if not same_within_noise(runs["32-true"], runs["bf16-mixed"]):
@@ -259,7 +266,7 @@ def main() -> None:
         f"  per-agent loop (reference algorithm, float32, training loop only): {t_loop:7.2f} s = "
         f"{loop_flops / t_loop / 1e9:.1f} GFLOP/s ({loop_flops / t_loop / peak['32-true']:.2f} of the fp32 "
         f"peak; it runs a second forward pass); batched fit ({precision}, init + Fabric + steps + best "
-        f"state): {secs:.2f} s, its steps alone {runs[precision]['step_s'] * n_steps:.2f} s"
+        f"state): {secs:.2f} s, its steps alone ~{runs[precision]['step_s'] * n_steps * len(seeds) / len(chunks[0]):.2f} s"
         f"\n  speedup bound: loop time / (steps x (memory floor + GEMMs at peak)) = {t_loop / floor:.2f}"
     )
     total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs)
