@@ -29,13 +29,9 @@ Loops that are not "one module, one loss, one optimizer" (the batched WALLA head
 calibration heads) build their own Fabric with `make_fabric(env)` and use fabric.setup / backward /
 autocast directly (train/methods/walla.py, train/calibration.py).
 
-Seeding stays local: `seeded(seed)` forks torch's RNG for a block, so no run depends on what ran
-before; fabric.seed_everything (global) is never used.
-
-Import cost of `from lightning.fabric import Fabric` after `import torch` (wall clock, the 2-core
-development CPU shared with other jobs at load average 7-9): 3.3-3.5 s with the files in the page cache,
-8.3 s cold. It is paid once per `walla-train` process, on the first make_fabric; methods without
-trainable parameters never import it.
+Seeding stays local (`seeded(seed)` forks torch's RNG; fabric.seed_everything is never used). Importing
+Fabric after torch costs 3.3-3.5 s warm, 8.3 s cold (2-core CPU at load 7-9), once per `walla-train`
+process, on the first make_fabric; methods without trainable parameters never import it.
 """
 
 from __future__ import annotations
