@@ -25,9 +25,8 @@ Per epoch (if val_fn): eval mode, no_grad val_fn(module) -> on strict improvemen
 min_delta) the state is checkpointed with fabric.save into a temporary directory -> stop after
 `patience` epochs without one; the best checkpoint is restored with fabric.load at the end.
 
-Loops that are not "one module, one loss, one optimizer" (the batched WALLA heads, the batched
-calibration heads) build their own Fabric with `make_fabric(env)` and use fabric.setup / backward /
-autocast directly (train/methods/walla.py, train/calibration.py).
+Loops that are not "one module, one loss, one optimizer" (batched WALLA and calibration heads) use
+`make_fabric(env)` and fabric.setup / backward / autocast directly (methods/walla.py, calibration.py).
 
 Seeding stays local (`seeded(seed)` forks torch's RNG; fabric.seed_everything is never used). Importing
 Fabric after torch costs 3.3-3.5 s warm, 8.3 s cold (2-core CPU at load 7-9), once per `walla-train`
