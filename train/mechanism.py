@@ -207,9 +207,13 @@ def net_payout(probs: Tensor, wagers: Tensor, target: Tensor, variant: str = "I"
     if validate:
         check_consts(c3=c3)
     w = as_float(wagers)
-    adv = advantage(probs, w, target, variant, c1, c2, option_mask, validate)
-    w = w.to(adv.dtype)
-    return w * (adv - c3 * w)
+    return payout(w, advantage(probs, w, target, variant, c1, c2, option_mask, validate), c3)
+
+
+def payout(wagers: Tensor, advantage: Tensor, c3: float = 0.5) -> Tensor:
+    """pi_i = w_i (A_i - c3 w_i) from an advantage already computed (net_payout = this after advantage)."""
+    w = wagers.to(advantage.dtype)
+    return w * (advantage - c3 * w)
 
 
 def best_response_wager(

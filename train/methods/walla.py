@@ -284,7 +284,7 @@ def train_heads(
                 agg = mechanism.pool(p, wd, cfg.pooling, option_mask=option_mask[idx], validate=False)
                 stop_on = cfg.stop_metric != "none"  # agg [S, b, K]; metric [S]
                 metric = _stop_metric(cfg.stop_metric, agg, p, y).mean(1) if stop_on else None
-                payout = mechanism.net_payout(p, wd, y, cfg.variant, cfg.c1, cfg.c2, cfg.c3, validate=False)
+                payout = mechanism.payout(wd, adv, cfg.c3)  # the advantage of this step, not recomputed
             if trace is not None:
                 cpu_masks = [mk.cpu() for mk in masks] if masks else None
                 trace({"idx": idx.cpu(), "wagers": wd.cpu(), "masks": cpu_masks})
@@ -389,7 +389,7 @@ def predict(state: dict, data, rows: np.ndarray, env: TrainEnv, chunk: int = 204
     agg = mechanism.pool(p, w, cfg.pooling, option_mask=mask)  # [n, K]
     adv = mechanism.advantage(p, w, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [n, M]
     weights = mechanism.pool_weights(w)  # [n, M], rows sum to 1
-    extras = {"wagers": w, "advantage": adv, "payouts": w * (adv - cfg.c3 * w)}
+    extras = {"wagers": w, "advantage": adv, "payouts": mechanism.payout(w, adv, cfg.c3)}
     if n_kinds > 1:
         extras["pred_score"] = torch.sigmoid(r[m : 2 * m]).T
         extras["pred_baseline"] = torch.sigmoid(r[2 * m : 3 * m]).T
