@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from walla.store.featureset import FeatureSetSpec, open_writer
 from walla.store.catalog import DatasetEntry
-from walla.store.spec import ScenarioSpec
+from walla.store.featureset import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
 from walla.store.scenario import assemble_scenario
+from walla.store.spec import ScenarioSpec
 
 DATASET = "synthetic"
 MODEL = "synth-llm"
@@ -149,7 +149,9 @@ def measure(store: Path, agents: int) -> dict:
         context_seed=0,
     )
     datasets = {
-        DATASET: DatasetEntry(name=DATASET, loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True)
+        DATASET: DatasetEntry(
+            name=DATASET, loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True
+        )
     }
     gc.collect()
     rss0 = _rss()

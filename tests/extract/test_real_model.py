@@ -12,8 +12,8 @@ from walla.extract.backends.hf import converted_gguf_dir
 from walla.extract.config import ExtractConfig
 from walla.extract.models import resolve_model
 from walla.extract.run import run
-from walla.store.featureset import read_feature_set
 from walla.store.catalog import load_models
+from walla.store.featureset import read_feature_set
 from walla.store.questions import read_question_table
 
 PQA = Path(__file__).resolve().parents[3] / "shared" / "data" / "pubmedqa" / "ori_pqal.json"

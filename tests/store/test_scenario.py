@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_fixtures import build_store, make_questions, make_rows, write_feature_set
 from walla.store import routing
+from walla.store.catalog import DatasetEntry, ModelEntry
 from walla.store.featureset import (
     FeatureSetSpec,
     StaleSchemaError,
@@ -19,10 +20,9 @@ from walla.store.featureset import (
     list_feature_sets,
     open_writer,
 )
-from walla.store.catalog import DatasetEntry, ModelEntry
-from walla.store.spec import ScenarioSpec
 from walla.store.questions import write_question_table
 from walla.store.schema import VARIANT_CODE
+from walla.store.spec import ScenarioSpec
 
 NONE, REL, IRR = VARIANT_CODE["none"], VARIANT_CODE["relevant"], VARIANT_CODE["irrelevant"]
 DATASETS = {

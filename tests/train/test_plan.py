@@ -17,7 +17,13 @@ def test_every_scenario_resolves_to_a_complete_plan(name):
     plan = load_plan(name)
     names = [m.name for m in plan.methods]
     paper = [n for n in REGISTRY if not n.endswith("-ctx")]
-    assert names == (list(REGISTRY) if name.startswith("demo-") else paper) and plan.seeds == (18, 19, 20, 21, 22)
+    assert names == (list(REGISTRY) if name.startswith("demo-") else paper) and plan.seeds == (
+        18,
+        19,
+        20,
+        21,
+        22,
+    )
     shown = yaml.safe_load(plan_yaml(plan))
     assert shown["scenario"] == name and list(shown["methods"]) == names
     walla = {m.name: m for m in plan.methods if m.info.family == "walla"}
