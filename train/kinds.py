@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from walla.store.catalog import collect_tables, load_models, resolve_model_name
+from walla.store.catalog import collect_tables, resolve_model_name
 from walla.store.listing import list_feature_sets
 from walla.store.spec import ScenarioSpec
 from walla.store.validate import ConfigError, build
@@ -76,6 +76,8 @@ def _presets(kind: str, dataset: str, agents: tuple[str, ...], models_table: dic
 def kind_spec(
     kind: str,
     store: Path,
+    models_table: dict,
+    datasets: dict,
     *,
     dataset=None,
     models=None,
@@ -90,8 +92,7 @@ def kind_spec(
         ds = _dataset({d: v for d, v in inv.items() if d != eval_dataset}, None, store, kind)
     else:
         ds = _dataset(inv, dataset, store, kind)
-    table_ds = collect_tables(None, [])[1]
-    if eval_dataset is None and ds in table_ds and table_ds[ds].split_protocol.get("mode") == "none":
+    if eval_dataset is None and ds in datasets and datasets[ds].split_protocol.get("mode") == "none":
         raise ValueError(
             f"dataset {ds!r} has no training rows (every row is test, as the paper's ARC-Challenge); name the "
             f"dataset to train on and test on {ds}: walla-train --scenario {kind} --dataset mmlu --eval-dataset {ds}"
@@ -101,11 +102,10 @@ def kind_spec(
             f"store {store} holds no complete feature set of --eval-dataset {eval_dataset!r}; run "
             f"{_extract_cmd('<model>', eval_dataset, 'none')}"
         )
-    table = load_models()
     if model is not None and model not in inv[ds]:  # the name or path the user gave the extract stage
-        model = resolve_model_name(model, table)[0]
+        model = resolve_model_name(model, models_table)[0]
     if models:
-        models = [m if m in inv[ds] else resolve_model_name(m, table)[0] for m in models]
+        models = [m if m in inv[ds] else resolve_model_name(m, models_table)[0] for m in models]
     have = inv[ds]
     variants = (
         {"none"} if kind == "hetero" else {"none", "relevant"} | ({"irrelevant"} if irrelevant else set())
@@ -118,9 +118,10 @@ def kind_spec(
     else:
         if model is not None or agents is not None:
             raise ValueError(f"--model/--agents are for --scenario homo; {kind} takes --models a,b,...")
-        chosen = tuple(models) if models else tuple(sorted(have))
-        if eval_dataset is not None:
-            chosen = tuple(m for m in chosen if m in inv[eval_dataset]) if not models else chosen
+        # default: every model extracted for the dataset (and, for OOD, for the eval dataset too)
+        chosen = (
+            tuple(models) if models else tuple(m for m in sorted(have) if m in inv.get(eval_dataset, have))
+        )
         name = (
             f"{kind}-{ds}"
             + (f"-{eval_dataset}" if eval_dataset else "")
@@ -134,12 +135,6 @@ def kind_spec(
                     f"scenario {name}: model {m!r} has no complete feature set of {d} for variant(s) "
                     f"{', '.join(missing)}; run {_extract_cmd(m, d, ','.join(sorted(variants)))}"
                 )
-        missing = sorted(variants - have.get(m, set()))
-        if missing:
-            raise ValueError(
-                f"scenario {name}: model {m!r} has no complete feature set of {ds} for variant(s) "
-                f"{', '.join(missing)}; run {_extract_cmd(m, ds, ','.join(sorted(variants)))}"
-            )
     if len(chosen) < 2:
         raise ValueError(
             f"scenario {name}: needs >= 2 agents, the store has {list(chosen)} for {ds}; extract another "
@@ -165,9 +160,11 @@ def kind_spec(
 
 def plan_for_kind(kind: str, store: Path, overrides: Overrides, **kw) -> TrainPlan:
     """The full TrainPlan of a scenario kind (spec from the store, train section from the presets)."""
-    spec = kind_spec(kind, store, **kw)
     problems: list[str] = []
-    models_table, datasets = collect_tables(None, problems)
+    models_table, datasets = collect_tables(None, problems)  # read once: the spec and the presets use them
+    if problems:
+        raise ConfigError(problems)
+    spec = kind_spec(kind, store, models_table, datasets, **kw)
     ds = datasets.get(spec.dataset)
     if ds is not None and spec.context_rule != "none" and not ds.has_context:
         problems.append(f"--scenario {kind}: dataset {spec.dataset!r} has no contexts (has_context: false)")
