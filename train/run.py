@@ -116,24 +116,27 @@ def check_data(plan: TrainPlan, data: ScenarioData) -> None:
 
 
 def _pending(runs: Path, data: ScenarioData, name: str, seeds, ids: dict[int, str], force: bool):
-    """(seeds to train, notes): missing, incomplete or stale runs (inputs changed), or all with force."""
-    todo, notes = [], []
+    """(seeds to train, {seed: run.json} of the runs kept, notes): missing, incomplete or stale runs (inputs
+    changed) are trained again, or all with force."""
+    todo, kept, notes = [], {}, []
     for s in seeds:
         path = run_dir(runs, data.name, name, s)
         if force or not (path / RUN_META).exists():
             todo.append(s)
             continue
         try:
-            old = read_run_meta(path).get("inputs_id")
+            meta = read_run_meta(path)
             pq.read_metadata(path / PREDICTIONS)  # a truncated or corrupt predictions file: redo the run
         except (RunFormatError, OSError, pa.ArrowException) as e:
-            old = None
+            meta = {}
             notes.append(f"{name} seed {s}: {str(e).splitlines()[0]}; retraining")
-        if old != ids[s]:
-            todo.append(s)
-            if old is not None:
-                notes.append(f"{name} seed {s}: trained from other inputs; retraining")
-    return todo, notes
+        if meta.get("inputs_id") == ids[s]:
+            kept[s] = meta
+            continue
+        todo.append(s)
+        if meta:
+            notes.append(f"{name} seed {s}: trained from other inputs; retraining")
+    return todo, kept, notes
 
 
 def run_plan(
@@ -184,16 +187,13 @@ def run_plan(
             ids = {
                 s: inputs_id(scen["inputs_id"], mp.name, cfg_dict, calibration, s, origin) for s in plan.seeds
             }
-            pending, notes = _pending(runs, data, mp.name, plan.seeds, ids, force)
+            pending, kept, notes = _pending(runs, data, mp.name, plan.seeds, ids, force)
             for line in notes:
                 note(line)
-            for s in plan.seeds:
-                if s not in pending:
-                    results.append(
-                        {"status": "skipped", **read_run_meta(run_dir(runs, data.name, mp.name, s))}
-                    )
-                    if progress:
-                        progress("skipped", mp.name, s)
+            for s, meta in kept.items():
+                results.append({"status": "skipped", **meta})
+                if progress:
+                    progress("skipped", mp.name, s)
             if not pending:
                 continue
             if progress:
