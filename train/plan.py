@@ -99,10 +99,6 @@ class TrainPlan:
     calibration: Any  # CalibrationConfig (train/calibration.py)
     source: str
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
     def method(self, name: str) -> MethodPlan:
         return next(m for m in self.methods if m.name == name)
 
@@ -149,7 +145,7 @@ def method_keys(name: str, hparams: dict, overrides: dict) -> dict:
 
 def _check_hparams(hparams: dict, where: str, problems: list[str]) -> None:
     families = _families()
-    known = [*REGISTRY, *families, "calibration"]
+    known = [*REGISTRY, *families]
     for key, val in hparams.items():
         if key not in REGISTRY and key not in families:
             problems.append(_unknown(str(key), known, "method or family", f"{where}.hparams"))
