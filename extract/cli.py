@@ -48,6 +48,9 @@ def extract(
     dtype: str = typer.Option(
         None, help="auto | float32 | bfloat16 | float16 (default: the model's manifest)"
     ),
+    compile: str = typer.Option(
+        "auto", "--compile", help="hf: torch.compile the decoder layers: auto (large jobs) | on | off"
+    ),
     chat_template: bool = typer.Option(
         None, "--chat-template/--no-chat-template", help="wrap prompts in the chat template"
     ),
@@ -95,6 +98,7 @@ def extract(
             batch_tokens=batch_tokens,
             shard_rows=shard_rows,
             dtype=dtype,
+            compile=compile,
             chat_template=chat_template,
             device=device,
             context_seed=context_seed,

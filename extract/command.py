@@ -20,6 +20,8 @@ def reproduce_command(
     argv += ["--store", str(cfg.store), "--backend", backend]
     if backend != "dummy":
         argv += ["--dtype", dtype]
+    if backend == "hf" and cfg.compile == "on":  # resolved by run(): a compiled forward rounds differently
+        argv += ["--compile", "on"]
     optional = {
         "--data-file": cfg.data_file,
         "--split": cfg.split,

@@ -30,6 +30,7 @@ class ExtractConfig:
     batch_tokens: int = 8192  # padded tokens per forward pass (rows x longest prompt in the bucket)
     shard_rows: int = 256  # rows per durable store shard (the resume granularity)
     dtype: str | None = None  # None: the model's manifest dtype
+    compile: str = "auto"  # hf backend: torch.compile the decoder layers (auto: large jobs only)
     chat_template: bool | None = None  # None: the model's manifest setting (the reference: never)
     device: str | None = None  # None: cuda when available, else cpu
     context_seed: int = 0  # seeds the irrelevant-context derangement
@@ -55,6 +56,8 @@ class ExtractConfig:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.compile not in ("auto", "on", "off"):
+            problems.append(f"compile must be auto, on or off, got {self.compile!r}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name in (

@@ -200,7 +200,7 @@ def extract_parallel(todo, table, template, d_entry, cfg: ExtractConfig, load_ar
 
     The caller holds each spec's writer lock (extract/run.py); `load_args` are load_backend's arguments.
     """
-    from walla.extract.run import _Progress
+    from walla.extract.progress import Progress
     from walla.store.feature_writer import default_chunk_rows, open_writer
 
     backend_name, _rm, _cfg, dtype, device = load_args[:5]
@@ -217,7 +217,7 @@ def extract_parallel(todo, table, template, d_entry, cfg: ExtractConfig, load_ar
         )
         context = [ray.put((table, template, d_entry, cfg))]
         paths = []
-        with _Progress(cfg.progress) as bar:
+        with Progress(cfg.progress) as bar:
             for variant, spec in todo:
                 t0 = time.perf_counter()
                 n = ray.get(pool.actors[0].prepare.remote(spec, context))

@@ -31,6 +31,7 @@ from walla.extract.datasets import DatasetRequest, load_dataset_table
 from walla.extract.device import check_device
 from walla.extract.model_stats import non_embedding_params
 from walla.extract.models import ResolvedModel, pin_revision, resolve_model
+from walla.extract.progress import Progress
 from walla.extract.prompts import DEFAULT_TEMPLATE, build_prompts, get_template
 from walla.extract.scoring import renormalize, resolve_option_token_ids
 from walla.extract.splits import SplitProtocol
@@ -91,13 +92,19 @@ def choose_backend(cfg: ExtractConfig, model_entry) -> str:
 
 
 def backend_identity(
-    backend: str, rm: ResolvedModel, dtype: str, device: str, chat_template: bool, hidden_size: int
+    backend: str,
+    rm: ResolvedModel,
+    dtype: str,
+    device: str,
+    chat_template: bool,
+    hidden_size: int,
+    compiled: bool = False,
 ) -> dict:
     """Fingerprint inputs of (model, backend) known WITHOUT loading the model."""
     if backend == "hf":
         from walla.extract.backends.hf import hf_identity, resolve_dtype
 
-        ident = hf_identity(resolve_dtype(dtype, device), chat_template)
+        ident = hf_identity(resolve_dtype(dtype, device), chat_template, compiled)
     elif backend == "vllm":
         from walla.extract.backends.vllm import vllm_identity
 
@@ -122,7 +129,12 @@ def load_backend(
         from walla.extract.backends.hf import load_hf_backend
 
         return load_hf_backend(
-            rm, dtype=dtype, device=device, batch_tokens=cfg.batch_tokens, chat_template=chat_template
+            rm,
+            dtype=dtype,
+            device=device,
+            batch_tokens=cfg.batch_tokens,
+            chat_template=chat_template,
+            compiled=cfg.compile == "on",
         )
     if backend == "vllm":
         from walla.extract.backends.vllm import load_vllm_backend
@@ -170,49 +182,6 @@ def feature_rows(prompts, result, token_col: dict[str, int], start: int) -> pl.D
             "prompt": [p.text for p in prompts],
         }
     )
-
-
-class _Progress:
-    """rich progress bar with prompts/s, tokens/s and ETA (or nothing when disabled)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.bar = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"),
-                TimeRemainingColumn(),
-                transient=False,
-            )
-            self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-    def task(self, description: str, total: int, done: int):
-        self.t0, self.rows, self.tokens = time.perf_counter(), 0, 0
-        if self.bar is not None:
-            self.task_id = self.bar.add_task(description, total=total, completed=done, rate="")
-
-    def advance(self, rows: int, tokens: int) -> None:
-        self.rows += rows
-        self.tokens += tokens
-        if self.bar is not None:
-            dt = max(time.perf_counter() - self.t0, 1e-9)
-            self.bar.update(
-                self.task_id,
-                advance=rows,
-                rate=f"{self.rows / dt:.1f} prompts/s {self.tokens / dt:,.0f} tok/s",
-            )
 
 
 def run(cfg: ExtractConfig, out=print) -> list[Path]:
@@ -267,10 +236,17 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
     if backend_name == "hf":  # `auto` is measured here (cached per machine); the fingerprint gets the result
         from walla.extract.backends.hf import explain_dtype
+        from walla.extract.backends.hf_compile import explain_compile
 
         dtype, why = explain_dtype(dtype, device)
         out(f"dtype {why} [{dtype_from}]")
-    ident = backend_identity(backend_name, rm, dtype, device, chat, m_entry.hidden_size)
+        compiled, why = explain_compile(
+            cfg.compile, _estimate_tokens(table, template, variants, d_entry, cfg), device
+        )
+        cfg = replace(cfg, compile="on" if compiled else "off")  # resolved: workers and the command reuse it
+        out(why)
+    compiled = backend_name == "hf" and cfg.compile == "on"
+    ident = backend_identity(backend_name, rm, dtype, device, chat, m_entry.hidden_size, compiled)
     todo: list[tuple[str, FeatureSetSpec]] = []
     paths: list[Path] = []
     with contextlib.ExitStack() as locks:
@@ -306,10 +282,11 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         t_load = time.perf_counter()
         backend = load_backend(backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
         out(
-            f"model {model_name} loaded ({backend_name}, {ident.get('dtype', 'n/a')}) in {time.perf_counter() - t_load:.1f} s"
+            f"model {model_name} loaded ({backend_name}, {ident.get('dtype', 'n/a')}"
+            f"{', compiled' if compiled else ''}) in {time.perf_counter() - t_load:.1f} s"
         )
         try:
-            with _Progress(cfg.progress) as bar:
+            with Progress(cfg.progress) as bar:
                 for variant, spec in todo:
                     command = reproduce_command(cfg, [variant], backend_name, dtype)
                     paths.append(
@@ -326,6 +303,19 @@ def _default_device(backend: str) -> str:
     from walla.extract.backends.hf import default_device
 
     return default_device()
+
+
+def _estimate_tokens(table, template, variants, d_entry, cfg: ExtractConfig) -> int:
+    """Prompt tokens of the job, estimated without a tokenizer (~4 characters per token)."""
+    if cfg.compile != "auto":
+        return 0
+    opts, seed = d_entry.option_tokens, cfg.context_seed
+    chars = sum(
+        len(p.text)
+        for v in variants
+        for p in build_prompts(table, template, v, option_tokens=opts, seed=seed)
+    )
+    return chars // 4
 
 
 def _option_tokens_input(d_entry, template) -> list[str] | str:

@@ -17,6 +17,10 @@ for comparison and tested to give the same hidden states.
 GGUF files (the embedded models) load from their safetensors copy in the walla cache
 (extract/gguf_cache.py, shared with the vllm backend). The attention implementation is
 transformers' own choice (SDPA where the architecture supports it, else eager).
+
+`compiled=True` runs each decoder layer through torch.compile (extract/backends/hf_compile.py): inductor
+fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, residuals), which in eager
+mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from walla.extract import dtype_probe, hub
 from walla.extract.backends import Progress, ScoreResult
+from walla.extract.backends.hf_compile import compile_layers
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
     cache_root,
     converted_gguf_dir,
@@ -73,11 +78,16 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def hf_identity(dtype: torch.dtype, chat_template: bool) -> dict:
-    """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once)."""
+def hf_identity(dtype: torch.dtype, chat_template: bool, compiled: bool = False) -> dict:
+    """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once).
+
+    A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; the key
+    is absent when not compiled, so feature sets extracted before the option existed keep their fingerprint.
+    """
     import transformers
 
     return {
+        **({"compile": True} if compiled else {}),
         "backend": "hf",
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
@@ -132,6 +142,7 @@ class HFBackend:
         chunk_elems: int = CHUNK_ELEMS,
         vocab_chunk: int = VOCAB_CHUNK,
         prefix_cache: bool = True,
+        compiled: bool = False,
     ):
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -157,11 +168,14 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._identity = identity or {}
+        self.compiled = False
+        if compiled:
+            self.compile()
 
     # -- text -> ids ------------------------------------------------------------------------------------
 
     def identity(self) -> dict:
-        return {**self._identity, **hf_identity(self.dtype, self.chat_template)}
+        return {**self._identity, **hf_identity(self.dtype, self.chat_template, self.compiled)}
 
     def format_prompt(self, text: str) -> str:
         if not self.chat_template:
@@ -333,12 +347,13 @@ class HFBackend:
         """
         ids = self.encode(text)
         x = torch.tensor([ids], device=self.device)
-        full = self.model(input_ids=x, output_hidden_states=True, use_cache=False)
+        full = self.model(input_ids=x, use_cache=False)  # no output_hidden_states: its capture hooks, once
+        # installed, stay on every layer and break a compiled layer's graph; hidden_states[-1] IS this:
         ref_lp = torch.log_softmax(full.logits[0].float(), dim=-1)  # [L, V] (one short prompt)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
         opt, hid, nll, _ = self.forward_batch([ids], cand)
         ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
-        ref_h = full.hidden_states[-1][0, -1].float().cpu().numpy()
+        ref_h = self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1].float().cpu().numpy()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         err = max(float(np.abs(opt[0] - ref_lp[-1, cand].cpu().numpy()).max()), abs(float(nll[0]) - ref_nll))
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
@@ -349,6 +364,14 @@ class HFBackend:
                 "logits in a way the hf backend does not reproduce"
             )
         return err
+
+    def compile(self) -> None:
+        """Compile the decoder layers and trace them once on a 2-row batch of the scoring path, so the first
+        real batches reuse that graph (sizes 1 and 2+ compile separately: torch specializes size 1)."""
+        compile_layers(self.model)
+        self.compiled = True
+        ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
+        self.forward_batch([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 
     def close(self) -> None:
         self.model = self.decoder = self.head = None
@@ -363,18 +386,25 @@ def load_hf_backend(
     device: str | None = None,
     batch_tokens: int = 4096,
     chat_template: bool = False,
+    compiled: bool = False,
 ) -> HFBackend:
-    """Load a resolved model and wrap it; runs the self-check once."""
+    """Load a resolved model and wrap it; runs the self-check once (which also compiles, with `compiled`)."""
     device = device or default_device()
     torch_dtype = resolve_dtype(dtype, device)
     model, tok = load_model(rm, torch_dtype, device)
     backend = HFBackend(
-        model, tok, batch_tokens=batch_tokens, chat_template=chat_template, identity={"model": rm.identity}
+        model,
+        tok,
+        batch_tokens=batch_tokens,
+        chat_template=chat_template,
+        identity={"model": rm.identity},
     )
     if rm.hidden_size and rm.hidden_size != backend.hidden_size:
         raise ValueError(
             f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
             f"{backend.hidden_size}; fix manifests/models.yaml"
         )
-    backend.self_check()
+    backend.self_check()  # eager, before compiling: checks the architecture, not the compiler
+    if compiled:
+        backend.compile()
     return backend

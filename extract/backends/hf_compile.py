@@ -1,0 +1,41 @@
+"""torch.compile for the hf backend: regional compilation of the decoder layers, and when `--compile auto`
+turns it on.
+
+Why regional: every layer of one class shares one compiled graph, so the one-time cost is one layer's
+compile (measured on the 2-core CPU: ~10-40 s cold, a few s with inductor's on-disk cache warm), not the
+whole model's (a full-model compile with freezing took ~90 s there).
+"""
+
+from __future__ import annotations
+
+
+def compile_layers(model) -> None:
+    """Regional compilation: every decoder layer through torch.compile with dynamic shapes (batches differ
+    in rows and length, so one graph serves them all instead of one recompile per shape)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"--compile on: {type(model).__name__} has no decoder.layers to compile")
+    for layer in layers:
+        layer.compile(dynamic=True)
+
+
+COMPILE_MIN_TOKENS = 300_000  # `--compile auto` compiles from this many prompt tokens (see explain_compile)
+
+
+def explain_compile(mode: str, est_tokens: int, device: str) -> tuple[bool, str]:
+    """(compile?, why) for --compile auto|on|off and a job of ~`est_tokens` prompt tokens.
+
+    auto: on from COMPILE_MIN_TOKENS. Measured on the 2-core CPU (benchmarks/extract_throughput.py): the
+    compiled forward is ~1.3-1.6x faster, the compile costs ~10-40 s once per process, so below ~300k tokens
+    (~2-3 minutes of eager extraction there) it does not pay back.
+    """
+    if mode in ("on", "off"):
+        return mode == "on", f"compile {mode} [--compile]"
+    if mode != "auto":
+        raise ValueError(f"--compile must be auto, on or off, got {mode!r}")
+    on = est_tokens >= COMPILE_MIN_TOKENS
+    rel = ">=" if on else "<"
+    return on, (
+        f"compile auto -> {'on' if on else 'off'}: ~{est_tokens:,} prompt tokens {rel} {COMPILE_MIN_TOKENS:,} "
+        f"on {device} (a one-time compile of ~10-40 s pays back from there)"
+    )

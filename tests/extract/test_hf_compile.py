@@ -1,0 +1,46 @@
+"""`--compile`: the compiled hf backend gives the eager backend's outputs; auto decides by job size."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from tiny_model import CORPUS, tiny_model, tiny_tokenizer
+from walla.extract.backends.hf import HFBackend
+from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, explain_compile
+from walla.extract.command import reproduce_command
+from walla.extract.config import ExtractConfig
+
+
+def test_compiled_backend_matches_eager_with_and_without_prefix_cache():
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok))
+    eager = HFBackend(model, tok, batch_tokens=64)
+    fast = HFBackend(copy.deepcopy(model), tok, batch_tokens=64, compiled=True)
+    assert fast.identity()["compile"] is True and "compile" not in eager.identity()
+    prompts = [CORPUS[0] + " " + c for c in CORPUS[1:]] * 2  # a shared prefix: the KV-cache path
+    for prefix_cache in (True, False):
+        eager.prefix_cache = fast.prefix_cache = prefix_cache
+        a, b = eager.score(prompts, [5, 6, 7]), fast.score(prompts, [5, 6, 7])
+        for x, y in ((a.raw_logprobs, b.raw_logprobs), (a.hidden, b.hidden), (a.prompt_nll, b.prompt_nll)):
+            np.testing.assert_allclose(y, x, atol=1e-4, rtol=1e-4)
+        np.testing.assert_array_equal(a.n_tokens, b.n_tokens)
+
+
+def test_auto_compiles_large_jobs_only():
+    assert explain_compile("auto", COMPILE_MIN_TOKENS, "cpu")[0] is True
+    on, why = explain_compile("auto", COMPILE_MIN_TOKENS - 1, "cpu")
+    assert on is False and "compile auto -> off" in why
+    assert explain_compile("on", 0, "cpu")[0] is True and explain_compile("off", 10**9, "cpu")[0] is False
+    with pytest.raises(ValueError, match="--compile must be auto, on or off"):
+        explain_compile("yes", 0, "cpu")
+
+
+def test_bad_compile_value_and_reproduce_command():
+    with pytest.raises(ValueError, match="compile must be auto, on or off, got 'fast'"):
+        ExtractConfig(model="m", dataset="d", compile="fast")
+    on = ExtractConfig(model="m", dataset="d", compile="on")
+    assert "--compile on" in reproduce_command(on, ["none"], "hf", "bfloat16")
+    off = ExtractConfig(model="m", dataset="d", compile="off")
+    assert "--compile" not in reproduce_command(off, ["none"], "hf", "bfloat16")
