@@ -12,7 +12,8 @@ Prints:
        per-step log calls, first interval skipped), model FLOPs per step (forward, weight gradients,
        activation gradients except the input's), MFU = FLOPs / step time / GEMM peak of the dtype used,
        and the memory floor: the bytes each step must move (Adam's fp32 state, gradient, casts; MIN_BYTES
-       per parameter) / measured bandwidth -> the MFU bound it implies;
+       per parameter of the update that runs: bf16-mixed uses mixed_adam.MasterAdam where it applies) /
+       measured bandwidth -> the MFU bound it implies;
     3. test Brier and D-regret of the pooled forecast per seed, float32 vs bf16-mixed (mean +- 95% CI over
        seeds, paired difference); bf16 is used only if both stay within the fp32 seed noise;
     4. the reference's per-agent algorithm with the same heads, implemented as the reference does it: one
@@ -38,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "train"))
 from synthetic import make_private_context_scenario  # noqa: E402
 from walla.store.validate import build  # noqa: E402
-from walla.train import mechanism  # noqa: E402
+from walla.train import mechanism, mixed_adam  # noqa: E402
 from walla.train.engine import TrainEnv, gemm_flops, resolve_precision, seeded  # noqa: E402
 from walla.train.heads import WagerHead, _layer_dims  # noqa: E402
 from walla.train.methods import REGISTRY, get_method, walla  # noqa: E402
@@ -189,9 +190,18 @@ def all_methods(data, seeds: list[int], epochs: int) -> float:
 
 # bytes per parameter each step must move at least: fused Adam reads p, g, m, v and writes p, m, v (28),
 # backward writes the fp32 gradient (4), clipping reads it for the per-head norm (4), the forward reads the
-# weight (4); bf16-mixed adds the cast to a bf16 copy (read 4 + write 2), reads bf16 instead of fp32 in the
-# GEMMs (-2), and the bf16 weight gradient is written then converted into the fp32 one (write 2 + read 2).
-MIN_BYTES = {"32-true": 40, "bf16-mixed": 50}
+# weight (4). bf16-mixed with mixed_adam.MasterAdam (CPU): the forward and the activation-gradient GEMM read
+# the bf16 working copy (2 + 2), backward writes the bf16 gradient (2), clipping reads it (2), one pass reads
+# p, m, v, g and writes p, m, v and the bf16 copy (28). bf16-mixed without it (autocast recipe): the 32-true
+# bytes + the cast to a bf16 copy (read 4 + write 2) - 2 (GEMMs read bf16) + bf16 gradient written then
+# converted into the fp32 one (write 2 + read 2).
+MIN_BYTES = {"32-true": 40, "bf16-mixed": 50, "bf16-mixed/MasterAdam": 36}
+
+
+def min_bytes(precision: str) -> int:
+    """MIN_BYTES of the update the batched trainer runs for `precision` here (mixed_adam.stacked_adam)."""
+    master = precision == "bf16-mixed" and not mixed_adam.unavailable(precision, torch.device("cpu"))
+    return MIN_BYTES[precision + "/MasterAdam" if master else precision]
 
 
 def main() -> None:
@@ -219,7 +229,11 @@ def main() -> None:
         f"measured: GEMM peak float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} "
         f"GFLOP/s; memory bandwidth (fused Adam step) {bw / 1e9:.1f} GB/s"
     )
-    print(f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe)")
+    why = mixed_adam.unavailable("bf16-mixed", torch.device("cpu"))
+    print(
+        f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe); "
+        f"bf16-mixed update: {'autocast recipe, ' + why if why else 'mixed_adam.MasterAdam (one pass)'}"
+    )
     walla.train_heads(data, walla.resolve(build(walla.Config, {**HEADS, "epochs": 1}, "w"), data), seeds[:1])
     dims = _layer_dims(576, cfg.hidden, cfg.projection_dim)
     n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
@@ -244,12 +258,12 @@ def main() -> None:
         full = r["steps"][1:]  # every batch is full (800 train rows); the first interval warms up
         r["step_s"] = float(np.mean(full))
         r["mfu"] = c_flops / r["step_s"] / peak[prec]
-        bound = roofline(c_params, c_flops, peak[prec], bw, MIN_BYTES[prec])
+        bound = roofline(c_params, c_flops, peak[prec], bw, min_bytes(prec))
         print(
             f"  batched WALLA I, {prec:<10}: fit {r['secs']:6.2f} s, step {r['step_s']:.3f} s (mean of "
             f"{len(full)} steps) = {c_flops / r['step_s'] / 1e9:.1f} GFLOP/s, MFU {r['mfu']:.3f} of the "
-            f"{prec} GEMM peak; memory floor {c_params * MIN_BYTES[prec] / 1e9:.1f} GB/step = "
-            f"{c_params * MIN_BYTES[prec] / bw:.3f} s -> MFU bound {bound:.3f}"
+            f"{prec} GEMM peak; memory floor {c_params * min_bytes(prec) / 1e9:.1f} GB/step = "
+            f"{c_params * min_bytes(prec) / bw:.3f} s -> MFU bound {bound:.3f}"
         )
     if "bf16-mixed" in runs and precision == "bf16-mixed":
         if not same_within_noise(runs["32-true"], runs["bf16-mixed"]):
@@ -261,7 +275,7 @@ def main() -> None:
     secs, n_steps = runs[precision]["secs"], len(runs[precision]["steps"]) + 1
     fwd = 2.0 * cfg.batch_size * sum(a * c for a, c in zip(dims[:-1], dims[1:], strict=True))  # its 2nd pass
     loop_flops = (flops + fwd * data.n_agents * len(seeds)) * n_steps
-    floor = n_steps * (n_params * MIN_BYTES[precision] / bw + flops / peak[precision])
+    floor = n_steps * (n_params * min_bytes(precision) / bw + flops / peak[precision])
     print(
         f"  per-agent loop (reference algorithm, float32, training loop only): {t_loop:7.2f} s = "
         f"{loop_flops / t_loop / 1e9:.1f} GFLOP/s ({loop_flops / t_loop / peak['32-true']:.2f} of the fp32 "

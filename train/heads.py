@@ -73,6 +73,20 @@ class WagerHead(nn.Module):
         return h.squeeze(-1)  # [B]
 
 
+def _low_copy(scratch: dict, key: str, p: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """p in dtype `dt`, in a persistent buffer. Master mode (scratch["gw"] set): re-cast only when p changed
+    through torch since the last cast (its version counter moved: load_rows, a torch optimizer); MasterAdam
+    writes p and this copy together without touching the counter. Otherwise cast every call."""
+    c = scratch.get(key)
+    if c is None or c.dtype != dt or c.shape != p.shape:
+        c = scratch[key] = torch.empty(p.shape, dtype=dt, device=p.device)
+        scratch[key + "_v"] = None
+    if "gw" not in scratch or scratch[key + "_v"] != p._version:
+        c.copy_(p.detach())
+        scratch[key + "_v"] = p._version
+    return c
+
+
 class _StackedAffine(torch.autograd.Function):
     """out = b + h @ w per head (h [G, B, a], w [G, a, c], b [G, c]) whose backward writes the weight and bias
     gradients INTO the parameters' persistent .grad tensors (torch.bmm(..., out=)) and returns None for them.
@@ -83,7 +97,9 @@ class _StackedAffine(torch.autograd.Function):
     In float32 the kernels are the ones autograd's BaddbmmBackward runs (bmm(h^T, dout), dout.sum(1),
     bmm(dout, w^T)), so results are identical. Under autocast (bf16-mixed) the weight is cast into a
     persistent low-precision copy, the GEMMs run in that dtype (as autocast's baddbmm would) and the weight
-    gradient is converted into the float32 .grad through a persistent scratch buffer.
+    gradient is converted into the float32 .grad through a persistent scratch buffer. In master mode
+    (StackedHeads.enable_masters, for mixed_adam.MasterAdam) the working copy is the one the optimizer wrote
+    and the gradients stay in the bf16 buffers: no cast pass and no conversion pass.
     """
 
     @staticmethod
@@ -92,19 +108,19 @@ class _StackedAffine(torch.autograd.Function):
         dt = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else w.dtype
         with torch.autocast(kind, enabled=False):
             if dt != w.dtype:
-                wc = scratch.get("w")
-                if wc is None or wc.dtype != dt or wc.shape != w.shape:
-                    wc = scratch["w"] = torch.empty(w.shape, dtype=dt, device=w.device)
-                wc.copy_(w.detach())
-                h, bc = h.to(dt), b.to(dt)
+                wc, bc, h = _low_copy(scratch, "w", w, dt), _low_copy(scratch, "b", b, dt), h.to(dt)
             else:
                 wc, bc = w, b
             out = torch.baddbmm(bc.unsqueeze(1), h, wc)  # [G, B, c]
-        for p in (w, b):
-            if p.grad is None or p.grad.shape != p.shape:
-                p.grad = torch.empty_like(p)  # fully overwritten by backward
+        if "gw" in scratch:  # master mode: the bf16 gradients MasterAdam reads
+            ctx.grads = (scratch["gw"], scratch["gb"])
+        else:
+            for p in (w, b):
+                if p.grad is None or p.grad.shape != p.shape:
+                    p.grad = torch.empty_like(p)  # fully overwritten by backward
+            ctx.grads = (w.grad, b.grad)
         ctx.save_for_backward(h, wc)
-        ctx.grads, ctx.scratch = (w.grad, b.grad), scratch
+        ctx.scratch = scratch
         return out
 
     @staticmethod
@@ -152,6 +168,8 @@ class StackedHeads(nn.Module):
         self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b, device=device)) for a, b in pairs)
         self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b, device=device)) for _, b in pairs)
         self._scratch: dict[int, dict] = {}  # per layer: low-precision weight copy and gradient (write_grads)
+        self.master = False  # master mode (enable_masters)
+        self.grad_coef: torch.Tensor | None = None  # master mode: per-head clip coefficients [G]
         if init:
             for i, d in enumerate(self.in_dims):
                 self.load_head(i, WagerHead(d, hidden, dropout, projection_dim))
@@ -230,18 +248,44 @@ class StackedHeads(nn.Module):
         return h.squeeze(-1)  # [G, n]
 
     @torch.no_grad()
+    def enable_masters(self, dtype: torch.dtype) -> dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Master mode: the float32 parameters are masters; write_grads forwards read persistent `dtype` working
+        copies and backwards write `dtype` gradients (no .grad); clip_per_head_ only records the clip
+        coefficients (grad_coef) and the optimizer applies them. Returns {parameter: (working copy, gradient)}.
+        """
+        out, self.master = {}, True
+        for j, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            sc = self._scratch.setdefault(j, {})
+            sc["gw"], sc["gb"] = (torch.zeros(p.shape, dtype=dtype, device=p.device) for p in (w, b))
+            out[w], out[b] = (
+                (_low_copy(sc, "w", w, dtype), sc["gw"]),
+                (_low_copy(sc, "b", b, dtype), sc["gb"]),
+            )
+        return out
+
+    def _grads(self) -> list[torch.Tensor]:
+        if self.master:
+            return [self._scratch[j][k] for k in ("gw", "gb") for j in range(len(self.weights))]
+        return [p.grad for p in self.parameters() if p.grad is not None]
+
+    @torch.no_grad()
     def clip_per_head_(self, max_norm: float) -> torch.Tensor:
         """Clip each head's gradient norm (over all its parameters) to max_norm exactly like
         torch.nn.utils.clip_grad_norm_ on that head alone (coef = max_norm / (norm + 1e-6), capped at 1).
-        Returns the pre-clip norms [G]."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        Returns the pre-clip norms [G]. Master mode: the coefficients go to grad_coef for the optimizer."""
+        grads = self._grads()
         if not grads:
             return torch.zeros(self.n_heads, device=self.weights[0].device)
-        norm = sum(
-            torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) ** 2 for g in grads
-        ).sqrt()  # [G]
+        if self.master:  # bf16 gradients: one read each, float accumulation (mixed_adam.sq_norms)
+            from walla.train.mixed_adam import sq_norms
+
+            norm = sq_norms(grads).sqrt().float()  # [G]
+        else:
+            norm = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) ** 2 for g in grads).sqrt()
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # [G]
-        if bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read+write of every gradient when none clips
+        if self.master:
+            self.grad_coef = coef
+        elif bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read+write of every gradient when none clips
             for g in grads:
                 g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
         return norm

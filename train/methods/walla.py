@@ -52,6 +52,7 @@ from walla.train.calibration import CalibrationConfig, apply_calibration, fit_ca
 from walla.train.engine import TrainEnv, make_fabric, seeded
 from walla.train.heads import StackedHeads, WagerHead, stack_hidden
 from walla.train.methods import LogFn, MethodOutput
+from walla.train.mixed_adam import stacked_adam
 from walla.train.online_stop import OnlineStop
 
 PARAM_BUDGET_BYTES = 3 * 2**30  # params + grad + Adam moments + best copy of one seed chunk
@@ -238,10 +239,9 @@ def train_heads(
     for j, params in enumerate(initial or []):  # continue from trained heads (train/join.py), per seed
         if params is not None:
             heads.load_rows(slice(j * a_n, (j + 1) * a_n), params)
-    # Adam is elementwise: one optimizer over the stacked parameters = one Adam per head; the fused
-    # kernel does each step in one pass over the parameters (the step is memory-bound at 4096 wide)
-    fused = {"fused": True} if dev.type in ("cpu", "cuda") else {}
-    net, opt = fabric.setup(heads, torch.optim.Adam(heads.parameters(), lr=cfg.lr, **fused))
+    # Adam is elementwise: one optimizer over the stacked parameters = one Adam per head, in one pass over
+    # them per step (memory-bound at 4096 wide): torch's fused Adam, or bf16-mixed on the CPU mixed_adam's
+    net, opt = fabric.setup(heads, stacked_adam(heads, cfg.lr, env.precision, dev))
     gens = [np.random.default_rng([seed, 1]) for seed in seeds]  # wager-head dropout, per seed
     diag_gens = [np.random.default_rng([seed, 2]) for seed in seeds]  # diagnostic heads' dropout
     rngs = [np.random.default_rng(seed) for seed in seeds]  # data order, per seed
