@@ -333,7 +333,9 @@ class HFBackend:
         """Compile the decoder layers and trace them once on a 2-row batch of the scoring path, so the first
         real batches reuse that graph (sizes 1 and 2+ compile separately: torch specializes size 1)."""
         compile_layers(self.model)
-        self.compiled = True
+        # no shared-prefix KV cache when compiled: a layer reads its own cache slot, so dynamo would recompile
+        # the layer graph for every layer index (and fall back to eager past its recompile limit)
+        self.compiled, self.prefix_cache = True, False
         ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
         self.forward_batch([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 

@@ -19,9 +19,10 @@ def test_compiled_backend_matches_eager_with_and_without_prefix_cache():
     eager = HFBackend(model, tok, batch_tokens=64)
     fast = HFBackend(copy.deepcopy(model), tok, batch_tokens=64, compiled=True)
     assert fast.identity()["compile"] is True and "compile" not in eager.identity()
-    prompts = [CORPUS[0] + " " + c for c in CORPUS[1:]] * 2  # a shared prefix: the KV-cache path
+    assert fast.prefix_cache is False  # a cached prefix would recompile the layer graph per layer index
+    prompts = [CORPUS[0] + " " + c for c in CORPUS[1:]] * 2  # a shared prefix: eager takes the KV-cache path
     for prefix_cache in (True, False):
-        eager.prefix_cache = fast.prefix_cache = prefix_cache
+        eager.prefix_cache = prefix_cache
         a, b = eager.score(prompts, [5, 6, 7]), fast.score(prompts, [5, 6, 7])
         for x, y in ((a.raw_logprobs, b.raw_logprobs), (a.hidden, b.hidden), (a.prompt_nll, b.prompt_nll)):
             np.testing.assert_allclose(y, x, atol=1e-4, rtol=1e-4)
