@@ -12,21 +12,26 @@ Everything below is measured in ONE run, on the same prompts (PubMedQA with abst
 - a bare 15-line transformers loop (`plain_loop`: batches of 16 sorted by length, left padding,
   `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype on all prompts and in the other
   dtype on a few, so "the dtype the machine runs fastest" is shown, not assumed;
-- our hf backend in-process (the extraction fast path without the CLI around it);
+- our hf backend in-process (the extraction fast path without the CLI around it), eager and compiled
+  (`--compile on`: regional torch.compile of the decoder layers), and the CLI with `--compile on`;
+- the GEMM ceiling: the model's own linear layers at its own shapes (8192-token batches) timed alone, i.e.
+  the MFU the forward would reach if attention, norms, RoPE, activations and the NLL head were free;
 - outputs: our fp32 path vs a reference-style fp32 loop (SPEC §1.5, §2.3, §10.14: eager attention, left
   padding, full-vocabulary log_softmax via model(...).logits) must agree to 1e-3 (option log-probs and
   hidden states); the CLI's stored outputs vs the plain loop in the same dtype are printed.
 - the LLM passes over a dataset for the 12-agent homogeneous PubMedQA scenario (reference 12, ours 2).
 MFU = 2 x non-embedding params x prompt tokens / time / the measured GEMM peak of the dtype used;
-`mfu` is our backend in-process, `cli_mfu` the CLI's extraction, `plain_loop_mfu` the bare loop.
+`mfu` is our backend in-process (eager, the default below 300k prompt tokens), `mfu_compiled` compiled,
+`cli_mfu` the CLI's extraction, `plain_loop_mfu` the bare loop, `gemm_ceiling_mfu` the GEMM-only bound.
 `--repeat N` times CLI, plain loop and backend N times, interleaved, and keeps the best of each.
-Last line: `RESULT cli_over_plain_loop=<x> mfu=<x> cli_mfu=<x> plain_loop_mfu=<x> outputs_match=<bool>
-speedup_vs_reference=<x> passes_ratio=<x>`.
+Last line: `RESULT cli_over_plain_loop=<x> cli_compiled_over_plain_loop=<x> mfu=<x> mfu_compiled=<x>
+cli_mfu=<x> plain_loop_mfu=<x> gemm_ceiling_mfu=<x> outputs_match=<bool> speedup_vs_reference=<x> passes_ratio=<x>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import resource
@@ -34,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +105,31 @@ def passes_for_scenario(name: str = "homo-pubmedqa-aloe-x12") -> tuple[int, int]
     return len(sc.agents), len(set(sc.agents)) * variants
 
 
-def run_cli(data_file: Path, store: Path) -> tuple[float, float, list[str]]:
+def gemm_seconds_per_token(model, batch_tokens: int = 8192) -> float:
+    """Seconds per token of the decoder's linear layers alone: each distinct (in, out) shape timed on a
+    [batch_tokens, in] input in the model's dtype (best of 3) times how often the model has it."""
+    dtype = next(model.parameters()).dtype
+    shapes = Counter(
+        (m.in_features, m.out_features)
+        for m in model.get_decoder().modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+    total = 0.0
+    with torch.inference_mode():
+        for (i, o), count in shapes.items():
+            x, w = torch.randn(batch_tokens, i, dtype=dtype), torch.randn(o, i, dtype=dtype)
+            torch.nn.functional.linear(x, w)
+            total += count * min(_timed(partial(torch.nn.functional.linear, x, w)) for _ in range(3))
+    return total / batch_tokens
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_cli(data_file: Path, store: Path, compile_: str = "auto") -> tuple[float, float, list[str]]:
     """walla-extract --dtype auto as a subprocess: (whole wall s, extraction s as printed, its stdout lines)."""
     cmd = [
         str(CLI),
@@ -110,6 +141,7 @@ def run_cli(data_file: Path, store: Path) -> tuple[float, float, list[str]]:
         str(data_file),
     ]
     cmd += ["--variants", "relevant", "--store", str(store), "--dtype", "auto", "--no-progress"]
+    cmd += ["--compile", compile_]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -176,6 +208,7 @@ def main() -> None:
 
     # 3. the plain loop (auto dtype on all prompts, the other dtype on a few) and our backend in-process --
     model, tok = load(src, DTYPES[auto])
+    m_compiled = copy.deepcopy(model)  # copied before any output_hidden_states call: its hooks break graphs
     n_params = sum(p.numel() for p in model.parameters())
     non_emb = n_params - model.get_input_embeddings().weight.numel()
     if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
@@ -184,17 +217,23 @@ def main() -> None:
     cand = [be.encode_bare(o)[0] for o in OPTIONS]
     plain_loop(model, tok, prompts[:2], cand)  # warm-up
     be.score(prompts[:2], cand)
-    loop_dt = ours_dt = float("inf")
+    t = time.perf_counter()
+    bec = HFBackend(m_compiled, tok, batch_tokens=8192, compiled=True)  # compiles and traces once
+    bec.score(prompts[:2], cand)
+    compile_s = time.perf_counter() - t
+    loop_dt = ours_dt = comp_dt = clic_dt = clic_wall = float("inf")
     for r in range(args.repeat):  # interleaved; the best of each counts (a shared machine is noisy)
         if r:
             w, x, _ = run_cli(subset, Path(tmp.name) / f"store{r}")
             cli_wall, cli_dt = min(cli_wall, w), min(cli_dt, x)
         loop_lp, loop_h, dt = plain_loop(model, tok, prompts, cand)
         loop_dt = min(loop_dt, dt)
-        t = time.perf_counter()
-        be.score(prompts, cand)
-        ours_dt = min(ours_dt, time.perf_counter() - t)
+        ours_dt = min(ours_dt, _timed(lambda: be.score(prompts, cand)))
+        comp_dt = min(comp_dt, _timed(lambda: bec.score(prompts, cand)))
+        w, x, _ = run_cli(subset, Path(tmp.name) / f"store-c{r}", "on")
+        clic_wall, clic_dt = min(clic_wall, w), min(clic_dt, x)
     tmp.cleanup()
+    gemm_spt = gemm_seconds_per_token(model)
     m_other, tok_other = load(src, DTYPES[other])
     sub = prompts[: args.other_n]
     sub_tokens = int(fs.rows["n_prompt_tokens"][: args.other_n].sum())
@@ -220,6 +259,7 @@ def main() -> None:
         return flop / seconds / (peak * 1e9)
 
     loop_tps, ours_tps, cli_tps = tokens / loop_dt, tokens / ours_dt, tokens / cli_dt
+    comp_tps, clic_tps = tokens / comp_dt, tokens / clic_dt
     other_tps = sub_tokens / other_dt
     print(f"model SmolLM2-135M: {n_params / 1e6:.1f}M params, {non_emb / 1e6:.1f}M non-embedding; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
@@ -231,7 +271,11 @@ def main() -> None:
     rows = [
         ("walla-extract --dtype auto, whole command", auto, cli_wall, tokens / cli_wall),
         ("walla-extract --dtype auto, extraction as printed", auto, cli_dt, cli_tps),
+        ("walla-extract --compile on, whole command", auto, clic_wall, tokens / clic_wall),
+        ("walla-extract --compile on, extraction as printed", auto, clic_dt, clic_tps),
         ("our hf backend in-process (with prompt NLL)", auto, ours_dt, ours_tps),
+        ("our hf backend in-process, compiled", auto, comp_dt, comp_tps),
+        ("the decoder's linear layers alone (GEMM ceiling)", auto, gemm_spt * tokens, 1 / gemm_spt),
         ("plain transformers loop (no prompt NLL)", auto, loop_dt, loop_tps),
         (f"plain transformers loop, {len(sub)} prompts", other, other_dt, other_tps),
     ]
@@ -252,12 +296,18 @@ def main() -> None:
           f"ours {our_passes} (one per distinct model x variant)")  # fmt: skip
     print(f"cli_over_plain_loop = CLI extraction tok/s / plain loop tok/s = {cli_tps:.0f} / {loop_tps:.0f}; "
           f"whole command incl. start-up and model load: {tokens / cli_wall / loop_tps:.2f}")  # fmt: skip
+    print(f"compiled backend: compile + first trace {compile_s:.1f} s in-process (once per process; the CLI's "
+          f"load line includes it); compiled vs eager in-process {comp_tps / ours_tps:.2f}x")  # fmt: skip
+    print(f"GEMM share: the decoder's linear layers alone run at {2 * non_emb / gemm_spt / 1e9:.0f} GFLOP/s and take "
+          f"{gemm_spt * tokens:.1f} s of the compiled backend's {comp_dt:.1f} s ({gemm_spt * tokens / comp_dt:.0%}); the "
+          f"rest is attention (SDPA), norms, RoPE, activations and the prompt-NLL head (not counted in MFU)")  # fmt: skip
     if args.rss_rows:
         rss_run(args.rss_rows)
     print(f"benchmark time {time.perf_counter() - t_start:.0f} s")
-    print(f"RESULT cli_over_plain_loop={cli_tps / loop_tps:.2f} mfu={mfu(ours_dt):.3f} cli_mfu={mfu(cli_dt):.3f} "
-          f"plain_loop_mfu={mfu(loop_dt):.3f} outputs_match={ok} speedup_vs_reference={ours_tps / ref_tps:.2f} "
-          f"passes_ratio={ref_passes / our_passes:.1f}")  # fmt: skip
+    print(f"RESULT cli_over_plain_loop={cli_tps / loop_tps:.2f} cli_compiled_over_plain_loop={clic_tps / loop_tps:.2f} "
+          f"mfu={mfu(ours_dt):.3f} mfu_compiled={mfu(comp_dt):.3f} cli_mfu={mfu(cli_dt):.3f} "
+          f"plain_loop_mfu={mfu(loop_dt):.3f} gemm_ceiling_mfu={mfu(gemm_spt * tokens):.3f} outputs_match={ok} "
+          f"speedup_vs_reference={ours_tps / ref_tps:.2f} passes_ratio={ref_passes / our_passes:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
