@@ -139,8 +139,9 @@ def clip_per_seed_(groups: Sequence[Sequence[nn.Parameter]], max_norm: float) ->
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]).norm(dim=0)  # [S]
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        if bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read + write of every gradient when none clips
+            for g in grads:
+                g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
         out.append(norm)
     return torch.stack(out)
 
