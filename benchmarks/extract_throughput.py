@@ -129,6 +129,41 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def time_breakdown(be, prompts: list[str], cand: list[int]) -> dict[str, float]:
+    """Seconds of one score() call by kind (torch.profiler): the decoder's GEMMs, attention, the prompt-NLL
+    head (its GEMM + cross-entropy), and everything else (norms, RoPE, activations, residuals, glue)."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    nll = be._token_nll
+    be._token_nll = lambda *a: _in_range("prompt_nll", nll, *a, rf=record_function)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        be.score(prompts, cand)
+        total = time.perf_counter() - t
+    be._token_nll = nll
+    events = prof.events()
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "prompt_nll"]
+    out = {
+        "decoder GEMMs": 0.0,
+        "attention (SDPA)": 0.0,
+        "prompt-NLL head": sum(b - a for a, b in spans) / 1e6,
+    }
+    for e in events:
+        in_nll = any(a <= e.time_range.start < b for a, b in spans)
+        if e.name in ("aten::mm", "aten::addmm", "aten::bmm") and not in_nll:
+            out["decoder GEMMs"] += e.self_cpu_time_total / 1e6
+        elif "scaled_dot_product" in e.name and e.name.startswith("aten::_"):
+            out["attention (SDPA)"] += e.self_cpu_time_total / 1e6
+    out["everything else"] = max(0.0, total - sum(out.values()))
+    return {"total (under the profiler)": total, **out}
+
+
+def _in_range(name: str, fn, *args, rf):
+    with rf(name):
+        return fn(*args)
+
+
 def run_cli(data_file: Path, store: Path, compile_: str = "auto") -> tuple[float, float, list[str]]:
     """walla-extract --dtype auto as a subprocess: (whole wall s, extraction s as printed, its stdout lines)."""
     cmd = [
@@ -301,6 +336,10 @@ def main() -> None:
     print(f"GEMM share: the decoder's linear layers alone run at {2 * non_emb / gemm_spt / 1e9:.0f} GFLOP/s and take "
           f"{gemm_spt * tokens:.1f} s of the compiled backend's {comp_dt:.1f} s ({gemm_spt * tokens / comp_dt:.0%}); the "
           f"rest is attention (SDPA), norms, RoPE, activations and the prompt-NLL head (not counted in MFU)")  # fmt: skip
+    parts = time_breakdown(bec, prompts, cand)
+    print("where the compiled backend's time goes: " + ", ".join(
+        f"{k} {v:.2f} s" + ("" if k.startswith("total") else f" ({v / parts['total (under the profiler)']:.0%})")
+        for k, v in parts.items()))  # fmt: skip
     if args.rss_rows:
         rss_run(args.rss_rows)
     print(f"benchmark time {time.perf_counter() - t_start:.0f} s")
