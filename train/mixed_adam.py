@@ -27,6 +27,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -86,13 +87,22 @@ _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shar
 _MIN_CHUNK = 1 << 16  # elements; smaller parameters run in the calling thread
 
 
+def _cpu() -> str:
+    """What -march=native compiles for: a library built on one CPU must not load on another (shared home)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    return "\n".join(dict.fromkeys(ln for ln in lines if ln.startswith(("model name", "flags", "Features"))))
+
+
 @functools.cache
 def _kernel() -> tuple[ctypes.CDLL | None, str]:
     """(the compiled library: adam_bf16, sumsq_bf16; "") or (None, why not)."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         return None, "no C compiler on PATH (cc, gcc, clang)"
-    key = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu()]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("WALLA_CACHE", Path.home() / ".cache" / "walla")) / "kernels"
     lib = root / f"adam_bf16-{key}.so"
     try:
@@ -124,7 +134,8 @@ def unavailable(precision: str, device: torch.device) -> str:
 
 
 @functools.cache
-def _pool(n: int) -> ThreadPoolExecutor:
+def _pool(n: int, pid: int) -> ThreadPoolExecutor:
+    """Worker threads, per process (a forked child must not inherit the parent's dead threads)."""
     return ThreadPoolExecutor(n, thread_name_prefix="walla-adam")
 
 
@@ -141,7 +152,7 @@ def _run(calls: list) -> None:
         for c in calls:
             c[0](*c[1:])
         return
-    for job in [_pool(nt).submit(*c) for c in calls]:
+    for job in [_pool(nt, os.getpid()).submit(*c) for c in calls]:
         job.result()
 
 
@@ -167,6 +178,11 @@ class MasterAdam(torch.optim.Optimizer):
         self, heads, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
     ) -> None:
         super().__init__(heads.parameters(), {"lr": lr, "betas": betas, "eps": eps})
+        for p in heads.parameters():  # the kernel reads raw memory
+            assert p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous(), (
+                p.dtype,
+                p.device,
+            )
         self.heads = heads
         self.low = heads.enable_masters(torch.bfloat16)  # per parameter: (bf16 working copy, bf16 gradient)
         self.fn = _kernel()[0].adam_bf16

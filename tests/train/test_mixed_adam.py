@@ -94,3 +94,17 @@ def test_32_true_keeps_torch_fused_adam(monkeypatch):
     on, off = _train("32-true", True, monkeypatch), _train("32-true", False, monkeypatch)
     for a, b in zip(on.last, off.last, strict=True):
         assert torch.equal(a, b)
+
+
+def test_without_a_compiler_bf16_keeps_the_autocast_recipe(monkeypatch, tmp_path):
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    monkeypatch.setattr(mixed_adam.shutil, "which", lambda _name: None)
+    mixed_adam._kernel.cache_clear()
+    try:
+        why = mixed_adam.unavailable("bf16-mixed", torch.device("cpu"))
+        heads = _heads()
+        opt = mixed_adam.stacked_adam(heads, 1e-3, "bf16-mixed", torch.device("cpu"))
+    finally:
+        mixed_adam._kernel.cache_clear()
+    assert "no C compiler" in why
+    assert type(opt) is torch.optim.Adam and not heads.master

@@ -29,7 +29,8 @@ fabric.setup, so `env.device` places every parameter and tensor and `env.precisi
 matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and metrics stay float64). The best state
 is an in-memory copy of the improved seed's rows, taken lazily (online_stop.py): stopping is checked after
 EVERY batch, and a disk checkpoint per improvement would cost more than the step itself. Gradients are
-written into persistent .grad buffers (StackedHeads write_grads: no 0.5 GB allocation per step).
+written into persistent .grad buffers (StackedHeads write_grads: no 0.5 GB allocation per step); bf16-mixed
+on the CPU keeps float32 masters and bf16 gradients and updates them in one pass (mixed_adam.MasterAdam).
 
 Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
 dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
