@@ -136,7 +136,12 @@ def time_breakdown(be, prompts: list[str], cand: list[int]) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     nll = be._token_nll
-    be._token_nll = lambda *a: _in_range("prompt_nll", nll, *a, rf=record_function)
+
+    def traced_nll(*args):
+        with record_function("prompt_nll"):
+            return nll(*args)
+
+    be._token_nll = traced_nll
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
         be.score(prompts, cand)
@@ -157,11 +162,6 @@ def time_breakdown(be, prompts: list[str], cand: list[int]) -> dict[str, float]:
             out["attention (SDPA)"] += e.self_cpu_time_total / 1e6
     out["everything else"] = max(0.0, total - sum(out.values()))
     return {"total (under the profiler)": total, **out}
-
-
-def _in_range(name: str, fn, *args, rf):
-    with rf(name):
-        return fn(*args)
 
 
 def run_cli(data_file: Path, store: Path, compile_: str = "auto") -> tuple[float, float, list[str]]:

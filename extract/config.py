@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from walla.extract.backends import BACKENDS
+from walla.extract.backends.hf_compile import COMPILE_MODES
 from walla.store.schema import VARIANTS
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
@@ -56,7 +57,7 @@ class ExtractConfig:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.compile not in ("auto", "on", "off"):
+        if self.compile not in COMPILE_MODES:
             problems.append(f"compile must be auto, on or off, got {self.compile!r}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

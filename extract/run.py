@@ -234,6 +234,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     )
 
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
+    compiled = False
     if backend_name == "hf":  # `auto` is measured here (cached per machine); the fingerprint gets the result
         from walla.extract.backends.hf import explain_dtype
         from walla.extract.backends.hf_compile import explain_compile
@@ -245,7 +246,6 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         )
         cfg = replace(cfg, compile="on" if compiled else "off")  # resolved: workers and the command reuse it
         out(why)
-    compiled = backend_name == "hf" and cfg.compile == "on"
     ident = backend_identity(backend_name, rm, dtype, device, chat, m_entry.hidden_size, compiled)
     todo: list[tuple[str, FeatureSetSpec]] = []
     paths: list[Path] = []

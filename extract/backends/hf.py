@@ -354,7 +354,7 @@ def load_hf_backend(
     chat_template: bool = False,
     compiled: bool = False,
 ) -> HFBackend:
-    """Load a resolved model and wrap it; runs the self-check once (which also compiles, with `compiled`)."""
+    """Load a resolved model and wrap it; runs the self-check once, then compiles when `compiled`."""
     device = device or default_device()
     torch_dtype = resolve_dtype(dtype, device)
     model, tok = load_model(rm, torch_dtype, device)

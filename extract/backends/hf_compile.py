@@ -19,6 +19,7 @@ def compile_layers(model) -> None:
         layer.compile(dynamic=True)
 
 
+COMPILE_MODES = ("auto", "on", "off")
 COMPILE_MIN_TOKENS = 300_000  # `--compile auto` compiles from this many prompt tokens (see explain_compile)
 
 
@@ -31,7 +32,7 @@ def explain_compile(mode: str, est_tokens: int, device: str) -> tuple[bool, str]
     """
     if mode in ("on", "off"):
         return mode == "on", f"compile {mode} [--compile]"
-    if mode != "auto":
+    if mode not in COMPILE_MODES:
         raise ValueError(f"--compile must be auto, on or off, got {mode!r}")
     on = est_tokens >= COMPILE_MIN_TOKENS
     rel = ">=" if on else "<"
