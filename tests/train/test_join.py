@@ -14,7 +14,7 @@ from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.join import initial_params, joined_plan
 from walla.train.plan import Overrides, build_plan
 from walla.train.run import run_plan
-from walla.train.runs import STATE, read_run_meta, run_dir
+from walla.train.runs import STATE, list_run_dirs, read_run_meta
 
 HP = {"walla": {"lr": 3.0e-3, "epochs": 2, "hidden": [8], "projection_dim": None, "batch_size": 20}}
 
@@ -32,6 +32,11 @@ def _agents(data, slots: list[int], name: str):
     )
 
 
+def one_run(runs: Path, scenario: str, method: str, seed: int) -> Path:
+    (path,) = [d.path for d in list_run_dirs(runs, scenario) if d.method == method and d.seed == seed]
+    return path
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     full = make_private_context_scenario(n=200, m=4, k=2, h=[6, 6, 6, 9], seed=5)
@@ -39,8 +44,8 @@ def trained(tmp_path_factory):
     base = _agents(full, [0, 1, 2], "base")
     spec = ScenarioSpec(name="base", dataset="synthetic", agents=("a", "a", "a"), description="base")
     problems: list[str] = []
-    plan = build_plan({"train": {"methods": ["walla-i"], "seeds": [18, 19], "hparams": HP}}, Path("x.yaml"), spec,
-                      Overrides(), problems)  # fmt: skip
+    train = {"methods": ["walla-i"], "seeds": [18, 19], "hparams": HP}
+    plan = build_plan({"train": train}, Path("x.yaml"), spec, Overrides(), problems)
     assert not problems
     runs = tmp_path_factory.mktemp("runs")
     run_plan(plan, base, runs, TrainEnv(), note=lambda s: None)
@@ -58,7 +63,7 @@ def test_joined_heads_start_from_the_trained_ones(trained):
     assert joined.method("walla-i").config.epochs == 1
     data = _agents(full, [0, 1, 2, 3], "base+b")
     init = initial_params(joined, "base", origin, data, runs)
-    old = load_checkpoint(run_dir(runs, "base", "walla-i", 18) / STATE)["params"]
+    old = load_checkpoint(one_run(runs, "base", "walla-i", 18) / STATE)["params"]
     new = init["walla-i"][18]
     for p_new, p_old in zip(new, old, strict=True):  # agents 0..2 continue, padded to the newcomer's H
         idx = (slice(0, 3), *(slice(0, d) for d in p_old.shape[1:]))
@@ -66,7 +71,7 @@ def test_joined_heads_start_from_the_trained_ones(trained):
     assert new[0][3, :9].abs().sum() > 0  # the newcomer's fresh head (its input is 9 wide)
     res = run_plan(joined, data, runs, TrainEnv(), note=lambda s: None, initial=init, initial_from="base")
     assert [r["status"] for r in res] == ["done", "done"]
-    meta = read_run_meta(run_dir(runs, "base+b", "walla-i", 18))
+    meta = read_run_meta(one_run(runs, "base+b", "walla-i", 18))
     assert meta["initialized"] == "continued from base" and meta["config"]["epochs"] == 1
 
 
