@@ -97,8 +97,8 @@ def base_state(runs: Path, base_name: str, mp: MethodPlan, seed: int, data) -> P
     if len(found) > 1:
         raise ValueError(
             f"{base_name}: {len(found)} trained runs of {mp.name} seed {seed} with this config "
-            f"({', '.join(str(p) for p in found)}); they differ in precision, device or calibration: keep "
-            "the one to continue under another --runs directory"
+            f"({', '.join(str(p) for p in found)}); they differ in precision, device or calibration: move "
+            "the ones not to continue out of the runs directory, or train the joined scenario --from-scratch"
         )
     return found[0] / STATE
 

@@ -40,7 +40,7 @@ from walla.train import mechanism
 from walla.train.engine import TrainEnv, save_checkpoint
 from walla.train.loggers import RunLogger
 from walla.train.methods import MethodOutput, method_module
-from walla.train.plan import TrainPlan
+from walla.train.plan import MethodPlan, TrainPlan
 from walla.train.runs import (
     LOCK,
     PREDICTIONS,
@@ -49,6 +49,7 @@ from walla.train.runs import (
     RunFormatError,
     inputs_id,
     key_id,
+    list_run_dirs,
     read_run_meta,
     run_dir,
     run_key,
@@ -144,7 +145,29 @@ def _pending(runs: Path, data: ScenarioData, name: str, kid: str, seeds, ids: di
     return todo, kept, notes
 
 
-def method_key(mp, cfg_dict: dict, scenario_inputs_id: str, calibration, env: TrainEnv, init: str) -> dict:
+def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
+    """Notes on the other run directories of a method: other run keys are kept beside this one (their own
+    rows in walla-eval), runs of the layout before run keys are never counted."""
+    found = [d for d in list_run_dirs(runs, scenario) if d.method == method]
+    others = sorted({d.key_id for d in found if d.key_id not in (None, kid)})
+    legacy = sorted(str(d.path) for d in found if d.key_id is None)
+    notes = []
+    if others:
+        notes.append(
+            f"{method}: run key {kid} trains beside {len(others)} other key(s) ({', '.join(others)}: another "
+            "config, precision, device or init); walla-eval reports each key as its own row"
+        )
+    if legacy:
+        notes.append(
+            f"{method}: {len(legacy)} run(s) written before run keys ({legacy[0]}, ...) are never counted; "
+            "delete them once retrained"
+        )
+    return notes
+
+
+def method_key(
+    mp: MethodPlan, cfg_dict: dict, scenario_inputs_id: str, calibration, env: TrainEnv, init: str
+) -> dict:
     """The run key of a method's runs in this plan. A learning-free method never computes with the
     device or precision (only calibration does), so neither is part of its identity: a bf16 rerun of
     WALLA does not make UniformAvg's runs a second row."""
@@ -210,6 +233,7 @@ def run_plan(
             ids = {s: inputs_id(key, s) for s in plan.seeds}
             write_key_file(runs, data.name, key, plan.seeds)
             pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force)
+            notes += _beside(runs, data.name, mp.name, kid)
             for line in notes:
                 note(line)
             for s, meta in kept.items():

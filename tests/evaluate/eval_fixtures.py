@@ -108,6 +108,7 @@ def write_run(
     run_meta: dict | None = None,  # overrides of run.json fields
     complete: bool = True,  # False: as if killed before run.json was written
     question_ids: list[str] | None = None,
+    planned: list[int] | None = None,  # the seeds key.json plans for this run key (default: the scenario's)
 ) -> Path:
     """One run through train's writer, bound to the scenario's current inputs (scenario.json inputs_id), its
     run key built as walla-train builds it (config from run_meta, else {}; 32-true on cpu), with key.json
@@ -116,7 +117,7 @@ def write_run(
     scen = json.loads((scenario_dir(runs, scenario) / SCENARIO_META).read_text())
     config = (run_meta or {}).get("config", {})
     key = run_key(scen["inputs_id"], method, config, precision="32-true", device="cpu")
-    write_key_file(runs, scenario, key, scen["seeds"])
+    write_key_file(runs, scenario, key, scen["seeds"] if planned is None else planned)
     path = run_dir(runs, scenario, method, key_id(key), seed)
     if train_log:
         from walla.train.loggers import RunLogger  # Lightning's CSVLogger: only the plot tests need it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +87,39 @@ def test_dropping_an_agent_and_missing_base_runs(trained):
     with pytest.raises(FileNotFoundError, match="train the base scenario first"):
         initial_params(other, "base", origin, data, runs)
     np.testing.assert_array_equal(data.hidden[0], full.hidden[0])
+
+
+def test_the_base_run_continued_is_the_one_of_the_joined_config(trained, tmp_path):
+    full, plan, base_runs = trained
+    runs = tmp_path / "runs"
+    shutil.copytree(base_runs, runs)
+    base = _agents(full, [0, 1, 2], "base")
+    other = dataclasses.replace(plan, seeds=(18,))
+    other = with_method_config(other, "walla-i", lr=1.0e-3)
+    run_plan(other, base, runs, TrainEnv(), note=lambda s: None)  # a second run key of base, beside
+    data = _agents(full, [0, 1, 2, 3], "base+b")
+    states = {
+        read_run_meta(d.path)["config"]["lr"]: load_checkpoint(d.path / STATE)["params"]
+        for d in list_run_dirs(runs, "base")
+        if d.seed == 18
+    }
+    assert sorted(states) == [1e-3, 3e-3]
+    for p, lr in ((plan, 3e-3), (other, 1e-3)):
+        joined, origin = joined_plan(p, ["b"], [], epochs=1)
+        new = initial_params(joined, "base", origin, data, runs)["walla-i"][18]
+        torch.testing.assert_close(new[0][:3, : states[lr][0].shape[1]], states[lr][0])
+    # the same config trained again in bf16: two base runs could be meant, and the error names both
+    run_plan(other, base, runs, TrainEnv(precision="bf16-mixed"), note=lambda s: None)
+    joined, origin = joined_plan(other, ["b"], [], epochs=1)
+    with pytest.raises(ValueError, match="2 trained runs of walla-i seed 18 with this config"):
+        initial_params(joined, "base", origin, data, runs)
+
+
+def with_method_config(plan, name: str, **changes):
+    from walla.store.validate import replace
+
+    methods = tuple(
+        dataclasses.replace(m, config=replace(m.config, **changes)) if m.name == name else m
+        for m in plan.methods
+    )
+    return dataclasses.replace(plan, methods=methods)
