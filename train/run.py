@@ -154,8 +154,8 @@ def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
     notes = []
     if others:
         notes.append(
-            f"{method}: run key {kid} trains beside {len(others)} other key(s) ({', '.join(others)}: another "
-            "config, precision, device or init); walla-eval reports each key as its own row"
+            f"{method}: run key {kid}; {len(others)} other key(s) beside it ({', '.join(others)}: another "
+            "config, precision, device or init), each its own row in walla-eval"
         )
     if legacy:
         notes.append(

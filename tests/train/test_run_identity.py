@@ -69,12 +69,20 @@ def test_acc(tmp_path: Path, method: str) -> dict[float, list[float]]:
 test_acc.__test__ = False  # a helper, not a test
 
 
+def written(tmp_path: Path) -> dict[str, int]:
+    """run.json path -> its modification time (ns), for every run of the scenario."""
+    return {str(p): p.stat().st_mtime_ns for p in (tmp_path / "runs" / "synth").rglob("run.json")}
+
+
 def test_another_lr_is_a_row_of_its_own(tmp_path, synth):
     train(tmp_path, synth, "--seeds", "5")
-    again = train(tmp_path, synth, "--seeds", "5")  # the same command: every run is kept
-    assert "new" in again.output and again.output.count("WALLA I") == 1
-    assert len(list((tmp_path / "runs" / "synth" / "walla-i").rglob("run.json"))) == 5
-    train(tmp_path, synth, "--seed-list", "18", "--set", "walla.lr=3e-3")
+    before = written(tmp_path)
+    assert len(before) == 10  # uniform and walla-i, 5 seeds each
+    train(tmp_path, synth, "--seeds", "5")  # the same command: every run is kept, none rewritten
+    assert written(tmp_path) == before
+    res = train(tmp_path, synth, "--seed-list", "18", "--set", "walla.lr=3e-3")
+    assert "walla-i: run key" in res.output and "1 other key(s) beside it" in res.output
+    assert {p: w for p, w in written(tmp_path).items() if p in before} == before  # beside, not over
     accs = test_acc(tmp_path, "walla-i")
     assert {lr: len(a) for lr, a in accs.items()} == {1e-3: 5, 3e-3: 1}  # beside, not over the first
     rows = report(tmp_path)
@@ -92,8 +100,12 @@ def test_another_lr_is_a_row_of_its_own(tmp_path, synth):
 
 def test_another_precision_is_a_row_of_its_own(tmp_path, synth):
     train(tmp_path, synth, "--seeds", "5", "--precision", "32-true")
-    res = train(tmp_path, synth, "--seed-list", "18", "--precision", "bf16-mixed")
-    assert "skipped" not in res.output
+    before = written(tmp_path)
+    train(tmp_path, synth, "--seed-list", "18", "--precision", "bf16-mixed")
+    after = written(tmp_path)
+    assert {p: w for p, w in after.items() if p in before} == before
+    (new,) = set(after) - set(before)  # one new walla-i run; uniform never uses the precision: kept
+    assert "/walla-i/" in new and json.loads(Path(new).read_text())["precision"] == "bf16-mixed"
     rows = report(tmp_path)
     assert "WALLA I" not in rows
     full, bf16 = rows["WALLA I (precision=32-true)"], rows["WALLA I (precision=bf16-mixed)"]
