@@ -109,9 +109,9 @@ def scenario_compute(ev: ScenarioEval) -> ScenarioCompute | str:
     routers = {}
     for method, by_seed in ev.runs.items():
         runs = [ev.data.runs[method][seed] for seed in sorted(by_seed)]
-        need = [needed(method, r.weights) for r in runs]  # each [N, M]
+        need = [needed(r.method, r.weights) for r in runs]  # each [N, M]
         first = runs[0]
-        if is_router(method):
+        if is_router(first.method):
             routers[first.display] = all(n.all() for n in need)
         points.append(
             ComputePoint(

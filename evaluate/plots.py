@@ -204,7 +204,7 @@ def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
     if not metrics:
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
-    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r.method for r in logs))}
+    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r.display for r in logs))}  # one per row
     windows = set()
     for ax, metric in zip(axes[0], metrics, strict=True):
         for run in logs:
@@ -216,8 +216,8 @@ def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
             x = log[xcol].to_numpy() if xcol else np.arange(len(y))
             k = max(1, len(y) // 50)
             windows.add(k)
-            label = run.display if run.seed == min(data.runs[run.method]) else None
-            ax.plot(x[k - 1 :], rolling_mean(y, k), color=colors[run.method], lw=1, alpha=0.8, label=label)
+            label = run.display if run.seed == min(r.seed for r in logs if r.display == run.display) else None
+            ax.plot(x[k - 1 :], rolling_mean(y, k), color=colors[run.display], lw=1, alpha=0.8, label=label)
         ax.set_xlabel("training examples seen" if "n_seen" in logs[0].train_log.columns else "training batch")
         ax.set_title(LOG_TITLES.get(metric, metric), fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(5))

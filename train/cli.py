@@ -5,12 +5,14 @@
                 [--precision 32-true|bf16-mixed|auto] [--logger csv|tensorboard|wandb] [--force]
                 [--calibrated] [--limit-rows N] [--show-plan]
     walla-train --scenario hetero [--dataset D] [--models a,b]          # every model extracted for D
+                [--preset demo|paper]                                   # default: demo iff all embedded
     walla-train --scenario homo --model M --agents N [--dataset D]      # N copies, one sees the context
     walla-train --scenario hetero-context [--irrelevant] [--dataset D]  # all models, one sees the context
     walla-train --scenario S --add-agent M [--drop-agent M] [--from-scratch]  # agents join / leave (join.py)
 
-Finished runs (run.json present, same inputs) are skipped unless --force. Every error a user can cause
-is one line on stderr and exit status 2 (--debug shows the traceback).
+Runs live under runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/runs.py): another config, precision
+or device trains beside the existing runs; finished runs of the same run key are skipped unless --force.
+Every error a user can cause is one line on stderr and exit status 2 (--debug shows the traceback).
 """
 
 from __future__ import annotations
@@ -105,33 +107,65 @@ def _summary(results: list[dict], scenario: str, runs: Path, console: Console) -
 
 @app.command()
 def train(
-    scenario: str = typer.Option(..., "--scenario", help="manifest name or YAML path, or hetero | homo | hetero-context"),
-    dataset: str = typer.Option(None, "--dataset", help="hetero/homo/hetero-context: the dataset (default: the store's one)"),
-    models: str = typer.Option(None, "--models", help="hetero/hetero-context: comma-separated models (default: all extracted)"),
+    scenario: str = typer.Option(
+        ..., "--scenario", help="manifest name or YAML path, or hetero | homo | hetero-context"
+    ),
+    dataset: str = typer.Option(
+        None, "--dataset", help="hetero/homo/hetero-context: the dataset (default: the store's one)"
+    ),
+    models: str = typer.Option(
+        None, "--models", help="hetero/hetero-context: comma-separated models (default: all extracted)"
+    ),
     model: str = typer.Option(None, "--model", help="homo: the model copied into every slot"),
     agents: int = typer.Option(None, "--agents", help="homo: number of agents"),
-    irrelevant: bool = typer.Option(False, "--irrelevant", help="hetero-context: one more agent sees another question's context"),
-    eval_dataset: str = typer.Option(None, "--eval-dataset", help="hetero/homo/hetero-context: test on every row of this dataset (OOD)"),
-    add_agent: list[str] = typer.Option([], "--add-agent", help="a model joins the trained scenario S (repeatable)"),
-    drop_agent: list[str] = typer.Option([], "--drop-agent", help="the last agent of this model leaves S (repeatable)"),
-    from_scratch: bool = typer.Option(False, "--from-scratch", help="with --add/--drop-agent: train every head anew"),
-    join_epochs: int = typer.Option(1, "--join-epochs", help="with --add/--drop-agent: passes over the training stream"),
-    methods: str = typer.Option(None, "--methods", help="comma-separated method names (default: the scenario's)"),
+    irrelevant: bool = typer.Option(
+        False, "--irrelevant", help="hetero-context: one more agent sees another question's context"
+    ),
+    eval_dataset: str = typer.Option(
+        None, "--eval-dataset", help="hetero/homo/hetero-context: test on every row of this dataset (OOD)"
+    ),
+    preset: str = typer.Option(
+        None,
+        "--preset",
+        help="hetero/homo/hetero-context: demo | paper hyper-parameters (default: demo iff every agent "
+        "is an embedded model)",
+    ),
+    add_agent: list[str] = typer.Option(
+        [], "--add-agent", help="a model joins the trained scenario S (repeatable)"
+    ),
+    drop_agent: list[str] = typer.Option(
+        [], "--drop-agent", help="the last agent of this model leaves S (repeatable)"
+    ),
+    from_scratch: bool = typer.Option(
+        False, "--from-scratch", help="with --add/--drop-agent: train every head anew"
+    ),
+    join_epochs: int = typer.Option(
+        1, "--join-epochs", help="with --add/--drop-agent: passes over the training stream"
+    ),
+    methods: str = typer.Option(
+        None, "--methods", help="comma-separated method names (default: the scenario's)"
+    ),
     seeds: int = typer.Option(None, "--seeds", help="number of seeds 18, 19, ... (default: the scenario's)"),
     seed_list: str = typer.Option(None, "--seed-list", help="explicit seeds, e.g. 18,19"),
     sets: list[str] = typer.Option([], "--set", help="hyper-parameter override METHOD_OR_FAMILY.KEY=VALUE"),
-    store_arg: str = typer.Option("walla-store", "--store", help="feature store: a directory or an fsspec URL (s3://...)"),
+    store_arg: str = typer.Option(
+        "walla-store", "--store", help="feature store: a directory or an fsspec URL (s3://...)"
+    ),
     runs: Path = typer.Option(Path("runs"), "--runs", help="runs root"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N | mps | auto"),
-    precision: str = typer.Option("32-true", "--precision", help="Lightning precision: 32-true | bf16-mixed | 16-mixed | 64-true | auto"),
+    precision: str = typer.Option(
+        "32-true", "--precision", help="Lightning precision: 32-true | bf16-mixed | 16-mixed | 64-true | auto"
+    ),
     logger: str = typer.Option("csv", "--logger", help="csv (always written) | tensorboard | wandb"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs"),
-    calibrated: bool = typer.Option(None, "--calibrated/--uncalibrated", help="calibrate every agent first (SPEC §9)"),
+    calibrated: bool = typer.Option(
+        None, "--calibrated/--uncalibrated", help="calibrate every agent first (SPEC §9)"
+    ),
     limit_rows: int = typer.Option(None, "--limit-rows", help="keep about N rows (split shares kept)"),
     show_plan: bool = typer.Option(False, "--show-plan", help="print the resolved plan as YAML and exit"),
     debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
-) -> None:  # fmt: skip
-    """Fit every method x seed of a scenario; write runs/<scenario>/<method>/seed=<s>/."""
+) -> None:
+    """Fit every method x seed of a scenario; write runs/<scenario>/<method>/<key-id>/seed=<s>/."""
     console = Console()
     try:
         from walla.store.location import as_location
@@ -146,12 +180,24 @@ def train(
             calibrated=calibrated,
             hparams=_parse_sets(sets),
         )
-        kind_args = dict(dataset=dataset, models=_parse_list(models, "--models"), model=model, agents=agents,
-                         irrelevant=irrelevant, eval_dataset=eval_dataset)  # fmt: skip
+        kind_args = dict(
+            dataset=dataset,
+            models=_parse_list(models, "--models"),
+            model=model,
+            agents=agents,
+            irrelevant=irrelevant,
+            eval_dataset=eval_dataset,
+        )
         from walla.train.kinds import KINDS, plan_for_kind
 
+        preset_line = None
         if scenario in KINDS:
-            plan = plan_for_kind(scenario, store, overrides, **kind_args)
+            plan, preset_line = plan_for_kind(scenario, store, overrides, preset, **kind_args)
+        elif preset is not None:
+            raise ValueError(
+                f"--preset is for --scenario {' | '.join(KINDS)}; scenario {scenario!r} names its presets "
+                "in its include: list"
+            )
         else:
             plan = load_plan(scenario, overrides)
         base_name, origin = plan.spec.name, None
@@ -166,8 +212,10 @@ def train(
         elif from_scratch:
             raise ValueError("--from-scratch goes with --add-agent / --drop-agent")
         if show_plan:
-            sys.stdout.write(plan_yaml(plan))
+            sys.stdout.write((f"# {preset_line}\n" if preset_line else "") + plan_yaml(plan))
             return
+        if preset_line:
+            console.print(preset_line, highlight=False, markup=False)
         from walla.store.scenario import assemble_scenario
         from walla.train.engine import TrainEnv, resolve_device, resolve_precision
         from walla.train.loggers import check_logger
@@ -209,9 +257,18 @@ def train(
                     bar.advance(tasks[method])
                     bar.advance(total)
 
-            results = run_plan(plan, data, runs, env, force=force, logger=logger, progress=progress,
-                               note=lambda s: console.print(f"note: {s}", highlight=False),
-                               initial=initial, initial_from=base_name)  # fmt: skip
+            results = run_plan(
+                plan,
+                data,
+                runs,
+                env,
+                force=force,
+                logger=logger,
+                progress=progress,
+                note=lambda s: console.print(f"note: {s}", highlight=False),
+                initial=initial,
+                initial_from=base_name,
+            )
         _summary(results, data.name, runs, console)
     except typer.Exit:
         raise

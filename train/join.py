@@ -18,10 +18,11 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from walla.store.validate import replace
+from walla.store.validate import replace, to_dict
 from walla.train.engine import load_checkpoint
-from walla.train.plan import TrainPlan, with_spec
-from walla.train.runs import STATE, run_dir
+from walla.train.methods import method_module
+from walla.train.plan import MethodPlan, TrainPlan, with_spec
+from walla.train.runs import STATE, is_complete, list_run_dirs, read_run_meta
 
 
 def joined_plan(
@@ -65,11 +66,49 @@ def _fit_rows(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _without_epochs(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "epochs"}
+
+
+def base_state(runs: Path, base_name: str, mp: MethodPlan, seed: int, data) -> Path:
+    """The state.pt of the base scenario's run to continue: its only trained configuration of this method
+    and seed, or, when it has several (run keys), the one whose config is the joined plan's (epochs
+    aside: joining sets its own).
+
+    Raises:
+        FileNotFoundError: no such run (train the base scenario first). ValueError: several match.
+    """
+    found = [
+        d.path
+        for d in list_run_dirs(runs, base_name)
+        if d.method == mp.name and d.seed == seed and d.key_id is not None
+        if is_complete(d.path) and (d.path / STATE).exists()
+    ]
+    if len(found) > 1:
+        module = method_module(mp.name)
+        cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
+        want = _without_epochs(to_dict(cfg))
+        found = [p for p in found if _without_epochs(read_run_meta(p).get("config") or {}) == want]
+    if not found:
+        raise FileNotFoundError(
+            f"{runs / base_name / mp.name}: no trained heads of seed {seed} to continue; train the base "
+            f"scenario first: walla-train --scenario {base_name} --methods {mp.name} --seed-list {seed}"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{base_name}: {len(found)} trained runs of {mp.name} seed {seed} with this config "
+            f"({', '.join(str(p) for p in found)}); they differ in precision, device or calibration: move "
+            "the ones not to continue out of the runs directory, or train the joined scenario --from-scratch"
+        )
+    return found[0] / STATE
+
+
 def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, runs: Path) -> dict:
     """method -> seed -> stacked head parameters for the joined scenario, continued from the base runs.
 
     Raises:
         FileNotFoundError: a base WALLA run has no state.pt (train the base scenario first).
+        ValueError: several base runs could be meant (base_state).
     """
     from walla.train.methods.walla import _init_heads
 
@@ -79,13 +118,7 @@ def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, run
         if mp.info.family != "walla":
             continue
         for seed in plan.seeds:
-            path = run_dir(runs, base_name, mp.name, seed) / STATE
-            if not path.exists():
-                raise FileNotFoundError(
-                    f"{path}: no trained heads to continue; train the base scenario first: "
-                    f"walla-train --scenario {base_name} --methods {mp.name} --seed-list {seed}"
-                )
-            old = load_checkpoint(path)
+            old = load_checkpoint(base_state(runs, base_name, mp, seed, data))
             n_kinds, m_old = old["n_kinds"], len(old["in_dims"])
             fresh = list(_init_heads([seed], in_dims, mp.config, n_kinds).parameters())
             params = [p.detach().clone() for p in fresh]  # [n_kinds * M_new, ...] each

@@ -7,9 +7,9 @@
 The spec is built from the store's complete feature sets; the training plan comes from the same YAML
 presets the named scenarios include (manifests/scenarios/_base.yaml plus the family file: _hetero.yaml,
 _homo_pubmedqa.yaml or _bayesx.yaml; _demo.yaml instead when every agent is an embedded offline model,
-whose few thousand generated rows the paper's learning rates would barely move). Ambiguity (several
-datasets, a missing prompt variant) is one line listing the choices and the `make extract` command that
-resolves it.
+whose few thousand generated rows the paper's learning rates would barely move). `--preset demo|paper`
+overrides that choice, and walla-train prints the preset it used and why. Ambiguity (several datasets, a
+missing prompt variant) is one line listing the choices and the `make extract` command that resolves it.
 """
 
 from __future__ import annotations
@@ -60,17 +60,36 @@ def _dataset(inv: dict, dataset: str | None, store: Path, kind: str) -> str:
     )
 
 
-def _presets(kind: str, dataset: str, agents: tuple[str, ...], models_table: dict) -> list[str]:
-    embedded = all(models_table.get(a) is not None and models_table[a].source == "package" for a in agents)
-    if embedded:
-        family = "_demo.yaml"
-    elif dataset == "bayesx":
-        family = "_bayesx.yaml"
+PRESETS = ("demo", "paper")  # --preset: the embedded demo's settings, or the paper's for the kind
+
+
+def _presets(
+    kind: str, dataset: str, agents: tuple[str, ...], models_table: dict, choice: str | None = None
+) -> tuple[list[str], str]:
+    """(preset files, the line saying which preset and why): the demo's when every agent is an embedded
+    package model, else the paper's family file for the kind and dataset; `choice` (--preset) overrides."""
+    if choice is not None and choice not in PRESETS:
+        raise ValueError(f"--preset {choice!r}: expected one of {', '.join(PRESETS)}")
+    table = {a: models_table.get(a) for a in dict.fromkeys(agents)}
+    outside = [a for a, info in table.items() if info is None or info.source != "package"]
+    if dataset == "bayesx":
+        family, paper = "_bayesx.yaml", "paper bayesx"
     elif kind == "homo":
-        family = "_homo_pubmedqa.yaml"
+        family, paper = "_homo_pubmedqa.yaml", "paper homo"
     else:
-        family = "_hetero.yaml"
-    return ["_base.yaml", family]
+        family, paper = "_hetero.yaml", "paper hetero"
+    if choice == "demo" or (choice is None and not outside):
+        family, name = "_demo.yaml", "demo"
+    else:
+        name = paper
+    if choice is not None:
+        why = f"--preset {choice}"
+    elif not outside:
+        why = "every agent is an embedded model; --preset paper for the paper's settings"
+    else:
+        what = "is not an embedded model" if len(outside) == 1 else "are not embedded models"
+        why = f"{', '.join(outside)} {what}; --preset demo for the demo's settings"
+    return ["_base.yaml", family], f"preset: {name} ({why}): manifests/scenarios/_base.yaml + {family}"
 
 
 def kind_spec(
@@ -158,8 +177,11 @@ def kind_spec(
     return spec
 
 
-def plan_for_kind(kind: str, store: Path, overrides: Overrides, **kw) -> TrainPlan:
-    """The full TrainPlan of a scenario kind (spec from the store, train section from the presets)."""
+def plan_for_kind(
+    kind: str, store: Path, overrides: Overrides, preset: str | None = None, **kw
+) -> tuple[TrainPlan, str]:
+    """(the full TrainPlan of a scenario kind, the preset line): spec from the store, train section from
+    the presets (`preset`: demo | paper, None to choose by the agents)."""
     problems: list[str] = []
     models_table, datasets = collect_tables(None, problems)  # read once: the spec and the presets use them
     if problems:
@@ -169,9 +191,10 @@ def plan_for_kind(kind: str, store: Path, overrides: Overrides, **kw) -> TrainPl
     if ds is not None and spec.context_rule != "none" and not ds.has_context:
         problems.append(f"--scenario {kind}: dataset {spec.dataset!r} has no contexts (has_context: false)")
     raw: dict = {}
-    for f in _presets(kind, spec.dataset, spec.agents, models_table):
+    files, line = _presets(kind, spec.dataset, spec.agents, models_table, preset)
+    for f in files:
         raw = merge(raw, read_yaml(manifests_dir() / "scenarios" / f, problems))
     plan = build_plan(raw, Path(spec.name), spec, overrides, problems)
     if problems:
         raise ConfigError(problems)
-    return plan
+    return plan, line

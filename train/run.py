@@ -9,10 +9,12 @@ Read top to bottom:
     2. write scenario.parquet + scenario.json (rewritten only when the scenario's inputs changed);
     3. optionally calibrate every agent once (plan.calibrated): every method then pools the calibrated
        probabilities, and each run records them as agent_probs;
-    4. per method: the runs still to do are the seeds with no complete run, or whose run was trained
-       from other inputs (stale: feature sets, questions, spec, config or seed changed), or all with
-       force; fit them (seeds batched where the method can), predict every row of every split, write
-       logs/, state.pt, predictions.parquet and run.json (last).
+    4. per method: its run key (train/runs.py: config, calibration, precision, device kind, init, the
+       scenario's inputs) names the directory <method>/<key-id>/, so another configuration trains beside
+       the first; the runs still to do are the seeds with no complete run there, or whose run was trained
+       from other inputs or by another schema (stale), or all with force; fit them (seeds batched where
+       the method can), predict every row of every split, write logs/, state.pt, predictions.parquet and
+       run.json (last).
 Every fit runs with torch's and numpy's global RNGs seeded by the first pending seed (restored
 afterwards), on top of the method's own seeding, so a run never depends on what ran before it.
 """
@@ -38,7 +40,7 @@ from walla.train import mechanism
 from walla.train.engine import TrainEnv, save_checkpoint
 from walla.train.loggers import RunLogger
 from walla.train.methods import MethodOutput, method_module
-from walla.train.plan import TrainPlan
+from walla.train.plan import MethodPlan, TrainPlan
 from walla.train.runs import (
     LOCK,
     PREDICTIONS,
@@ -46,9 +48,13 @@ from walla.train.runs import (
     STATE,
     RunFormatError,
     inputs_id,
+    key_id,
+    list_run_dirs,
     read_run_meta,
     run_dir,
+    run_key,
     scenario_dir,
+    write_key_file,
     write_run,
     write_scenario_table,
 )
@@ -115,12 +121,12 @@ def check_data(plan: TrainPlan, data: ScenarioData) -> None:
         )
 
 
-def _pending(runs: Path, data: ScenarioData, name: str, seeds, ids: dict[int, str], force: bool):
+def _pending(runs: Path, data: ScenarioData, name: str, kid: str, seeds, ids: dict[int, str], force: bool):
     """(seeds to train, {seed: run.json} of the runs kept, notes): missing, incomplete or stale runs (inputs
-    changed) are trained again, or all with force."""
+    or schema changed) of run key `kid` are trained again, or all with force."""
     todo, kept, notes = [], {}, []
     for s in seeds:
-        path = run_dir(runs, data.name, name, s)
+        path = run_dir(runs, data.name, name, kid, s)
         if force or not (path / RUN_META).exists():
             todo.append(s)
             continue
@@ -135,8 +141,46 @@ def _pending(runs: Path, data: ScenarioData, name: str, seeds, ids: dict[int, st
             continue
         todo.append(s)
         if meta:
-            notes.append(f"{name} seed {s}: trained from other inputs; retraining")
+            notes.append(f"{name} seed {s}: trained from other inputs or by another walla-train; retraining")
     return todo, kept, notes
+
+
+def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
+    """Notes on the other run directories of a method: other run keys are kept beside this one (their own
+    rows in walla-eval), runs of the layout before run keys are never counted."""
+    found = [d for d in list_run_dirs(runs, scenario) if d.method == method]
+    others = sorted({d.key_id for d in found if d.key_id not in (None, kid)})
+    legacy = sorted(str(d.path) for d in found if d.key_id is None)
+    notes = []
+    if others:
+        notes.append(
+            f"{method}: run key {kid}; {len(others)} other key(s) beside it ({', '.join(others)}: another "
+            "config, precision, device or init), each its own row in walla-eval"
+        )
+    if legacy:
+        notes.append(
+            f"{method}: {len(legacy)} run(s) written before run keys ({legacy[0]}, ...) are never counted; "
+            "delete them once retrained"
+        )
+    return notes
+
+
+def method_key(
+    mp: MethodPlan, cfg_dict: dict, scenario_inputs_id: str, calibration, env: TrainEnv, init: str
+) -> dict:
+    """The run key of a method's runs in this plan. A learning-free method never computes with the
+    device or precision (only calibration does), so neither is part of its identity: a bf16 rerun of
+    WALLA does not make UniformAvg's runs a second row."""
+    uses_env = mp.info.group != "learning_free" or calibration is not None
+    return run_key(
+        scenario_inputs_id,
+        mp.name,
+        cfg_dict,
+        calibration=calibration,
+        precision=env.precision if uses_env else None,
+        device=env.device if uses_env else None,
+        init=init,
+    )
 
 
 def run_plan(
@@ -158,7 +202,7 @@ def run_plan(
         RunsLockedError: another walla-train holds the scenario. ValueError: data too small, bad output.
 
     `initial` (train/join.py): method -> seed -> head parameters to continue from (runs of scenario
-    `initial_from`); such runs record it, and their inputs_id includes it.
+    `initial_from`); such runs record it, and their run key includes it.
     """
     from walla.train.calibration import apply_calibration, fit_calibration
 
@@ -183,11 +227,13 @@ def run_plan(
             cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
             cfg_dict = to_dict(cfg)
             init = (initial or {}).get(mp.name)
-            origin = f"continued from {initial_from}" if init else None
-            ids = {
-                s: inputs_id(scen["inputs_id"], mp.name, cfg_dict, calibration, s, origin) for s in plan.seeds
-            }
-            pending, kept, notes = _pending(runs, data, mp.name, plan.seeds, ids, force)
+            origin = f"continued from {initial_from}" if init else "default init"
+            key = method_key(mp, cfg_dict, scen["inputs_id"], calibration, env, origin)
+            kid = key_id(key)
+            ids = {s: inputs_id(key, s) for s in plan.seeds}
+            write_key_file(runs, data.name, key, plan.seeds)
+            pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force)
+            notes += _beside(runs, data.name, mp.name, kid)
             for line in notes:
                 note(line)
             for s, meta in kept.items():
@@ -199,10 +245,12 @@ def run_plan(
             if progress:
                 progress("start", mp.name, None)
             for s in pending:  # a run being redone is incomplete from now on, its old curve gone
-                (run_dir(runs, data.name, mp.name, s) / RUN_META).unlink(missing_ok=True)
-                shutil.rmtree(run_dir(runs, data.name, mp.name, s) / "logs", ignore_errors=True)
+                (run_dir(runs, data.name, mp.name, kid, s) / RUN_META).unlink(missing_ok=True)
+                shutil.rmtree(run_dir(runs, data.name, mp.name, kid, s) / "logs", ignore_errors=True)
             logs = [
-                RunLogger(run_dir(runs, data.name, mp.name, s), logger, f"{data.name}/{mp.name}/{s}")
+                RunLogger(
+                    run_dir(runs, data.name, mp.name, kid, s), logger, f"{data.name}/{mp.name}/{kid}/{s}"
+                )
                 for s in pending
             ]
             t0 = time.perf_counter()
@@ -218,7 +266,7 @@ def run_plan(
                 if plan.calibrated and "agent_probs" not in out.extras:
                     out.extras["agent_probs"] = data.probs  # the calibrated probs this method pooled
                 brier, acc = test_scores(raw, out.agg_probs)
-                path = run_dir(runs, data.name, mp.name, seed)
+                path = run_dir(runs, data.name, mp.name, kid, seed)
                 log.finish()
                 if state is not None:
                     save_checkpoint(path / STATE, state)
@@ -230,8 +278,10 @@ def run_plan(
                     "seed": seed,
                     "config": cfg_dict,
                     "calibration": calibration,
+                    "run_key": key,
+                    "key_id": kid,
                     "inputs_id": ids[seed],
-                    "initialized": origin or "default init",
+                    "initialized": origin,
                     "scenario_inputs_id": scen["inputs_id"],
                     "fingerprints": dict(data.fingerprints),
                     "wall_time_s": fit_s + time.perf_counter() - t1,

@@ -6,7 +6,8 @@
                                           (feature sets used: "<model>/<variant>" -> fp), inputs_id,
                                           methods and seeds ever planned, the resolved spec
     <runs>/<scenario>/.lock              one walla-train per runs dir and scenario at a time
-    <runs>/<scenario>/<method>/seed=<s>/
+    <runs>/<scenario>/<method>/<key-id>/key.json   the run key of the runs below, and the seeds planned
+    <runs>/<scenario>/<method>/<key-id>/seed=<s>/
         predictions.parquet  question_id, split, weights [M], agg_probs [K], wagers/payouts/advantage/
                              pred_score/pred_baseline [M] | null, agent_probs [M*K] | null (methods that
                              change agents' probs, e.g. calibration), method-specific extra list columns
@@ -14,11 +15,20 @@
                              columns (Lightning's CSVLogger, train/loggers.py; absent for methods without
                              training); logs/tensorboard/ with --logger tensorboard
         state.pt             the trained state (e.g. WALLA heads; continued by --add-agent)
-        run.json             method, display_name, group, seed, config (resolved), inputs_id, fingerprints,
-                             wall_time_s, test_brier, test_acc; written LAST: marks the run complete
+        run.json             method, display_name, group, seed, run_key, key_id, config (resolved),
+                             inputs_id, fingerprints, device, precision, wall_time_s, test_brier, test_acc;
+                             written LAST: marks the run complete
 
-`inputs_id` binds a run to what it was trained from (a hash of the feature-set fingerprints, question ids
-and splits, spec, resolved config, seed): a run trained from other inputs is retrained, never counted.
+A run's identity is its RUN KEY (`run_key`): everything that changes its result except the seed -- the
+training code's schema version (TRAIN_SCHEMA), the scenario's inputs id, the method, its resolved config,
+the calibration config, the precision and device kind (for methods that compute with them) and where
+its initial parameters came from. Its first two fields say whether a run is still valid (a run of other
+inputs or of another schema is stale and is retrained in place); the rest are what the user chose, and
+their hash is the directory `<key-id>`: a second configuration of a method lives beside the first, never
+over it, and walla-eval never averages seeds of different keys. `inputs_id` (the run key and the seed)
+tells walla-train whether a finished run can be kept. Directories `<method>/seed=<s>/` directly under the
+scenario are the layout before run keys: listed (key_id None) so that they are reported stale, never read
+as current runs.
 """
 
 from __future__ import annotations
@@ -40,9 +50,13 @@ from walla.store.atomic import write_atomic, write_json, write_parquet
 
 SCENARIO_TABLE, SCENARIO_META, LOCK = "scenario.parquet", "scenario.json", ".lock"
 PREDICTIONS, TRAIN_LOG, STATE, RUN_META = "predictions.parquet", "logs/metrics.csv", "state.pt", "run.json"
+KEY_FILE = "key.json"
 METHOD_GROUPS = ("individual", "learning_free", "learning_based", "walla")
 EXTRAS = ("wagers", "payouts", "advantage", "pred_score", "pred_baseline")  # optional [M] columns
 SEED_DIR = re.compile(r"^seed=(-?\d+)$")
+KEY_DIR = re.compile(r"^[0-9a-f]{10}$")  # key_id(): 10 hex digits
+TRAIN_SCHEMA = 1  # bump when training semantics change: runs of another schema are stale, never counted
+VALIDITY = ("schema", "scenario_inputs_id")  # run-key fields whose change makes a run stale (same key_id)
 
 
 class RunFormatError(ValueError):  # a run or scenario file that cannot be read as this format (names it)
@@ -53,8 +67,12 @@ def scenario_dir(runs: str | Path, scenario: str) -> Path:
     return Path(runs) / scenario
 
 
-def run_dir(runs: str | Path, scenario: str, method: str, seed: int) -> Path:
-    return scenario_dir(runs, scenario) / method / f"seed={int(seed)}"
+def key_dir(runs: str | Path, scenario: str, method: str, key_id: str) -> Path:
+    return scenario_dir(runs, scenario) / method / key_id
+
+
+def run_dir(runs: str | Path, scenario: str, method: str, key_id: str, seed: int) -> Path:
+    return key_dir(runs, scenario, method, key_id) / f"seed={int(seed)}"
 
 
 def jsonable(obj: Any) -> Any:
@@ -84,6 +102,44 @@ def data_inputs_id(data, spec: dict) -> str:
     qid = hashlib.sha256("\n".join(map(str, data.question_id)).encode()).hexdigest()
     split = hashlib.sha256("".join(s[:2] for s in map(str, data.split)).encode()).hexdigest()
     return inputs_id(dict(data.fingerprints), qid, split, spec, data.name)
+
+
+def device_kind(device: str) -> str:
+    """'cuda:1' -> 'cuda': the kind of device changes a result, its index does not."""
+    return str(device).split(":", 1)[0]
+
+
+def run_key(
+    scenario_inputs_id: str,
+    method: str,
+    config: Any,
+    *,
+    calibration: Any = None,
+    precision: str | None = None,
+    device: str | None = None,
+    init: str = "default init",
+) -> dict:
+    """A run's identity (see the module docstring), as plain JSON data.
+
+    `precision` / `device`: None for a method whose result cannot depend on them (it computes nothing
+    with torch's device or Lightning's precision); `calibration`: None when the agents are not calibrated.
+    """
+    return {
+        "schema": TRAIN_SCHEMA,
+        "scenario_inputs_id": scenario_inputs_id,
+        "method": method,
+        "config": jsonable(config),
+        "calibration": jsonable(calibration),
+        "precision": precision,
+        "device": None if device is None else device_kind(device),
+        "init": init,
+    }
+
+
+def key_id(key: dict) -> str:
+    """The directory name of a run key: the hash of what the user chose (not of the VALIDITY fields, so a
+    run of old inputs or an old schema is retrained in place rather than kept beside)."""
+    return inputs_id({k: v for k, v in key.items() if k not in VALIDITY})[:10]
 
 
 # ---------------------------------------------------------------------------------------------- writer
@@ -179,10 +235,26 @@ def write_run(path: Path, question_id, split, output, meta: dict) -> Path:
         *(_list_col(name, extras[name], n) for name in other),
     ]
     write_parquet(path / PREDICTIONS, pl.DataFrame(cols))
-    text = json.dumps({"written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **jsonable(meta)}, indent=2,
-                      sort_keys=True, allow_nan=True) + "\n"  # fmt: skip
+    stamped = {"written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **jsonable(meta)}
+    text = json.dumps(stamped, indent=2, sort_keys=True, allow_nan=True) + "\n"
     write_atomic(path / RUN_META, lambda p: p.write_text(text, encoding="utf-8"))  # LAST: marks complete
     return path
+
+
+def write_key_file(runs: str | Path, scenario: str, key: dict, seeds) -> Path:
+    """<method>/<key-id>/key.json: the run key and every seed planned for it (merged with those already
+    recorded for the same key), so walla-eval can name a planned run that never started."""
+    d = key_dir(runs, scenario, key["method"], key_id(key))
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        old = _read_json(d / KEY_FILE)
+    except RunFormatError:
+        old = {}
+    kept = old.get("seeds", []) if old.get("run_key") == jsonable(key) else []
+    meta = {"run_key": jsonable(key), "seeds": sorted({*map(int, kept), *map(int, seeds)})}
+    if meta != old:
+        write_json(d / KEY_FILE, meta)
+    return d / KEY_FILE
 
 
 # ---------------------------------------------------------------------------------------------- reader
@@ -325,10 +397,16 @@ class RunRecord:
     agent_probs: np.ndarray | None  # [N, M, K] for methods that changed the agents' probs
     extras: dict[str, np.ndarray]  # name -> [N, M] (non-null columns only)
     train_log: pl.DataFrame
+    label: str | None = None  # row label set by walla-eval when the method has runs of several keys
 
     @property
     def display(self) -> str:
-        return str(self.meta.get("display_name", self.method))
+        return self.label or str(self.meta.get("display_name", self.method))
+
+    @property
+    def run_key(self) -> dict | None:
+        key = self.meta.get("run_key")
+        return key if isinstance(key, dict) else None
 
     @property
     def group(self) -> str:
@@ -374,22 +452,43 @@ def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
         if (path / TRAIN_LOG).exists()
         else pl.DataFrame()
     )
-    seed = int(meta.get("seed", SEED_DIR.match(path.name).group(1) if SEED_DIR.match(path.name) else -1))
-    return RunRecord(str(meta.get("method", path.parent.name)), seed, path, meta, weights, agg,
-                     None if flat is None else flat.reshape(-1, m, k), extras, log)  # fmt: skip
+    match = SEED_DIR.match(path.name)
+    seed = int(meta.get("seed", match.group(1) if match else -1))
+    method = str(meta.get("method", path.parent.parent.name))
+    probs = None if flat is None else flat.reshape(-1, m, k)
+    return RunRecord(method, seed, path, meta, weights, agg, probs, extras, log)
 
 
-def list_run_dirs(runs: str | Path, scenario: str) -> dict[str, dict[int, Path]]:
-    """method -> seed -> run directory (complete or not) under <runs>/<scenario>/."""
-    out: dict[str, dict[int, Path]] = {}
+def read_key_file(path: str | Path) -> dict:
+    """A key directory's key.json (see write_key_file)."""
+    return _read_json(Path(path) / KEY_FILE)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """One run directory found on disk (complete or not)."""
+
+    method: str
+    key_id: str | None  # None: the layout before run keys (<method>/seed=<s>/), always stale
+    seed: int
+    path: Path
+
+
+def _seed_dirs(parent: Path) -> list[tuple[int, Path]]:
+    found = ((SEED_DIR.match(p.name), p) for p in sorted(parent.iterdir()) if p.is_dir())
+    return [(int(m.group(1)), p) for m, p in found if m is not None]
+
+
+def list_run_dirs(runs: str | Path, scenario: str) -> list[RunDir]:
+    """Every run directory under <runs>/<scenario>/, by method, key id and seed (sorted by path)."""
     d = scenario_dir(runs, scenario)
-    for mdir in (
-        sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
-    ):
-        for sdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
-            match = SEED_DIR.match(sdir.name)
-            if match is not None:
-                out.setdefault(mdir.name, {})[int(match.group(1))] = sdir
+    if not d.is_dir():
+        return []
+    out: list[RunDir] = []
+    for mdir in sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        out += [RunDir(mdir.name, None, seed, p) for seed, p in _seed_dirs(mdir)]
+        for kdir in sorted(p for p in mdir.iterdir() if p.is_dir() and KEY_DIR.match(p.name)):
+            out += [RunDir(mdir.name, kdir.name, seed, p) for seed, p in _seed_dirs(kdir)]
     return out
 
 

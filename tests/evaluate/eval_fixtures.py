@@ -17,7 +17,16 @@ from pathlib import Path
 import numpy as np
 from walla.store.scenario_data import ScenarioData
 from walla.train.methods import REGISTRY, MethodOutput
-from walla.train.runs import RUN_META, SCENARIO_META, run_dir, scenario_dir, write_scenario_table
+from walla.train.runs import (
+    RUN_META,
+    SCENARIO_META,
+    key_id,
+    run_dir,
+    run_key,
+    scenario_dir,
+    write_key_file,
+    write_scenario_table,
+)
 from walla.train.runs import write_run as train_write_run
 
 SPEC = {"dataset": "toy", "context": "none"}  # a stand-in for the resolved scenario spec
@@ -99,10 +108,17 @@ def write_run(
     run_meta: dict | None = None,  # overrides of run.json fields
     complete: bool = True,  # False: as if killed before run.json was written
     question_ids: list[str] | None = None,
+    planned: list[int] | None = None,  # the seeds key.json plans for this run key (default: the scenario's)
 ) -> Path:
-    """One run through train's writer, bound to the scenario's current inputs (scenario.json inputs_id)."""
+    """One run through train's writer, bound to the scenario's current inputs (scenario.json inputs_id), its
+    run key built as walla-train builds it (config from run_meta, else {}; 32-true on cpu), with key.json
+    planning the scenario's seeds."""
     n = len(weights)
-    path = run_dir(runs, scenario, method, seed)
+    scen = json.loads((scenario_dir(runs, scenario) / SCENARIO_META).read_text())
+    config = (run_meta or {}).get("config", {})
+    key = run_key(scen["inputs_id"], method, config, precision="32-true", device="cpu")
+    write_key_file(runs, scenario, key, scen["seeds"] if planned is None else planned)
+    path = run_dir(runs, scenario, method, key_id(key), seed)
     if train_log:
         from walla.train.loggers import RunLogger  # Lightning's CSVLogger: only the plot tests need it
 
@@ -110,7 +126,6 @@ def write_run(
         for i in range(len(next(iter(train_log.values())))):
             logs({key: values[i] for key, values in train_log.items()})
         logs.finish()
-    scen = json.loads((scenario_dir(runs, scenario) / SCENARIO_META).read_text())
     info = REGISTRY.get(method)
     meta = {
         "scenario": scenario,
@@ -118,7 +133,9 @@ def write_run(
         "display_name": info.display if info else method,
         "group": info.group if info else "learning_based",
         "seed": seed,
-        "config": {},
+        "config": config,
+        "run_key": key,
+        "key_id": key_id(key),
         "inputs_id": f"{scen['inputs_id']}-{method}-{seed}",
         "scenario_inputs_id": scen["inputs_id"],
         "fingerprints": scen["fingerprints"],

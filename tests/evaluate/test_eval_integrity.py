@@ -27,6 +27,12 @@ def make_runs(root: Path, name: str = "toy") -> Path:
     return runs
 
 
+def run_path(runs: Path, method: str, seed: int, scenario: str = "toy") -> Path:
+    """The one run directory of a method and seed (whatever its run key)."""
+    (path,) = (runs / scenario / method).glob(f"*/seed={seed}")
+    return path
+
+
 def invoke(*args: str):
     return CliRunner().invoke(app, list(args))
 
@@ -48,7 +54,7 @@ def test_runs_from_other_inputs_are_never_counted(tmp_path):
     assert scen["inputs_id"] != old_id and scen["seeds"] == [1]
     new_w = np.tile([1.0, 0.0], (6, 1))
     write_run(runs, "toy", "uniform", 1, new_w, PROBS[:, 0], SPLIT)
-    stale = json.loads((runs / "toy" / "uniform" / "seed=2" / "run.json").read_text())
+    stale = json.loads((run_path(runs, "uniform", 2) / "run.json").read_text())
     assert stale["scenario_inputs_id"] == old_id  # the old run is still on disk
 
     out = invoke("--report", str(tmp_path / "o" / "t.md"), "--runs", str(runs), "--no-plots")
@@ -63,7 +69,7 @@ def test_runs_from_other_inputs_are_never_counted(tmp_path):
 
 
 def _corrupt_run_json(runs: Path) -> Path:
-    (path := runs / "toy" / "uniform" / "seed=2" / "run.json").write_text("{not json")
+    (path := run_path(runs, "uniform", 2) / "run.json").write_text("{not json")
     return path
 
 
@@ -79,15 +85,13 @@ def _corrupt_scenario_json(runs: Path) -> Path:
 
 
 def _truncated_predictions(runs: Path) -> Path:
-    path = runs / "toy" / "uniform" / "seed=1" / "predictions.parquet"
+    path = run_path(runs, "uniform", 1) / "predictions.parquet"
     path.write_bytes(path.read_bytes()[:50])
     return path
 
 
 def _predictions_without_columns(runs: Path) -> Path:
-    pl.DataFrame({"x": [1]}).write_parquet(
-        path := runs / "toy" / "uniform" / "seed=1" / "predictions.parquet"
-    )
+    pl.DataFrame({"x": [1]}).write_parquet(path := run_path(runs, "uniform", 1) / "predictions.parquet")
     return path
 
 

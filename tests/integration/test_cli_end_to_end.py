@@ -58,6 +58,12 @@ def _cell(text: str, row: str, col: int) -> float:
     raise AssertionError(f"row {row!r} not in report")
 
 
+def run_path(scenario, method: str, seed: int):
+    """The one run directory of a method and seed (runs/<scenario>/<method>/<key-id>/seed=<s>)."""
+    (path,) = (scenario / method).glob(f"*/seed={seed}")
+    return path
+
+
 def test_report_rows_match_run_files(pipeline):
     runs, report = pipeline
     (scenario,) = [p for p in runs.iterdir() if p.is_dir()]
@@ -70,20 +76,20 @@ def test_report_rows_match_run_files(pipeline):
     for method, row in (("uniform", "UniformAvg"), ("walla-i", "WALLA I")):
         accs = []
         for seed in (18, 19):
-            pred = pl.read_parquet(scenario / method / f"seed={seed}" / "predictions.parquet")
+            pred = pl.read_parquet(run_path(scenario, method, seed) / "predictions.parquet")
             pred = pred.filter(pl.col("split") == "test")
             assert pred["question_id"].to_list() == table["question_id"].to_list()
             agg = np.asarray(pred["agg_probs"].to_list())
             accs.append((agg.argmax(1) == label).mean())
         assert _cell(text, row, acc_col) == pytest.approx(100 * np.mean(accs), abs=0.006)
-    assert (scenario / "walla-i" / "seed=18" / "logs" / "metrics.csv").exists()
-    assert (scenario / "walla-i" / "seed=18" / "state.pt").exists()
+    assert (run_path(scenario, "walla-i", 18) / "logs" / "metrics.csv").exists()
+    assert (run_path(scenario, "walla-i", 18) / "state.pt").exists()
 
 
 def test_rerun_skips_finished_runs(pipeline):
     runs, _ = pipeline
     (scenario,) = [p for p in runs.iterdir() if p.is_dir()]
-    before = (scenario / "uniform" / "seed=18" / "run.json").stat().st_mtime_ns
+    before = (run_path(scenario, "uniform", 18) / "run.json").stat().st_mtime_ns
     store = runs.parent / "store"
     res = runner.invoke(
         train_cli.app,
@@ -91,4 +97,4 @@ def test_rerun_skips_finished_runs(pipeline):
          "--agents", "3", "--store", str(store), "--runs", str(runs), "--methods", "uniform", "--seed-list", "18"],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert (scenario / "uniform" / "seed=18" / "run.json").stat().st_mtime_ns == before
+    assert (run_path(scenario, "uniform", 18) / "run.json").stat().st_mtime_ns == before

@@ -16,12 +16,15 @@ from walla.train.plan import Overrides, build_plan
 from walla.train.run import RunsLockedError, run_plan, runs_lock
 from walla.train.runs import (
     RUN_META,
+    RunDir,
     RunFormatError,
     is_complete,
+    key_id,
     list_run_dirs,
     read_run,
     read_scenario_table,
     run_dir,
+    run_key,
     write_run,
     write_scenario_table,
 )
@@ -76,19 +79,19 @@ def test_scenario_table_and_run_round_trip(tmp_path, data):
     np.testing.assert_allclose(table.probs, data.probs[test], atol=1e-6)
     np.testing.assert_array_equal(table.variant, data.variant[test])
     out = _output(n, m, k)
-    path = run_dir(tmp_path, data.name, "walla-i", 18)
-    write_run(
-        path,
-        data.question_id,
-        data.split,
-        out,
-        {"method": "walla-i", "seed": 18, "scenario_inputs_id": meta["inputs_id"]},
-    )
+    kid = key_id(run_key(meta["inputs_id"], "walla-i", {"lr": 1e-3}))
+    path = run_dir(tmp_path, data.name, "walla-i", kid, 18)
+    write_run(path, data.question_id, data.split, out, {"method": "walla-i", "seed": 18})
     rec = read_run(path, table)
     np.testing.assert_allclose(rec.weights, out.weights[test], atol=1e-6)
     np.testing.assert_allclose(rec.extras["wagers"], out.extras["wagers"][test], atol=1e-6)
     np.testing.assert_allclose(rec.agent_probs, out.extras["agent_probs"][test], atol=1e-6)
-    assert list_run_dirs(tmp_path, data.name) == {"walla-i": {18: path}}
+    legacy = tmp_path / data.name / "walla-i" / "seed=19"  # the layout before run keys
+    legacy.mkdir()
+    assert list_run_dirs(tmp_path, data.name) == [
+        RunDir("walla-i", None, 19, legacy),
+        RunDir("walla-i", kid, 18, path),
+    ]
     (path / RUN_META).write_text("{not json")
     with pytest.raises(RunFormatError, match=r"run.json: not valid JSON"):
         read_run(path, table)
@@ -108,9 +111,12 @@ def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
     env = TrainEnv()
     res = run_plan(plan, data, tmp_path, env, note=lambda s: None)
     assert [(r["method"], r["seed"], r["status"]) for r in res] == [
-        ("uniform", 18, "done"), ("uniform", 19, "done"), ("walla-i", 18, "done"), ("walla-i", 19, "done"),
-    ]  # fmt: skip
-    wpath = run_dir(tmp_path, data.name, "walla-i", 18)
+        ("uniform", 18, "done"),
+        ("uniform", 19, "done"),
+        ("walla-i", 18, "done"),
+        ("walla-i", 19, "done"),
+    ]
+    wpath = run_dir(tmp_path, data.name, "walla-i", res[2]["key_id"], 18)
     assert (wpath / "state.pt").exists() and (wpath / "logs" / "metrics.csv").exists()
     table = read_scenario_table(tmp_path, data.name)
     rec = read_run(wpath, table)
@@ -119,15 +125,22 @@ def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
     np.testing.assert_allclose(rec.weights.sum(1), 1.0, atol=1e-5)
     again = run_plan(plan, data, tmp_path, env, note=lambda s: None)
     assert {r["status"] for r in again} == {"skipped"}
-    # a changed config makes the walla-i runs stale: they are retrained, uniform's are kept
-    notes: list[str] = []
+    # a changed config is another run key: walla-i trains beside the first runs, uniform's are kept
     hp = {"walla": {**TRAIN["hparams"]["walla"], "lr": 1.0e-3}}
-    changed = run_plan(_plan(data, {**TRAIN, "hparams": hp}), data, tmp_path, env, note=notes.append)
+    changed = run_plan(_plan(data, {**TRAIN, "hparams": hp}), data, tmp_path, env, note=lambda s: None)
     assert [r["status"] for r in changed] == ["skipped", "skipped", "done", "done"]
-    assert any("trained from other inputs; retraining" in s for s in notes)
-    # other questions (a different scenario input): every run is retrained
+    assert changed[2]["key_id"] != res[2]["key_id"] and read_run(wpath, table).meta["config"]["lr"] == 3e-3
+    walla = [d for d in list_run_dirs(tmp_path, data.name) if d.method == "walla-i"]
+    assert sorted((d.key_id, d.seed) for d in walla) == sorted(
+        (r["key_id"], r["seed"]) for r in res[2:] + changed[2:]
+    )
+    # other questions (a different scenario input): every run of the same key is retrained in place
+    notes: list[str] = []
     other = dataclasses.replace(data, fingerprints={**data.fingerprints, "a/none": "ffff"})
-    assert {r["status"] for r in run_plan(_plan(data), other, tmp_path, env, note=lambda s: None)} == {"done"}
+    again = run_plan(_plan(data), other, tmp_path, env, note=notes.append)
+    assert {r["status"] for r in again} == {"done"}
+    assert [r["key_id"] for r in again] == [r["key_id"] for r in res]
+    assert sum("trained from other inputs or by another walla-train; retraining" in s for s in notes) == 4
 
 
 def test_one_writer_per_scenario(tmp_path, data):

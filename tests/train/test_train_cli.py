@@ -42,10 +42,8 @@ def test_train_writes_runs_and_prints_summary(tmp_path, synth):
     res = _run(tmp_path, "--scenario", str(synth), "--seeds", "2")
     assert res.exit_code == 0, res.output
     assert "WALLA I" in res.output and "UniformAvg" in res.output and "Brier" in res.output
-    assert sorted(p.name for p in (tmp_path / "runs" / "synth" / "walla-i").iterdir()) == [
-        "seed=18",
-        "seed=19",
-    ]
+    (key,) = (tmp_path / "runs" / "synth" / "walla-i").iterdir()  # one run key: <method>/<key-id>/
+    assert sorted(p.name for p in key.iterdir()) == ["key.json", "seed=18", "seed=19"]
 
 
 def test_show_plan_prints_the_resolved_plan(tmp_path, synth):

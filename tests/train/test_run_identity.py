@@ -1,0 +1,113 @@
+"""Run identity through the real CLIs (issue 20, findings 1 and 2): seeds trained with another config or
+precision are never averaged with the first ones; walla-eval shows them as separate rows labelled by
+the keys that differ, and rerunning the same command retrains nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic import make_private_context_scenario
+from typer.testing import CliRunner
+from walla.evaluate import cli as eval_cli
+from walla.store import scenario as scenario_mod
+from walla.train import cli as train_cli
+
+runner = CliRunner()
+SCENARIO = """\
+# For: walla-train --scenario synth.yaml
+description: synthetic
+scenario: {dataset: facts, agents: [smollm2-135m, smollm2-135m, smollm2-135m], context_rule: one_relevant}
+train:
+  methods: [uniform, walla-i]
+  seeds: [18, 19, 20, 21, 22]
+  hparams: {walla: {lr: 1.0e-3, epochs: 1, hidden: [8], projection_dim: null, batch_size: 25}}
+"""
+
+
+@pytest.fixture
+def synth(tmp_path, monkeypatch):
+    """A scenario file and a synthetic assembled scenario (the CLI, plan, runs and report stay real)."""
+    data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
+    monkeypatch.setattr(scenario_mod, "assemble_scenario", lambda spec, store: data)
+    (tmp_path / "store").mkdir()
+    path = tmp_path / "synth.yaml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def train(tmp_path: Path, synth: Path, *args: str):
+    argv = ["--scenario", str(synth), "--store", str(tmp_path / "store"), "--runs", str(tmp_path / "runs")]
+    res = runner.invoke(train_cli.app, [*argv, *args])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def report(tmp_path: Path) -> dict[str, dict[str, str]]:
+    """walla-eval on the runs: row label -> the main table's accuracy cell (csv row)."""
+    out = runner.invoke(
+        eval_cli.app,
+        ["--report", str(tmp_path / "o" / "t.md"), "--runs", str(tmp_path / "runs"), "--no-plots"],
+    )
+    assert out.exit_code == 0, out.output
+    rows = csv.DictReader((tmp_path / "o" / "t.csv").open())
+    return {r["row"]: r for r in rows if r["table"] == "main" and r["metric"] == "accuracy"}
+
+
+def test_acc(tmp_path: Path, method: str) -> dict[float, list[float]]:
+    """lr -> test accuracies of every complete run of `method`, read from the run files."""
+    out: dict[float, list[float]] = {}
+    for path in sorted((tmp_path / "runs" / "synth" / method).rglob("run.json")):
+        meta = json.loads(path.read_text())
+        out.setdefault(meta["config"]["lr"], []).append(meta["test_acc"])
+    return out
+
+
+test_acc.__test__ = False  # a helper, not a test
+
+
+def written(tmp_path: Path) -> dict[str, int]:
+    """run.json path -> its modification time (ns), for every run of the scenario."""
+    return {str(p): p.stat().st_mtime_ns for p in (tmp_path / "runs" / "synth").rglob("run.json")}
+
+
+def test_another_lr_is_a_row_of_its_own(tmp_path, synth):
+    train(tmp_path, synth, "--seeds", "5")
+    before = written(tmp_path)
+    assert len(before) == 10  # uniform and walla-i, 5 seeds each
+    train(tmp_path, synth, "--seeds", "5")  # the same command: every run is kept, none rewritten
+    assert written(tmp_path) == before
+    res = train(tmp_path, synth, "--seed-list", "18", "--set", "walla.lr=3e-3")
+    assert "walla-i: run key" in res.output and "1 other key(s) beside it" in res.output
+    assert {p: w for p, w in written(tmp_path).items() if p in before} == before  # beside, not over
+    accs = test_acc(tmp_path, "walla-i")
+    assert {lr: len(a) for lr, a in accs.items()} == {1e-3: 5, 3e-3: 1}  # beside, not over the first
+    rows = report(tmp_path)
+    assert "WALLA I" not in rows  # never one row over both configurations
+    a, b = rows["WALLA I (lr=0.001)"], rows["WALLA I (lr=0.003)"]
+    assert (a["n_seeds"], b["n_seeds"]) == ("5", "1")
+    assert float(a["mean"]) == pytest.approx(100 * np.mean(accs[1e-3]), abs=1e-9)
+    assert float(b["mean"]) == pytest.approx(100 * accs[3e-3][0], abs=1e-9)
+    assert rows["UniformAvg"]["n_seeds"] == "5"  # uniform did not change: one row, five seeds
+    labels = list(rows)
+    assert (
+        labels.index("UniformAvg") < labels.index("WALLA I (lr=0.001)") < labels.index("WALLA I (lr=0.003)")
+    )
+
+
+def test_another_precision_is_a_row_of_its_own(tmp_path, synth):
+    train(tmp_path, synth, "--seeds", "5", "--precision", "32-true")
+    before = written(tmp_path)
+    train(tmp_path, synth, "--seed-list", "18", "--precision", "bf16-mixed")
+    after = written(tmp_path)
+    assert {p: w for p, w in after.items() if p in before} == before
+    (new,) = set(after) - set(before)  # one new walla-i run; uniform never uses the precision: kept
+    assert "/walla-i/" in new and json.loads(Path(new).read_text())["precision"] == "bf16-mixed"
+    rows = report(tmp_path)
+    assert "WALLA I" not in rows
+    full, bf16 = rows["WALLA I (precision=32-true)"], rows["WALLA I (precision=bf16-mixed)"]
+    assert (full["n_seeds"], bf16["n_seeds"]) == ("5", "1")
+    assert rows["UniformAvg"]["n_seeds"] == "5"  # nothing of it depends on the precision
