@@ -251,7 +251,8 @@ def own_agents_note(ev: ScenarioEval, methods: list[str], cols: list[Column]) ->
     on_agents = [c.label for c in cols if METRICS[c.key].scored_on_agents]
     if on_agents:
         scored = (
-            f"their {', '.join(on_agents)} are measured against those agents, every other row's against the raw "
+            f"{'its' if len(runs) == 1 else 'their'} {', '.join(on_agents)} are measured against those agents, "
+            "every other row's against the raw "
             "agents, so these cells are neither bold nor compared (no marks); the other columns depend on the "
             "aggregate only and are compared as usual"
         )

@@ -108,7 +108,9 @@ def bootstrap_note(table: Table, questions: str, missing: bool = False) -> str:
         + f"; {MARKS['best']} : the same vs the column's best baseline, the learning-free or learning-based "
         "row with the best mean in the column's direction"
         + (f" ({baselines})" if baselines else " (none here)")
-        + ". A mark says the difference is larger than the questions' sampling noise, in either direction."
+        + ". A mark says the difference is larger than the questions' sampling noise, in either direction; it "
+        "holds the trained seeds fixed, so a marked difference inside the seed intervals (±) is still within "
+        "training noise."
         + (
             " No brackets: the metric is undefined on some resample (e.g. AUC when every drawn prediction is "
             "right), so neither an interval nor a mark is given."

@@ -232,6 +232,14 @@ _TEX_ESCAPES = {
 }
 
 
+_TEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "°": r"\circ"}
+
+
+def _tex_marks(marks: str) -> str:
+    r"""'†‡' -> one superscript $^{\dagger\ddagger}$ (two adjacent $...$ would read as $$)."""
+    return rf"$^{{{''.join(_TEX_MARKS[m] for m in marks)}}}$" if marks else ""
+
+
 def tex_escape(text: str) -> str:
     return "".join(_TEX_ESCAPES.get(ch, ch) for ch in text)
 
@@ -281,7 +289,7 @@ def to_latex(table: Table) -> str:
                 text += rf"\tiny{{$\pm${t.ci}}}"
             if t.boot is not None:
                 text += rf"\,\tiny{{{t.boot}}}"
-            cells.append(text + tex_escape(t.marks))
+            cells.append(text + _tex_marks(t.marks))
         out.append(tex_escape(row.label) + " & " + " & ".join(cells) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}%", "}"]
     notes = table.notes + used_notes(table)

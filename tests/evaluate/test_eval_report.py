@@ -46,7 +46,7 @@ GOLDEN_MAIN = """\
 | WALLA I | – | **100.00 ± 0.00** | **30.66 ± 7.12** | 100.00 ± 0.00 | **90.00 ± 127.06** | **8.25 ± 2.28** |
 
 Values ×100: mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test questions (below); bold = best aggregation method per column (individual agents excluded).\\
-[lo, hi]: 95% percentile interval from a paired bootstrap over the 5 test questions (1000 resamples with replacement, numpy default_rng(18); on each resample the metric is computed per seed and averaged over seeds; every row uses the same resamples). † : the 95% paired-bootstrap interval of the difference to UniformAvg excludes 0; ‡ : the same vs the column's best baseline, the learning-free or learning-based row with the best mean in the column's direction (AUC UniformAvg, ACC UniformAvg, ECE UniformAvg, K-Tau UniformAvg, DRegret UniformAvg). A mark says the difference is larger than the questions' sampling noise, in either direction. No brackets: the metric is undefined on some resample (e.g. AUC when every drawn prediction is right), so neither an interval nor a mark is given.\\
+[lo, hi]: 95% percentile interval from a paired bootstrap over the 5 test questions (1000 resamples with replacement, numpy default_rng(18); on each resample the metric is computed per seed and averaged over seeds; every row uses the same resamples). † : the 95% paired-bootstrap interval of the difference to UniformAvg excludes 0; ‡ : the same vs the column's best baseline, the learning-free or learning-based row with the best mean in the column's direction (AUC UniformAvg, ACC UniformAvg, ECE UniformAvg, K-Tau UniformAvg, DRegret UniformAvg). A mark says the difference is larger than the questions' sampling noise, in either direction; it holds the trained seeds fixed, so a marked difference inside the seed intervals (±) is still within training noise. No brackets: the metric is undefined on some resample (e.g. AUC when every drawn prediction is right), so neither an interval nor a mark is given.\\
 – : undefined on every seed (e.g. AUC when all test predictions are right, or all wrong).\\
 – (MRR): equal weights rank the agents by slot order only (SPEC §10.10), so MRR is not shown.
 """  # noqa: E501
@@ -127,7 +127,7 @@ def test_golden_tables(tmp_path):
         r"\toprule" in tex
         and r"\textbf{100.00}\tiny{$\pm$0.00}\,\tiny{[100.00, 100.00]}" in tex
         and r"90.00}\tiny{$\pm$127.06}\,\tiny{[" in tex
-        and r"$^\dagger$" in tex
+        and r"$^{\dagger\ddagger}$" in tex
     )
     rows = list(csv.DictReader((tmp_path / "out" / "tables.csv").open()))
     acc = next(

@@ -99,7 +99,9 @@ def test_question_interval_is_the_seed_mean_on_explicit_resamples(tmp_path):
     _, main, rows, data = _report(tmp_path)
     test = slice(1, None)
     label = data["label"][test]
-    f32 = {k: np.asarray(data[k][test], dtype=np.float32) for k in ("probs", "w")}  # as the run files hold them
+    f32 = {
+        k: np.asarray(data[k][test], dtype=np.float32) for k in ("probs", "w")
+    }  # as the run files hold them
     agg = np.asarray(data["agg"]["walla-i"][test], dtype=np.float32)
     arrays = EvalArrays(agg, f32["probs"], f32["w"], label, np.eye(2, dtype=np.float32)[label])
     per_resample = [compute_metrics(arrays.subset(idx)) for idx in resample_indices(N)]
