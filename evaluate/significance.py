@@ -61,7 +61,9 @@ def best_baseline(table: Table, col: Column) -> int | None:
 def annotate(table: Table, questions: str) -> None:
     """Fill every cell's question interval and paired differences, record each column's best baseline,
     and add the note that explains the brackets and marks. `questions`: what was resampled
-    ("the 140 test questions")."""
+    ("the 140 test questions"). A table without resamples (an empty subset) is left as it is."""
+    if not any(c.resamples is not None for row in table.rows for c in row.cells.values()):
+        return
     for col in table.columns:
         for row in table.rows:
             cell = row.cells.get(col.key)

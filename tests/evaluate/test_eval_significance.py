@@ -151,3 +151,21 @@ def test_csv_carries_intervals_and_marks(tmp_path):
     assert noise["vs_best_sig"] == "0" and float(noise["vs_best_lo"]) < 0 < float(noise["vs_best_hi"])
     mrr = rows[("UniformAvg", "mrr")]  # not shown ("–"), so not compared
     assert mrr["vs_uniform_sig"] == "" and mrr["vs_best_lo"] == ""
+
+
+def test_empty_hard_subset_has_no_intervals_and_no_bootstrap_note(tmp_path):
+    runs = tmp_path / "runs"
+    probs = np.array([[[0.9, 0.1], [0.8, 0.2]]] * 4)  # both agents right on every question
+    split = ["train"] + ["test"] * 3
+    write_scenario(runs, "easy", probs, np.zeros(4, dtype=np.int64), split, ["a", "b"])
+    for seed in SEEDS:
+        write_run(runs, "easy", "uniform", seed, np.full((4, 2), 0.5), probs.mean(1), split)
+    result = run(EvalConfig(report=tmp_path / "t.md", runs=runs, plots=False))
+    hard = next(t for t in result.tables if t.key == "hard")
+    assert all(
+        c.boot is None and c.vs == {} and c.note == "empty" for r in hard.rows for c in r.cells.values()
+    )
+    assert not any("bootstrap" in n for n in hard.notes)
+    main = next(t for t in result.tables if t.key == "main")  # 3 identical questions: every resample alike
+    acc = next(r for r in main.rows if r.method == "uniform").cells["accuracy"]
+    assert (acc.boot.lo, acc.boot.hi) == (1.0, 1.0)
