@@ -9,16 +9,14 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 from walla.evaluate.report import EvalConfig, key_summary, problem_summary, run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla evaluate stage")
-
-
-def _fmt(s) -> str:
-    if not s.defined:
-        return "–"
-    return f"{100 * s.mean:.2f}" + ("" if s.ci is None else f" ± {100 * s.ci:.2f}")
+CAPTION = (
+    "† differs from UniformAvg, ‡ from the best baseline (paired bootstrap over questions; see the report)"
+)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -36,7 +34,8 @@ def main_command(
     runs: Path = typer.Option(Path("runs"), "--runs", help="runs directory written by walla-train"),
     no_plots: bool = typer.Option(False, "--no-plots", help="tables only"),
 ) -> None:
-    """Metrics with 95% CIs over seeds, the paper's tables (.md/.tex/.csv) and plots, from saved runs.
+    """Metrics with 95% intervals over seeds and over test questions (paired bootstrap, with significance
+    marks), the paper's tables (.md/.tex/.csv) and plots, from saved runs.
 
     Exit 1 when a run or scenario file is unreadable (the report is still written without it).
     """
@@ -50,13 +49,19 @@ def main_command(
         raise _fail(e, 1) from None
     for ev in result.scenarios:
         s = ev.data.scenario
-        keys = ["KLD", "DRegret"] if s.soft_target else ["ACC", "DRegret"]
-        t = RichTable(title=f"{s.name} · {s.dataset} · N={len(s.label)} test · seeds {len(ev.seeds)} (×100)")
+        main = next(t for t in result.tables if t.scenario == s.name and t.key == "main")
+        cols, rows = key_summary(main)
+        title = f"{s.name} · {s.dataset} · N={len(s.label)} test · seeds {len(ev.seeds)} (×100)"
+        t = RichTable(title=title, caption=CAPTION)
         t.add_column("method")
-        for k in keys:
-            t.add_column(k, justify="right")
-        for label, sums in key_summary(ev):
-            t.add_row(label, *(_fmt(v) for v in sums.values()))
+        for c in cols:
+            t.add_column(f"{c.label} ± seeds", justify="right")
+            t.add_column("95% questions", justify="left")
+        for label, texts in rows:
+            cells = []
+            for x in texts:
+                cells += [x.mean + ("" if x.ci is None else f" ± {x.ci}"), (x.boot or "") + x.marks]
+            t.add_row(escape(label), *(escape(c) for c in cells))
         console.print(t)
     for path in result.files:
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)

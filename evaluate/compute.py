@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from walla.evaluate.aggregate import Summary, summarize
+from walla.evaluate.load import ScenarioRuns
 from walla.evaluate.metrics import METRICS
 from walla.evaluate.tables import Cell, Column, Row, Table
 from walla.train.methods import REGISTRY
 from walla.train.runs import SCENARIO_META
-
-if TYPE_CHECKING:
-    from walla.evaluate.report import ScenarioEval
 
 ROUTER_FAMILIES = ("route-llm", "router-dc", "nirt-router")  # methods that may run only routed agents
 NOT_RECORDED = (
@@ -93,24 +90,36 @@ def needed(method: str, weights: np.ndarray) -> np.ndarray:
     return np.ones(weights.shape, dtype=bool)
 
 
-def scenario_compute(ev: ScenarioEval) -> ScenarioCompute | str:
-    """Compute and quality of every agent and every counted method; a sentence when not recorded."""
-    s = ev.data.scenario
+Scores = dict[str, dict[str, float]]  # subset -> metric -> value (report.evaluate_scenario)
+
+
+def scenario_compute(
+    data: ScenarioRuns, individual: list[Scores], runs: dict[str, dict[int, Scores]]
+) -> ScenarioCompute | str:
+    """Compute and quality of every agent (`individual`, by slot) and every counted method (`runs`:
+    method -> seed -> scores); a sentence when not recorded."""
+    s = data.scenario
     costs = agent_costs(s.meta, s.agents, str(s.path / SCENARIO_META))
     if isinstance(costs, str):
         return costs
     tokens, flops = costs
     metric = "brier" if s.soft_target else "accuracy"
     points = [
-        ComputePoint(f"Agent {i + 1}: {a}", "individual", 1.0, float(tokens[i]), float(flops[i]),
-                     summarize([ev.individual[i]["all"][metric]]))
+        ComputePoint(
+            f"Agent {i + 1}: {a}",
+            "individual",
+            1.0,
+            float(tokens[i]),
+            float(flops[i]),
+            summarize([individual[i]["all"][metric]]),
+        )
         for i, a in enumerate(s.agents)
-    ]  # fmt: skip
+    ]
     routers = {}
-    for method, by_seed in ev.runs.items():
-        runs = [ev.data.runs[method][seed] for seed in sorted(by_seed)]
-        need = [needed(r.method, r.weights) for r in runs]  # each [N, M]
-        first = runs[0]
+    for method, by_seed in runs.items():
+        records = [data.runs[method][seed] for seed in sorted(by_seed)]
+        need = [needed(r.method, r.weights) for r in records]  # each [N, M]; r.method: the registry name
+        first = records[0]
         if is_router(first.method):
             routers[first.display] = all(n.all() for n in need)
         points.append(
@@ -136,10 +145,18 @@ def compute_table(sc: ScenarioCompute, scenario: str, caption: str) -> Table:
         Column(sc.metric, q.label, q.higher_is_better, q.scale, q.decimals),
     ]
     rows = [
-        Row(p.label, p.group, {"agents_run": _one(p.agents), "tokens": _one(p.tokens), "gflops": _one(p.flops),
-                               sc.metric: Cell(p.quality)})
+        Row(
+            p.label,
+            p.group,
+            {
+                "agents_run": _one(p.agents),
+                "tokens": _one(p.tokens),
+                "gflops": _one(p.flops),
+                sc.metric: Cell(p.quality),
+            },
+        )
         for p in sc.points
-    ]  # fmt: skip
+    ]
     notes = [
         "LLM compute each row needs per test question: prompt tokens and forward FLOPs (2 × non-embedding "
         "parameters × tokens) of the agents it runs, from the extraction records. WALLA and the pooling "
@@ -147,16 +164,17 @@ def compute_table(sc: ScenarioCompute, scenario: str, caption: str) -> Table:
     ]
     if sc.routers:
         soft = [name for name, every in sc.routers.items() if every]
+        pooled = (
+            f"; {', '.join(soft)} output soft weights over every agent and pool them, so they run all agents."
+        )
         notes.append(
             f"Routers ({', '.join(sc.routers)}) run only the agents with a non-zero routing weight on a question "
-            "(a hard router runs one)"
-            + (f"; {', '.join(soft)} output soft weights over every agent and pool them, so they run all agents."
-               if soft else ".")
-        )  # fmt: skip
+            "(a hard router runs one)" + (pooled if soft else ".")
+        )
     scale = "×100" if q.scale == 100.0 else f"×{q.scale:g}"
     notes.append(f"{q.label} {scale}: mean ± 95% CI over seeds; compute: mean over test questions and seeds.")
-    return Table("compute", scenario, f"{scenario}: LLM compute per question vs {q.label}", caption, cols, rows,
-                 notes=notes)  # fmt: skip
+    title = f"{scenario}: LLM compute per question vs {q.label}"
+    return Table("compute", scenario, title, caption, cols, rows, notes=notes)
 
 
 def _one(value: float) -> Cell:

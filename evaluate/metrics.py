@@ -10,7 +10,14 @@ E_{Y~y}||p - delta_Y||^2 is `-brier_score(p, y, c1=0, c2=1)`. With a one-hot y i
 with a soft y (BayesX) it is the expected Brier 1 + sum p^2 - 2 <p, y> (SPEC §5.2). Both differ only by a
 per-question constant, so D-Regret, MRR and Kendall tau are the same under either reading.
 
-Shapes: N questions, M agents, K options.
+Most metrics are a mean over questions of a per-question term (`*_terms` below): the bootstrap over
+questions (bootstrap.py) re-weights those terms. AUC and ECE are not such means; they have `*_resampled`
+forms that recompute them on every resample at once. Either form agrees with the plain function on the
+resampled questions (tests/evaluate/test_eval_bootstrap.py).
+
+Shapes: N questions, M agents, K options; a set of B resamples is given as counts [N, B] (how often
+each question is drawn in each resample; questions first, so per-question gathers and running sums
+move whole rows).
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 from walla.train.mechanism import brier_score, regret
 
 ECE_BINS = 20  # SPEC §8: 20 equal-width bins on [0, 1]
@@ -46,9 +52,14 @@ def per_agent_brier(probs: np.ndarray, target: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------- hard-label metrics
 
 
+def accuracy_terms(p_agg: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """[N] 1.0 where argmax p_agg == label (ties: lowest option index, as np.argmax), else 0.0."""
+    return (np.argmax(p_agg, axis=-1) == label).astype(np.float64)
+
+
 def accuracy(p_agg: np.ndarray, label: np.ndarray) -> float:
-    """Mean 1[argmax p_agg == label] (ties: lowest option index, as np.argmax)."""
-    return float(np.mean(np.argmax(p_agg, axis=-1) == label))
+    """Mean of accuracy_terms."""
+    return float(np.mean(accuracy_terms(p_agg, label)))
 
 
 def auc(p_agg: np.ndarray, label: np.ndarray) -> float:
@@ -56,20 +67,46 @@ def auc(p_agg: np.ndarray, label: np.ndarray) -> float:
 
     NaN when every prediction is correct or every one is wrong (AUROC undefined).
     """
-    correct = np.argmax(p_agg, axis=-1) == label  # [N]
-    if correct.all() or not correct.any():
-        return float("nan")
-    return float(roc_auc_score(correct, np.max(p_agg, axis=-1)))
+    return float(auc_resampled(p_agg, label, np.ones((len(label), 1)))[0])
+
+
+def auc_resampled(p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """`auc` on each resample of counts [N, B] -> [B]."""
+    return weighted_auc(np.max(p_agg, axis=-1), np.argmax(p_agg, axis=-1) == label, counts)
+
+
+def weighted_auc(score: np.ndarray, positive: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """AUROC of score [N] for positive [N] on each resample, a question drawn c times counting c times
+    (sklearn's roc_auc_score on the resampled rows) -> [B]; NaN where a resample lacks either class.
+
+    Mann-Whitney form: sum over drawn positives of (drawn negatives scored strictly below it + half those
+    tied with it), over #positives x #negatives. The negatives are sorted by score once; a running count
+    of drawn negatives, read where each positive's score falls (left and right of ties), gives both terms
+    for every resample. Counts are integers, so numerator and denominator are exact in float64.
+    """
+    negatives = np.flatnonzero(~positive)
+    order = np.argsort(score[negatives], kind="stable")
+    ranked = score[negatives][order]  # negative scores, ascending
+    running = np.zeros((len(negatives) + 1, counts.shape[1]))  # [Nn + 1, B]
+    np.cumsum(counts[negatives[order]], axis=0, out=running[1:])  # drawn negatives among the j lowest
+    below = running[np.searchsorted(ranked, score[positive], side="left")]  # [P, B] scored < the positive
+    upto = running[np.searchsorted(ranked, score[positive], side="right")]  # [P, B] scored <= it
+    drawn = counts[positive]  # [P, B]
+    pairs = drawn.sum(0) * running[-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pairs > 0, 0.5 * np.einsum("pb,pb->b", drawn, below + upto) / pairs, np.nan)
 
 
 def class_auc(p_agg: np.ndarray, label: np.ndarray) -> float:
     """Usual class AUROC for binary tasks: p_agg[:, 1] as the score of label == 1. NaN if K != 2 or one class."""
+    return float(class_auc_resampled(p_agg, label, np.ones((len(label), 1)))[0])
+
+
+def class_auc_resampled(p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """`class_auc` on each resample of counts [N, B] -> [B]."""
     if p_agg.shape[-1] != 2:
-        return float("nan")
-    positive = label == 1
-    if positive.all() or not positive.any():
-        return float("nan")
-    return float(roc_auc_score(positive, p_agg[:, 1]))
+        return np.full(counts.shape[1], np.nan)
+    return weighted_auc(p_agg[:, 1], label == 1, counts)
 
 
 def confidence_bins(confidence: np.ndarray, n_bins: int = ECE_BINS) -> np.ndarray:
@@ -103,17 +140,43 @@ def ece(p_agg: np.ndarray, label: np.ndarray, n_bins: int = ECE_BINS) -> float:
     return float(np.sum(count[used] / count.sum() * np.abs(acc[used] - mean_conf[used])))
 
 
-def nll(p_agg: np.ndarray, label: np.ndarray) -> float:
-    """-mean log(p_agg[label] + 1e-10)."""
+def ece_resampled(
+    p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray, n_bins: int = ECE_BINS
+) -> np.ndarray:
+    """`ece` on each resample of counts [N, B] -> [B].
+
+    sum_b (n_b / N) |acc_b - conf_b| = sum_b |sum of (correct - confidence) over bin b| / N, and those
+    per-bin sums are one matrix product with the counts.
+    """
+    conf = np.max(p_agg, axis=-1).astype(np.float64)  # [N]
+    gap = (np.argmax(p_agg, axis=-1) == label) - conf  # [N] correct - confidence
+    by_bin = np.zeros((n_bins, len(conf)))
+    by_bin[confidence_bins(conf, n_bins), np.arange(len(conf))] = gap  # [bins, N]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.abs(by_bin @ counts).sum(0) / counts.sum(0)
+
+
+def nll_terms(p_agg: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """[N] -log(p_agg[label] + 1e-10)."""
     p = np.take_along_axis(p_agg, label[:, None], axis=-1)[:, 0].astype(np.float64)
-    return float(-np.mean(np.log(p + NLL_EPS)))
+    return -np.log(p + NLL_EPS)
+
+
+def nll(p_agg: np.ndarray, label: np.ndarray) -> float:
+    """Mean of nll_terms."""
+    return float(np.mean(nll_terms(p_agg, label)))
 
 
 # ----------------------------------------------------------------------------------------- weight metrics
 
 
 def mrr(weights: np.ndarray, agent_brier: np.ndarray) -> float:
-    """Mean reciprocal rank of the best agent (argmin Brier, lowest index on ties) in the weight ordering.
+    """Mean of mrr_terms."""
+    return float(np.mean(mrr_terms(weights, agent_brier)))
+
+
+def mrr_terms(weights: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
+    """[N] reciprocal rank of the best agent (argmin Brier, lowest index on ties) in the weight ordering.
 
     The ordering is a STABLE descending sort of the weights (ties: lower agent index first), so
     rank = 1 + #{j: w_j > w_best} + #{j < best: w_j == w_best}. Uniform weights give 1/(best + 1).
@@ -122,38 +185,48 @@ def mrr(weights: np.ndarray, agent_brier: np.ndarray) -> float:
     best = np.argmin(agent_brier, axis=-1)  # [N]
     w_best = weights[np.arange(n), best][:, None]  # [N, 1]
     before = (weights > w_best) | ((weights == w_best) & (np.arange(m)[None, :] < best[:, None]))  # [N, M]
-    return float(np.mean(1.0 / (1.0 + before.sum(-1))))
+    return 1.0 / (1.0 + before.sum(-1))
 
 
 def kendall_tau(weights: np.ndarray, agent_brier: np.ndarray) -> float:
-    """Kendall tau-a between weights and -Brier per question over all C(M,2) pairs, averaged over questions.
+    """Mean of kendall_tau_terms (NaN for M < 2)."""
+    return float(np.mean(kendall_tau_terms(weights, agent_brier)))
+
+
+def kendall_tau_terms(weights: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
+    """[N] Kendall tau-a between weights and -Brier per question over all C(M,2) pairs.
 
     tau = (#concordant - #discordant) / C(M,2); a tie in either ordering contributes 0 (so uniform weights
     give 0). NaN for M < 2.
     """
     m = weights.shape[-1]
     if m < 2:
-        return float("nan")
+        return np.full(len(weights), np.nan)
     i, j = np.triu_indices(m, k=1)  # the C(M,2) pairs
     dw = np.sign(weights[:, i] - weights[:, j])  # [N, P]
     ds = np.sign(agent_brier[:, j] - agent_brier[:, i])  # [N, P] sign of (-B_i) - (-B_j)
-    return float(np.mean((dw * ds).sum(-1) / len(i)))
+    return (dw * ds).sum(-1) / len(i)
 
 
 def inverse_hhi(weights: np.ndarray) -> float:
-    """Mean effective number of agents (sum w)^2 / sum w^2 (M for uniform, 1 for one-hot)."""
+    """Mean of inverse_hhi_terms."""
+    return float(np.mean(inverse_hhi_terms(weights)))
+
+
+def inverse_hhi_terms(weights: np.ndarray) -> np.ndarray:
+    """[N] effective number of agents (sum w)^2 / sum w^2 (M for uniform, 1 for one-hot)."""
     w = weights.astype(np.float64)
-    return float(np.mean(w.sum(-1) ** 2 / (w * w).sum(-1)))
+    return w.sum(-1) ** 2 / (w * w).sum(-1)
 
 
 def dynamic_regret(p_agg: np.ndarray, probs: np.ndarray, target: np.ndarray) -> float:
     """Mean over questions of Brier(p_agg) - min_i Brier(p_i) (unhalved; per-question best agent)."""
-    return _regret(brier(p_agg, target), per_agent_brier(probs, target))
+    return float(np.mean(regret_terms(brier(p_agg, target), per_agent_brier(probs, target))))
 
 
-def _regret(agg_brier: np.ndarray, agent_brier: np.ndarray) -> float:
-    """Mean of mechanism.regret (the one D-regret formula) over questions."""
-    return float(regret(torch.from_numpy(agg_brier), torch.from_numpy(agent_brier)).mean())
+def regret_terms(agg_brier: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
+    """[N] mechanism.regret (the one D-regret formula) per question."""
+    return regret(torch.from_numpy(agg_brier), torch.from_numpy(agent_brier)).numpy()
 
 
 # ----------------------------------------------------------------------------------------- binary-target metrics
@@ -165,15 +238,25 @@ def _bernoulli(pred: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.nda
     return p, t
 
 
-def bernoulli_kld(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean KL(Bernoulli(target) || Bernoulli(pred)), both clipped to [1e-10, 1 - 1e-10]."""
+def bernoulli_kld_terms(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """[N] KL(Bernoulli(target) || Bernoulli(pred)), both clipped to [1e-10, 1 - 1e-10]."""
     p, t = _bernoulli(pred, target)
-    return float(np.mean(t * np.log(t / p) + (1 - t) * np.log((1 - t) / (1 - p))))
+    return t * np.log(t / p) + (1 - t) * np.log((1 - t) / (1 - p))
+
+
+def bernoulli_kld(pred: np.ndarray, target: np.ndarray) -> float:
+    """Mean of bernoulli_kld_terms."""
+    return float(np.mean(bernoulli_kld_terms(pred, target)))
+
+
+def bernoulli_tvd_terms(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """[N] total variation |pred - target| between two Bernoulli distributions."""
+    return np.abs(np.asarray(pred, np.float64) - np.asarray(target, np.float64))
 
 
 def bernoulli_tvd(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean total variation |pred - target| between two Bernoulli distributions."""
-    return float(np.mean(np.abs(np.asarray(pred, np.float64) - np.asarray(target, np.float64))))
+    """Mean of bernoulli_tvd_terms."""
+    return float(np.mean(bernoulli_tvd_terms(pred, target)))
 
 
 # ----------------------------------------------------------------------------------------- subsets, wagers
@@ -231,20 +314,19 @@ class EvalArrays:
         )
 
 
-def _binary_metric(fn: Callable[[np.ndarray, np.ndarray], float]) -> Callable[[EvalArrays], float]:
+Terms = Callable[[EvalArrays], np.ndarray]  # one method/seed -> [N] per-question terms
+Resampled = Callable[[EvalArrays, np.ndarray], np.ndarray]  # (arrays, counts [N, B]) -> [B]
+
+
+def _binary_terms(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Terms:
     """KLD/TVD on the probability of option 0 (both are symmetric under swapping the two classes)."""
 
-    def compute(a: EvalArrays) -> float:
+    def terms(a: EvalArrays) -> np.ndarray:
         if a.p_agg.shape[-1] != 2:
-            return float("nan")
+            return np.full(len(a.label), np.nan)
         return fn(a.p_agg[:, 0], a.target[:, 0])
 
-    return compute
-
-
-def _d_regret(a: EvalArrays) -> float:
-    """dynamic_regret reusing the cached per-agent Brier."""
-    return _regret(a.agg_brier, a.agent_brier)
+    return terms
 
 
 @dataclass(frozen=True)
@@ -257,6 +339,14 @@ class MetricInfo:
     decimals: int = 2
     applies: frozenset[str] = frozenset({"hard", "soft"})  # dataset kinds whose tables show it
     description: str = ""
+    terms: Terms | None = field(default=None, repr=False, compare=False)  # set: compute = mean of terms
+    resampled: Resampled | None = field(default=None, repr=False, compare=False)  # non-additive metrics
+    scored_on_agents: bool = False  # the value depends on which agent probabilities a row is scored against
+
+
+def additive(name: str, label: str, terms: Terms, higher_is_better: bool | None, **kw) -> MetricInfo:
+    """A metric that is the mean over questions of per-question terms (so the bootstrap re-weights them)."""
+    return MetricInfo(name, label, lambda a: float(np.mean(terms(a))), higher_is_better, terms=terms, **kw)
 
 
 HARD, SOFT = frozenset({"hard"}), frozenset({"soft"})
@@ -264,30 +354,97 @@ HARD, SOFT = frozenset({"hard"}), frozenset({"soft"})
 METRICS: dict[str, MetricInfo] = {
     m.name: m
     for m in [
-        MetricInfo("auc", "AUC", lambda a: auc(a.p_agg, a.label), True, applies=HARD,
-                   description="AUROC of max aggregated probability as a predictor of correctness"),
-        MetricInfo("accuracy", "ACC", lambda a: accuracy(a.p_agg, a.label), True, applies=HARD),
-        MetricInfo("ece", "ECE", lambda a: ece(a.p_agg, a.label), False, applies=HARD,
-                   description="20-bin expected calibration error of max-prob confidence"),
-        MetricInfo("kld", "KLD", _binary_metric(bernoulli_kld), False, applies=SOFT,
-                   description="KL(Bernoulli(target) || Bernoulli(aggregate))"),
-        MetricInfo("tvd", "TVD", _binary_metric(bernoulli_tvd), False, applies=SOFT,
-                   description="|aggregate - target| on a binary outcome"),
-        MetricInfo("mrr", "MRR", lambda a: mrr(a.weights, a.agent_brier), True,
-                   description="reciprocal rank of the per-question best agent (Brier) under the weights"),
-        MetricInfo("kendall_tau", "K-Tau", lambda a: kendall_tau(a.weights, a.agent_brier), True, applies=HARD,
-                   description="Kendall tau-a between weights and -Brier, per question"),
-        MetricInfo("d_regret", "DRegret", lambda a: _d_regret(a), False,
-                   description="Brier(aggregate) - min_i Brier(agent i), per question"),
-        MetricInfo("class_auc", "Class AUC", lambda a: class_auc(a.p_agg, a.label), True, applies=frozenset(),
-                   description="usual AUROC of P(option 1) for label 1 (binary tasks)"),
-        MetricInfo("nll", "NLL", lambda a: nll(a.p_agg, a.label), False, 1.0, 4, frozenset()),
-        MetricInfo("brier", "Brier", lambda a: float(np.mean(a.agg_brier)), False, 1.0, 4,
-                   frozenset()),
-        MetricInfo("inverse_hhi", "Inv. HHI", lambda a: inverse_hhi(a.weights), None, 1.0, 4, frozenset(),
-                   description="effective number of agents (sum w)^2 / sum w^2"),
+        MetricInfo(
+            "auc",
+            "AUC",
+            lambda a: auc(a.p_agg, a.label),
+            True,
+            applies=HARD,
+            description="AUROC of max aggregated probability as a predictor of correctness",
+            resampled=lambda a, c: auc_resampled(a.p_agg, a.label, c),
+        ),
+        additive("accuracy", "ACC", lambda a: accuracy_terms(a.p_agg, a.label), True, applies=HARD),
+        MetricInfo(
+            "ece",
+            "ECE",
+            lambda a: ece(a.p_agg, a.label),
+            False,
+            applies=HARD,
+            description="20-bin expected calibration error of max-prob confidence",
+            resampled=lambda a, c: ece_resampled(a.p_agg, a.label, c),
+        ),
+        additive(
+            "kld",
+            "KLD",
+            _binary_terms(bernoulli_kld_terms),
+            False,
+            applies=SOFT,
+            description="KL(Bernoulli(target) || Bernoulli(aggregate))",
+        ),
+        additive(
+            "tvd",
+            "TVD",
+            _binary_terms(bernoulli_tvd_terms),
+            False,
+            applies=SOFT,
+            description="|aggregate - target| on a binary outcome",
+        ),
+        additive(
+            "mrr",
+            "MRR",
+            lambda a: mrr_terms(a.weights, a.agent_brier),
+            True,
+            description="reciprocal rank of the per-question best agent (Brier) under the weights",
+            scored_on_agents=True,
+        ),
+        additive(
+            "kendall_tau",
+            "K-Tau",
+            lambda a: kendall_tau_terms(a.weights, a.agent_brier),
+            True,
+            applies=HARD,
+            description="Kendall tau-a between weights and -Brier, per question",
+            scored_on_agents=True,
+        ),
+        additive(
+            "d_regret",
+            "DRegret",
+            lambda a: regret_terms(a.agg_brier, a.agent_brier),
+            False,
+            description="Brier(aggregate) - min_i Brier(agent i), per question",
+            scored_on_agents=True,
+        ),
+        MetricInfo(
+            "class_auc",
+            "Class AUC",
+            lambda a: class_auc(a.p_agg, a.label),
+            True,
+            applies=frozenset(),
+            description="usual AUROC of P(option 1) for label 1 (binary tasks)",
+            resampled=lambda a, c: class_auc_resampled(a.p_agg, a.label, c),
+        ),
+        additive(
+            "nll",
+            "NLL",
+            lambda a: nll_terms(a.p_agg, a.label),
+            False,
+            scale=1.0,
+            decimals=4,
+            applies=frozenset(),
+        ),
+        additive("brier", "Brier", lambda a: a.agg_brier, False, scale=1.0, decimals=4, applies=frozenset()),
+        additive(
+            "inverse_hhi",
+            "Inv. HHI",
+            lambda a: inverse_hhi_terms(a.weights),
+            None,
+            scale=1.0,
+            decimals=4,
+            applies=frozenset(),
+            description="effective number of agents (sum w)^2 / sum w^2",
+        ),
     ]
-}  # fmt: skip
+}
 
 MAIN_COLUMNS = {  # the paper's column order per dataset kind
     "hard": ["auc", "accuracy", "ece", "mrr", "kendall_tau", "d_regret"],

@@ -26,6 +26,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from walla.evaluate.compute import ScenarioCompute  # noqa: E402
 from walla.evaluate.load import Run, ScenarioRuns  # noqa: E402
 from walla.evaluate.metrics import ECE_BINS, METRICS, ece, reliability  # noqa: E402
+from walla.evaluate.output import write_file  # noqa: E402
 from walla.store.schema import VARIANTS  # noqa: E402
 from walla.train.mechanism import brier_score  # noqa: E402
 
@@ -57,8 +58,6 @@ MAX_PANELS = 4
 
 def _save(fig, path: Path) -> Path:
     """Write the PNG atomically (a crash never leaves half a PNG) and close the figure."""
-    from walla.evaluate.report import write_file  # report imports this module lazily: no cycle
-
     try:
         return write_file(path, lambda p: fig.savefig(p, format="png", dpi=110, bbox_inches="tight"))
     finally:
@@ -149,8 +148,12 @@ def heads_plot(data: ScenarioRuns, path: Path) -> Path | None:
     probs = run.agent_probs if run.agent_probs is not None else s.probs  # [N, M, K]
     c1, c2 = _consts(run)
     target = np.broadcast_to(s.target[:, None, :], probs.shape)
-    own = brier_score(torch.from_numpy(np.ascontiguousarray(probs)), torch.from_numpy(np.ascontiguousarray(target)),
-                      c1=c1, c2=c2).numpy()  # [N, M] realized s_i  # fmt: skip
+    own = brier_score(  # [N, M] realized s_i
+        torch.from_numpy(np.ascontiguousarray(probs)),
+        torch.from_numpy(np.ascontiguousarray(target)),
+        c1=c1,
+        c2=c2,
+    ).numpy()
     w, ps, pb = run.extras["wagers"], run.extras["pred_score"], run.extras["pred_baseline"]
     panels = [(own, ps, "realized own score $s_i$", "predicted own score")]
     if "advantage" in run.extras:
@@ -275,8 +278,9 @@ def compute_plot(sc: ScenarioCompute, scenario: str, path: Path) -> Path | None:
     for i, p in enumerate(pts):
         ci = 0.0 if p.quality.ci is None else p.quality.ci * q.scale
         x, y = p.flops / 1e9, p.quality.mean * q.scale
-        ax.errorbar(x, y, yerr=ci, fmt=GROUP_MARKERS.get(p.group, "o"), color=f"C{i % 10}", ms=7, capsize=3,
-                    label=f"{p.label} ({p.agents:g} agent{'s' if p.agents != 1 else ''})")  # fmt: skip
+        label = f"{p.label} ({p.agents:g} agent{'s' if p.agents != 1 else ''})"
+        marker = GROUP_MARKERS.get(p.group, "o")
+        ax.errorbar(x, y, yerr=ci, fmt=marker, color=f"C{i % 10}", ms=7, capsize=3, label=label)
     flops = [p.flops for p in pts]
     if max(flops) / min(flops) > 20:
         ax.set_xscale("log")
@@ -284,8 +288,11 @@ def compute_plot(sc: ScenarioCompute, scenario: str, path: Path) -> Path | None:
     ax.set_ylabel(
         f"{q.label}" + (" (×100)" if q.scale == 100.0 else "") + (" ↑" if q.higher_is_better else " ↓")
     )
-    ax.set_title(f"{q.label} vs LLM compute per question, {scenario}\n(test split; mean ± 95% CI over seeds; "
-                 "methods at the same x run the same agents)", fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"{q.label} vs LLM compute per question, {scenario}\n(test split; mean ± 95% CI over seeds; "
+        "methods at the same x run the same agents)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 

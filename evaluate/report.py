@@ -1,10 +1,12 @@
-"""The evaluation recipe: saved runs -> metrics per seed -> mean ± 95% CI -> tables (.md/.tex/.csv) + PNGs.
+"""The evaluation recipe: saved runs -> metrics per seed -> mean ± 95% CI over seeds and over test questions
+-> tables (.md/.tex/.csv) + PNGs.
 
     walla-eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
 
 Reads top to bottom: find scenarios, load their runs (load.py), compute every metric of every run on the
-test split and on the hard subset (metrics.py), summarize over seeds (aggregate.py), lay out the paper's
-tables (tables.py), draw the plots (plots.py), write the files. Missing, interrupted or unreadable runs
+test split and on the hard subset (metrics.py), summarize over seeds (aggregate.py) and over question
+resamples (bootstrap.py, significance.py), lay out the paper's tables (tables.py), draw the plots
+(plots.py), write the files. Missing, interrupted or unreadable runs
 are listed in a "Missing runs" section instead of stopping the report; runs trained from other inputs than
 the scenario's current ones are listed under "Stale runs" and never counted (load.py). When scenario.json
 records the agents' compute, a compute table and an accuracy-vs-compute plot are added (compute.py).
@@ -14,7 +16,8 @@ Choices (documented here because they change numbers):
   row of a hard-subset table is computed on the same questions;
 * a method that pooled modified agent probabilities (calibrated WALLA writes them as agent_probs) is
   scored against those probabilities for MRR, Kendall tau and D-Regret (SPEC §9: calibrated logits feed
-  every metric);
+  every metric). Every other row is scored against the raw agents, so such rows sit in their own block
+  with a footnote, and those columns are neither bold nor compared for them;
 * MRR is not shown for methods whose weights are equal on every question (UniformAvg; SPEC §10.10).
 """
 
@@ -23,14 +26,21 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from walla.evaluate.aggregate import Summary, summarize
+from threadpoolctl import threadpool_limits
+from walla.evaluate.aggregate import summarize
+from walla.evaluate.bootstrap import (
+    N_RESAMPLES,
+    RESAMPLE_SEED,
+    counts_from_indices,
+    resample_indices,
+    row_resamples,
+)
 from walla.evaluate.compute import ScenarioCompute, compute_table, scenario_compute
 from walla.evaluate.load import Problem, Run, ScenarioRuns, list_scenarios, load_scenario_runs, orphan_runs
 from walla.evaluate.metrics import (
@@ -43,11 +53,29 @@ from walla.evaluate.metrics import (
     mean_per_agent,
     per_agent_brier,
 )
-from walla.evaluate.tables import CSV_FIELDS, Cell, Column, Row, Table, to_csv_rows, to_latex, to_markdown
-from walla.store.atomic import write_atomic
+from walla.evaluate.output import write_file
+from walla.evaluate.significance import annotate
+from walla.evaluate.tables import (
+    CSV_FIELDS,
+    GROUP_TITLES,
+    Cell,
+    CellText,
+    Column,
+    Row,
+    Table,
+    cell_parts,
+    to_csv_rows,
+    to_latex,
+    to_markdown,
+)
+from walla.store.schema import VARIANT_CODE
 
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
-NOTE_VALUES = "Values ×100: mean ± 95% CI over seeds (t-interval); bold = best aggregation method per column (individual agents excluded)."  # noqa: E501
+SUBSETS = ("all", "hard")  # every test question; the hard subset (hard_subset)
+NOTE_VALUES = (
+    "Values ×100: mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test questions "
+    "(below); bold = best aggregation method per column (individual agents excluded)."
+)
 
 
 @dataclass(frozen=True)
@@ -58,16 +86,28 @@ class EvalConfig:
     plots: bool = True
 
 
+Views = dict[str, EvalArrays]  # subset -> the arrays one agent / one run is scored on
+
+
 @dataclass
 class ScenarioEval:
-    """Metric values of one scenario: per method, per seed, per subset."""
+    """Metric values of one scenario: per method, per seed, per subset; and the arrays behind them, which
+    the bootstrap over questions recomputes the metrics from."""
 
     data: ScenarioRuns
     hard_mask: np.ndarray  # [N] bool
     individual: list[dict[str, dict[str, float]]]  # agent slot -> subset -> metric -> value
     runs: dict[str, dict[int, dict[str, dict[str, float]]]]  # method -> seed -> subset -> metric -> value
     uniform: set[str]  # methods with equal weights on every question of every seed
+    agent_views: list[Views] = field(default_factory=list)  # agent slot -> subset -> arrays
+    run_views: dict[str, dict[int, Views]] = field(default_factory=dict)  # method -> seed -> subset -> arrays
+    counts: dict[str, np.ndarray] = field(default_factory=dict)  # subset -> [n, B] question resample counts
     compute: ScenarioCompute | str | None = None  # compute.py; a sentence when not recorded
+
+    @property
+    def own_agents(self) -> list[str]:
+        """Methods scored against agent probabilities of their own (calibrated WALLA), not the scenario's."""
+        return [mt for mt in self.runs if any(r.agent_probs is not None for r in self.data.runs[mt].values())]
 
     @property
     def seeds(self) -> list[int]:
@@ -92,8 +132,17 @@ def _arrays(run: Run, data: ScenarioRuns, agent_brier: np.ndarray) -> EvalArrays
     return EvalArrays(run.agg_probs, s.probs, run.weights, s.label, s.target, agent_brier)
 
 
-def _both(arrays: EvalArrays, mask: np.ndarray) -> dict[str, dict[str, float]]:
-    return {"all": compute_metrics(arrays), "hard": compute_metrics(arrays.subset(mask))}
+def _views(arrays: EvalArrays, mask: np.ndarray) -> Views:
+    return {"all": arrays, "hard": arrays.subset(mask)}
+
+
+def _scores(views: Views) -> dict[str, dict[str, float]]:
+    return {subset: compute_metrics(arrays) for subset, arrays in views.items()}
+
+
+def _resample_counts(n: int) -> np.ndarray:
+    """[n, B] counts of the fixed question resamples of an n-question table (bootstrap.py)."""
+    return counts_from_indices(resample_indices(n), n)
 
 
 def evaluate_scenario(data: ScenarioRuns) -> ScenarioEval:
@@ -103,27 +152,28 @@ def evaluate_scenario(data: ScenarioRuns) -> ScenarioEval:
     n, m, _ = s.probs.shape
     mask = hard_subset(s.probs, s.label)
     agent_brier = per_agent_brier(s.probs, s.target)  # [N, M], shared by every run that pooled s.probs
-    individual = []
+    ev = ScenarioEval(data, mask, [], {}, set())
     for i in range(m):
         onehot = np.zeros((n, m))
         onehot[:, i] = 1.0
         arrays = EvalArrays(s.probs[:, i], s.probs, onehot, s.label, s.target, agent_brier, agent_brier[:, i])
-        individual.append(_both(arrays, mask))
-    runs: dict[str, dict[int, dict]] = {}
-    uniform = set()
+        ev.agent_views.append(_views(arrays, mask))
+        ev.individual.append(_scores(ev.agent_views[-1]))
     for method, by_seed in data.runs.items():
         equal = True
         for seed, run in by_seed.items():
             try:
-                runs.setdefault(method, {})[seed] = _both(_arrays(run, data, agent_brier), mask)
+                views = _views(_arrays(run, data, agent_brier), mask)
+                ev.runs.setdefault(method, {})[seed] = _scores(views)
             except ValueError as e:
                 data.problems.append(Problem("unreadable", s.name, method, seed, str(e)))
                 continue
+            ev.run_views.setdefault(method, {})[seed] = views
             equal &= bool(np.all(np.abs(run.weights - 1.0 / m) < UNIFORM_ATOL))
-        if method in runs and equal:
-            uniform.add(method)
-    ev = ScenarioEval(data, mask, individual, runs, uniform)
-    ev.compute = scenario_compute(ev)
+        if method in ev.runs and equal:
+            ev.uniform.add(method)
+    ev.counts = {"all": _resample_counts(n), "hard": _resample_counts(int(mask.sum()))}
+    ev.compute = scenario_compute(data, ev.individual, ev.runs)
     return ev
 
 
@@ -146,25 +196,91 @@ def _agent_label(i: int, model: str) -> str:
     return f"Agent {i + 1}: {model}"
 
 
+def _column(name: str) -> Column:
+    info = METRICS[name]
+    return Column(name, info.label, info.higher_is_better, info.scale, info.decimals)
+
+
 def metric_table(ev: ScenarioEval, key: str, subset: str, names: list[str], title: str) -> Table:
-    """Rows: agents, then methods in group order; columns: `names` (registered metrics)."""
+    """Rows: agents, then methods in group order, then the methods scored against their own (calibrated)
+    agents in a block of their own; columns: `names` (registered metrics), each cell with its seed
+    interval, question interval and significance marks (significance.py)."""
     s = ev.data.scenario
-    cols = [Column(n, METRICS[n].label, METRICS[n].higher_is_better, METRICS[n].scale, METRICS[n].decimals)
-            for n in names]  # fmt: skip
+    cols = [_column(n) for n in names]
     n_rows = int(ev.hard_mask.sum()) if subset == "hard" else len(s.label)
+    counts = ev.counts[subset]
     rows = []
     for i, model in enumerate(s.agents):
-        vals = ev.individual[i][subset]
-        rows.append(Row(_agent_label(i, model), "individual", {c: _cell([vals[c]], n_rows) for c in names}))
+        vals, views = ev.individual[i][subset], [ev.agent_views[i][subset]]
+        cells = {c: _cell(c, [vals[c]], views, counts) for c in names}
+        rows.append(Row(_agent_label(i, model), "individual", cells))
+    own = ev.own_agents
+    by_group: dict[bool, list[Row]] = {False: [], True: []}
     for method, by_seed in ev.runs.items():
         run = next(iter(ev.data.runs[method].values()))
+        seeds = sorted(by_seed)
+        views = [ev.run_views[method][seed][subset] for seed in seeds]
         cells = {}
         for c in names:
-            cells[c] = _cell([by_seed[seed][subset][c] for seed in sorted(by_seed)], n_rows)
+            cells[c] = _cell(c, [by_seed[seed][subset][c] for seed in seeds], views, counts)
             if c == "mrr" and method in ev.uniform and cells[c].note is None:
                 cells[c].note = "uniform"
-        rows.append(Row(run.display, run.group, cells))
-    return Table(key, s.name, title, _caption(ev, n_rows), cols, rows, notes=[_scale_note(cols)])
+            cells[c].comparable = not (method in own and METRICS[c].scored_on_agents)
+        group = "calibrated" if method in own else run.group
+        by_group[method in own].append(Row(run.display, group, cells, run.method))
+    notes = [_scale_note(cols)] + ([own_agents_note(ev, own, cols)] if own else [])
+    table = Table(
+        key, s.name, title, _caption(ev, n_rows), cols, rows + by_group[False] + by_group[True], notes=notes
+    )
+    questions = (
+        f"the {n_rows} questions of the hard subset" if subset == "hard" else f"the {n_rows} test questions"
+    )
+    annotate(table, questions)
+    return table
+
+
+def own_agents_note(ev: ScenarioEval, methods: list[str], cols: list[Column]) -> str:
+    """The footnote of the block of rows scored against their own (calibrated) agent probabilities."""
+    runs = [next(iter(ev.data.runs[mt].values())) for mt in methods]
+    calibrated = [r for r in runs if _config(r).get("calibrated")]
+    what = (
+        "agent probabilities recalibrated by per-agent temperature heads fit on train + val only"
+        if len(calibrated) == len(runs)
+        else "agent probabilities of their own"
+    )
+    on_agents = [c.label for c in cols if METRICS[c.key].scored_on_agents]
+    if on_agents:
+        scored = (
+            f"{'its' if len(runs) == 1 else 'their'} {', '.join(on_agents)} are measured against those agents, "
+            "every other row's against the raw "
+            "agents, so these cells are neither bold nor compared (no marks); the other columns depend on the "
+            "aggregate only and are compared as usual"
+        )
+    else:
+        scored = "every column of this table depends on the aggregate only, so they are compared as usual"
+    roles = [r.display for r in calibrated if _heads_by_role(ev, r)]
+    whose = "" if len(roles) == len(runs) else f" (in {', '.join(roles)})"
+    by_role = (
+        f" Each agent's temperature head{whose} is chosen by whether that agent held the relevant private "
+        "context on the question: the agent's own knowledge at test time, as in the paper."
+        if roles
+        else ""
+    )
+    names = ", ".join(r.display for r in runs)
+    return f"{GROUP_TITLES['calibrated']}: {names} pool{'s' if len(runs) == 1 else ''} {what}; {scored}.{by_role}"
+
+
+def _config(run: Run) -> dict:
+    config = run.meta.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def _heads_by_role(ev: ScenarioEval, run: Run) -> bool:
+    """Whether the run's calibration had one head per context role (train/calibration.py `_roles`: by_role
+    yes, or auto when the scenario routes the relevant context to some agents)."""
+    by_role = (_config(run).get("calibration") or {}).get("by_role", "auto")
+    routed = bool((ev.data.scenario.variant == VARIANT_CODE["relevant"]).any())
+    return by_role == "yes" or (by_role == "auto" and routed)
 
 
 def _scale_note(cols: list[Column]) -> str:
@@ -175,14 +291,16 @@ def _scale_note(cols: list[Column]) -> str:
         for f in dict.fromkeys(c.scale for c in cols)
     )
     return (
-        f"Values: {scales} mean ± 95% CI over seeds (t-interval); bold = best aggregation method per column."
+        f"Values: {scales} mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test "
+        "questions (below); bold = best aggregation method per column."
     )
 
 
-def _cell(values: list[float], n_rows: int) -> Cell:
-    if n_rows == 0:
+def _cell(name: str, values: list[float], views: list[EvalArrays], counts: np.ndarray) -> Cell:
+    """Seed summary of `values` and, on a non-empty subset, the seed mean on every question resample."""
+    if counts.shape[0] == 0:
         return Cell(summarize(values), note="empty")
-    return Cell(summarize(values))
+    return Cell(summarize(values), resamples=row_resamples(METRICS[name], views, counts))
 
 
 def wager_table(ev: ScenarioEval) -> Table | None:
@@ -207,20 +325,20 @@ def wager_table(ev: ScenarioEval) -> Table | None:
         rows.append(Row(_agent_label(i, model), "individual", cells))
     title = f"{s.name}: mean wager and net payout per agent"
     note = "Values ×100: mean over test questions, then mean ± 95% CI over seeds."
-    return Table("wagers", s.name, title, _caption(ev, len(s.label)), cols, rows, bold=False,
-                 group_rows=False, notes=[note])  # fmt: skip
+    caption = _caption(ev, len(s.label))
+    return Table("wagers", s.name, title, caption, cols, rows, bold=False, group_rows=False, notes=[note])
 
 
 def scenario_tables(ev: ScenarioEval) -> list[Table]:
     s = ev.data.scenario
     main = MAIN_COLUMNS["soft" if s.soft_target else "hard"]
     extra = [c for c in EXTRA_COLUMNS if c != "class_auc" or s.target.shape[1] == 2]  # class AUC: binary only
+    hard = f"{s.name}: hard subset (questions every agent answers correctly removed)"
     tables = [
         metric_table(ev, "main", "all", main, f"{s.name}: all test questions"),
-        metric_table(ev, "hard", "hard", main,
-                     f"{s.name}: hard subset (questions every agent answers correctly removed)"),
+        metric_table(ev, "hard", "hard", main, hard),
         metric_table(ev, "other", "all", extra, f"{s.name}: other metrics (all test questions)"),
-    ]  # fmt: skip
+    ]
     wagers = wager_table(ev)
     if isinstance(ev.compute, ScenarioCompute):
         tables.append(compute_table(ev.compute, s.name, _caption(ev, len(s.label))))
@@ -230,22 +348,16 @@ def scenario_tables(ev: ScenarioEval) -> list[Table]:
 # ----------------------------------------------------------------------------------------- writing
 
 
-def write_file(path: Path, write: Callable[[Path], None]) -> Path:
-    """Atomically write one output file (walla.store.atomic); an OSError becomes one line naming `path`."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return write_atomic(path, write)
-    except OSError as e:
-        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def render_markdown(cfg: EvalConfig, evals: list[ScenarioEval], tables: list[Table], figures: dict,
-                    problems: list[Problem]) -> str:  # fmt: skip
+def render_markdown(
+    cfg: EvalConfig, evals: list[ScenarioEval], tables: list[Table], figures: dict, problems: list[Problem]
+) -> str:
     names = ", ".join(ev.data.scenario.name for ev in evals) or "none"
     out = [
         "# walla evaluation report",
         "",
-        f"Runs: `{cfg.runs}` · scenarios: {names} · metrics on the test split.",
+        f"Runs: `{cfg.runs}` · scenarios: {names} · metrics on the test split · intervals: 95% t-interval "
+        f"over seeds and 95% percentile interval of a paired bootstrap over test questions ({N_RESAMPLES} "
+        f"resamples, numpy default_rng({RESAMPLE_SEED})).",
         "",
     ]
     stale = [p for p in problems if p.kind == "stale"]
@@ -266,19 +378,21 @@ def render_markdown(cfg: EvalConfig, evals: list[ScenarioEval], tables: list[Tab
     if other:
         out += ["## Missing runs", ""] + [f"- {p.line()}" for p in other] + [""]
     if stale:
-        out += ["## Stale runs", "", "Trained from other inputs than the scenario's current ones; not counted "
-                "in any table.", ""] + [f"- {p.line()}" for p in stale] + [""]  # fmt: skip
+        why = "Trained from other inputs than the scenario's current ones; not counted in any table."
+        out += ["## Stale runs", "", why, ""] + [f"- {p.line()}" for p in stale] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 
 @contextmanager
-def _torch_single_thread():
-    """Scoring calls torch on small arrays, where intra-op threads only add contention (10x slower on a
-    busy 2-core machine); restore the caller's setting afterwards."""
+def _single_thread():
+    """Scoring calls torch and BLAS (the bootstrap's [resamples x questions] products) on small arrays,
+    where worker threads only add contention (up to 10x slower on a busy 2-core machine); restore the
+    caller's settings afterwards."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield
+        with threadpool_limits(limits=1):
+            yield
     finally:
         torch.set_num_threads(before)
 
@@ -290,7 +404,7 @@ def run(cfg: EvalConfig) -> ReportResult:
         FileNotFoundError: the runs directory does not exist.
         ValueError: no scenario found, or a requested scenario is not there.
     """
-    with _torch_single_thread():
+    with _single_thread():
         return _run(cfg)
 
 
@@ -317,7 +431,7 @@ def _run(cfg: EvalConfig) -> ReportResult:
         result.scenarios.append(ev)
         result.tables += scenario_tables(ev)
         if cfg.plots:
-            from walla.evaluate import plots  # matplotlib only when drawing
+            from walla.evaluate import plots  # optional heavy import: matplotlib loads only when drawing
 
             prefix = cfg.report.parent / f"{cfg.report.stem}-{name}"
             compute = ev.compute if isinstance(ev.compute, ScenarioCompute) else None
@@ -348,14 +462,13 @@ def _run(cfg: EvalConfig) -> ReportResult:
     return result
 
 
-def key_summary(ev: ScenarioEval) -> list[tuple[str, dict[str, Summary]]]:
-    """(row label, metric -> summary) for the CLI's short summary: ACC/DRegret or KLD/DRegret."""
-    keys = ["kld", "d_regret"] if ev.data.scenario.soft_target else ["accuracy", "d_regret"]
-    out = []
-    for method, by_seed in ev.runs.items():
-        display = next(iter(ev.data.runs[method].values())).display
-        out.append((display, {k: summarize([v["all"][k] for v in by_seed.values()]) for k in keys}))
-    return out
+def key_summary(table: Table) -> tuple[list[Column], list[tuple[str, list[CellText]]]]:
+    """The CLI's short summary of a main table: its ACC/DRegret (KLD/DRegret) columns and, per method row,
+    the texts of those cells."""
+    keys = ("kld", "d_regret") if any(c.key == "kld" for c in table.columns) else ("accuracy", "d_regret")
+    cols = [c for c in table.columns if c.key in keys]
+    rows = [(r.label, [cell_parts(r.cells.get(c.key), c) for c in cols]) for r in table.rows if r.method]
+    return cols, rows
 
 
 def problem_summary(problems: list[Problem]) -> str:

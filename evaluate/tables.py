@@ -1,9 +1,11 @@
 """Paper-layout tables: a small table model and its Markdown, LaTeX (booktabs) and CSV renderings.
 
-The report recipe (`report.py`) fills `Table`s with `Summary`s (mean, 95% CI over seeds); this module
-only formats: the display scale (x100), `mean ± CI` with 2 decimals, bold for the best aggregation
-method per column (individual agents are references, not candidates; the paper's tables bold nothing,
-we add it), "–" plus a footnote for undefined cells, group separators in the paper's row order.
+The report recipe (`report.py`) fills `Table`s with `Summary`s (mean, 95% CI over seeds) and, from the
+bootstrap over questions (`significance.py`), a question interval and paired-difference intervals per
+cell; this module only formats: the display scale (x100), `mean ± CI [lo, hi]` with 2 decimals, the
+significance marks († ‡), bold for the best aggregation method per column (individual agents are
+references, not candidates; the paper's tables bold nothing, we add it), "–" plus a footnote for
+undefined cells, group separators in the paper's row order.
 """
 
 from __future__ import annotations
@@ -11,18 +13,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 from walla.evaluate.aggregate import Summary
+from walla.evaluate.bootstrap import Interval
 
 GROUP_TITLES = {
     "individual": "Individual agents",
     "learning_free": "Learning-free baselines",
     "learning_based": "Learning-based baselines",
     "walla": "WALLA",
+    "calibrated": "Scored against its own recalibrated agents",
 }
+MARKS = {"uniform": "†", "best": "‡"}  # paired-bootstrap difference to UniformAvg / the best baseline
 NOTES = {  # footnote per reason a cell shows "–" (or a marker)
     "undefined": "– : undefined on every seed (e.g. AUC when all test predictions are right, or all wrong).",
     "uniform": "– (MRR): equal weights rank the agents by slot order only (SPEC §10.10), so MRR is not shown.",
-    "partial": "† : undefined on some seeds; mean and CI over the remaining seeds.",
+    "partial": "° : undefined on some seeds; mean and CI over the remaining seeds.",
     "empty": "– : no question in this subset.",
 }
 DASH = "–"
@@ -42,6 +48,14 @@ class Column:
 class Cell:
     summary: Summary | None = None  # None: not applicable (blank)
     note: str | None = None  # a NOTES key: the cell shows "–" and the footnote explains why
+    resamples: np.ndarray | None = field(default=None, repr=False)  # [B] seed mean per question resample
+    boot: Interval | None = None  # percentile interval over question resamples
+    vs: dict[str, Interval] = field(default_factory=dict)  # MARKS key -> interval of the paired difference
+    comparable: bool = True  # False: scored against other agents than the column's other rows
+
+    @property
+    def marks(self) -> str:
+        return "".join(m for key, m in MARKS.items() if key in self.vs and self.vs[key].excludes_zero)
 
 
 @dataclass
@@ -49,6 +63,7 @@ class Row:
     label: str
     group: str
     cells: dict[str, Cell]
+    method: str | None = None  # registry method of the row's runs (None: an individual agent)
 
 
 @dataclass
@@ -62,6 +77,7 @@ class Table:
     bold: bool = True
     group_rows: bool = True  # separator rows between method groups
     notes: list[str] = field(default_factory=list)  # fixed notes printed under the table
+    baselines: dict[str, str] = field(default_factory=dict)  # column key -> label of its best baseline row
 
 
 # ----------------------------------------------------------------------------------------- cells
@@ -78,16 +94,33 @@ def cell_value(cell: Cell | None, col: Column) -> float | None:
     return round(cell.summary.mean * col.scale, col.decimals)
 
 
-def cell_parts(cell: Cell | None, col: Column) -> tuple[str, str | None, str]:
-    """(mean text, CI text or None, marker) of one cell; mean text is "" (blank) or "–" (noted)."""
+@dataclass(frozen=True)
+class CellText:
+    mean: str  # "" (blank) or "–" (noted) when the cell shows no number
+    ci: str | None = None  # seed interval half-width
+    boot: str | None = None  # "[lo, hi]" question interval
+    marks: str = ""  # † ‡ (significance) and ° (partial)
+
+
+def cell_parts(cell: Cell | None, col: Column) -> CellText:
+    """The texts one cell is drawn from, scaled and rounded for display."""
     if cell is None or (cell.summary is None and cell.note is None):
-        return "", None, ""
+        return CellText("")
     if cell.note is not None or not cell.summary.defined:
-        return DASH, None, ""
+        return CellText(DASH)
     s = cell.summary.scaled(col.scale)
-    mean = f"{s.mean:.{col.decimals}f}"
-    ci = None if s.ci is None else f"{s.ci:.{col.decimals}f}"
-    return mean, ci, "†" if s.partial else ""
+    d = col.decimals
+    ci = None if s.ci is None else f"{s.ci:.{d}f}"
+    boot = (
+        None if cell.boot is None else f"[{cell.boot.lo * col.scale:.{d}f}, {cell.boot.hi * col.scale:.{d}f}]"
+    )
+    return CellText(f"{s.mean:.{d}f}", ci, boot, cell.marks + ("°" if s.partial else ""))
+
+
+def cell_text(cell: Cell | None, col: Column) -> str:
+    """Plain one-line text of a cell: `mean ± ci [lo, hi]marks`."""
+    t = cell_parts(cell, col)
+    return " ".join(x for x in (t.mean, None if t.ci is None else f"± {t.ci}", t.boot) if x) + t.marks
 
 
 def cell_note(cell: Cell | None) -> str | None:
@@ -103,7 +136,8 @@ def cell_note(cell: Cell | None) -> str | None:
 def best_rows(table: Table) -> dict[str, set[int]]:
     """Column key -> indices of rows holding the best displayed value (ties all bold).
 
-    Candidates are aggregation methods only (group != individual), and a column needs at least two.
+    Candidates are aggregation methods only (group != individual) scored like the rest of the column
+    (`Cell.comparable`), and a column needs at least two.
     """
     best: dict[str, set[int]] = {}
     if not table.bold:
@@ -114,7 +148,9 @@ def best_rows(table: Table) -> dict[str, set[int]]:
         vals = {
             i: v
             for i, row in enumerate(table.rows)
-            if row.group != "individual" and (v := cell_value(row.cells.get(col.key), col)) is not None
+            if row.group != "individual"
+            and row.cells.get(col.key, Cell()).comparable
+            and (v := cell_value(row.cells.get(col.key), col)) is not None
         }
         if len(vals) < 2:
             continue
@@ -158,11 +194,11 @@ def to_markdown(table: Table) -> str:
             lines.append(f"| *{title}* |" + " |" * len(table.columns))
         cells = []
         for c in table.columns:
-            mean, ci, mark = cell_parts(row.cells.get(c.key), c)
-            text = mean if ci is None else f"{mean} ± {ci}"
+            t = cell_parts(row.cells.get(c.key), c)
+            text = t.mean if t.ci is None else f"{t.mean} ± {t.ci}"
             if i in best.get(c.key, ()):
                 text = f"**{text}**"
-            cells.append(text + mark)
+            cells.append(text + ("" if t.boot is None else f" {t.boot}") + t.marks)
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     notes = table.notes + used_notes(table)
     if notes:
@@ -175,10 +211,33 @@ def to_markdown(table: Table) -> str:
 # ----------------------------------------------------------------------------------------- latex
 
 _TEX_ESCAPES = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "–": "--", "±": r"$\pm$", "×": r"$\times$", "§": r"\S{}", "†": r"$^\dagger$", "·": r"$\cdot$",
-}  # fmt: skip
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "–": "--",
+    "±": r"$\pm$",
+    "×": r"$\times$",
+    "§": r"\S{}",
+    "†": r"$^\dagger$",
+    "‡": r"$^\ddagger$",
+    "°": r"$^\circ$",
+    "·": r"$\cdot$",
+}
+
+
+_TEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "°": r"\circ"}
+
+
+def _tex_marks(marks: str) -> str:
+    r"""'†‡' -> one superscript $^{\dagger\ddagger}$ (two adjacent $...$ would read as $$)."""
+    return rf"$^{{{''.join(_TEX_MARKS[m] for m in marks)}}}$" if marks else ""
 
 
 def tex_escape(text: str) -> str:
@@ -222,13 +281,15 @@ def to_latex(table: Table) -> str:
             out.append(r"\midrule")
         cells = []
         for c in table.columns:
-            mean, ci, mark = cell_parts(row.cells.get(c.key), c)
-            text = tex_escape(mean)
+            t = cell_parts(row.cells.get(c.key), c)
+            text = tex_escape(t.mean)
             if i in best.get(c.key, ()):
                 text = rf"\textbf{{{text}}}"
-            if ci is not None:
-                text += rf"\tiny{{$\pm${ci}}}"
-            cells.append(text + tex_escape(mark))
+            if t.ci is not None:
+                text += rf"\tiny{{$\pm${t.ci}}}"
+            if t.boot is not None:
+                text += rf"\,\tiny{{{t.boot}}}"
+            cells.append(text + _tex_marks(t.marks))
         out.append(tex_escape(row.label) + " & " + " & ".join(cells) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}%", "}"]
     notes = table.notes + used_notes(table)
@@ -240,12 +301,48 @@ def to_latex(table: Table) -> str:
 
 # ----------------------------------------------------------------------------------------- csv
 
-CSV_FIELDS = ["scenario", "table", "row", "group", "column", "metric", "mean", "ci", "n", "n_seeds", "scale",
-              "bold", "note"]  # fmt: skip
+CSV_FIELDS = [
+    "scenario",
+    "table",
+    "row",
+    "group",
+    "column",
+    "metric",
+    "mean",
+    "ci",
+    "n",
+    "n_seeds",
+    "scale",
+    "bold",
+    "note",
+    "boot_lo",
+    "boot_hi",
+    "vs_uniform_lo",
+    "vs_uniform_hi",
+    "vs_uniform_sig",
+    "best_baseline",
+    "vs_best_lo",
+    "vs_best_hi",
+    "vs_best_sig",
+]
+
+
+def _interval_fields(prefix: str, interval: Interval | None, scale: float) -> dict:
+    if interval is None:
+        return {f"{prefix}_lo": "", f"{prefix}_hi": ""}
+    return {f"{prefix}_lo": repr(interval.lo * scale), f"{prefix}_hi": repr(interval.hi * scale)}
+
+
+def _difference_fields(name: str, cell: Cell, scale: float) -> dict:
+    interval = cell.vs.get(name)
+    sig = "" if interval is None else int(interval.excludes_zero)
+    return {**_interval_fields(f"vs_{name}", interval, scale), f"vs_{name}_sig": sig}
 
 
 def to_csv_rows(table: Table) -> list[dict]:
-    """One record per (row, column): the scaled mean and CI as shown (unrounded), plus why a cell is blank."""
+    """One record per (row, column): the scaled mean and CI as shown (unrounded), plus why a cell is blank;
+    the question interval and the paired differences to UniformAvg and to the best baseline (scaled, with
+    1 where their interval excludes 0; empty where not compared)."""
     best = best_rows(table)
     records = []
     for i, row in enumerate(table.rows):
@@ -269,6 +366,10 @@ def to_csv_rows(table: Table) -> list[dict]:
                     "scale": c.scale,
                     "bold": int(i in best.get(c.key, ())),
                     "note": cell_note(cell) or "",
+                    **_interval_fields("boot", cell.boot, c.scale),
+                    **_difference_fields("uniform", cell, c.scale),
+                    "best_baseline": table.baselines.get(c.key, ""),
+                    **_difference_fields("best", cell, c.scale),
                 }
             )
     return records

@@ -6,6 +6,7 @@ The golden numbers were checked by hand (see the comments next to GOLDEN_MAIN).
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,8 @@ GOLDEN_MAIN = """\
 | *WALLA* | | | | | | |
 | WALLA I | – | **100.00 ± 0.00** | **30.66 ± 7.12** | 100.00 ± 0.00 | **90.00 ± 127.06** | **8.25 ± 2.28** |
 
-Values ×100: mean ± 95% CI over seeds (t-interval); bold = best aggregation method per column (individual agents excluded).\\
+Values ×100: mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test questions (below); bold = best aggregation method per column (individual agents excluded).\\
+[lo, hi]: 95% percentile interval from a paired bootstrap over the 5 test questions (1000 resamples with replacement, numpy default_rng(18); on each resample the metric is computed per seed and averaged over seeds; every row uses the same resamples). † : the 95% paired-bootstrap interval of the difference to UniformAvg excludes 0; ‡ : the same vs the column's best baseline, the learning-free or learning-based row with the best mean in the column's direction (AUC UniformAvg, ACC UniformAvg, ECE UniformAvg, K-Tau UniformAvg, DRegret UniformAvg). A mark says the difference is larger than the questions' sampling noise, in either direction; it holds the trained seeds fixed, so a marked difference inside the seed intervals (±) is still within training noise. No brackets: the metric is undefined on some resample (e.g. AUC when every drawn prediction is right), so neither an interval nor a mark is given.\\
 – : undefined on every seed (e.g. AUC when all test predictions are right, or all wrong).\\
 – (MRR): equal weights rank the agents by slot order only (SPEC §10.10), so MRR is not shown.
 """  # noqa: E501
@@ -70,8 +72,10 @@ def make_runs(root: Path, methods=(), seeds=(), with_heads: bool = False, meta: 
         runs, "toy", PROBS, LABEL, SPLIT, ["alpha", "beta"], methods, seeds, dataset="toyqa", meta=meta
     )
     for seed in (18, 19):
-        write_run(runs, "toy", "uniform", seed, np.full((6, 2), 0.5), PROBS.mean(1), SPLIT,
-                  run_meta={"display_name": "UniformAvg", "group": "learning_free"})  # fmt: skip
+        uniform_meta = {"display_name": "UniformAvg", "group": "learning_free"}
+        write_run(
+            runs, "toy", "uniform", seed, np.full((6, 2), 0.5), PROBS.mean(1), SPLIT, run_meta=uniform_meta
+        )
         w = np.array(WALLA_W[seed])
         extras = {"wagers": w * 0.5, "payouts": w * 0.1 - 0.02}
         log = None
@@ -82,10 +86,15 @@ def make_runs(root: Path, methods=(), seeds=(), with_heads: bool = False, meta: 
                 "pred_baseline": np.full((6, 2), 0.7),
             }
             steps = list(range(30))
-            log = {"step": steps, "epoch": [s // 10 for s in steps], "n_seen": [100 * s for s in steps],
-                   "d_regret": [0.3 / (1 + s) for s in steps], "acc": [0.5 + s / 100 for s in steps]}  # fmt: skip
-        write_run(runs, "toy", "walla-i", seed, w, np.einsum("nm,nmk->nk", w, PROBS), SPLIT, extras=extras,
-                  train_log=log)  # fmt: skip
+            log = {
+                "step": steps,
+                "epoch": [s // 10 for s in steps],
+                "n_seen": [100 * s for s in steps],
+                "d_regret": [0.3 / (1 + s) for s in steps],
+                "acc": [0.5 + s / 100 for s in steps],
+            }
+        agg = np.einsum("nm,nmk->nk", w, PROBS)
+        write_run(runs, "toy", "walla-i", seed, w, agg, SPLIT, extras=extras, train_log=log)
     return runs
 
 
@@ -93,11 +102,17 @@ def _table(result, key):
     return next(t for t in result.tables if t.key == key)
 
 
+def seed_parts(md: str) -> str:
+    """The Markdown without the question intervals and significance marks (test_eval_significance.py
+    checks those): what the hand-checked seed numbers below are compared with."""
+    return re.sub(r" \[-?[\d.]+, -?[\d.]+\][†‡]*", "", md)
+
+
 def test_golden_tables(tmp_path):
     runs = make_runs(tmp_path)
     result = run(EvalConfig(report=tmp_path / "out" / "tables.md", runs=runs, plots=False))
-    assert to_markdown(_table(result, "main")) == GOLDEN_MAIN
-    hard = to_markdown(_table(result, "hard"))
+    assert seed_parts(to_markdown(_table(result, "main"))) == GOLDEN_MAIN
+    hard = seed_parts(to_markdown(_table(result, "hard")))
     assert "N = 3 test questions" in hard
     for row in GOLDEN_HARD_ROWS:
         assert row in hard
@@ -105,12 +120,14 @@ def test_golden_tables(tmp_path):
     assert not result.problems
     # the report file holds the same tables; .tex and .csv sit next to it
     md = (tmp_path / "out" / "tables.md").read_text()
-    assert GOLDEN_MAIN in md and "## Missing runs" not in md
+    assert GOLDEN_MAIN in seed_parts(md) and "## Missing runs" not in md
+    assert "paired bootstrap over test questions (1000 resamples, numpy default_rng(18))" in md  # header
     tex = (tmp_path / "out" / "tables.tex").read_text()
     assert (
         r"\toprule" in tex
-        and r"\textbf{100.00}\tiny{$\pm$0.00}" in tex
-        and r"90.00}\tiny{$\pm$127.06}" in tex
+        and r"\textbf{100.00}\tiny{$\pm$0.00}\,\tiny{[100.00, 100.00]}" in tex
+        and r"90.00}\tiny{$\pm$127.06}\,\tiny{[" in tex
+        and r"$^{\dagger\ddagger}$" in tex
     )
     rows = list(csv.DictReader((tmp_path / "out" / "tables.csv").open()))
     acc = next(
@@ -137,29 +154,33 @@ def test_soft_target_scenario_uses_kld_tvd_columns(tmp_path):
 def test_missing_method_seed_and_incomplete_run_are_reported(tmp_path):
     runs = make_runs(tmp_path, methods=["uniform", "walla-i", "stacked-gen"], seeds=[18, 19, 20])
     write_run(runs, "toy", "walla-i", 20, np.full((6, 2), 0.5), PROBS.mean(1), SPLIT, complete=False)
-    write_run(
-        runs,
-        "toy",
-        "uniform",
-        20,
-        np.full((6, 2), 0.5),
-        PROBS.mean(1),
-        SPLIT,
-        question_ids=[f"x{i}" for i in range(6)],
-    )  # fmt: skip  (does not cover the test questions)
+    other_ids = [f"x{i}" for i in range(6)]  # does not cover the test questions
+    write_run(runs, "toy", "uniform", 20, np.full((6, 2), 0.5), PROBS.mean(1), SPLIT, question_ids=other_ids)
     (runs / "broken" / "uniform" / "seed=1").mkdir(parents=True)  # a scenario without scenario.parquet
     (runs / "broken" / "scenario.json").write_text((runs / "toy" / "scenario.json").read_text())
     # rows in another order than scenario.parquet are re-aligned by question_id
     perm = [5, 0, 3, 1, 4, 2]
-    write_run(runs, "toy", "uniform", 19, np.full((6, 2), 0.5), PROBS.mean(1)[perm], [SPLIT[i] for i in perm],
-              question_ids=[f"q{i}" for i in perm], run_meta={"display_name": "UniformAvg"})  # fmt: skip
+    split = [SPLIT[i] for i in perm]
+    ids = [f"q{i}" for i in perm]
+    meta = {"display_name": "UniformAvg"}
+    write_run(
+        runs,
+        "toy",
+        "uniform",
+        19,
+        np.full((6, 2), 0.5),
+        PROBS.mean(1)[perm],
+        split,
+        question_ids=ids,
+        run_meta=meta,
+    )
     result = run(EvalConfig(report=tmp_path / "r.md", runs=runs, plots=False))
     lines = {p.line().split(":")[0] + ":" + p.kind for p in result.problems}
     assert "broken:unreadable" in lines
     assert "toy/walla-i/seed=20:incomplete" in lines
     assert "toy/uniform/seed=20:unreadable" in lines
     assert {f"toy/stacked-gen/seed={s}:missing" for s in (18, 19, 20)} <= lines
-    md = (tmp_path / "r.md").read_text()
+    md = seed_parts((tmp_path / "r.md").read_text())
     assert "## Missing runs" in md and "**Warning:**" in md and "stacked-gen/seed=19: missing" in md
     # the complete runs are still evaluated (and the shuffled uniform seed gives the same numbers)
     assert "| WALLA I | – | **100.00 ± 0.00**" in md
