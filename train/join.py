@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from walla.store.validate import replace
+from walla.manifests.validate import replace
 from walla.train.engine import load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
 from walla.train.runs import STATE, run_dir

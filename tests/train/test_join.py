@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-from walla.store.spec import ScenarioSpec
+from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.join import initial_params, joined_plan
 from walla.train.plan import Overrides, build_plan
@@ -39,7 +39,7 @@ def trained(tmp_path_factory):
     base = _agents(full, [0, 1, 2], "base")
     spec = ScenarioSpec(name="base", dataset="synthetic", agents=("a", "a", "a"), description="base")
     problems: list[str] = []
-    plan = build_plan({"train": {"methods": ["walla-i"], "seeds": [18, 19], "hparams": HP}}, Path("x.yaml"), spec,
+    plan = build_plan({"train": {"methods": ["walla-i"], "seeds": [18, 19], "hparams": HP}}, Path("x.yaml"), Scenario(spec, {}, {}),
                       Overrides(), problems)  # fmt: skip
     assert not problems
     runs = tmp_path_factory.mktemp("runs")
