@@ -163,8 +163,9 @@ def spec_from_raw(
     return spec if len(problems) == n0 else None
 
 
-def _only_the_scenario(raw: dict, path: Path, scenario: Scenario | None, problems: list[str]) -> Scenario:
-    return scenario  # type: ignore[return-value]  # None only with problems, which parse_scenario raises
+def _the_scenario(raw: dict, path: Path, scenario: Scenario | None, problems: list[str]) -> Scenario | None:
+    """The builder that keeps only the Scenario (None only alongside problems, which are raised)."""
+    return scenario
 
 
 def parse_scenario(name_or_path: str | Path, build: Build[T]) -> T:
@@ -194,7 +195,9 @@ def parse_scenario(name_or_path: str | Path, build: Build[T]) -> T:
 
 def read_scenario(name_or_path: str | Path) -> Scenario:
     """The Scenario of a scenario name or file (its `train:` section unread). Raises ConfigError."""
-    return parse_scenario(name_or_path, _only_the_scenario)
+    scenario = parse_scenario(name_or_path, _the_scenario)
+    assert scenario is not None  # a None spec comes with problems, raised by parse_scenario
+    return scenario
 
 
 def preset_scenario(scenario: Scenario, presets: Iterable[str], build: Build[T]) -> T:
