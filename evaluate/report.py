@@ -44,13 +44,14 @@ from walla.evaluate.metrics import (
     per_agent_brier,
 )
 from walla.evaluate.tables import CSV_FIELDS, Cell, Column, Row, Table, to_csv_rows, to_latex, to_markdown
+from walla.manifests.validate import config
 from walla.store.atomic import write_atomic
 
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
 NOTE_VALUES = "Values ×100: mean ± 95% CI over seeds (t-interval); bold = best aggregation method per column (individual agents excluded)."  # noqa: E501
 
 
-@dataclass(frozen=True)
+@config  # the one config validator of every stage (walla.manifests.validate)
 class EvalConfig:
     report: Path  # the Markdown report; .tex, .csv and PNGs are written next to it
     runs: Path = Path("runs")
