@@ -165,4 +165,6 @@ def plan_for_kind(kind: str, store: Path, overrides: Overrides, **kw) -> TrainPl
         raise ConfigError(problems)
     scenario = Scenario(kind_spec(kind, store, models_table, datasets, **kw), models_table, datasets)
     presets = _presets(kind, scenario.spec.dataset, scenario.spec.agents, models_table)
-    return preset_scenario(scenario, presets, plan_builder(overrides))
+    plan = preset_scenario(scenario, presets, plan_builder(overrides))
+    assert plan is not None  # None only alongside problems, which preset_scenario raises
+    return plan

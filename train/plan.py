@@ -223,7 +223,9 @@ def load_plan(name_or_path: str | Path, overrides: Overrides | None = None) -> T
     Raises:
         ConfigError: every problem of the file (and its includes) at once, each naming file and key.
     """
-    return parse_scenario(name_or_path, plan_builder(overrides or Overrides()))
+    plan = parse_scenario(name_or_path, plan_builder(overrides or Overrides()))
+    assert plan is not None  # None only alongside problems, which parse_scenario raises
+    return plan
 
 
 def plan_yaml(plan: TrainPlan) -> str:
