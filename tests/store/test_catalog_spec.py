@@ -3,6 +3,8 @@ yaml_io.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -160,3 +162,27 @@ def test_ad_hoc_model_names_are_path_safe(tmp_path):
     assert "/" not in name and not name.startswith(".") and entry.path == str(d.resolve())
     with pytest.raises(KeyError, match="unknown model 'alo'"):
         resolve_model_name("alo", models)
+
+
+def _modules_loaded_by(package: str) -> list[str]:
+    """Every walla module loaded after importing each module of `package`, in a fresh interpreter."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"pkg = importlib.import_module({package!r})\n"
+        "for m in pkgutil.iter_modules(pkg.__path__):\n"
+        f"    importlib.import_module({package!r} + '.' + m.name)\n"
+        "print(' '.join(sorted(n for n in sys.modules if n.startswith('walla.'))))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
+def test_layers_point_one_way():
+    """walla.manifests imports no stage; the store imports no manifest reader (it receives a Scenario)."""
+    loaded = _modules_loaded_by("walla.manifests")
+    assert "walla.manifests.scenario" in loaded
+    assert not [m for m in loaded if not m.startswith("walla.manifests")], loaded
+    loaded = _modules_loaded_by("walla.store")
+    assert "walla.store.scenario" in loaded
+    assert not [m for m in loaded if not m.startswith("walla.store")], loaded
