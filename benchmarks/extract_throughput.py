@@ -98,9 +98,9 @@ def reference_loop(model, tok, prompts: list[str], cand: list[int], batch: int =
 
 def passes_for_scenario(name: str = "homo-pubmedqa-aloe-x12") -> tuple[int, int]:
     """(reference passes, our passes) over the dataset for a scenario manifest."""
-    from walla.store.spec import load_spec
+    from walla.manifests.scenario import read_scenario
 
-    sc = load_spec(name)
+    sc = read_scenario(name).spec
     variants = {"none": 1, "one_relevant": 2, "one_relevant_one_irrelevant": 3}[sc.context_rule]
     return len(sc.agents), len(set(sc.agents)) * variants
 
@@ -217,7 +217,7 @@ def main() -> None:
     from walla.extract import dtype_probe
     from walla.extract.backends.hf import DTYPES, HFBackend, cache_root, converted_gguf_dir
     from walla.extract.models import resolve_model
-    from walla.store.catalog import load_models
+    from walla.manifests.catalog import load_models
     from walla.store.featureset import read_feature_set
 
     rm = resolve_model(load_models()["smollm2-135m"])

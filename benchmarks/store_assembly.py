@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from walla.store.catalog import DatasetEntry
+from walla.manifests.catalog import DatasetEntry
+from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.store.featureset import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
 from walla.store.scenario import assemble_scenario
-from walla.store.spec import ScenarioSpec
 
 DATASET = "synthetic"
 MODEL = "synth-llm"
@@ -140,7 +140,7 @@ def raw_read(files: list[Path]) -> tuple[float, int]:
 def measure(store: Path, agents: int) -> dict:
     """Child process: peak memory of a first assembly, then REPEATS x (assembly, raw read) interleaved so
     both see the same machine state (this machine is shared: noisy), then tracemalloc of one more."""
-    entry = ScenarioSpec(
+    spec = ScenarioSpec(
         name="bench",
         dataset=DATASET,
         agents=tuple([MODEL] * agents),
@@ -153,10 +153,11 @@ def measure(store: Path, agents: int) -> dict:
             name=DATASET, loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True
         )
     }
+    entry = Scenario(spec, {}, datasets)  # MODEL is no models.yaml name: hidden sizes from its feature sets
     gc.collect()
     rss0 = _rss()
     t = time.perf_counter()
-    data = assemble_scenario(entry, store, datasets=datasets)
+    data = assemble_scenario(entry, store)
     t_first = time.perf_counter() - t
     peak_extra_rss = _peak_rss() - rss0
     hidden_bytes = sum(x.nbytes for x in data.hidden)
@@ -185,7 +186,7 @@ def measure(store: Path, agents: int) -> dict:
     t_asm, timing, t_raw = [], [], []
     for _ in range(REPEATS):
         t = time.perf_counter()
-        data = assemble_scenario(entry, store, datasets=datasets)
+        data = assemble_scenario(entry, store)
         t_asm.append(time.perf_counter() - t)
         timing.append(data.meta["timing_s"])
         del data
@@ -194,7 +195,7 @@ def measure(store: Path, agents: int) -> dict:
         t_raw.append(dt)
 
     tracemalloc.start()
-    data = assemble_scenario(entry, store, datasets=datasets)
+    data = assemble_scenario(entry, store)
     _, tm_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del data

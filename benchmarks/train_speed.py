@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "train"))
 from synthetic import make_private_context_scenario  # noqa: E402
-from walla.store.validate import build  # noqa: E402
+from walla.manifests.validate import build  # noqa: E402
 from walla.train import mechanism, mixed_adam  # noqa: E402
 from walla.train.engine import TrainEnv, gemm_flops, resolve_precision, seeded  # noqa: E402
 from walla.train.heads import WagerHead, _layer_dims  # noqa: E402

@@ -42,7 +42,7 @@ def main() -> None:
     from walla.extract.backends.hf import explain_dtype, load_hf_backend
     from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
     from walla.extract.models import resolve_model
-    from walla.store.catalog import load_models
+    from walla.manifests.catalog import load_models
 
     ok, why = vllm_usable()
     if not ok:

@@ -29,7 +29,6 @@ from walla.evaluate.tables import Cell, Column, Row, Table
 from walla.train.methods import REGISTRY
 from walla.train.runs import SCENARIO_META
 
-ROUTER_FAMILIES = ("route-llm", "router-dc", "nirt-router")  # methods that may run only routed agents
 NOT_RECORDED = (
     "LLM compute per question: compute not recorded (scenario.json has no meta.compute, which scenario "
     "assembly takes from the feature sets' extraction records)."
@@ -80,7 +79,7 @@ def agent_costs(meta: dict, agents: list[str], where: str) -> tuple[np.ndarray, 
 
 def is_router(method: str) -> bool:
     info = REGISTRY.get(method)
-    return info is not None and info.family in ROUTER_FAMILIES
+    return info is not None and info.router  # the registry marks the methods that run only routed agents
 
 
 def needed(method: str, weights: np.ndarray) -> np.ndarray:

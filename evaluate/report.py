@@ -68,6 +68,7 @@ from walla.evaluate.tables import (
     to_latex,
     to_markdown,
 )
+from walla.manifests.validate import config
 from walla.store.schema import VARIANT_CODE
 
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
@@ -78,7 +79,7 @@ NOTE_VALUES = (
 )
 
 
-@dataclass(frozen=True)
+@config  # the one config validator of every stage (walla.manifests.validate)
 class EvalConfig:
     report: Path  # the Markdown report; .tex, .csv and PNGs are written next to it
     runs: Path = Path("runs")

@@ -98,15 +98,15 @@ def format_table(rows: list[dict]) -> str:
 
 def _prompts(cfg, out):
     """(rendered prompts of variant `none`, model entry, resolved model, dataset entry) as walla-extract has them."""
-    from walla.extract.datasets import load_dataset_table
+    from walla.extract.datasets import default_template, load_dataset_table
     from walla.extract.models import resolve_model
-    from walla.extract.prompts import DEFAULT_TEMPLATE, build_prompts, get_template
+    from walla.extract.prompts import build_prompts, get_template
     from walla.extract.run import _lookup, dataset_request
-    from walla.store.catalog import load_datasets, load_models, resolve_model_name
+    from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
 
     _, m_entry = resolve_model_name(cfg.model, load_models())
     d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
-    template = get_template(d_entry.prompt or DEFAULT_TEMPLATE[d_entry.loader])
+    template = get_template(default_template(d_entry.loader, d_entry.prompt))
     table, _ = load_dataset_table(dataset_request(d_entry, cfg))
     prompts = build_prompts(
         table, template, "none", option_tokens=d_entry.option_tokens, seed=cfg.context_seed
@@ -200,12 +200,15 @@ def check(
     logging.basicConfig(level=logging.WARNING, format="walla check: %(message)s")
     from walla.extract.config import ExtractConfig
     from walla.extract.hub import HubUnavailableError
+    from walla.manifests.validate import build
 
     names = [b.strip() for b in backends.split(",") if b.strip()]
     try:
+        options = dict(
+            model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype, device=device
+        )
         vllm_opts = {"max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization}
-        cfg = ExtractConfig(model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype,
-                            device=device, progress=False, **vllm_opts)  # fmt: skip
+        cfg = build(ExtractConfig, {**options, "progress": False, **vllm_opts}, where="command line")
         bad = [b for b in names if b not in ("hf", "vllm", "dummy")]
         if bad:
             raise ValueError(f"--backends: unknown {', '.join(bad)} (expected hf, vllm)")

@@ -4,7 +4,7 @@
     walla-extract --model smollm2-135m --dataset arc-challenge --data-file ARC-Challenge-Dev.jsonl
     walla-extract --model aloe --dataset pubmedqa --backend vllm --variants none,relevant
 
-Thin: parse, build an ExtractConfig, call run(). Every failure is ONE line on stderr:
+Thin: parse, build an ExtractConfig (walla.manifests.validate), call run(). Every failure is ONE line on stderr:
 exit 2 for an unknown model/dataset name or bad option, 3 when the hub cannot serve a model or
 dataset, 1 for bad data or store problems, 130 when interrupted (rerun to resume).
 """
@@ -81,10 +81,11 @@ def extract(
     from walla.extract.config import ExtractConfig
     from walla.extract.hub import HubUnavailableError
     from walla.extract.run import run
+    from walla.manifests.validate import build
     from walla.store.files import describe_os_error
 
     try:
-        cfg = ExtractConfig(
+        options = dict(
             model=model,
             dataset=dataset,
             backend=backend,
@@ -110,7 +111,8 @@ def extract(
             workers=workers,
             ray_address=ray_address,
         )
-    except ValueError as e:
+        cfg = build(ExtractConfig, options, where="command line")
+    except ValueError as e:  # ConfigError: one line per problem, naming the option
         _fail(str(e), 2)
     try:
         run(cfg, out=typer.echo)

@@ -1,18 +1,25 @@
-"""ExtractConfig: every setting of one `walla-extract` run, validated in one place."""
+"""ExtractConfig: every setting of one `walla-extract` run, validated in one place.
+
+    cfg = build(ExtractConfig, {"model": "smollm2-135m", "dataset": "facts"}, where="command line")
+
+Declared with the project's one config validator (walla.manifests.validate), as every stage's config is:
+types are checked (and unknown keys refused) by `build`, ranges and choices by `__post_init__`, whose
+problems are all reported together on one line.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from walla.extract.backends import BACKENDS
 from walla.extract.backends.hf_compile import COMPILE_MODES
+from walla.manifests.validate import config
 from walla.store.schema import VARIANTS
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 
 
-@dataclass(frozen=True)
+@config
 class ExtractConfig:
     model: str  # models.yaml key
     dataset: str  # datasets.yaml key

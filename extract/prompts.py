@@ -12,7 +12,8 @@ Multiple-choice options are displayed with the letters A, B, C, ... by POSITION,
 source's labels (ARC has 1-4 in some rows; the source labels stay in `option_labels`), and the
 scored option strings are the same letters, so 3- and 5-option questions work end to end.
 
-A template's text (both forms) and its option tokens are fingerprint inputs of every feature set.
+A template's text (both forms) and its option tokens are fingerprint inputs of every feature set. Which
+template a dataset uses: its datasets.yaml `prompt:`, else its loader's (extract/datasets/registry.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from walla.store.schema import SPLITS
 
 log = logging.getLogger(__name__)
 
-LETTERS = string.ascii_uppercase
+LETTERS = string.ascii_uppercase  # options by position: displayed, scored, and the default source labels
 
 
 @dataclass(frozen=True)
@@ -110,16 +111,6 @@ TEMPLATES: dict[str, PromptTemplate] = {
         with_context=_FACTS_SHOTS + "{context} {question}",
         option_tokens=(" Yes", " No"),
     ),
-}
-
-DEFAULT_TEMPLATE = {
-    "pubmedqa": "pubmedqa",
-    "medmcqa": "mc",
-    "mmlu": "mc",
-    "arc": "mc",
-    "bayesx": "bayesx",
-    "facts": "facts",
-    "jsonl": "mc_context",
 }
 
 

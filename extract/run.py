@@ -27,12 +27,12 @@ import polars as pl
 from walla.extract import hub
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
-from walla.extract.datasets import DatasetRequest, load_dataset_table
+from walla.extract.datasets import DatasetRequest, default_template, load_dataset_table
 from walla.extract.device import check_device
 from walla.extract.model_stats import non_embedding_params
 from walla.extract.models import ResolvedModel, pin_revision, resolve_model
 from walla.extract.progress import Progress
-from walla.extract.prompts import DEFAULT_TEMPLATE, build_prompts, get_template
+from walla.extract.prompts import build_prompts, get_template
 from walla.extract.scoring import renormalize, resolve_option_token_ids
 from walla.extract.splits import SplitProtocol
 
@@ -192,14 +192,14 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         hub.HubUnavailableError: hub model/dataset unreachable, gated or not cached (one line).
         ValueError: malformed data, bad settings, store problems (one line naming the input).
     """
-    from walla.store.catalog import load_datasets, load_models, resolve_model_name
+    from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
     from walla.store.featureset import FeatureSetSpec, find_complete, read_feature_set, writer_lock
     from walla.store.questions import write_question_table
 
     # 1. resolve names -------------------------------------------------------------------------------------
     model_name, m_entry = resolve_model_name(cfg.model, load_models())  # ad hoc: hf:org/x, a dir, a .gguf
     d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
-    template = get_template(d_entry.prompt or DEFAULT_TEMPLATE[d_entry.loader])
+    template = get_template(default_template(d_entry.loader, d_entry.prompt))
     available = template.variants if d_entry.has_context else ("none",)
     variants = tuple(cfg.variants or available)
     bad = [v for v in variants if v not in available]

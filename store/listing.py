@@ -75,7 +75,7 @@ def _lock_held(lock_path: Path) -> bool:
 def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
     incomplete = d.name.endswith(INCOMPLETE)
     fp = d.name[: -len(INCOMPLETE)] if incomplete else d.name
-    key = (model, dataset, variant, fp, d)
+    key = {"model": model, "dataset": dataset, "variant": variant, "fingerprint": fp, "path": d}
     if not incomplete and (d / META_FILE).exists():
         try:
             m = read_json(d / META_FILE)
@@ -85,9 +85,16 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
             status = "corrupt"
         else:
             status = "complete" if m.get("schema_version") == FEATURE_SCHEMA_VERSION else "stale"
-        n = m.get("n_rows")
-        return FeatureSetInfo(*key, status, n, n, m.get("hidden_size"), m.get("created_at"),
-                              m.get("schema_version"), m.get("questions_fp"))  # fmt: skip
+        return FeatureSetInfo(
+            **key,
+            status=status,
+            n_rows=m.get("n_rows"),
+            done_rows=m.get("n_rows"),
+            hidden_size=m.get("hidden_size"),
+            created_at=m.get("created_at"),
+            schema_version=m.get("schema_version"),
+            questions_fp=m.get("questions_fp"),
+        )
     w = {}
     with contextlib.suppress(StoreError):
         w = read_json(d / WRITER_FILE)
@@ -98,9 +105,15 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
         with contextlib.suppress(StoreError, OSError):
             done = sum(end - start for _, start, end in durable_shards(d, gaps=True))  # parallel: holes
     status = "writing" if _lock_held(d.with_name(fp + LOCK)) else "incomplete"
-    written = FEATURE_SCHEMA_VERSION if w else None
-    return FeatureSetInfo(*key, status, w.get("total_rows"), done, w.get("hidden_size"),
-                          _mtime_iso(d / WRITER_FILE), written)  # fmt: skip
+    return FeatureSetInfo(
+        **key,
+        status=status,
+        n_rows=w.get("total_rows"),
+        done_rows=done,
+        hidden_size=w.get("hidden_size"),
+        created_at=_mtime_iso(d / WRITER_FILE),
+        schema_version=FEATURE_SCHEMA_VERSION if w else None,
+    )
 
 
 def _mtime_iso(path: Path) -> str | None:

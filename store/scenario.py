@@ -2,8 +2,8 @@
 
 The ScenarioData fields below are the contract between the store and stages 2-3.
 
-    entry = load_spec("demo-hetero-facts")           # store/spec.py
-    data = assemble_scenario(entry, Path("walla-store"))    # ScenarioData, N questions x M agents
+    scenario = read_scenario("demo-hetero-facts")           # walla.manifests.scenario
+    data = assemble_scenario(scenario, Path("walla-store"))  # ScenarioData, N questions x M agents
 
 Assembly reads only the feature sets the scenario uses -- per (model, dataset, variant) one, so M
 copies of one model read the same two (none + relevant) -- and routes, per question and slot, the
@@ -18,11 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 from walla.store import routing
-from walla.store.catalog import DatasetEntry, ModelEntry, load_datasets, load_models
 from walla.store.featureset import (
     FeatureSet,
     StoreError,
@@ -35,8 +35,10 @@ from walla.store.questions import read_question_table
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import SPLITS, VARIANT_CODE
 from walla.store.select import raise_missing, select_feature_sets
-from walla.store.spec import ScenarioSpec
-from walla.store.validate import to_dict
+
+if TYPE_CHECKING:  # types only: the store reads no manifest (walla.manifests reads them for it)
+    from walla.manifests.catalog import DatasetEntry, ModelEntry
+    from walla.manifests.scenario import Scenario, ScenarioSpec
 
 # ---------------------------------------------------------------------------------------------------------
 # assembly
@@ -171,78 +173,92 @@ def _compute(agents, tokens: np.ndarray, params: dict) -> dict | None:
     out = []
     for s, a in enumerate(agents):
         tpq = float(tokens[:, s].mean())
-        out.append({"model": a, "tokens_per_question": tpq,
-                    "flops_per_question": 2.0 * params[a] * tpq if params.get(a) else None})  # fmt: skip
+        flops = 2.0 * params[a] * tpq if params.get(a) else None
+        out.append({"model": a, "tokens_per_question": tpq, "flops_per_question": flops})
     return {"agents": out, "source": "feature sets' n_prompt_tokens and meta.json compute"}
 
 
-def assemble_scenario(
-    entry: ScenarioSpec,
-    store: Path,
-    *,
-    datasets: dict[str, DatasetEntry] | None = None,
-    models: dict[str, ModelEntry] | None = None,
-) -> ScenarioData:
-    """Build the ScenarioData of a scenario from the feature sets in `store`.
-
-    Args:
-        entry: the scenario (load_scenario).
-        store: store root.
-        datasets: dataset table (default: the package's datasets.yaml).
-        models: model table (default: the package's models.yaml); hidden sizes are checked against it.
-    Returns:
-        ScenarioData over every question of the used splits (OOD: train/val of `dataset`, then all rows of
-        `eval_dataset` as test); `meta` records the manifest, the context seed and per-split assignment
-        counts, and every feature set used.
-    Raises:
-        StoreError: missing feature sets (with the `make extract ...` commands that create them),
-            incomplete/stale/inconsistent feature sets, or a bad irrelevant-context source.
-    """
-    t0 = time.perf_counter()
-    store = as_location(store)  # a directory, or an fsspec URL (store/location.py)
-    datasets = datasets if datasets is not None else load_datasets()
+def _check_datasets(spec: ScenarioSpec, datasets: dict[str, DatasetEntry]) -> None:
     for key in ("dataset", "eval_dataset"):
-        name = getattr(entry, key)
+        name = getattr(spec, key)
         if name is not None and name not in datasets:
             raise KeyError(
-                f"scenario {entry.name!r}: {key} {name!r} is not in datasets.yaml ({', '.join(datasets)})"
+                f"scenario {spec.name!r}: {key} {name!r} is not in datasets.yaml ({', '.join(datasets)})"
             )
-    model_table = models if models is not None else load_models()
-    m = entry.n_agents
-    unique = list(dict.fromkeys(entry.agents))  # model names, slot order
-    variants = routing.variants_needed(entry.context_rule, m)
-    plan = [(entry.dataset, SPLITS if entry.eval_dataset is None else ("train", "val"), False)]
-    if entry.eval_dataset is not None:
-        plan.append((entry.eval_dataset, SPLITS, True))
 
+
+def _open_parts(
+    spec: ScenarioSpec,
+    store: Path,
+    datasets: dict[str, DatasetEntry],
+    models: list[str],
+    variants: tuple[str, ...],
+) -> tuple[list[_Part], list[str]]:
+    """(the scenario's parts, notes on the feature sets chosen): one part, or two for OOD scenarios.
+
+    Every missing feature set is reported at once, with the `make extract ...` commands that create them.
+    """
+    wanted = [(spec.dataset, SPLITS if spec.eval_dataset is None else ("train", "val"), False)]
+    if spec.eval_dataset is not None:
+        wanted.append((spec.eval_dataset, SPLITS, True))
     missing: list = []
     notes: list[str] = []
-    chosen = [select_feature_sets(store, d, unique, variants, missing, notes) for d, _, _ in plan]
+    chosen = [select_feature_sets(store, d, models, variants, missing, notes) for d, _, _ in wanted]
     if missing:
-        raise_missing(entry, store, missing)
+        raise_missing(spec, store, missing)
     parts, offset = [], 0
-    for (d, keep, force_test), ch in zip(plan, chosen, strict=True):
+    for (d, keep, force_test), ch in zip(wanted, chosen, strict=True):
         parts.append(_load_part(store, d, datasets[d], ch, keep, force_test, offset))
         offset += parts[-1].n
-    hidden_size = {model: parts[0].fs[(model, variants[0])].hidden_size for model in unique}
+    return parts, notes
+
+
+def _hidden_sizes(
+    parts: list[_Part], models: list[str], variant: str, table: dict[str, ModelEntry]
+) -> dict[str, int]:
+    """Hidden size per model, checked across its feature sets and against models.yaml."""
+    hidden_size = {model: parts[0].fs[(model, variant)].hidden_size for model in models}
     for p in parts:
         for (model, _), f in p.fs.items():
-            want = model_table[model].hidden_size if model in model_table else hidden_size[model]
+            want = table[model].hidden_size if model in table else hidden_size[model]
             if f.hidden_size != want:
                 raise StoreError(
                     f"feature set {f.path} has hidden size {f.hidden_size}, expected {want} for model {model!r} "
                     "(models.yaml / its other feature sets); was it extracted from another model?"
                 )
-    t_load = time.perf_counter()
+    return hidden_size
+
+
+@dataclass
+class _Questions:
+    """The question axis of a scenario: every part's rows, in scenario order."""
+
+    table: pl.DataFrame  # the rows used (question table columns)
+    split: np.ndarray  # [N] str
+    n_options: np.ndarray  # [N] int64
+    option_mask: np.ndarray  # [N, K] bool
+    label: np.ndarray  # [N] int64
+    target: np.ndarray  # [N, K] float32: gold_dist (soft targets) or one-hot label
+    soft_target: bool
+
+    @property
+    def n(self) -> int:
+        return len(self.split)
+
+    @property
+    def k(self) -> int:
+        return self.option_mask.shape[1]
+
+
+def _questions(spec: ScenarioSpec, parts: list[_Part]) -> _Questions:
     soft = {p.entry.soft_target for p in parts}
     if len(soft) > 1:
         raise ValueError(
-            f"scenario {entry.name!r}: {entry.dataset} and {entry.eval_dataset} disagree on soft_target"
+            f"scenario {spec.name!r}: {spec.dataset} and {spec.eval_dataset} disagree on soft_target"
         )
     soft_target = soft.pop()
-
-    n = offset
     q = pl.concat([p.questions for p in parts], how="vertical")
+    n = q.height
     split = q["split"].to_numpy().astype(str)  # [N]
     n_options = q["options"].list.len().to_numpy().astype(np.int64)  # [N]
     k = int(n_options.max())
@@ -251,22 +267,34 @@ def assemble_scenario(
     if soft_target:
         if q["gold_dist"].null_count():
             bad = q.filter(pl.col("gold_dist").is_null())["question_id"][0]
-            raise StoreError(
-                f"dataset {entry.dataset!r} is soft_target but question {bad!r} has no gold_dist"
-            )
+            raise StoreError(f"dataset {spec.dataset!r} is soft_target but question {bad!r} has no gold_dist")
         target = _dense(q["gold_dist"], n_options, k, 0.0).astype(np.float32)  # [N, K]
     else:
         target = np.zeros((n, k), np.float32)
         target[np.arange(n), label] = 1.0
-    variant = routing.assign(split, m, entry.context_rule, entry.context_seed)  # [N, M] int8
+    return _Questions(q, split, n_options, option_mask, label, target, soft_target)
 
-    # per-agent option distributions, prompt NLL, prompts
+
+@dataclass
+class _AgentArrays:
+    """What each agent slot saw of each question, routed by the context rule."""
+
+    probs: np.ndarray  # [N, M, K] float32 option distributions
+    prompt_nll: np.ndarray  # [N, M] float32
+    prompts: list[np.ndarray] | None  # [M] x [N] prompt text (None: a feature set without prompts)
+    tokens: np.ndarray  # [N, M] prompt tokens each agent processed (compute accounting)
+    params: dict[str, float | None]  # model -> non-embedding parameters (None: not recorded)
+
+
+def _agent_arrays(parts: list[_Part], agents: tuple[str, ...], variant: np.ndarray, k: int) -> _AgentArrays:
+    """Per slot, the option distribution, prompt NLL, prompt and token count of its routed variant."""
+    n, m = variant.shape
     probs = np.zeros((n, m, k), np.float32)  # [N, M, K]
     prompt_nll = np.zeros((n, m), np.float32)  # [N, M]
     with_prompts = all("prompt" in f.rows.columns for p in parts for f in p.fs.values())
     prompts = [np.empty(n, dtype=object) for _ in range(m)] if with_prompts else None
-    tokens = np.zeros((n, m))  # [N, M] prompt tokens each agent processed (compute accounting)
-    params: dict[str, float | None] = {}  # model -> non-embedding parameters (None: not recorded)
+    tokens = np.zeros((n, m))  # [N, M]
+    params: dict[str, float | None] = {}
     for p in parts:
         rows = slice(p.offset, p.offset + p.n)
         for (model, v), f in p.fs.items():
@@ -279,7 +307,7 @@ def assemble_scenario(
                 f.rows["n_prompt_tokens"].to_numpy()[s_idx] if "n_prompt_tokens" in f.rows.columns else None
             )
             params.setdefault(model, (f.meta.get("compute") or {}).get("n_params_non_embedding"))
-            for s, a in enumerate(entry.agents):
+            for s, a in enumerate(agents):
                 if a != model:
                     continue
                 sel = variant[rows, s] == VARIANT_CODE[v]  # [n_p]
@@ -290,18 +318,30 @@ def assemble_scenario(
                     tokens[dst, s] = ntok[sel]
                 if prompts is not None:
                     prompts[s][dst] = text[sel]
+    return _AgentArrays(probs, prompt_nll, prompts, tokens, params)
 
-    t_arrays = time.perf_counter()
-    # hidden states: one [N, H] array per slot, filled block by block straight from the chunk files
-    hidden = [np.empty((n, hidden_size[a]), np.float16) for a in entry.agents]  # [M] x [N, H_i]
+
+def _hidden_arrays(
+    parts: list[_Part],
+    agents: tuple[str, ...],
+    models: list[str],
+    hidden_size: dict[str, int],
+    variant: np.ndarray,
+) -> list[np.ndarray]:
+    """One [N, H] float16 array per slot, filled block by block straight from the chunk files."""
+    n, m = variant.shape
+    hidden = [np.empty((n, hidden_size[a]), np.float16) for a in agents]  # [M] x [N, H_i]
     with ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, os.cpu_count() or 1, m))) as pool:
         for p in parts:
-            for model in unique:
-                slots = [s for s, a in enumerate(entry.agents) if a == model]
+            for model in models:
+                slots = [s for s, a in enumerate(agents) if a == model]
                 budget = sum(hidden[s].nbytes for s in slots) // 20  # buffers <= 5% of this model's output
                 fill_hidden(hidden, slots, model, variant, p, budget, pool)
+    return hidden
 
-    t_hidden = time.perf_counter()
+
+def _feature_set_records(parts: list[_Part]) -> tuple[dict[str, str], dict[str, dict]]:
+    """(fingerprint per feature set, as ScenarioData keys them; what meta records of each)."""
     fingerprints, used = {}, {}
     for i, p in enumerate(parts):
         for (model, v), f in p.fs.items():
@@ -314,19 +354,53 @@ def assemble_scenario(
                 "hidden_size": f.hidden_size,
                 "questions_fp": f.meta["questions_fp"],
             }
+    return fingerprints, used
+
+
+def assemble_scenario(scenario: Scenario, store: Path) -> ScenarioData:
+    """Build the ScenarioData of a scenario from the feature sets in `store`.
+
+    Args:
+        scenario: the scenario (walla.manifests.scenario.read_scenario, or a train plan's); its dataset
+            table gives soft targets, its model table the hidden sizes every feature set is checked against.
+        store: store root (a directory or an fsspec URL).
+    Returns:
+        ScenarioData over every question of the used splits (OOD: train/val of `dataset`, then all rows of
+        `eval_dataset` as test); `meta` records the manifest, the context seed and per-split assignment
+        counts, and every feature set used.
+    Raises:
+        StoreError: missing feature sets (with the `make extract ...` commands that create them),
+            incomplete/stale/inconsistent feature sets, or a bad irrelevant-context source.
+    """
+    t0 = time.perf_counter()
+    spec = scenario.spec
+    store = as_location(store)  # a directory, or an fsspec URL (store/location.py)
+    _check_datasets(spec, scenario.datasets)
+    models = list(dict.fromkeys(spec.agents))  # model names, slot order
+    variants = routing.variants_needed(spec.context_rule, spec.n_agents)
+    parts, notes = _open_parts(spec, store, scenario.datasets, models, variants)
+    hidden_size = _hidden_sizes(parts, models, variants[0], scenario.models)
+    t_load = time.perf_counter()
+    qs = _questions(spec, parts)
+    variant = routing.assign(qs.split, spec.n_agents, spec.context_rule, spec.context_seed)  # [N, M] int8
+    agent = _agent_arrays(parts, spec.agents, variant, qs.k)
+    t_arrays = time.perf_counter()
+    hidden = _hidden_arrays(parts, spec.agents, models, hidden_size, variant)
+    t_hidden = time.perf_counter()
+    fingerprints, used = _feature_set_records(parts)
     meta = {
-        "scenario": to_dict(entry),
+        "scenario": spec.as_dict(),
         "store": str(store),
-        "context_rule": entry.context_rule,
-        "context_seed": entry.context_seed,
-        "assignment": routing.assignment_counts(split, variant),
+        "context_rule": spec.context_rule,
+        "context_seed": spec.context_seed,
+        "assignment": routing.assignment_counts(qs.split, variant),
         "feature_sets": used,
         "question_tables": {p.dataset: p.questions_fp for p in parts},
         "parts": [{"dataset": p.dataset, "offset": p.offset, "n": p.n} for p in parts],
         "notes": notes,
-        "compute": _compute(entry.agents, tokens[split == "test"], params),
-        "n_questions": n,
-        "n_options_max": k,
+        "compute": _compute(spec.agents, agent.tokens[qs.split == "test"], agent.params),
+        "n_questions": qs.n,
+        "n_options_max": qs.k,
         "timing_s": {  # where assembly spent its time
             "open": round(t_load - t0, 3),
             "probs": round(t_arrays - t_load, 3),
@@ -335,20 +409,20 @@ def assemble_scenario(
         },
     }
     return ScenarioData(
-        name=entry.name,
-        dataset=entry.dataset if entry.eval_dataset is None else f"{entry.dataset}+{entry.eval_dataset}",
-        agents=list(entry.agents),
-        question_id=q["question_id"].to_numpy().astype(str),
-        split=split,
-        question=q["question"].to_list(),
-        prompts=[list(pr) for pr in prompts] if prompts is not None else None,
-        n_options=n_options,
-        option_mask=option_mask,
-        probs=probs,
-        label=label,
-        target=target,
-        soft_target=soft_target,
-        prompt_nll=prompt_nll,
+        name=spec.name,
+        dataset=spec.dataset if spec.eval_dataset is None else f"{spec.dataset}+{spec.eval_dataset}",
+        agents=list(spec.agents),
+        question_id=qs.table["question_id"].to_numpy().astype(str),
+        split=qs.split,
+        question=qs.table["question"].to_list(),
+        prompts=[list(pr) for pr in agent.prompts] if agent.prompts is not None else None,
+        n_options=qs.n_options,
+        option_mask=qs.option_mask,
+        probs=agent.probs,
+        label=qs.label,
+        target=qs.target,
+        soft_target=qs.soft_target,
+        prompt_nll=agent.prompt_nll,
         variant=variant,
         hidden=hidden,
         fingerprints=fingerprints,

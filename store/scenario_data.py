@@ -1,6 +1,6 @@
 """ScenarioData: the assembled arrays of one scenario -- the only input of training and evaluation.
 
-data = assemble_scenario(spec, Path("walla-store"))     # store/scenario.py
+data = assemble_scenario(scenario, Path("walla-store"))  # store/scenario.py
 test = data.split_index("test")
 small = data.limit_rows(200)                            # quick looks: every split keeps its share
 """

@@ -6,9 +6,12 @@ A missing set is reported with the exact `make extract ...` command that creates
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from walla.store.featureset import StaleSchemaError, StoreError, extract_command, list_feature_sets
-from walla.store.spec import ScenarioSpec
+
+if TYPE_CHECKING:  # types only: the store reads no manifest
+    from walla.manifests.scenario import ScenarioSpec
 
 
 def _extract_cmd(model: str, dataset: str, variants: list[str], store: Path) -> str:

@@ -28,8 +28,8 @@ import math
 import numpy as np
 import torch
 from torch import nn
+from walla.manifests.validate import check, config, to_dict
 from walla.store.schema import VARIANT_CODE
-from walla.store.validate import check, config, to_dict
 from walla.train.engine import TrainEnv, make_fabric, seeded
 from walla.train.heads import stack_hidden
 

@@ -171,7 +171,7 @@ def train(
         from walla.store.location import as_location
 
         store = as_location(store_arg)  # a local Path (the fast path) or a RemotePath over fsspec
-        from walla.store.validate import ConfigError
+        from walla.manifests.validate import ConfigError
         from walla.train.plan import Overrides, load_plan, plan_yaml, with_spec
 
         overrides = Overrides(
@@ -228,7 +228,7 @@ def train(
             raise FileNotFoundError(
                 f"store {store_arg} does not exist (run `make extract ...` first, or pass --store)"
             )
-        data = assemble_scenario(plan.spec, store)
+        data = assemble_scenario(plan.scenario, store)
         if limit_rows is not None:
             if limit_rows < 3:
                 raise ValueError(f"--limit-rows must be >= 3, got {limit_rows}")

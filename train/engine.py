@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from walla.train.methods import LogFn
 
-LogFn = Callable[[dict[str, float]], None]
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, float]]
 OPTIMIZERS = ("adam", "adamw", "sgd")
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true")

@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from walla.store.validate import replace, to_dict
+from walla.manifests.validate import replace, to_dict
 from walla.train.engine import load_checkpoint
 from walla.train.methods import method_module
 from walla.train.plan import MethodPlan, TrainPlan, with_spec

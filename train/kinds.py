@@ -5,23 +5,23 @@
     walla-train --scenario hetero-context [--irrelevant] [--dataset D]    # all models; one sees the context
 
 The spec is built from the store's complete feature sets; the training plan comes from the same YAML
-presets the named scenarios include (manifests/scenarios/_base.yaml plus the family file: _hetero.yaml,
-_homo_pubmedqa.yaml or _bayesx.yaml; _demo.yaml instead when every agent is an embedded offline model,
-whose few thousand generated rows the paper's learning rates would barely move). `--preset demo|paper`
-overrides that choice, and walla-train prints the preset it used and why. Ambiguity (several datasets, a
-missing prompt variant) is one line listing the choices and the `make extract` command that resolves it.
+presets the named scenarios include, read by walla.manifests.scenario.preset_scenario (_base.yaml plus
+the family file: _hetero.yaml, _homo_pubmedqa.yaml or _bayesx.yaml; _demo.yaml instead when every agent
+is an embedded offline model, whose few thousand generated rows the paper's learning rates would barely
+move). `--preset demo|paper` overrides that choice, and walla-train prints the preset it used and why.
+Ambiguity (several datasets, a missing prompt variant) is one line listing the choices and the
+`make extract` command that resolves it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from walla.store.catalog import collect_tables, resolve_model_name
+from walla.manifests.catalog import collect_tables, resolve_model_name
+from walla.manifests.scenario import Scenario, ScenarioSpec, preset_scenario
+from walla.manifests.validate import ConfigError, build
 from walla.store.listing import list_feature_sets
-from walla.store.spec import ScenarioSpec
-from walla.store.validate import ConfigError, build
-from walla.store.yaml_io import manifests_dir, merge, read_yaml
-from walla.train.plan import Overrides, TrainPlan, build_plan
+from walla.train.plan import Overrides, TrainPlan, plan_builder
 
 KINDS = ("hetero", "homo", "hetero-context")
 
@@ -186,15 +186,8 @@ def plan_for_kind(
     models_table, datasets = collect_tables(None, problems)  # read once: the spec and the presets use them
     if problems:
         raise ConfigError(problems)
-    spec = kind_spec(kind, store, models_table, datasets, **kw)
-    ds = datasets.get(spec.dataset)
-    if ds is not None and spec.context_rule != "none" and not ds.has_context:
-        problems.append(f"--scenario {kind}: dataset {spec.dataset!r} has no contexts (has_context: false)")
-    raw: dict = {}
-    files, line = _presets(kind, spec.dataset, spec.agents, models_table, preset)
-    for f in files:
-        raw = merge(raw, read_yaml(manifests_dir() / "scenarios" / f, problems))
-    plan = build_plan(raw, Path(spec.name), spec, overrides, problems)
-    if problems:
-        raise ConfigError(problems)
+    scenario = Scenario(kind_spec(kind, store, models_table, datasets, **kw), models_table, datasets)
+    files, line = _presets(kind, scenario.spec.dataset, scenario.spec.agents, models_table, preset)
+    plan = preset_scenario(scenario, files, plan_builder(overrides))
+    assert plan is not None  # None only alongside problems, which preset_scenario raises
     return plan, line

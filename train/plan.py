@@ -4,10 +4,11 @@
     plan = load_plan("hetero2-mmlu", Overrides(methods=("walla-i",), seeds=(18, 19)))
     print(plan_yaml(plan))                                                  # walla-train --show-plan
 
-A scenario file's `train:` section (the store reads `scenario:`, store/spec.py):
+A scenario file's `train:` section (its `scenario:` section is checked by walla.manifests.scenario, which
+reads the file once and hands it here):
 
     train:
-      methods: [uniform, stacked-gen, walla-i, walla-ii]
+      methods: [uniform, stacked-gen, walla-i, walla-ii]   # or `all`; left out: the registry's default list
       seeds: [18, 19, 20, 21, 22]          # SPEC §4.5: repeat r uses 18 + r
       calibrated: false                    # calibrate every agent before every method (SPEC §9)
       calibration: {epochs: 25}            # CalibrationConfig keys (train/calibration.py)
@@ -19,7 +20,8 @@ Resolution of one method's config, in order (later wins): the family's keys, the
 of the method (what makes walla-i-log pool logarithmically), the method's own keys, then command-line
 overrides. Presets live only in YAML files joined by `include:` (manifests/scenarios/_*.yaml). The result
 is built ONCE into the method's `Config` class (declared next to the method, validated by
-walla.store.validate), and every problem of the whole file is reported together before any training.
+walla.manifests.validate), and every problem of the whole file is reported together before any training.
+Which methods exist, and which run by default, only the method registry says (train/methods/__init__.py).
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from walla.store.catalog import collect_tables
-from walla.store.spec import ScenarioSpec, read_scenario_file, scenario_path, spec_from_raw
-from walla.store.validate import ConfigError, check, collect, config, to_dict
-from walla.train.methods import REGISTRY, MethodInfo, method_module
+from walla.manifests.scenario import Build, Scenario, ScenarioSpec, parse_scenario
+from walla.manifests.validate import check, collect, config, to_dict
+from walla.train.methods import ALL, REGISTRY, MethodInfo, default_methods, method_module
 
 DEFAULT_SEEDS = (18, 19, 20, 21, 22)  # SPEC §4.5: repeat r uses 18 + r
 
@@ -43,7 +44,7 @@ DEFAULT_SEEDS = (18, 19, 20, 21, 22)  # SPEC §4.5: repeat r uses 18 + r
 class TrainSection:
     """The `train:` section of a scenario file."""
 
-    methods: tuple[str, ...]
+    methods: tuple[str, ...]  # left out of the file: the registry's default methods (build_plan)
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     calibrated: bool = False  # calibrate every agent once, before all methods (SPEC §9)
     calibration: dict = field(default_factory=dict)  # CalibrationConfig keys
@@ -92,12 +93,16 @@ class MethodPlan:
 
 @dataclass(frozen=True)
 class TrainPlan:
-    spec: ScenarioSpec
+    scenario: Scenario  # what the store assembles (walla.manifests.scenario)
     methods: tuple[MethodPlan, ...]
     seeds: tuple[int, ...]
     calibrated: bool
     calibration: Any  # CalibrationConfig (train/calibration.py)
     source: str
+
+    @property
+    def spec(self) -> ScenarioSpec:
+        return self.scenario.spec
 
     def method(self, name: str) -> MethodPlan:
         return next(m for m in self.methods if m.name == name)
@@ -128,6 +133,13 @@ def _unknown(name: str, known: list[str], what: str, where: str) -> str:
     return f"{where}: unknown {what} {name!r}{hint}; available: {', '.join(known)}"
 
 
+def _expand_all(methods: Any) -> Any:
+    """`all` (or `[all]`, as `--methods all` gives) -> every registered method, in registry order."""
+    if methods == ALL or (isinstance(methods, list | tuple) and list(methods) == [ALL]):
+        return list(REGISTRY)
+    return methods
+
+
 def method_keys(name: str, hparams: dict, overrides: dict) -> dict:
     """One method's raw config: family keys < registry definition < the method's keys < overrides."""
     info = REGISTRY[name]
@@ -153,14 +165,24 @@ def _check_hparams(hparams: dict, where: str, problems: list[str]) -> None:
             problems.append(f"{where}.hparams.{key}: expected a mapping of hyper-parameters, got {val!r}")
 
 
-def build_plan(raw: dict, path: Path, spec: ScenarioSpec | None, overrides: Overrides, problems: list[str]):
-    """The TrainPlan of a merged scenario file; problems are appended (all of them), never raised."""
+def build_plan(
+    raw: dict, path: Path, scenario: Scenario | None, overrides: Overrides, problems: list[str]
+) -> TrainPlan | None:
+    """The TrainPlan of a merged scenario file; problems are appended (all of them), never raised.
+
+    `scenario` is None when the file's `scenario:` section has problems (walla.manifests.parse_scenario):
+    the `train:` section is still checked, so that both are reported at once.
+    """
     from walla.train.calibration import CalibrationConfig
 
     where = f"{path}: train"
     section = dict(raw.get("train") or {})
     if overrides.methods is not None:
         section["methods"] = list(overrides.methods)
+    if "methods" in section:
+        section["methods"] = _expand_all(section["methods"])
+    else:
+        section["methods"] = list(default_methods())
     if overrides.seeds is not None:
         section["seeds"] = list(overrides.seeds)
     if overrides.calibrated is not None:
@@ -181,9 +203,18 @@ def build_plan(raw: dict, path: Path, spec: ScenarioSpec | None, overrides: Over
         cfg = collect(method_module(name).Config, keys, f"{where}.hparams.{name}", problems)
         if cfg is not None:
             plans.append(MethodPlan(name, info, cfg))
-    if spec is None or calibration is None or len(plans) != len(train.methods):
+    if scenario is None or calibration is None or len(plans) != len(train.methods):
         return None
-    return TrainPlan(spec, tuple(plans), train.seeds, train.calibrated, calibration, str(path))
+    return TrainPlan(scenario, tuple(plans), train.seeds, train.calibrated, calibration, str(path))
+
+
+def plan_builder(overrides: Overrides) -> Build[TrainPlan | None]:
+    """build_plan with these overrides, as walla.manifests.scenario's readers call a stage's builder."""
+
+    def build(raw: dict, path: Path, scenario: Scenario | None, problems: list[str]) -> TrainPlan | None:
+        return build_plan(raw, path, scenario, overrides, problems)
+
+    return build
 
 
 def load_plan(name_or_path: str | Path, overrides: Overrides | None = None) -> TrainPlan:
@@ -192,16 +223,8 @@ def load_plan(name_or_path: str | Path, overrides: Overrides | None = None) -> T
     Raises:
         ConfigError: every problem of the file (and its includes) at once, each naming file and key.
     """
-    path = scenario_path(name_or_path)
-    problems: list[str] = []
-    models, datasets = collect_tables(None, problems)
-    raw = read_scenario_file(path, problems)
-    if problems:  # an unreadable file (or include): its consequences would only repeat the cause
-        raise ConfigError(problems)
-    spec = spec_from_raw(raw, path, models, datasets, problems)
-    plan = build_plan(raw, path, spec, overrides or Overrides(), problems)
-    if problems:
-        raise ConfigError(problems)
+    plan = parse_scenario(name_or_path, plan_builder(overrides or Overrides()))
+    assert plan is not None  # None only alongside problems, which parse_scenario raises
     return plan
 
 
@@ -211,5 +234,5 @@ def plan_yaml(plan: TrainPlan) -> str:
 
 
 def with_spec(plan: TrainPlan, spec: ScenarioSpec) -> TrainPlan:
-    """The same plan on another spec (generated scenarios: hetero / homo / hetero-context)."""
-    return dataclasses.replace(plan, spec=spec)
+    """The same plan on another spec (a joined scenario: agents added or dropped)."""
+    return dataclasses.replace(plan, scenario=dataclasses.replace(plan.scenario, spec=spec))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
-from walla.store.validate import build, check, config, to_dict
+from walla.manifests.validate import build, check, config, to_dict
 from walla.train.embedding_cache import frozen_features
 from walla.train.encoders import POOLINGS, TRUNCATION_SIDES, EncoderSpec, TextEncoder, router_texts
 from walla.train.engine import TrainEnv, fit_module, row_batches, seeded

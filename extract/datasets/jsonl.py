@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from walla.extract.datasets.files import read_json_records
-from walla.extract.datasets.rows import LETTERS, DatasetRequest, Loaded, canonical_row, need
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, need
+from walla.extract.prompts import LETTERS
 from walla.store.schema import SPLITS
 
 

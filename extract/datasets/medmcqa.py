@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from walla.extract.datasets.files import hub_records, is_original, read_json_records
-from walla.extract.datasets.rows import LETTERS, DatasetRequest, Loaded, canonical_row, need, source_name
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, need, source_name
+from walla.extract.prompts import LETTERS
 
 DEFAULT_HUB = {"path": "openlifescienceai/medmcqa", "split": "train"}
 

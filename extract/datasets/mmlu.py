@@ -10,7 +10,8 @@ import csv
 from pathlib import Path
 
 from walla.extract.datasets.files import hub_records, is_original
-from walla.extract.datasets.rows import LETTERS, DatasetRequest, Loaded, canonical_row, need, source_name
+from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row, need, source_name
+from walla.extract.prompts import LETTERS
 
 DEFAULT_HUB = {"path": "cais/mmlu", "name": "all", "split": "auxiliary_train"}
 

@@ -1,4 +1,5 @@
-"""The loader registry: a manifest's `loader:` key -> the module function that reads that dataset.
+"""The loader registry, the one list of dataset loaders: a datasets.yaml `loader:` name -> the function
+that reads that dataset, its default prompt template, and whether it generates its rows.
 
 | loader   | hub (real `datasets.load_dataset` code)       | local files (`--data-file`)                                   |
 |----------|-----------------------------------------------|---------------------------------------------------------------|
@@ -17,18 +18,54 @@ the same row parser as the hub.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from walla.extract.datasets import arc, bayesx, facts, jsonl, medmcqa, mmlu, pubmedqa
 from walla.extract.datasets.rows import DatasetRequest, Loaded
 
-LOADERS: dict[str, Callable[[DatasetRequest], Loaded]] = {
-    "pubmedqa": pubmedqa.load,
-    "medmcqa": medmcqa.load,
-    "mmlu": mmlu.load,
-    "arc": arc.load,
-    "jsonl": jsonl.load,
-    "bayesx": bayesx.load,
-    "facts": facts.load,
+
+@dataclass(frozen=True)
+class Loader:
+    """One dataset loader: what a datasets.yaml `loader:` name reads, and how its questions are asked."""
+
+    name: str
+    load: Callable[[DatasetRequest], Loaded]
+    template: str  # default prompt template (extract/prompts.py TEMPLATES); a dataset's `prompt:` wins
+    generated: bool = (
+        False  # generates its rows: needs a `generator:` block, takes `--size`, no `--data-file`
+    )
+
+
+# The one list of loaders: a new dataset format is one module and one line here.
+LOADERS: dict[str, Loader] = {
+    x.name: x
+    for x in [
+        Loader("pubmedqa", pubmedqa.load, "pubmedqa"),
+        Loader("medmcqa", medmcqa.load, "mc"),
+        Loader("mmlu", mmlu.load, "mc"),
+        Loader("arc", arc.load, "mc"),
+        Loader("jsonl", jsonl.load, "mc_context"),
+        Loader("bayesx", bayesx.load, "bayesx", generated=True),
+        Loader("facts", facts.load, "facts", generated=True),
+    ]
 }
-GENERATED = ("bayesx", "facts")  # loaders that generate their rows (`--size`, no `--data-file`)
+
+
+def get_loader(name: str) -> Loader:
+    """The registered loader of a datasets.yaml `loader:` name.
+
+    Raises:
+        KeyError: an unknown name, with close matches and every known loader.
+    """
+    if name not in LOADERS:
+        close = difflib.get_close_matches(name, list(LOADERS), n=2, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise KeyError(f"unknown dataset loader {name!r}{hint}; known loaders: {', '.join(LOADERS)}")
+    return LOADERS[name]
+
+
+def default_template(loader: str, prompt: str | None = None) -> str:
+    """The prompt template name of a dataset: its datasets.yaml `prompt:`, else its loader's default."""
+    return prompt or get_loader(loader).template

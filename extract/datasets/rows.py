@@ -7,14 +7,12 @@ problems through `need`, so a malformed input is always ONE ValueError naming wh
 
 from __future__ import annotations
 
-import string
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from walla.extract.prompts import LETTERS
 from walla.extract.splits import SplitProtocol
-
-LETTERS = string.ascii_uppercase
 
 
 @dataclass(frozen=True)
@@ -22,7 +20,7 @@ class DatasetRequest:
     """Everything a loader needs; built by run.py from a DatasetEntry plus CLI overrides."""
 
     name: str  # dataset short name (manifest key); names the store folder
-    loader: str  # LOADERS key
+    loader: str  # a registered loader (registry.py)
     hub: dict | None = None  # {path, name, split}
     data_file: Path | None = None  # local file/folder instead of the hub
     local_format: str | None = None  # "hub" | "original" | None = detect from the path
@@ -135,5 +133,5 @@ def generated(req: DatasetRequest, defaults: dict, min_n: int, make) -> Loaded:
     if n < min_n:
         raise ValueError(f"{req.loader} generator: n must be >= {min_n}, got {n}")
     record = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
-    return Loaded(make(n, seed, params), [f"{req.loader} generator row {i}" for i in range(n)],
-                  {"generator": req.loader, "params": record})  # fmt: skip
+    wheres = [f"{req.loader} generator row {i}" for i in range(n)]
+    return Loaded(make(n, seed, params), wheres, {"generator": req.loader, "params": record})

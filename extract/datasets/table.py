@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import replace
 
 import polars as pl
-from walla.extract.datasets.registry import GENERATED, LOADERS
+from walla.extract.datasets.registry import get_loader
 from walla.extract.datasets.rows import DatasetRequest, Loaded, check_row, source_name
 from walla.extract.splits import SplitProtocol, assign_splits
 from walla.store.schema import QUESTION_COLUMNS
@@ -111,10 +111,10 @@ def build_table(
 
 def minimum_size(req: DatasetRequest) -> int | None:
     """The smallest generator size (--size) whose table has a val and a test row; None if none <= the cap."""
-    loader = LOADERS[req.loader]
+    load = get_loader(req.loader).load
     for n in range(2, MAX_SIZE_SEARCH + 1):
         trial = replace(req, generator={**(req.generator or {}), "n": n})
-        loaded = loader(trial)
+        loaded = load(trial)
         res = assign_splits([r["label"] for r in loaded.rows], req.split_protocol)
         kept = [s for s in res.split if s is not None][: req.limit]
         if "val" in kept and "test" in kept:
@@ -132,13 +132,17 @@ def load_dataset_table(req: DatasetRequest) -> tuple[pl.DataFrame, dict]:
         empty val/test split (with the minimum --size of a generated dataset).
         hub.HubUnavailableError: hub dataset unreachable / gated / not cached.
     """
-    if req.loader not in LOADERS:
-        raise KeyError(f"unknown dataset loader {req.loader!r}; available: {sorted(LOADERS)}")
-    loaded = LOADERS[req.loader](req)
+    loader = get_loader(req.loader)
+    if loader.generated and not req.generator:
+        raise ValueError(
+            f"dataset {req.name!r}: loader {req.loader!r} generates its rows; its datasets.yaml entry "
+            "needs a `generator: {n, seed}` block"
+        )
+    loaded = loader.load(req)
     try:
         return build_table(loaded, req.split_protocol, req.limit, where=f"dataset {req.name!r}")
     except SplitTooSmallError as e:
-        if req.loader not in GENERATED:
+        if not loader.generated:
             hint = "raise --limit" if req.limit is not None else "add rows to the data"
             raise ValueError(f"{e} ({hint})") from None
         n_min = minimum_size(req)

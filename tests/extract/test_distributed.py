@@ -20,7 +20,7 @@ from walla.extract import distributed
 from walla.extract import run as run_mod
 from walla.extract.cli import app
 from walla.extract.config import ExtractConfig
-from walla.store import catalog
+from walla.manifests import catalog
 from walla.store.cli import app as store_app
 from walla.store.featureset import list_feature_sets, read_feature_set
 

@@ -12,7 +12,7 @@ from walla.extract.backends.hf import converted_gguf_dir
 from walla.extract.config import ExtractConfig
 from walla.extract.models import resolve_model
 from walla.extract.run import run
-from walla.store.catalog import load_models
+from walla.manifests.catalog import load_models
 from walla.store.featureset import read_feature_set
 from walla.store.questions import read_question_table
 

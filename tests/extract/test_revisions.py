@@ -15,7 +15,7 @@ from walla.extract import hub
 from walla.extract import run as run_mod
 from walla.extract.config import ExtractConfig
 from walla.extract.models import pin_revision, resolve_model
-from walla.store import catalog
+from walla.manifests import catalog
 from walla.store.featureset import read_feature_set
 from walla.store.questions import question_dir
 

@@ -12,7 +12,7 @@ from tiny_model import tiny_model, tiny_tokenizer
 from walla.extract import dtype_probe
 from walla.extract import run as run_mod
 from walla.extract.config import ExtractConfig
-from walla.store import catalog
+from walla.manifests import catalog
 from walla.store.featureset import read_feature_set
 from walla.store.questions import read_question_table
 

@@ -137,7 +137,7 @@ def test_real_vllm_matches_hf_on_smollm2():
     from walla.extract.backends.hf import load_hf_backend
     from walla.extract.check import compare
     from walla.extract.models import resolve_model
-    from walla.store.catalog import load_models
+    from walla.manifests.catalog import load_models
 
     rm = resolve_model(load_models()["smollm2-135m"])
     prompts = ["The capital of France is", "Question: Which gas do plants take in? Answer:"]

@@ -1,15 +1,18 @@
-"""Model/dataset tables (store/catalog.py), scenario specs and include rules (store/spec.py, yaml_io.py)."""
+"""Model/dataset tables (manifests/catalog.py), scenario files and include rules (manifests/scenario.py,
+yaml_io.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from walla.store.catalog import load_datasets, load_models, resolve_model_name
-from walla.store.spec import list_scenarios, load_spec
-from walla.store.validate import ConfigError
-from walla.store.yaml_io import manifests_dir
+from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
+from walla.manifests.scenario import list_scenarios, read_scenario
+from walla.manifests.validate import ConfigError
+from walla.manifests.yaml_io import manifests_dir
 
 PAPER = {
     "homo-pubmedqa-aloe-x4": (("aloe",) * 4, "pubmedqa", None, "one_relevant"),
@@ -36,7 +39,7 @@ def _write(dir_: Path, name: str, text: str) -> Path:
 
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_paper_and_demo_specs(name):
-    s = load_spec(name)
+    s = read_scenario(name).spec
     assert (s.agents, s.dataset, s.eval_dataset, s.context_rule) == PAPER[name]
     assert s.description and s.context_seed == 42
 
@@ -114,7 +117,7 @@ def test_spec_problems_reported_together(tmp_path):
         """,
     )
     with pytest.raises(ConfigError) as err:
-        load_spec(p)
+        read_scenario(p)
     problems = err.value.problems
     assert any("unknown top-level key 'dataset'" in x for x in problems)
     assert any(
@@ -137,15 +140,15 @@ def test_include_next_to_file_then_project_and_nowhere_else(tmp_path):
         """,
     )
     _write(tmp_path, "_local.yaml", "# local fragment\nscenario: {context_rule: one_relevant}\n")
-    s = load_spec(p)
+    s = read_scenario(p).spec
     assert s.context_rule == "one_relevant" and s.context_seed == 42 and s.name == "mine"
     for bad in ("/etc/passwd", "../mine.yaml", "sub/../../x.yaml"):
         p.write_text(p.read_text().replace("_local.yaml", bad))
         with pytest.raises(ConfigError, match="no absolute paths"):
-            load_spec(p)
+            read_scenario(p)
         p.write_text(p.read_text().replace(bad, "_local.yaml"))
     with pytest.raises(ConfigError, match="did you mean 'demo-hetero-facts'"):
-        load_spec("demo-hetero-fact")
+        read_scenario("demo-hetero-fact")
 
 
 def test_ad_hoc_model_names_are_path_safe(tmp_path):
@@ -159,3 +162,27 @@ def test_ad_hoc_model_names_are_path_safe(tmp_path):
     assert "/" not in name and not name.startswith(".") and entry.path == str(d.resolve())
     with pytest.raises(KeyError, match="unknown model 'alo'"):
         resolve_model_name("alo", models)
+
+
+def _modules_loaded_by(package: str) -> list[str]:
+    """Every walla module loaded after importing each module of `package`, in a fresh interpreter."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"pkg = importlib.import_module({package!r})\n"
+        "for m in pkgutil.iter_modules(pkg.__path__):\n"
+        f"    importlib.import_module({package!r} + '.' + m.name)\n"
+        "print(' '.join(sorted(n for n in sys.modules if n.startswith('walla.'))))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
+def test_layers_point_one_way():
+    """walla.manifests imports no stage; the store imports no manifest reader (it receives a Scenario)."""
+    loaded = _modules_loaded_by("walla.manifests")
+    assert "walla.manifests.scenario" in loaded
+    assert not [m for m in loaded if not m.startswith("walla.manifests")], loaded
+    loaded = _modules_loaded_by("walla.store")
+    assert "walla.store.scenario" in loaded
+    assert not [m for m in loaded if not m.startswith("walla.store")], loaded

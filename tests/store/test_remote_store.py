@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from store_fixtures import build_store, make_questions, make_rows
 from typer.testing import CliRunner
-from walla.store.catalog import DatasetEntry
+from walla.manifests.catalog import DatasetEntry
+from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.store.cli import app
 from walla.store.feature_writer import attach_writer
 from walla.store.featureset import (
@@ -27,7 +28,6 @@ from walla.store.location import RemotePath, as_location
 from walla.store.questions import read_question_table, write_question_table
 from walla.store.rows import validate_rows
 from walla.store.scenario import assemble_scenario
-from walla.store.spec import ScenarioSpec
 
 DATASETS = {
     "toy": DatasetEntry(name="toy", loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True)
@@ -64,8 +64,8 @@ def test_s3_store_equals_local_store_and_assembles_the_same(tmp_path, s3_store):
         np.testing.assert_array_equal(fa.hidden[:], fb.hidden[:])
     assert read_question_table(s3_store, "toy")[0].equals(read_question_table(local, "toy")[0])
 
-    want = assemble_scenario(_entry(), local, datasets=DATASETS, models={})
-    got = assemble_scenario(_entry(), s3_store, datasets=DATASETS, models={})
+    want = assemble_scenario(Scenario(_entry(), {}, DATASETS), local)
+    got = assemble_scenario(Scenario(_entry(), {}, DATASETS), s3_store)
     for f in dataclasses.fields(want):
         a, b = getattr(want, f.name), getattr(got, f.name)
         if f.name == "meta":

@@ -11,8 +11,9 @@ import walla.store.scenario as scenario_mod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_fixtures import build_store, make_questions, make_rows, write_feature_set
+from walla.manifests.catalog import DatasetEntry, ModelEntry
+from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.store import routing
-from walla.store.catalog import DatasetEntry, ModelEntry
 from walla.store.featureset import (
     FeatureSetSpec,
     StaleSchemaError,
@@ -22,7 +23,6 @@ from walla.store.featureset import (
 )
 from walla.store.questions import write_question_table
 from walla.store.schema import VARIANT_CODE
-from walla.store.spec import ScenarioSpec
 
 NONE, REL, IRR = VARIANT_CODE["none"], VARIANT_CODE["relevant"], VARIANT_CODE["irrelevant"]
 DATASETS = {
@@ -105,7 +105,7 @@ def test_homogeneous_reads_two_feature_sets(tmp_path, monkeypatch):
     orig = scenario_mod.read_feature_set
     monkeypatch.setattr(scenario_mod, "read_feature_set", lambda p, **kw: opened.append(p) or orig(p, **kw))
     data = scenario_mod.assemble_scenario(
-        _entry(["aloe"] * 8, "one_relevant"), tmp_path, datasets=DATASETS, models={}
+        Scenario(_entry(["aloe"] * 8, "one_relevant"), {}, DATASETS), tmp_path
     )
     assert len(opened) == 2 and {p.parent.name for p in opened} == {"none", "relevant"}  # not 8, not 3
     assert set(data.fingerprints) == {"aloe/none", "aloe/relevant"}
@@ -138,7 +138,7 @@ def test_homogeneous_reads_two_feature_sets(tmp_path, monkeypatch):
     np.testing.assert_array_equal(data.target.argmax(1), data.label)
     assert not data.soft_target and data.dataset == "toy" and data.agents == ["aloe"] * 8
     again = scenario_mod.assemble_scenario(
-        _entry(["aloe"] * 8, "one_relevant"), tmp_path, datasets=DATASETS, models={}
+        Scenario(_entry(["aloe"] * 8, "one_relevant"), {}, DATASETS), tmp_path
     )
     np.testing.assert_array_equal(again.variant, data.variant)  # reproducible
     assert all(np.array_equal(a, b) for a, b in zip(again.hidden, data.hidden, strict=True))
@@ -150,7 +150,7 @@ def test_irrelevant_context_and_variable_options(tmp_path):
         tmp_path, "toy", q, {"aloe": 1, "gemma2": 2}, ["none", "relevant", "irrelevant"], chunk_rows=16
     )
     entry = _entry(["gemma2", "aloe", "aloe", "gemma2"], "one_relevant_one_irrelevant")
-    data = scenario_mod.assemble_scenario(entry, tmp_path, datasets=DATASETS, models={})
+    data = scenario_mod.assemble_scenario(Scenario(entry, {}, DATASETS), tmp_path)
     assert ((data.variant == REL).sum(1) == 1).all() and ((data.variant == IRR).sum(1) == 1).all()
     assert not ((data.variant == REL) & (data.variant == IRR)).any()
     _check_sources(data)
@@ -186,7 +186,7 @@ def test_irrelevant_from_another_split_is_rejected(tmp_path):
         w.commit()
     with pytest.raises(StoreError, match="must come from another question of the same split"):
         scenario_mod.assemble_scenario(
-            _entry(["aloe"] * 3, "one_relevant_one_irrelevant"), tmp_path, datasets=DATASETS, models={}
+            Scenario(_entry(["aloe"] * 3, "one_relevant_one_irrelevant"), {}, DATASETS), tmp_path
         )
 
 
@@ -195,7 +195,7 @@ def test_missing_incomplete_and_stale_feature_sets(tmp_path):
     qfp = build_store(tmp_path, "toy", q, {"aloe": 1}, ["none"])
     with pytest.raises(StoreError) as err:
         scenario_mod.assemble_scenario(
-            _entry(["aloe", "gemma2"], "one_relevant"), tmp_path, datasets=DATASETS, models={}
+            Scenario(_entry(["aloe", "gemma2"], "one_relevant"), {}, DATASETS), tmp_path
         )
     msg = str(err.value)
     assert f"make extract MODEL=aloe DATASET=toy VARIANTS=relevant STORE={tmp_path}" in msg
@@ -207,13 +207,13 @@ def test_missing_incomplete_and_stale_feature_sets(tmp_path):
         w.write_shard(rows[:10], hidden[:10])
     with pytest.raises(StoreError, match=r"relevant: incomplete, 10/40 rows .*this resumes it"):
         scenario_mod.assemble_scenario(
-            _entry(["aloe", "aloe"], "one_relevant"), tmp_path, datasets=DATASETS, models={}
+            Scenario(_entry(["aloe", "aloe"], "one_relevant"), {}, DATASETS), tmp_path
         )
     none_fs = next(i for i in list_feature_sets(tmp_path) if i.variant == "none")
     meta = json.loads((none_fs.path / "meta.json").read_text())
     (none_fs.path / "meta.json").write_text(json.dumps({**meta, "schema_version": 0}))
     with pytest.raises(StaleSchemaError, match="only schema v0"):
-        scenario_mod.assemble_scenario(_entry(["aloe"]), tmp_path, datasets=DATASETS, models={})
+        scenario_mod.assemble_scenario(Scenario(_entry(["aloe"]), {}, DATASETS), tmp_path)
 
 
 def test_ood_scenario(tmp_path):
@@ -222,7 +222,7 @@ def test_ood_scenario(tmp_path):
     build_store(tmp_path, "toy", q, {"aloe": 1, "llama3.1": 3}, ["none"])
     build_store(tmp_path, "ood", e, {"aloe": 1, "llama3.1": 3}, ["none"])
     data = scenario_mod.assemble_scenario(
-        _entry(["llama3.1", "aloe"], eval_dataset="ood"), tmp_path, datasets=DATASETS, models={}
+        Scenario(_entry(["llama3.1", "aloe"], eval_dataset="ood"), {}, DATASETS), tmp_path
     )
     n_in = int(q["split"].is_in(["train", "val"]).sum())
     assert len(data.split) == n_in + 30 and data.dataset == "toy+ood"
@@ -250,7 +250,7 @@ def test_soft_targets_newest_choice_and_reordered_rows(tmp_path):
         w.write_shard(rows.reverse(), hidden[::-1])
         w.commit()
     data = scenario_mod.assemble_scenario(
-        _entry(["aloe", "aloe"], dataset="soft"), tmp_path, datasets=DATASETS, models={}
+        Scenario(_entry(["aloe", "aloe"], dataset="soft"), {}, DATASETS), tmp_path
     )
     assert data.fingerprints["aloe/none"] == spec.fingerprint
     assert any("2 complete feature sets; using " + spec.fingerprint in n for n in data.meta["notes"])
@@ -270,11 +270,11 @@ def test_hidden_size_checked_against_models_table(tmp_path):
         )
     }
     with pytest.raises(StoreError, match="has hidden size 8, expected 4096 for model 'aloe'"):
-        scenario_mod.assemble_scenario(_entry(["aloe"]), tmp_path, datasets=DATASETS, models=models)
+        scenario_mod.assemble_scenario(Scenario(_entry(["aloe"]), models, DATASETS), tmp_path)
     models["aloe"] = dataclasses.replace(models["aloe"], hidden_size=8)
-    assert scenario_mod.assemble_scenario(
-        _entry(["aloe"]), tmp_path, datasets=DATASETS, models=models
-    ).hidden[0].shape == (20, 8)
+    assert scenario_mod.assemble_scenario(Scenario(_entry(["aloe"]), models, DATASETS), tmp_path).hidden[
+        0
+    ].shape == (20, 8)
 
 
 def test_feature_sets_from_different_question_tables_are_refused(tmp_path):
@@ -286,5 +286,5 @@ def test_feature_sets_from_different_question_tables_are_refused(tmp_path):
     write_feature_set(tmp_path, "aloe", "toy", "relevant", q2, qfp2, model_tag=1)
     with pytest.raises(StoreError, match="different question tables"):
         scenario_mod.assemble_scenario(
-            _entry(["aloe", "aloe"], "one_relevant"), tmp_path, datasets=DATASETS, models={}
+            Scenario(_entry(["aloe", "aloe"], "one_relevant"), {}, DATASETS), tmp_path
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from walla.store.validate import build
+from walla.manifests.validate import build
 from walla.train.engine import TrainEnv
 from walla.train.mechanism import brier_loss
 from walla.train.methods import get_method

@@ -8,8 +8,8 @@ import torch
 from method_runs import brier, config_of, informed_mrr, run, run_seeds
 from scipy.stats import entropy
 from synthetic import make_private_context_scenario
+from walla.manifests.validate import ConfigError
 from walla.store.scenario import ScenarioData
-from walla.store.validate import ConfigError
 from walla.train.engine import TrainEnv
 from walla.train.methods import self_certainty, stacked_gen
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from method_runs import HASHING, brier, config_of, informed_mrr, run, run_seeds
 from synthetic import make_private_context_scenario
-from walla.store.validate import ConfigError
+from walla.manifests.validate import ConfigError
 from walla.train import embedding_cache
 from walla.train.methods.nirt_router import Config as NIRTConfig
 from walla.train.methods.nirt_router import NIRTHead, PosLinear

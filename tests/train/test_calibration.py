@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-from walla.store.validate import build
+from walla.manifests.validate import build
 from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration, temperatures
 from walla.train.engine import TrainEnv
 from walla.train.methods import walla

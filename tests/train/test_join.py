@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-from walla.store.spec import ScenarioSpec
+from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.join import initial_params, joined_plan
 from walla.train.plan import Overrides, build_plan
@@ -46,7 +46,7 @@ def trained(tmp_path_factory):
     spec = ScenarioSpec(name="base", dataset="synthetic", agents=("a", "a", "a"), description="base")
     problems: list[str] = []
     train = {"methods": ["walla-i"], "seeds": [18, 19], "hparams": HP}
-    plan = build_plan({"train": train}, Path("x.yaml"), spec, Overrides(), problems)
+    plan = build_plan({"train": train}, Path("x.yaml"), Scenario(spec, {}, {}), Overrides(), problems)
     assert not problems
     runs = tmp_path_factory.mktemp("runs")
     run_plan(plan, base, runs, TrainEnv(), note=lambda s: None)
@@ -116,7 +116,7 @@ def test_the_base_run_continued_is_the_one_of_the_joined_config(trained, tmp_pat
 
 
 def with_method_config(plan, name: str, **changes):
-    from walla.store.validate import replace
+    from walla.manifests.validate import replace
 
     methods = tuple(
         dataclasses.replace(m, config=replace(m.config, **changes)) if m.name == name else m

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-from walla.store.validate import build
+from walla.manifests.validate import build
 from walla.train import mixed_adam
 from walla.train.engine import TrainEnv, seeded
 from walla.train.heads import StackedHeads

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from walla.store.spec import list_scenarios
-from walla.store.validate import field_names
+from walla.manifests.scenario import list_scenarios
+from walla.manifests.validate import field_names
 from walla.train.methods import REGISTRY, method_module
 from walla.train.plan import load_plan
 

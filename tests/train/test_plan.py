@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 import yaml
-from walla.store.spec import list_scenarios
-from walla.store.validate import ConfigError
+from walla.manifests.scenario import list_scenarios
+from walla.manifests.validate import ConfigError
 from walla.train.methods import REGISTRY
 from walla.train.plan import Overrides, load_plan, plan_yaml
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from synthetic import make_private_context_scenario
-from walla.store.spec import ScenarioSpec
+from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.train.engine import TrainEnv
 from walla.train.methods import MethodOutput
 from walla.train.plan import Overrides, build_plan
@@ -49,7 +49,9 @@ def _plan(data, train=None, **over):
         name=data.name, dataset="synthetic", agents=tuple(data.agents), description="synthetic"
     )
     problems: list[str] = []
-    plan = build_plan({"train": train or TRAIN}, Path("synthetic.yaml"), spec, Overrides(**over), problems)
+    plan = build_plan(
+        {"train": train or TRAIN}, Path("synthetic.yaml"), Scenario(spec, {}, {}), Overrides(**over), problems
+    )
     assert not problems, problems
     return plan
 

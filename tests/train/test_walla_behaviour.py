@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from synthetic import make_private_context_scenario
-from walla.store.validate import ConfigError, build
+from walla.manifests.validate import ConfigError, build
 from walla.train import mechanism
 from walla.train.engine import TrainEnv
 from walla.train.methods import walla

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from synthetic import make_private_context_scenario
-from walla.store.validate import build
+from walla.manifests.validate import build
 from walla.train import mechanism
 from walla.train.engine import TrainEnv
 from walla.train.heads import StackedHeads

@@ -14,7 +14,7 @@ import torch
 from synthetic import make_private_context_scenario
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from walla.store.validate import build
+from walla.manifests.validate import build
 from walla.train.calibration import CalibrationConfig, fit_calibration
 from walla.train.engine import TrainEnv, resolve_device
 from walla.train.methods import walla

@@ -1,4 +1,6 @@
-"""Method registry: name -> module path (nothing imported until used), display name, table group.
+"""Method registry, the one list of methods: name -> module path (nothing imported until used), display
+name, table group, whether it routes (evaluate/compute.py counts only the agents a router runs) and
+whether it runs by default (a scenario whose `train:` names no methods; `methods: all` runs every one).
 
 Every method module exposes (no base class, see STYLE.md item 6):
 
@@ -8,7 +10,8 @@ Every method module exposes (no base class, see STYLE.md item 6):
     resolve(cfg, data) -> Config                    # optional: data-dependent fields, for run.json
 
 A method's `family` is the module it lives in ("walla" for walla-i, walla-ii, walla-i-log, walla-i-cal):
-scenario files set hyper-parameters per family or per method name (train/plan.py).
+scenario files set hyper-parameters per family or per method name (train/plan.py). A new method is one
+module and one line here; no scenario file lists the methods by hand.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class MethodInfo:
     display: str  # row label in the paper's tables (plan.MethodPlan.display adds pooling/calibration)
     group: str  # individual | learning_free | learning_based | walla
     defaults: dict = field(default_factory=dict)  # what defines this method within its family
+    router: bool = False  # routes each question to agents: it needs to run only those with a weight > 0
+    default: bool = True  # runs when a scenario's `train:` names no methods (`methods: all` runs every one)
 
     @property
     def family(self) -> str:
@@ -54,6 +59,7 @@ class MethodInfo:
         return self.path.rsplit(".", 1)[-1].replace("_", "-")
 
 
+# The one list of methods, in the order of the paper's table rows (and of every plan).
 REGISTRY: dict[str, MethodInfo] = {
     m.name: m
     for m in [
@@ -61,38 +67,42 @@ REGISTRY: dict[str, MethodInfo] = {
         MethodInfo("self-certainty", "walla.train.methods.self_certainty", "SelfCertainty", "learning_free"),
         MethodInfo("packllm", "walla.train.methods.packllm", "PackLLM", "learning_free"),
         MethodInfo("stacked-gen", "walla.train.methods.stacked_gen", "StackedGen", "learning_based"),
-        MethodInfo("route-llm", "walla.train.methods.route_llm", "RouteLLM", "learning_based"),
+        MethodInfo("route-llm", "walla.train.methods.route_llm", "RouteLLM", "learning_based", router=True),
         MethodInfo(
             "route-llm-ctx",
             "walla.train.methods.route_llm",
             "RouteLLM (ctx)",
             "learning_based",
             {"with_context": True},
+            router=True,
+            default=False,
         ),
-        MethodInfo("router-dc", "walla.train.methods.router_dc", "RouterDC", "learning_based"),
+        MethodInfo("router-dc", "walla.train.methods.router_dc", "RouterDC", "learning_based", router=True),
         MethodInfo(
             "router-dc-ctx",
             "walla.train.methods.router_dc",
             "RouterDC (ctx)",
             "learning_based",
             {"with_context": True},
+            router=True,
+            default=False,
         ),
-        MethodInfo("nirt-router", "walla.train.methods.nirt_router", "NIRTRouter", "learning_based"),
+        MethodInfo(
+            "nirt-router", "walla.train.methods.nirt_router", "NIRTRouter", "learning_based", router=True
+        ),
         MethodInfo(
             "nirt-router-ctx",
             "walla.train.methods.nirt_router",
             "NIRTRouter (ctx)",
             "learning_based",
             {"with_context": True},
+            router=True,
+            default=False,
         ),
         MethodInfo("walla-i", "walla.train.methods.walla", "WALLA I", "walla", {"variant": "I"}),
         MethodInfo("walla-ii", "walla.train.methods.walla", "WALLA II", "walla", {"variant": "II"}),
         MethodInfo(
-            "walla-i-log",
-            "walla.train.methods.walla",
-            "WALLA I",
-            "walla",
-            {"variant": "I", "pooling": "log"},
+            "walla-i-log", "walla.train.methods.walla", "WALLA I", "walla", {"variant": "I", "pooling": "log"}
         ),
         MethodInfo(
             "walla-i-cal",
@@ -103,6 +113,12 @@ REGISTRY: dict[str, MethodInfo] = {
         ),
     ]
 }
+ALL = "all"  # `methods: all` in a scenario file (or `--methods all`): every registered method
+
+
+def default_methods() -> tuple[str, ...]:
+    """The methods a scenario runs when its `train:` section names none, in registry order."""
+    return tuple(name for name, info in REGISTRY.items() if info.default)
 
 
 def get_method(name: str) -> tuple[MethodInfo, Any]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from walla.store.validate import build, check, config, to_dict
+from walla.manifests.validate import build, check, config, to_dict
 from walla.train.method_io import as_rows, pooled_output
 from walla.train.methods import LogFn, MethodOutput
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
-from walla.store.validate import check, config
+from walla.manifests.validate import check, config
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.pooling_losses import mixture_ce
 from walla.train.routers import RouterConfig, fit_router, router_predict

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
-from walla.store.validate import build, check, config, to_dict
+from walla.manifests.validate import build, check, config, to_dict
 from walla.train.engine import TrainEnv, fit_module, row_batches, seeded
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from walla.store.validate import check, config, to_dict
+from walla.manifests.validate import check, config, to_dict
 from walla.train import mechanism
 from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration
 from walla.train.engine import TrainEnv, make_fabric, seeded

@@ -1,6 +1,7 @@
 """Reading manifest YAML files: `include:` (the one inheritance mechanism) and deep merge.
 
-    raw = read_yaml(Path("my-scenario.yaml"), problems)
+    raw = read_yaml(Path("my-scenario.yaml"), problems)               # a file and its includes
+    raw = with_includes({"include": ["_base.yaml", "_demo.yaml"]}, here, problems)   # presets only
 
 A file may say `include: _base.yaml` or `include: [_base.yaml, _hetero.yaml]` (lm-eval task files do the
 same): included files are read first, in order, then the file's own keys win; nested mappings merge key
@@ -25,6 +26,11 @@ def manifests_dir() -> Path:
     return Path(str(resources.files(MANIFEST_PACKAGE)))
 
 
+def scenarios_dir() -> Path:
+    """The project's scenario files and their shared fragments (`_*.yaml`)."""
+    return manifests_dir() / "scenarios"
+
+
 def _include_path(name: str, including: Path, problems: list[str]) -> Path | None:
     pure = PurePosixPath(name)
     if pure.is_absolute() or ".." in pure.parts or "\\" in name:
@@ -33,13 +39,11 @@ def _include_path(name: str, including: Path, problems: list[str]) -> Path | Non
             "manifests/scenarios/ (no absolute paths, no '..')"
         )
         return None
-    for base in (including.parent, manifests_dir() / "scenarios"):
+    for base in (including.parent, scenarios_dir()):
         cand = base / pure
         if cand.is_file():
             return cand.resolve()
-    problems.append(
-        f"{including}: include: {name!r} not found next to the file nor in {manifests_dir() / 'scenarios'}"
-    )
+    problems.append(f"{including}: include: {name!r} not found next to the file nor in {scenarios_dir()}")
     return None
 
 
@@ -51,12 +55,8 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def read_yaml(path: Path, problems: list[str], seen: tuple[Path, ...] = ()) -> dict:
-    """Parse one YAML mapping, resolving `include:`; problems are appended, never raised."""
-    path = Path(path)
-    if path in seen:
-        problems.append(f"{path}: include cycle via {' -> '.join(p.name for p in (*seen, path))}")
-        return {}
+def _read_mapping(path: Path, problems: list[str]) -> dict:
+    """One YAML file's top-level mapping as written (its `include:` not yet resolved)."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -81,6 +81,21 @@ def read_yaml(path: Path, problems: list[str], seen: tuple[Path, ...] = ()) -> d
     if not isinstance(data, dict):
         problems.append(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
         return {}
+    return data
+
+
+def read_yaml(path: Path, problems: list[str], seen: tuple[Path, ...] = ()) -> dict:
+    """Parse one YAML mapping, resolving `include:`; problems are appended, never raised."""
+    path = Path(path)
+    if path in seen:
+        problems.append(f"{path}: include cycle via {' -> '.join(p.name for p in (*seen, path))}")
+        return {}
+    return with_includes(_read_mapping(path, problems), path, problems, seen)
+
+
+def with_includes(data: dict, path: Path, problems: list[str], seen: tuple[Path, ...] = ()) -> dict:
+    """`data` (the mapping of the file at `path`) merged over the files its `include:` names, in order."""
+    data = dict(data)
     inc = data.pop("include", None)
     if inc is None:
         return data

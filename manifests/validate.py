@@ -1,6 +1,6 @@
 """The one config-validation mechanism of walla: frozen pydantic dataclasses with unknown keys forbidden.
 
-    from walla.store.validate import config, build, ConfigError
+    from walla.manifests.validate import config, build, ConfigError
 
     @config
     class HeadConfig:
@@ -12,8 +12,8 @@
 
     cfg = build(HeadConfig, {"lr": 1e-4}, where="manifests/scenarios/x.yaml: train.hparams.walla")
 
-Every config class of every stage (model and dataset tables, scenario specs, train plans, each
-method's hyper-parameters) is declared with `@config` and built with `build`/`collect`, so a file
+Every config class of every stage (model and dataset tables, scenario specs, extraction settings,
+train plans, each method's hyper-parameters) is declared with `@config` and built with `build`/`collect`, so a file
 with five problems reports all five at once, each as `<where>.<key>: <what is wrong>`. Values are
 validated by type (pydantic, lax mode: "5e-7" written without a dot, which PyYAML reads as a string,
 still becomes the float 5e-7; "fast" does not), then by the class's own `__post_init__` checks.
