@@ -156,4 +156,4 @@ def test_a_new_method_is_one_registry_entry(confidence_method, tmp_path):
         ("uniform", 18),
         ("uniform", 19),
     ]
-    assert set(list_run_dirs(tmp_path / "runs", data.name)) == {"confidence", "uniform"}
+    assert {d.method for d in list_run_dirs(tmp_path / "runs", data.name)} == {"confidence", "uniform"}
