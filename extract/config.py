@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from walla.extract.backends import BACKENDS
 from walla.extract.backends.hf_compile import COMPILE_MODES
+from walla.extract.backends.registry import BACKEND_KINDS
 from walla.store.schema import VARIANTS
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
@@ -17,9 +17,8 @@ class ExtractConfig:
     model: str  # models.yaml key
     dataset: str  # datasets.yaml key
     variants: tuple[str, ...] | None = None  # None: every variant the dataset supports
-    backend: str | None = (
-        None  # hf | vllm | dummy; None: the model's manifest hint (hf when vllm is unusable)
-    )
+    backend: str | None = None  # a registered backend (hf | vllm); None: the model's manifest hint
+
     data_file: Path | None = None  # local copy instead of the hub
     split: str | None = None  # SOURCE split to read (hub split name, e.g. "test" for cais/mmlu)
     hub_config: str | None = None  # hub config name override (e.g. "anatomy" for cais/mmlu)
@@ -53,8 +52,8 @@ class ExtractConfig:
                 problems.append(
                     f"variants must be a non-empty subset of {VARIANTS}, got {list(self.variants)}"
                 )
-        if self.backend is not None and self.backend not in BACKENDS:
-            problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend is not None and self.backend not in BACKEND_KINDS:
+            problems.append(f"backend must be one of {tuple(BACKEND_KINDS)}, got {self.backend!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.compile not in COMPILE_MODES:
