@@ -134,10 +134,8 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         hub.HubUnavailableError: hub model/dataset unreachable, gated or not cached (one line).
         ValueError: malformed data, bad settings, store problems (one line naming the input).
     """
-    # 1. resolve names -------------------------------------------------------------------------------------
-    model_name, m_entry = catalog.resolve_model_name(
-        cfg.model, catalog.load_models()
-    )  # or hf:org/x, a dir, a .gguf
+    # 1. resolve names (a models.yaml name, or an ad hoc hf:org/x, a directory, a .gguf) ------------------
+    model_name, m_entry = catalog.resolve_model_name(cfg.model, catalog.load_models())
     d_entry = _lookup(catalog.load_datasets(), cfg.dataset, "dataset")
     template = get_template(d_entry.prompt or DEFAULT_TEMPLATE[d_entry.loader])
     variants = _variants(cfg, d_entry, template)
@@ -165,22 +163,10 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     est_tokens = functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg)
     request = _settle(kind, request, dtype_from, est_tokens, out)  # `auto` measured; the fingerprint gets it
     ident = {"model": rm.identity, **kind.identity(request)}
+    inputs = {v: _inputs(v, qfp, source, ident, d_entry, template, cfg) for v in variants}
+    specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]
     with contextlib.ExitStack() as locks:
-        paths, todo = [], []
-        for variant in variants:
-            spec = FeatureSetSpec(
-                model_name, cfg.dataset, variant, _inputs(variant, qfp, source, ident, d_entry, template, cfg)
-            )
-            locks.enter_context(
-                writer_lock(cfg.store, spec)
-            )  # a second walla-extract refuses HERE, before a model loads
-            done = find_complete(cfg.store, spec)
-            if done is not None:
-                read_feature_set(done)  # verified: a corrupt set is refused with its fix, never "complete"
-                out(f"already complete: {done}")
-                paths.append(done)
-            else:
-                todo.append((variant, spec))
+        paths, todo = _lock_and_skip_complete(locks, cfg.store, specs, out)
         if not todo:
             return paths
         if cfg.workers or cfg.ray_address:  # 4'. the same, in Ray actors over row ranges
@@ -189,6 +175,26 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         return paths + _extract_here(
             todo, table, template, d_entry, cfg, kind, request, ident, model_name, out
         )
+
+
+def _lock_and_skip_complete(
+    locks: contextlib.ExitStack, store, specs: list[FeatureSetSpec], out
+) -> tuple[list[Path], list]:
+    """(paths of the complete feature sets, [(variant, spec)] still to extract), each spec's writer lock held.
+
+    A second walla-extract of the same feature set refuses HERE, before a model loads.
+    """
+    paths, todo = [], []
+    for spec in specs:
+        locks.enter_context(writer_lock(store, spec))
+        done = find_complete(store, spec)
+        if done is not None:
+            read_feature_set(done)  # verified: a corrupt set is refused with its fix, never "complete"
+            out(f"already complete: {done}")
+            paths.append(done)
+        else:
+            todo.append((spec.variant, spec))
+    return paths, todo
 
 
 def _variants(cfg: ExtractConfig, d_entry, template: PromptTemplate) -> tuple[str, ...]:
