@@ -4,7 +4,7 @@
     register_backend(DUMMY)                   # tests/conftest.py: the seeded fake, for tests only
 
 A new backend is a module with a kind object (extract/backends/__init__.py: `BackendKind`) and one
-entry here; nothing else in walla names backends.
+entry here: walla-extract asks the kind, never compares its name.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ from walla.extract.backends.vllm import VLLM
 
 BACKEND_KINDS: dict[str, BackendKind] = {kind.name: kind for kind in (HF, VLLM)}
 DEFAULT_BACKEND = HF.name  # a model without a backend hint, or whose hinted backend cannot run here
-
-
-def backend_names() -> tuple[str, ...]:
-    return tuple(BACKEND_KINDS)
 
 
 def backend_kind(name: str) -> BackendKind:
