@@ -97,14 +97,8 @@ class WorkerPool:
     """N RangeWorker actors; hands out ranges, redoes the range of a worker that died, replaces it."""
 
     def __init__(self, ray, worker_args: tuple, n: int, options: dict, threads: int | None, out):
-        self.ray, self.worker_args, self.options, self.threads, self.out = (
-            ray,
-            worker_args,
-            options,
-            threads,
-            out,
-        )
-        self.n = n
+        self.ray, self.worker_args, self.out = ray, worker_args, out  # worker_args: RangeWorker's first three
+        self.options, self.threads, self.n = options, threads, n
         self.deaths = 0
         self.actors = [self._start() for _ in range(n)]
         infos = ray.get([a.info.remote() for a in self.actors])
