@@ -14,11 +14,15 @@ import argparse
 import time
 from pathlib import Path
 
+from walla.extract.backends.hf import explain_dtype, load_hf_backend
+from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
+from walla.extract.check import _prompts
+from walla.extract.config import ExtractConfig
+from walla.extract.models import resolve_model
+from walla.manifests.catalog import load_models
+
 
 def prompts_for(args) -> list[str]:
-    from walla.extract.check import _prompts
-    from walla.extract.config import ExtractConfig
-
     data = Path(args.data_file) if args.data_file and Path(args.data_file).exists() else None
     dataset = "arc-challenge" if data else "facts"
     cfg = ExtractConfig(model="smollm2-135m", dataset=dataset, data_file=data, limit=args.n, progress=False)
@@ -39,11 +43,6 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--data-file", default="../shared/data/arc/ARC-Challenge-Dev.jsonl")
     args = ap.parse_args()
-    from walla.extract.backends.hf import explain_dtype, load_hf_backend
-    from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
-    from walla.extract.models import resolve_model
-    from walla.manifests.catalog import load_models
-
     ok, why = vllm_usable()
     if not ok:
         raise SystemExit(f"vllm_throughput: {why}")

@@ -118,7 +118,8 @@ def _prompts(cfg, out):
 def run_check(cfg, backends: list[str], out=print) -> dict:
     """Score the questions with each backend (+ hf at batch 1) and compare with hf batched."""
     from walla.extract.backends.hf import explain_dtype
-    from walla.extract.run import load_backend
+    from walla.extract.backends.registry import backend_kind
+    from walla.extract.run import backend_request
     from walla.extract.scoring import resolve_option_token_ids
 
     prompts, m_entry, rm = _prompts(cfg, out)
@@ -129,7 +130,7 @@ def run_check(cfg, backends: list[str], out=print) -> dict:
     results, token_sets, timings = {}, {}, {}
     for name in ["hf"] + [b for b in backends if b != "hf"]:
         t0 = time.perf_counter()
-        backend = load_backend(name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
+        backend = backend_kind(name).load(backend_request(cfg, rm, dtype, device, chat, m_entry.hidden_size))
         load_s = time.perf_counter() - t0
         try:
             texts = [backend.format_prompt(p.text) for p in prompts]

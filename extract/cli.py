@@ -16,6 +16,12 @@ import sys
 from pathlib import Path
 
 import typer
+from walla.extract.backends.registry import BACKEND_KINDS, DEFAULT_BACKEND
+from walla.extract.config import ExtractConfig
+from walla.extract.hub import HubUnavailableError
+from walla.extract.run import run
+from walla.manifests.validate import build
+from walla.store.files import describe_os_error
 
 app = typer.Typer(add_completion=False, help="walla extract stage: LLM features of a dataset into the store")
 
@@ -34,7 +40,10 @@ def extract(
     variants: str = typer.Option(
         None, help="comma list of none,relevant,irrelevant (default: all the dataset has)"
     ),
-    backend: str = typer.Option(None, help="hf | vllm | dummy (default: the model's manifest hint)"),
+    backend: str = typer.Option(
+        None,
+        help=f"{' | '.join(BACKEND_KINDS)} (default: the model's manifest hint; {DEFAULT_BACKEND} where it cannot run)",
+    ),
     data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
     split: str = typer.Option(None, help="source split to read (e.g. test for cais/mmlu)"),
     hub_config: str = typer.Option(None, "--hub-config", help="hub config name (e.g. anatomy for cais/mmlu)"),
@@ -78,12 +87,6 @@ def extract(
 ) -> None:
     """Extract option log-probs, last-token hidden states and prompt NLL for every prompt variant."""
     logging.basicConfig(level=logging.WARNING, format="walla-extract: %(message)s")
-    from walla.extract.config import ExtractConfig
-    from walla.extract.hub import HubUnavailableError
-    from walla.extract.run import run
-    from walla.manifests.validate import build
-    from walla.store.files import describe_os_error
-
     try:
         options = dict(
             model=model,

@@ -2,7 +2,7 @@
 
 Store readers quote it in their 'corrupt / stale / inconsistent' errors after `walla-store rm`, so the
 remedy rebuilds the same question table and the same fingerprint: every option that changes the bytes
-is repeated (the resolved backend and dtype, --size of a generated dataset, --data-file, ...).
+is repeated (the resolved backend and its own options, --size of a generated dataset, --data-file, ...).
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from walla.extract.config import ExtractConfig
 
 
 def reproduce_command(
-    cfg: ExtractConfig, variants: list[str] | tuple[str, ...], backend: str, dtype: str
+    cfg: ExtractConfig, variants: list[str] | tuple[str, ...], backend: str, backend_args: list[str]
 ) -> str:
-    """`walla-extract ...` for these variants with every content-changing option of `cfg` spelled out."""
+    """`walla-extract ...` for these variants with every content-changing option of `cfg` spelled out.
+
+    `backend_args` are the backend's own (its kind's `command_args`: e.g. `--dtype float32 --compile on`).
+    """
     argv = ["walla-extract", "--model", cfg.model, "--dataset", cfg.dataset, "--variants", ",".join(variants)]
-    argv += ["--store", str(cfg.store), "--backend", backend]
-    if backend != "dummy":
-        argv += ["--dtype", dtype]
-    if backend == "hf" and cfg.compile == "on":  # resolved by run(): a compiled forward rounds differently
-        argv += ["--compile", "on"]
+    argv += ["--store", str(cfg.store), "--backend", backend, *backend_args]
     optional = {
         "--data-file": cfg.data_file,
         "--split": cfg.split,

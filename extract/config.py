@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from walla.extract.backends import BACKENDS
 from walla.extract.backends.hf_compile import COMPILE_MODES
+from walla.extract.backends.registry import BACKEND_KINDS
 from walla.manifests.validate import config
 from walla.store.schema import VARIANTS
 
@@ -24,9 +24,8 @@ class ExtractConfig:
     model: str  # models.yaml key
     dataset: str  # datasets.yaml key
     variants: tuple[str, ...] | None = None  # None: every variant the dataset supports
-    backend: str | None = (
-        None  # hf | vllm | dummy; None: the model's manifest hint (hf when vllm is unusable)
-    )
+    backend: str | None = None  # a registered backend (hf | vllm); None: the model's manifest hint
+
     data_file: Path | None = None  # local copy instead of the hub
     split: str | None = None  # SOURCE split to read (hub split name, e.g. "test" for cais/mmlu)
     hub_config: str | None = None  # hub config name override (e.g. "anatomy" for cais/mmlu)
@@ -60,8 +59,8 @@ class ExtractConfig:
                 problems.append(
                     f"variants must be a non-empty subset of {VARIANTS}, got {list(self.variants)}"
                 )
-        if self.backend is not None and self.backend not in BACKENDS:
-            problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend is not None and self.backend not in BACKEND_KINDS:
+            problems.append(f"backend must be one of {tuple(BACKEND_KINDS)}, got {self.backend!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.compile not in COMPILE_MODES:

@@ -7,16 +7,17 @@
 The driver (the `walla-extract` process) resolves everything a fingerprint needs, writes the question
 table and opens each feature set's writer (store/feature_writer.py) exactly as the single-process path
 does; then, instead of scoring itself:
-1. it starts N actors (`RangeWorker`); each loads the model once through the same `load_backend` and
-   renders prompts with the same `prepare_variant` (extract/run.py), so every row is computed by the
-   same code as without Ray;
+1. it starts N actors (`RangeWorker`); each loads the model once through the same backend kind (the
+   registry's object, sent with its settled `BackendRequest`) and renders prompts with the same
+   `prepare_variant` (extract/variant.py), so every row is computed by the same code as without Ray;
 2. it cuts the rows no durable shard holds into ranges of whole zarr chunks (`FeatureSetWriter.missing`)
    and hands them out one at a time; a worker scores its range and writes it as one durable shard
    (hidden rows into their own chunks, then the shard's Parquet file);
 3. a worker that dies (killed, OOM, node lost) has its range handed to another one, and a replacement
    actor is started; a rerun of the whole command skips every finished range;
 4. when every range is in, the driver commits (meta.json last).
-Ray is imported only here, only when --workers/--ray-address is given (`pip install 'walla[ray]'`).
+Ray is an optional dependency (`pip install 'walla[ray]'`): it is imported inside the functions that run
+only when --workers/--ray-address is given, or inside an actor.
 On CPUs an actor gets `cpus // N` threads; on GPUs `--tensor-parallel-size` GPUs (vLLM) or 1 (HF).
 """
 
@@ -28,35 +29,31 @@ import time
 from collections import deque
 from pathlib import Path
 
+import torch
+from walla.extract.backends import BackendKind, BackendRequest
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
+from walla.extract.model_stats import non_embedding_params
+from walla.extract.progress import Progress
+from walla.extract.variant import PreparedVariant, prepare_variant, score_range
+from walla.store.feature_writer import attach_writer, default_chunk_rows, open_writer
 
-MAX_DEATHS_PER_WORKER = (
-    2  # replacements before giving up: a worker that always dies (OOM) is not retried forever
-)
+# replacements before giving up: a worker that always dies (OOM) is not retried forever
+MAX_DEATHS_PER_WORKER = 2
 
 
 class RangeWorker:
     """One Ray actor: a loaded backend that scores row ranges and writes them into the store."""
 
-    def __init__(self, load_args: tuple, threads: int | None):
+    def __init__(self, kind: BackendKind, request: BackendRequest, check_device: bool, threads: int | None):
         if threads:
-            import torch
-
             torch.set_num_threads(threads)
-        from walla.extract.run import load_backend
-
-        backend_name, _rm, cfg, _dtype, device, *_ = load_args
-        if cfg.ray_address:  # on a cluster, each worker checks its own device (the driver's may differ)
-            from walla.extract.device import check_device
-
-            check_device(device, backend_name)
-        self.backend = load_backend(*load_args)
-        self.prepared: dict[str, tuple] = {}
+        if check_device:  # on a cluster, each worker checks its own device (the driver's may differ)
+            kind.check_device(request.device)
+        self.backend = kind.load(request)
+        self.prepared: dict[str, PreparedVariant] = {}
 
     def info(self) -> dict:
-        from walla.extract.model_stats import non_embedding_params
-
         return {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -68,20 +65,16 @@ class RangeWorker:
     def prepare(self, spec, context: list) -> int:
         """Render the prompts of `spec`'s variant once per actor; returns the number of rows."""
         if spec.fingerprint not in self.prepared:
-            import ray
-            from walla.extract.run import prepare_variant
+            import ray  # optional dependency (walla[ray]); this method only ever runs inside a Ray actor
 
-            table, template, d_entry, cfg = ray.get(context[0])  # in a list: fetched only when needed
+            table, template, option_tokens, seed = ray.get(context[0])  # in a list: fetched only when needed
             self.prepared[spec.fingerprint] = prepare_variant(
-                self.backend, spec, table, template, d_entry, cfg
+                self.backend, table, template, spec.variant, option_tokens, seed
             )
-        return len(self.prepared[spec.fingerprint][0])
+        return len(self.prepared[spec.fingerprint].prompts)
 
     def run(self, store, spec, pieces: list[tuple[int, int]], context: list) -> tuple[int, int]:
         """Score and store the row ranges `pieces` (one chunk-aligned block); returns (rows, tokens)."""
-        from walla.extract.run import score_range
-        from walla.store.feature_writer import attach_writer
-
         self.prepare(spec, context)
         w = attach_writer(store, spec)
         rows = tokens = 0
@@ -103,9 +96,9 @@ def _after_range(pool: WorkerPool, pieces: list[tuple[int, int]]) -> None:
 class WorkerPool:
     """N RangeWorker actors; hands out ranges, redoes the range of a worker that died, replaces it."""
 
-    def __init__(self, ray, load_args: tuple, n: int, options: dict, threads: int | None, out):
-        self.ray, self.load_args, self.options, self.threads, self.out = ray, load_args, options, threads, out
-        self.n = n
+    def __init__(self, ray, worker_args: tuple, n: int, options: dict, threads: int | None, out):
+        self.ray, self.worker_args, self.out = ray, worker_args, out  # worker_args: RangeWorker's first three
+        self.options, self.threads, self.n = options, threads, n
         self.deaths = 0
         self.actors = [self._start() for _ in range(n)]
         infos = ray.get([a.info.remote() for a in self.actors])
@@ -113,7 +106,7 @@ class WorkerPool:
         self.hidden_size = infos[0]["hidden_size"]
 
     def _start(self):
-        return self.ray.remote(RangeWorker).options(**self.options).remote(self.load_args, self.threads)
+        return self.ray.remote(RangeWorker).options(**self.options).remote(*self.worker_args, self.threads)
 
     def describe(self, actor) -> str:
         i = self.info.get(actor)
@@ -121,7 +114,7 @@ class WorkerPool:
 
     def run(self, store, spec, tasks: list[list[tuple[int, int]]], context: list, bar) -> None:
         """Every task done (or an exception): each task is a list of row ranges inside one block."""
-        from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
+        from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError  # optional: walla[ray]
 
         pending, running, idle = deque(tasks), {}, list(self.actors)
         while pending or running:
@@ -168,7 +161,7 @@ class WorkerPool:
 def _ray_start(cfg: ExtractConfig, out):
     """Import Ray and connect (cluster) or start a local one; returns (ray, started_here)."""
     try:
-        import ray
+        import ray  # optional dependency, needed only for --workers/--ray-address
     except ImportError:
         raise RuntimeError(
             "--workers/--ray-address need Ray, which is not installed: pip install 'walla[ray]'"
@@ -183,11 +176,13 @@ def _ray_start(cfg: ExtractConfig, out):
     return ray, True
 
 
-def _resources(ray, cfg: ExtractConfig, backend: str, device: str) -> tuple[int, dict, int | None]:
+def _resources(
+    ray, cfg: ExtractConfig, kind: BackendKind, request: BackendRequest
+) -> tuple[int, dict, int | None]:
     """(actors, actor options, torch threads per actor) for this cluster and device."""
     total = ray.cluster_resources()
-    if device.startswith("cuda"):
-        gpus = cfg.tensor_parallel_size if backend == "vllm" else 1
+    if request.device.startswith("cuda"):
+        gpus = kind.gpus_per_worker(request)
         n = cfg.workers or max(1, int(total.get("GPU", 0)) // gpus)
         return n, {"num_gpus": gpus, "num_cpus": 1}, None
     n = cfg.workers or 1
@@ -195,34 +190,33 @@ def _resources(ray, cfg: ExtractConfig, backend: str, device: str) -> tuple[int,
     return n, {"num_cpus": threads}, threads
 
 
-def extract_parallel(todo, table, template, d_entry, cfg: ExtractConfig, load_args: tuple, out) -> list[Path]:
+def extract_parallel(
+    todo, table, template, d_entry, cfg: ExtractConfig, kind: BackendKind, request: BackendRequest, out
+) -> list[Path]:
     """Extract the variants in `todo` [(variant, spec)] with Ray actors; return the feature-set paths.
 
-    The caller holds each spec's writer lock (extract/run.py); `load_args` are load_backend's arguments.
+    The caller holds each spec's writer lock (extract/run.py); every actor loads `kind` with `request`.
     """
-    from walla.extract.progress import Progress
-    from walla.store.feature_writer import default_chunk_rows, open_writer
-
-    backend_name, _rm, _cfg, dtype, device = load_args[:5]
     ray, started = _ray_start(cfg, out)
     pool = None
     try:
-        n_workers, options, threads = _resources(ray, cfg, backend_name, device)
+        n_workers, options, threads = _resources(ray, cfg, kind, request)
         t_load = time.perf_counter()
-        pool = WorkerPool(ray, load_args, n_workers, options, threads, out)
+        worker_args = (kind, request, bool(cfg.ray_address))
+        pool = WorkerPool(ray, worker_args, n_workers, options, threads, out)
         where = f"Ray cluster {cfg.ray_address}" if cfg.ray_address else "a local Ray"
         out(
             f"{n_workers} workers on {where} ({', '.join(pool.describe(a) for a in pool.actors)}), "
             f"model loaded in {time.perf_counter() - t_load:.1f} s"
         )
-        context = [ray.put((table, template, d_entry, cfg))]
+        context = [ray.put((table, template, d_entry.option_tokens, cfg.context_seed))]
         paths = []
         with Progress(cfg.progress) as bar:
             for variant, spec in todo:
                 t0 = time.perf_counter()
                 n = ray.get(pool.actors[0].prepare.remote(spec, context))
                 h = pool.hidden_size
-                command = reproduce_command(cfg, [variant], backend_name, dtype)
+                command = reproduce_command(cfg, [variant], kind.name, kind.command_args(request))
                 chunk = min(default_chunk_rows(h, n), cfg.shard_rows)  # ranges never share a chunk
                 with open_writer(
                     cfg.store,
@@ -247,7 +241,7 @@ def extract_parallel(todo, table, template, d_entry, cfg: ExtractConfig, load_ar
                     w.stats = {  # compute accounting, as the single process records it (meta.json "compute")
                         "n_params_non_embedding": first.get("n_params_non_embedding"),
                         "wall_s": time.perf_counter() - t0,
-                        "device": first.get("device") or device,
+                        "device": first.get("device") or request.device,
                         "workers": n_workers,
                     }
                     path = w.commit()

@@ -18,7 +18,10 @@ import shutil
 import uuid
 from pathlib import Path
 
+import gguf
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,6 @@ def cache_root() -> Path:
 def fast_gguf_reads():
     """transformers parses the GGUF header twice and rebuilds gguf's tensor-name map once per tensor
     (~400 times, ~15 s); share one reader and memoize the map for the duration of one load."""
-    import gguf
-
     orig_map, orig_reader = gguf.get_tensor_name_map, gguf.GGUFReader
     readers: dict = {}
 
@@ -55,8 +56,6 @@ def fast_gguf_reads():
 @contextlib.contextmanager
 def quiet_transformers():
     """No per-tensor progress bars from transformers while we load (our own bar reports progress)."""
-    from transformers.utils import logging as hf_logging
-
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -68,8 +67,6 @@ def quiet_transformers():
 
 def converted_gguf_dir(gguf_path: Path, sha256: str) -> Path:
     """Safetensors copy of a GGUF model (built on first use, atomically; see module docstring)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     out = cache_root() / "gguf" / sha256[:16]
     if (out / DONE_MARKER).exists():
         return out

@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from huggingface_hub import HfApi, constants, try_to_load_from_cache
+from huggingface_hub.file_download import repo_folder_name
+
 PROBE_TIMEOUT_S = 3.0
 _TRUE = {"1", "true", "yes", "on"}
 _probe_result: bool | None = None  # cached per process
@@ -125,9 +128,6 @@ def cached_commit(kind: str, repo_id: str, revision: str, filename: str | None =
     With `filename`, that file must be cached too (huggingface_hub's `try_to_load_from_cache` resolves
     `refs/<revision>` and returns `snapshots/<sha>/<filename>`); without, the `refs/<revision>` file alone.
     """
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.file_download import repo_folder_name
-
     if filename is not None:
         hit = try_to_load_from_cache(repo_id, filename, revision=revision, repo_type=kind)
         if not isinstance(hit, str):
@@ -152,8 +152,6 @@ def resolve_revision(
         return revision
     if prepare_hub_access():
         return cached_commit(kind, repo_id, revision, filename)
-    from huggingface_hub import HfApi
-
     try:
         return HfApi().repo_info(repo_id, repo_type=kind, revision=revision).sha
     except Exception as e:  # gated, missing, network: one line

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
 
 class Progress:
     """rich progress bar with prompts/s, tokens/s and ETA (or nothing when disabled)."""
@@ -14,9 +17,7 @@ class Progress:
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(
+            self.bar = RichProgress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),

@@ -11,30 +11,38 @@
 4. Load the model ONCE, then per remaining variant: render prompts, resolve option tokens, open the
    store writer, resume after its durable rows, score shard by shard (bounded memory), commit.
    With --workers / --ray-address, step 4 runs in Ray actors over row ranges (extract/distributed.py).
+
+The backend is an object from the registry (extract/backends/registry.py): this recipe asks it, never
+compares its name. Rows are computed by extract/variant.py, here and in every Ray actor alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import polars as pl
 from walla.extract import hub
+from walla.extract.backends import Backend, BackendKind, BackendRequest
+from walla.extract.backends.registry import DEFAULT_BACKEND, backend_kind
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, default_template, load_dataset_table
-from walla.extract.device import check_device
+from walla.extract.distributed import extract_parallel
 from walla.extract.model_stats import non_embedding_params
-from walla.extract.models import ResolvedModel, pin_revision, resolve_model
+from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.progress import Progress
-from walla.extract.prompts import build_prompts, get_template
-from walla.extract.scoring import renormalize, resolve_option_token_ids
+from walla.extract.prompts import PromptTemplate, build_prompts, get_template
 from walla.extract.splits import SplitProtocol
+from walla.extract.variant import prepare_variant, score_range
+from walla.manifests import catalog  # module attribute: tests swap catalog.load_models / load_datasets
+from walla.store.featureset import FeatureSetSpec, find_complete, open_writer, read_feature_set, writer_lock
+from walla.store.questions import write_question_table
 
 log = logging.getLogger(__name__)
 
@@ -76,111 +84,45 @@ def dataset_request(entry, cfg: ExtractConfig) -> DatasetRequest:
     )
 
 
-def choose_backend(cfg: ExtractConfig, model_entry) -> str:
-    """--backend, else the manifest hint; a vllm hint falls back to hf where vllm cannot run."""
+def choose_backend(cfg: ExtractConfig, model_entry) -> BackendKind:
+    """--backend, else the manifest hint; a hinted backend that cannot run here falls back to the default (hf)."""
     if cfg.backend:
-        return cfg.backend
-    hint = model_entry.backend or "hf"
-    if hint == "vllm":
-        from walla.extract.backends.vllm import vllm_usable
-
-        ok, why = vllm_usable()
-        if not ok:
-            log.info("model %s prefers the vllm backend, but %s: using hf", model_entry.name, why)
-            return "hf"
-    return hint
-
-
-def backend_identity(
-    backend: str,
-    rm: ResolvedModel,
-    dtype: str,
-    device: str,
-    chat_template: bool,
-    hidden_size: int,
-    compiled: bool = False,
-) -> dict:
-    """Fingerprint inputs of (model, backend) known WITHOUT loading the model."""
-    if backend == "hf":
-        from walla.extract.backends.hf import hf_identity, resolve_dtype
-
-        ident = hf_identity(resolve_dtype(dtype, device), chat_template, compiled)
-    elif backend == "vllm":
-        from walla.extract.backends.vllm import vllm_identity
-
-        ident = vllm_identity(dtype, chat_template)
-    else:
-        from walla.extract.backends.dummy import DummyBackend
-
-        ident = DummyBackend(hidden_size).identity()
-    return {"model": rm.identity, **ident}
+        return backend_kind(cfg.backend)
+    kind = backend_kind(model_entry.backend or DEFAULT_BACKEND)
+    ok, why = kind.usable()
+    if not ok:
+        log.info(
+            "model %s prefers the %s backend, but %s: using %s",
+            model_entry.name,
+            kind.name,
+            why,
+            DEFAULT_BACKEND,
+        )
+        return backend_kind(DEFAULT_BACKEND)
+    return kind
 
 
-def load_backend(
-    backend: str,
-    rm: ResolvedModel,
+def backend_request(
     cfg: ExtractConfig,
+    rm: ResolvedModel,
     dtype: str,
     device: str,
     chat_template: bool,
-    hidden_size: int,
-):
-    if backend == "hf":
-        from walla.extract.backends.hf import load_hf_backend
-
-        return load_hf_backend(
-            rm,
-            dtype=dtype,
-            device=device,
-            batch_tokens=cfg.batch_tokens,
-            chat_template=chat_template,
-            compiled=cfg.compile == "on",
-        )
-    if backend == "vllm":
-        from walla.extract.backends.vllm import load_vllm_backend
-
-        return load_vllm_backend(
-            rm,
-            dtype=dtype,
-            chat_template=chat_template,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.enforce_eager,
-        )
-    from walla.extract.backends.dummy import DummyBackend
-
-    return DummyBackend(hidden_size, batch_tokens=cfg.batch_tokens)
-
-
-def _preflight_model(rm: ResolvedModel, backend: str) -> tuple[ResolvedModel, hub.HubUnavailableError | None]:
-    """A hub model pinned to the commit sha of its revision (offline: from the local cache), or the problem."""
-    if backend == "dummy":
-        return rm, None
-    try:
-        return pin_revision(rm), None
-    except hub.HubUnavailableError as e:
-        return rm, e
-
-
-def feature_rows(prompts, result, token_col: dict[str, int], start: int) -> pl.DataFrame:
-    """One shard of rows (schema.ROW_COLUMNS + prompt) from a backend result."""
-    raw_rows, opt_rows = [], []
-    for i, p in enumerate(prompts):
-        raw = result.raw_logprobs[i, [token_col[s] for s in p.options]]  # [K_q]
-        raw_rows.append(raw.astype(np.float32).tolist())
-        opt_rows.append(renormalize(raw).tolist())
-    return pl.DataFrame(
-        {
-            "question_id": [p.question_id for p in prompts],
-            "n_options": pl.Series([len(p.options) for p in prompts], dtype=pl.Int32),
-            "option_logprobs": pl.Series(opt_rows, dtype=pl.List(pl.Float32)),
-            "raw_option_logprobs": pl.Series(raw_rows, dtype=pl.List(pl.Float32)),
-            "prompt_nll": pl.Series(result.prompt_nll, dtype=pl.Float32),
-            "n_prompt_tokens": pl.Series(result.n_tokens, dtype=pl.Int32),
-            "context_source_id": pl.Series([p.context_source_id for p in prompts], dtype=pl.String),
-            "prompt": [p.text for p in prompts],
-        }
+    hidden_size: int | None,
+) -> BackendRequest:
+    """The backend's settings of this run: the resolved model, dtype and device, and cfg's backend options."""
+    return BackendRequest(
+        model=rm,
+        dtype=dtype,
+        device=device,
+        chat_template=chat_template,
+        hidden_size=hidden_size,
+        batch_tokens=cfg.batch_tokens,
+        compile=cfg.compile,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_model_len=cfg.max_model_len,
+        enforce_eager=cfg.enforce_eager,
     )
 
 
@@ -192,41 +134,24 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         hub.HubUnavailableError: hub model/dataset unreachable, gated or not cached (one line).
         ValueError: malformed data, bad settings, store problems (one line naming the input).
     """
-    from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
-    from walla.store.featureset import FeatureSetSpec, find_complete, read_feature_set, writer_lock
-    from walla.store.questions import write_question_table
-
-    # 1. resolve names -------------------------------------------------------------------------------------
-    model_name, m_entry = resolve_model_name(cfg.model, load_models())  # ad hoc: hf:org/x, a dir, a .gguf
-    d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
+    # 1. resolve names (a models.yaml name, or an ad hoc hf:org/x, a directory, a .gguf) ------------------
+    model_name, m_entry = catalog.resolve_model_name(cfg.model, catalog.load_models())
+    d_entry = _lookup(catalog.load_datasets(), cfg.dataset, "dataset")
     template = get_template(default_template(d_entry.loader, d_entry.prompt))
-    available = template.variants if d_entry.has_context else ("none",)
-    variants = tuple(cfg.variants or available)
-    bad = [v for v in variants if v not in available]
-    if bad:
-        raise ValueError(
-            f"dataset {cfg.dataset!r} has no {', '.join(bad)} variant (available: {', '.join(available)})"
-        )
-    backend_name = choose_backend(cfg, m_entry)
-    dtype = cfg.dtype or m_entry.dtype or "auto"
-    dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
-    chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
-    device = cfg.device or _default_device(backend_name)
+    variants = _variants(cfg, d_entry, template)
+    kind = choose_backend(cfg, m_entry)
+    device = cfg.device or kind.default_device()
     if not cfg.ray_address:  # on a cluster the workers' devices count, not the driver's (they check)
-        check_device(device, backend_name)
+        kind.check_device(device)
     rm = resolve_model(m_entry)
 
     # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
-    rm, model_problem = _preflight_model(rm, backend_name)
-    try:
-        table, source = load_dataset_table(dataset_request(d_entry, cfg))
-    except hub.HubUnavailableError as e:
-        raise hub.combine([model_problem, e] if model_problem else [e]) from e
-    if model_problem:
-        raise model_problem
-    qfp = write_question_table(
-        cfg.store, cfg.dataset, table, source, reproduce_command(cfg, variants, backend_name, dtype)
-    )
+    rm, table, source = _load_inputs(kind, rm, d_entry, cfg)
+    dtype = cfg.dtype or m_entry.dtype or "auto"
+    chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
+    request = backend_request(cfg, rm, dtype, device, chat, m_entry.hidden_size)
+    command = reproduce_command(cfg, variants, kind.name, kind.command_args(request))
+    qfp = write_question_table(cfg.store, cfg.dataset, table, source, command)
     counts = table["split"].value_counts().sort("split")
     out(
         f"questions: {table.height} rows ({', '.join(f'{s} {n}' for s, n in counts.iter_rows())}), "
@@ -234,81 +159,97 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     )
 
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
-    compiled = False
-    if backend_name == "hf":  # `auto` is measured here (cached per machine); the fingerprint gets the result
-        from walla.extract.backends.hf import explain_dtype
-        from walla.extract.backends.hf_compile import explain_compile
-
-        dtype, why = explain_dtype(dtype, device)
-        out(f"dtype {why} [{dtype_from}]")
-        compiled, why = explain_compile(
-            cfg.compile, _estimate_tokens(table, template, variants, d_entry, cfg), device
-        )
-        cfg = replace(cfg, compile="on" if compiled else "off")  # resolved: workers and the command reuse it
-        out(why)
-    ident = backend_identity(backend_name, rm, dtype, device, chat, m_entry.hidden_size, compiled)
-    todo: list[tuple[str, FeatureSetSpec]] = []
-    paths: list[Path] = []
+    dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
+    est_tokens = functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg)
+    request = _settle(kind, request, dtype_from, est_tokens, out)  # `auto` measured; the fingerprint gets it
+    ident = {"model": rm.identity, **kind.identity(request)}
+    inputs = {v: _inputs(v, qfp, source, ident, d_entry, template, cfg) for v in variants}
+    specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]
     with contextlib.ExitStack() as locks:
-        for variant in variants:
-            inputs = {
-                "questions_fp": qfp,
-                **({"dataset_revision": source["hub"]["revision"]} if "hub" in source else {}),
-                **ident,
-                "prompt": {"template": template.name, "text": template.text_for(variant), "description": ""},
-                "option_tokens": _option_tokens_input(d_entry, template),
-                "context_seed": cfg.context_seed if variant == "irrelevant" else None,
-            }
-            spec = FeatureSetSpec(model_name, cfg.dataset, variant, inputs)
-            locks.enter_context(
-                writer_lock(cfg.store, spec)
-            )  # a second walla-extract refuses HERE, before a model loads
-            done = find_complete(cfg.store, spec)
-            if done is not None:
-                read_feature_set(done)  # verified: a corrupt set is refused with its fix, never "complete"
-                out(f"already complete: {done}")
-                paths.append(done)
-            else:
-                todo.append((variant, spec))
+        paths, todo = _lock_and_skip_complete(locks, cfg.store, specs, out)
         if not todo:
             return paths
         if cfg.workers or cfg.ray_address:  # 4'. the same, in Ray actors over row ranges
-            from walla.extract.distributed import extract_parallel
-
-            load_args = (backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
-            return paths + extract_parallel(todo, table, template, d_entry, cfg, load_args, out)
-
+            return paths + extract_parallel(todo, table, template, d_entry, cfg, kind, request, out)
         # 4. load the model once, extract each remaining variant ----------------------------------------
-        t_load = time.perf_counter()
-        backend = load_backend(backend_name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
-        out(
-            f"model {model_name} loaded ({backend_name}, {ident.get('dtype', 'n/a')}"
-            f"{', compiled' if compiled else ''}) in {time.perf_counter() - t_load:.1f} s"
+        return paths + _extract_here(
+            todo, table, template, d_entry, cfg, kind, request, ident, model_name, out
         )
-        try:
-            with Progress(cfg.progress) as bar:
-                for variant, spec in todo:
-                    command = reproduce_command(cfg, [variant], backend_name, dtype)
-                    paths.append(
-                        _extract_variant(backend, spec, table, template, d_entry, cfg, bar, out, command)
-                    )
-        finally:
-            backend.close()
-    return paths
 
 
-def _default_device(backend: str) -> str:
-    if backend == "dummy":
-        return "cpu"
-    from walla.extract.backends.hf import default_device
+def _lock_and_skip_complete(
+    locks: contextlib.ExitStack, store, specs: list[FeatureSetSpec], out
+) -> tuple[list[Path], list]:
+    """(paths of the complete feature sets, [(variant, spec)] still to extract), each spec's writer lock held.
 
-    return default_device()
+    A second walla-extract of the same feature set refuses HERE, before a model loads.
+    """
+    paths, todo = [], []
+    for spec in specs:
+        locks.enter_context(writer_lock(store, spec))
+        done = find_complete(store, spec)
+        if done is not None:
+            read_feature_set(done)  # verified: a corrupt set is refused with its fix, never "complete"
+            out(f"already complete: {done}")
+            paths.append(done)
+        else:
+            todo.append((spec.variant, spec))
+    return paths, todo
+
+
+def _variants(cfg: ExtractConfig, d_entry, template: PromptTemplate) -> tuple[str, ...]:
+    available = template.variants if d_entry.has_context else ("none",)
+    variants = tuple(cfg.variants or available)
+    bad = [v for v in variants if v not in available]
+    if bad:
+        raise ValueError(
+            f"dataset {cfg.dataset!r} has no {', '.join(bad)} variant (available: {', '.join(available)})"
+        )
+    return variants
+
+
+def _load_inputs(kind: BackendKind, rm: ResolvedModel, d_entry, cfg: ExtractConfig) -> tuple:
+    """(the model as fingerprinted, question table, source): a model AND a dataset the hub cannot serve fail together."""
+    try:
+        rm, model_problem = kind.pin_model(rm), None
+    except hub.HubUnavailableError as e:
+        model_problem = e
+    try:
+        table, source = load_dataset_table(dataset_request(d_entry, cfg))
+    except hub.HubUnavailableError as e:
+        raise hub.combine([model_problem, e] if model_problem else [e]) from e
+    if model_problem:
+        raise model_problem
+    return rm, table, source
+
+
+def _settle(
+    kind: BackendKind, request: BackendRequest, dtype_from: str, est_tokens: Callable[[], int], out
+) -> BackendRequest:
+    """The request with `--dtype auto` / `--compile auto` decided by the backend, saying why."""
+    dtype, why = kind.settle_dtype(request.dtype, request.device)
+    if why:
+        out(f"dtype {why} [{dtype_from}]")
+    mode, why = kind.settle_compile(request.compile, est_tokens, request.device)
+    if why:
+        out(why)
+    return replace(request, dtype=dtype, compile=mode)
+
+
+def _inputs(variant: str, qfp: str, source: dict, ident: dict, d_entry, template, cfg: ExtractConfig) -> dict:
+    """Fingerprint inputs of one variant's feature set."""
+    return {
+        "questions_fp": qfp,
+        **({"dataset_revision": source["hub"]["revision"]} if "hub" in source else {}),
+        **ident,
+        "prompt": {"template": template.name, "text": template.text_for(variant), "description": ""},
+        "option_tokens": _option_tokens_input(d_entry, template),
+        "context_seed": cfg.context_seed if variant == "irrelevant" else None,
+    }
 
 
 def _estimate_tokens(table, template, variants, d_entry, cfg: ExtractConfig) -> int:
     """Prompt tokens of the job, estimated without a tokenizer (~4 characters per token)."""
-    if cfg.compile != "auto":
-        return 0
     opts, seed = d_entry.option_tokens, cfg.context_seed
     chars = sum(
         len(p.text)
@@ -326,34 +267,38 @@ def _option_tokens_input(d_entry, template) -> list[str] | str:
     return "display letters by position"
 
 
-def prepare_variant(backend, spec, table, template, d_entry, cfg: ExtractConfig) -> tuple:
-    """Render the prompts of one variant and resolve its option tokens: (prompts, token_ids, token_col)."""
-    prompts = build_prompts(
-        table, template, spec.variant, option_tokens=d_entry.option_tokens, seed=cfg.context_seed
+def _extract_here(
+    todo, table, template, d_entry, cfg: ExtractConfig, kind, request, ident: dict, model_name: str, out
+) -> list[Path]:
+    """Step 4 in this process: load the model once, then extract each variant of `todo` [(variant, spec)]."""
+    t_load = time.perf_counter()
+    backend = kind.load(request)
+    out(
+        f"model {model_name} loaded ({kind.name}, {ident.get('dtype', 'n/a')}"
+        f"{', compiled' if ident.get('compile') else ''}) in {time.perf_counter() - t_load:.1f} s"
     )
-    prompts = [replace(p, text=backend.format_prompt(p.text)) for p in prompts]
-    union = list(dict.fromkeys(s for p in prompts for s in p.options))
-    tok_of = resolve_option_token_ids(backend.encode, backend.encode_bare, prompts[0].text, union)
-    return prompts, [tok_of[s] for s in union], {s: i for i, s in enumerate(union)}
-
-
-def score_range(backend, prepared: tuple, a: int, b: int, advance=None) -> tuple[pl.DataFrame, np.ndarray]:
-    """Rows a..b-1 of a prepared variant: (store rows, hidden [b - a, H])."""
-    prompts, token_ids, token_col = prepared
-    chunk = prompts[a:b]
-    res = backend.score([p.text for p in chunk], token_ids, advance)
-    return feature_rows(chunk, res, token_col, a), res.hidden
+    paths = []
+    try:
+        with Progress(cfg.progress) as bar:
+            for variant, spec in todo:
+                command = reproduce_command(cfg, [variant], kind.name, kind.command_args(request))
+                paths.append(
+                    _extract_variant(backend, spec, table, template, d_entry, cfg, bar, out, command)
+                )
+    finally:
+        backend.close()
+    return paths
 
 
 def _extract_variant(
-    backend, spec, table, template, d_entry, cfg: ExtractConfig, bar, out, command: str
+    backend: Backend, spec, table, template, d_entry, cfg: ExtractConfig, bar, out, command: str
 ) -> Path:
     """Render, resolve option tokens, then score and store shard by shard (resuming after durable rows)."""
-    from walla.store.featureset import open_writer
-
     t0 = time.perf_counter()
-    prepared = prepare_variant(backend, spec, table, template, d_entry, cfg)
-    n = len(prepared[0])
+    prepared = prepare_variant(
+        backend, table, template, spec.variant, d_entry.option_tokens, cfg.context_seed
+    )
+    n = len(prepared.prompts)
     with open_writer(
         cfg.store, spec, hidden_size=backend.hidden_size, total_rows=n, command=command, locked=True
     ) as w:

@@ -1,4 +1,7 @@
-"""Fixtures shared across test folders: an S3-compatible server in this process (moto, loopback only).
+"""Fixtures shared across test folders: the fake backend, and an S3-compatible server in this process.
+
+The seeded fake backend (`--backend dummy`, extract/backends/dummy.py) is registered for every test
+(`pytest_configure`); users' walla-extract does not offer it. The S3 server is moto's, loopback only:
 
     def test_x(s3_store):            # "s3://walla-test-<random>/store", an empty bucket
         ...
@@ -16,6 +19,12 @@ import socket
 import uuid
 
 import pytest
+from walla.extract.backends.dummy import DUMMY
+from walla.extract.backends.registry import register_backend
+
+
+def pytest_configure(config):
+    register_backend(DUMMY)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,14 @@
-"""Extraction backends: `hf` (transformers; CPU or GPU), `vllm` (GPU or CPU; its own venv), `dummy` (seeded, for tests).
+"""Extraction backends: what walla-extract asks of a model, as two Protocols and the data they exchange.
 
-No base class (STYLE item 12): each backend is a plain class with the same few methods, documented
-by the `Backend` Protocol below, and duplicates code freely.
+- `BackendKind`: one registered way to run a model (extract/backends/registry.py: `hf`, `vllm`; tests add
+  the seeded fake `dummy`). It knows, BEFORE anything loads, whether it can run here, what it adds to a
+  feature set's fingerprint and to the command that re-creates it; then it loads a `Backend`.
+- `Backend`: a loaded model. walla-extract prepares a variant's prompts with it (chat template, option
+  token ids) and scores them range by range (extract/variant.py), then closes it.
+
+No base class (STYLE item 12): each backend is a plain class with these few methods and duplicates
+code freely; `BackendRequest` carries every resolved setting, so a kind and its worker copies (Ray
+actors) need nothing else.
 """
 
 from __future__ import annotations
@@ -11,8 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-BACKENDS = ("hf", "vllm", "dummy")
+from walla.extract.models import ResolvedModel
 
 
 @dataclass
@@ -28,7 +34,27 @@ class ScoreResult:
 Progress = Callable[[int, int], None]  # (rows done in this batch, tokens in this batch)
 
 
+@dataclass(frozen=True)
+class BackendRequest:
+    """Every setting a backend kind needs to identify and load one model (flat: no config object)."""
+
+    model: ResolvedModel
+    dtype: str  # a --dtype value; `auto` until the kind settles it (settle_dtype)
+    device: str  # cpu | cuda | cuda:N | mps
+    chat_template: bool
+    hidden_size: int | None  # the manifest's (checked against the loaded model; the fake's width)
+    batch_tokens: int  # padded tokens per forward pass
+    compile: str = "off"  # hf: auto | on | off; `auto` until the kind settles it (settle_compile)
+    # vllm only (None: vLLM's default)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool | None = None
+
+
 class Backend(Protocol):
+    """A loaded model: the four operations extract/variant.py builds a feature set from, and close()."""
+
     name: str
     hidden_size: int
 
@@ -55,3 +81,53 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class BackendKind(Protocol):
+    """A registered way to run a model; every method but `load` works without loading anything."""
+
+    name: str  # the --backend value
+
+    def usable(self) -> tuple[bool, str]:
+        """(True, "") when it can run on this machine, else (False, why in one line)."""
+        ...
+
+    def default_device(self) -> str:
+        """The device used without --device."""
+        ...
+
+    def check_device(self, device: str) -> None:
+        """Raise ValueError (one line) for a device this machine cannot give this backend."""
+        ...
+
+    def pin_model(self, model: ResolvedModel) -> ResolvedModel:
+        """The model as the fingerprint records it (a hub revision resolved to its commit sha).
+
+        Raises:
+            hub.HubUnavailableError: the hub cannot say which commit the revision is.
+        """
+        ...
+
+    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
+        """(the dtype the model will run in, why; None when there is nothing to say)."""
+        ...
+
+    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
+        """(the --compile mode the run uses, why; None when the backend does not compile)."""
+        ...
+
+    def identity(self, request: BackendRequest) -> dict:
+        """Fingerprint inputs of the backend for this request (the model's own identity is added by run.py)."""
+        ...
+
+    def command_args(self, request: BackendRequest) -> list[str]:
+        """The options after `--backend NAME` that re-create the same bytes (e.g. `--dtype float32`)."""
+        ...
+
+    def gpus_per_worker(self, request: BackendRequest) -> int:
+        """GPUs one Ray actor holds when the device is a GPU."""
+        ...
+
+    def load(self, request: BackendRequest) -> Backend:
+        """Load the model (once per process) and return it ready to score."""
+        ...

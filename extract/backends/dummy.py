@@ -1,6 +1,8 @@
 """Dummy backend: seeded pseudo log-probs and hidden states, no model (lm-eval DummyLM style).
 
-For fast integration tests of extract -> store -> train -> evaluate. Everything is a
+For fast integration tests of extract -> store -> train -> evaluate. It is not in the backend
+registry users see: the tests register `DUMMY` (tests/conftest.py), which makes `--backend dummy`
+available to them. Everything is a
 deterministic function of (seed, prompt text), so it is independent of batching and order, and
 a `relevant` prompt differs from the `none` one. Tokenization is word-level (`\\s*\\w+` or one
 punctuation mark, ids by crc32), enough for the option-token resolution rules of SPEC §1.5.
@@ -10,9 +12,12 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 
 import numpy as np
-from walla.extract.backends import Progress, ScoreResult
+from walla.extract.backends import BackendRequest, Progress, ScoreResult
+from walla.extract.device import check_device_name
+from walla.extract.models import ResolvedModel
 from walla.extract.scoring import plan_batches
 
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
@@ -71,3 +76,42 @@ class DummyBackend:
 
     def close(self) -> None:
         pass
+
+
+class DummyKind:
+    """The fake as a backend kind: no weights, no hub, no device, no dtype; its identity is its seed and width."""
+
+    name = "dummy"
+
+    def usable(self) -> tuple[bool, str]:
+        return True, ""
+
+    def default_device(self) -> str:
+        return "cpu"
+
+    def check_device(self, device: str) -> None:
+        check_device_name(device)  # a well-formed name is enough: nothing runs on it
+
+    def pin_model(self, model: ResolvedModel) -> ResolvedModel:
+        return model  # the weights are never read: no hub lookup
+
+    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
+        return dtype, None
+
+    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
+        return mode, None
+
+    def identity(self, request: BackendRequest) -> dict:
+        return DummyBackend(request.hidden_size).identity()
+
+    def command_args(self, request: BackendRequest) -> list[str]:
+        return []  # the dtype changes nothing here
+
+    def gpus_per_worker(self, request: BackendRequest) -> int:
+        return 1
+
+    def load(self, request: BackendRequest) -> DummyBackend:
+        return DummyBackend(request.hidden_size, batch_tokens=request.batch_tokens)
+
+
+DUMMY = DummyKind()

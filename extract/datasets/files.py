@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import datasets
 from walla.extract import hub
 
 
@@ -82,8 +83,6 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
     Returns (rows, source). The hub path uses `datasets.load_dataset(path, name, split=split, revision=...)`
     and records the commit sha it loaded in `source["hub"]["revision"]` (a feature set fingerprint input).
     """
-    import datasets  # lazy: importing datasets costs ~1 s
-
     if data_file is not None:
         p = Path(data_file)
         split = (hub_spec or {}).get("split") or "train"

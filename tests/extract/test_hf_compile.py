@@ -9,8 +9,11 @@ import pytest
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, explain_compile
+from walla.extract.backends.hf_kind import HF
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
+from walla.extract.models import ResolvedModel
+from walla.extract.run import backend_request
 
 
 def test_compiled_backend_matches_eager_with_and_without_prefix_cache():
@@ -41,7 +44,10 @@ def test_auto_compiles_large_jobs_only():
 def test_bad_compile_value_and_reproduce_command():
     with pytest.raises(ValueError, match="compile must be auto, on or off, got 'fast'"):
         ExtractConfig(model="m", dataset="d", compile="fast")
+    rm = ResolvedModel("m", "m", None, None, {})
     on = ExtractConfig(model="m", dataset="d", compile="on")
-    assert "--compile on" in reproduce_command(on, ["none"], "hf", "bfloat16")
+    args = HF.command_args(backend_request(on, rm, "bfloat16", "cpu", False, None))
+    assert "--compile on" in reproduce_command(on, ["none"], "hf", args)
     off = ExtractConfig(model="m", dataset="d", compile="off")
-    assert "--compile" not in reproduce_command(off, ["none"], "hf", "bfloat16")
+    args = HF.command_args(backend_request(off, rm, "bfloat16", "cpu", False, None))
+    assert "--compile" not in reproduce_command(off, ["none"], "hf", args)

@@ -11,6 +11,7 @@ import torch
 from tiny_model import tiny_model, tiny_tokenizer
 from walla.extract import dtype_probe
 from walla.extract import run as run_mod
+from walla.extract.backends.dummy import DUMMY, DummyBackend
 from walla.extract.config import ExtractConfig
 from walla.manifests import catalog
 from walla.store.featureset import read_feature_set
@@ -114,15 +115,13 @@ def test_dummy_facts_all_variants_then_skip(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the model must not be loaded when every feature set is complete")
 
-    monkeypatch.setattr(run_mod, "load_backend", boom)
+    monkeypatch.setattr(DUMMY, "load", boom)
     lines, out = _lines()
     assert run_mod.run(cfg, out=out) == paths
     assert sum(s.startswith("already complete: ") for s in lines) == 3
 
 
 def test_resume_after_interrupt_gives_identical_rows(tmp_path, monkeypatch):
-    from walla.extract.backends.dummy import DummyBackend
-
     cfg = ExtractConfig(
         model="smollm2-135m",
         dataset="facts",

@@ -14,6 +14,12 @@ import pytest
 import torch
 from walla.extract.backends import vllm as vb
 from walla.extract.backends import vllm_engine as ve
+from walla.extract.backends.hf_kind import HF
+from walla.extract.check import compare
+from walla.extract.config import ExtractConfig
+from walla.extract.models import ResolvedModel, resolve_model
+from walla.extract.run import backend_request
+from walla.manifests.catalog import load_models
 
 
 def fake_generate_output(prompt_ids, logp_rows, options: dict[int, float]):
@@ -72,8 +78,14 @@ def test_engine_kwargs_memory_budget(monkeypatch):
 
 def test_identity_and_unusable_message(monkeypatch, tmp_path):
     monkeypatch.setenv("WALLA_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
-    ok, why = vb.vllm_usable()
-    assert not ok and "does not exist" in why
+    ok, why = vb.VLLM.usable()
+    assert not ok and why == f"WALLA_VLLM_PYTHON={tmp_path / 'nope' / 'python'} does not exist"
+    rm = ResolvedModel("m", "/m", None, None, {"source": "local"})
+    req = backend_request(ExtractConfig(model="m", dataset="facts"), rm, "bfloat16", "cpu", True, None)
+    with pytest.raises(
+        RuntimeError, match="--backend vllm cannot run here: WALLA_VLLM_PYTHON=.* does not exist"
+    ):
+        vb.VLLM.load(req)
 
 
 # ----------------------------------------------------------------------------- against the installed vLLM
@@ -134,19 +146,18 @@ def test_real_vllm_matches_hf_on_smollm2():
     """The real engines (CPU here) against the hf backend on a few prompts: same options, states, NLL."""
     if not vb.vllm_usable()[0]:
         pytest.skip(f"vLLM is not installed ({vb.SETUP_HINT})")
-    from walla.extract.backends.hf import load_hf_backend
-    from walla.extract.check import compare
-    from walla.extract.models import resolve_model
-    from walla.manifests.catalog import load_models
-
     rm = resolve_model(load_models()["smollm2-135m"])
+    req = backend_request(
+        ExtractConfig(model="smollm2-135m", dataset="facts"), rm, "float32", "cpu", False, 576
+    )
     prompts = ["The capital of France is", "Question: Which gas do plants take in? Answer:"]
-    hf = load_hf_backend(rm, dtype="float32", device="cpu")
+    hf = HF.load(req)
     cand = [hf.encode_bare(s)[0] for s in (" Paris", " carbon", " A")]
     ref = hf.score(prompts, cand)
     hf.close()
-    v = vb.load_vllm_backend(rm, dtype="float32")
+    v = vb.VLLM.load(req)  # the registry's kind, as walla-extract --backend vllm loads it
     try:
+        assert v.identity() == vb.VLLM.identity(req) and v.identity()["vllm"] is not None
         got = v.score(prompts, cand)
     finally:
         v.close()

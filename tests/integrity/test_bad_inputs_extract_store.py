@@ -19,7 +19,7 @@ import filelock
 import pytest
 import torch
 from typer.testing import CliRunner
-from walla.extract import run as run_mod
+from walla.extract.backends.dummy import DUMMY
 from walla.extract.cli import app as extract_app
 from walla.store.cli import app as store_app
 from walla.store.featureset import StoreError, list_feature_sets, read_feature_set
@@ -431,7 +431,7 @@ def test_second_extract_refuses_before_loading_the_model(
     def no_model(*a, **k):
         raise AssertionError("the model was loaded although another writer holds the lock")
 
-    monkeypatch.setattr(run_mod, "load_backend", no_model)
+    monkeypatch.setattr(DUMMY, "load", no_model)
     with filelock.FileLock(str(path.with_name(path.name + ".lock")), timeout=0):  # "another walla-extract"
         r = invoke("walla-extract", extract(store, "--dataset", "facts", "--size", "20"))
     assert r.exit_code == 1 and "is being written by another process" in r.stderr, (r.output, r.stderr)

@@ -1,0 +1,114 @@
+"""Every module of the distribution imports on its own, in a fresh interpreter, in any order.
+
+An import cycle between two modules (a.py imports b.py, which imports a.py) only shows when one of them
+is imported first; hiding it behind an import inside a function body only moves the failure to run time.
+This test imports each module alone: one fresh interpreter preloads the third-party libraries (speed
+only: torch, transformers, ... take seconds to import and cannot take part in a walla cycle), then
+forks one child per walla module, in a shuffled order; a child imports nothing of walla before its
+module, so it sees exactly what `python -c "import walla.x.y"` sees.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("walla.extract", "walla.store", "walla.train", "walla.evaluate", "walla.manifests")
+PRELOAD = (  # third-party only: a walla module here would hide the cycles this test looks for
+    "torch",
+    "transformers",
+    "numpy",
+    "polars",
+    "pyarrow",
+    "zarr",
+    "lightning",
+    "matplotlib.pyplot",
+    "scipy.stats",
+    "sklearn.metrics",
+    "pydantic.dataclasses",
+    "typer",
+    "yaml",
+    "datasets",
+    "rich",
+)
+
+CHILD = r"""
+import importlib, json, os, sys, traceback
+for lib in PRELOAD:
+    try:
+        importlib.import_module(lib)
+    except ImportError:
+        pass
+assert not [m for m in sys.modules if m.startswith("walla")], "preloading imported walla"
+def start(name):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: import one module, report the end of its traceback on failure
+        os.close(r)
+        try:
+            importlib.import_module(name)
+            code = 0
+        except BaseException:
+            os.write(w, traceback.format_exc()[-8000:].encode())  # fits a pipe's buffer: never blocks
+            code = 1
+        os.close(w)
+        os._exit(code)
+    os.close(w)
+    return pid, (name, r)
+
+
+failures, running, todo = {}, {}, list(MODULES)
+while todo or running:
+    while todo and len(running) < PARALLEL:
+        pid, job = start(todo.pop())
+        running[pid] = job
+    pid, status = os.waitpid(-1, 0)
+    name, r = running.pop(pid)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode()
+    if status:
+        failures[name] = err or f"exit status {status}"
+print(json.dumps(failures))
+"""
+
+
+def distribution_modules() -> list[str]:
+    """Dotted names of every .py file of the stages above, subpackages (folders with __init__.py) included."""
+    names = []
+    for stage in STAGES:
+        folder = Path(importlib.util.find_spec(stage).submodule_search_locations[0])
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if not all((folder.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(len(parts))):
+                continue  # a script in a data folder, not a module of the package
+            names.append(".".join((stage, *parts)).removesuffix(".__init__"))
+    return names
+
+
+def test_the_module_list_covers_every_stage():
+    names = distribution_modules()
+    assert len(names) == len(set(names)) > 50
+    for stage in STAGES:
+        assert f"{stage}" in names or any(n.startswith(stage + ".") for n in names), stage
+    assert "walla.extract.backends.hf" in names and "walla.train.methods.walla" in names
+
+
+def test_every_module_imports_alone_in_a_fresh_interpreter():
+    names = distribution_modules()
+    random.Random(0).shuffle(names)  # any order: each child starts from the same walla-free state
+    parallel = max(2, os.cpu_count() or 1)
+    code = f"PRELOAD = {list(PRELOAD)!r}\nMODULES = {names!r}\nPARALLEL = {parallel}\n" + CHILD
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failures = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = "\n".join(
+        f"--- {name}\n{err.strip().splitlines()[-1]}" for name, err in sorted(failures.items())
+    )
+    bad = sorted(failures)
+    assert not bad, f"{len(bad)} of {len(names)} modules do not import alone:\n{report}"
