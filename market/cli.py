@@ -172,8 +172,11 @@ def walla_main() -> None:
 
     root = typer.Typer(add_completion=False, help="walla: cross-stage tools (check, market)")
     root.command("check", help=check.check.__doc__)(check.check)
-    root.command("market", help="a live wagering market: walla market --help",
-                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(_market_stub)  # fmt: skip
+    root.command(
+        "market",
+        help="a live wagering market: walla market --help",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(_market_stub)
     root(prog_name="walla")
 
 

@@ -83,8 +83,9 @@ class MarketClient:
 
     # agent
     def submit(self, rid: int, probabilities: list[float], wager: float) -> dict:
-        return self.request("PUT", f"/rounds/{rid}/report", json={"probabilities": list(probabilities),
-                                                                    "wager": float(wager)})  # fmt: skip
+        return self.request(
+            "PUT", f"/rounds/{rid}/report", json={"probabilities": list(probabilities), "wager": float(wager)}
+        )
 
     def my_report(self, rid: int) -> dict:
         return self.request("GET", f"/rounds/{rid}/report")

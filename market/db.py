@@ -123,8 +123,12 @@ def _sqlite_events(engine: Engine) -> None:
     def _connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (pysqlite's own BEGIN is deferred)
         cur = dbapi_conn.cursor()
-        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                       f"busy_timeout={int(BUSY_TIMEOUT_S * 1000)}"):  # fmt: skip
+        for pragma in (
+            "journal_mode=WAL",
+            "synchronous=NORMAL",
+            "foreign_keys=ON",
+            f"busy_timeout={int(BUSY_TIMEOUT_S * 1000)}",
+        ):
             cur.execute(f"PRAGMA {pragma}")
         cur.close()
 
@@ -139,8 +143,12 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
     """An engine on the ledger at `db` (path or URL), its tables created if missing."""
     url = database_url(db)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
-                               pool_size=16, max_overflow=48)  # fmt: skip
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+            pool_size=16,
+            max_overflow=48,
+        )
         _sqlite_events(engine)
     else:
         engine = create_engine(url, pool_size=16, max_overflow=48, pool_pre_ping=True)

@@ -107,8 +107,11 @@ class Ledger:
         def txn(conn: Connection) -> None:
             if conn.execute(select(db.agents.c.id).where(db.agents.c.name == name)).first() is not None:
                 raise bad("name", f"an agent named {name!r} already exists", 409)
-            conn.execute(insert(db.agents).values(name=name, token_hash=hash_token(token), role=role,
-                                                  created_at=self.clock()))  # fmt: skip
+            conn.execute(
+                insert(db.agents).values(
+                    name=name, token_hash=hash_token(token), role=role, created_at=self.clock()
+                )
+            )
 
         self._write(txn)
         return token
@@ -125,8 +128,11 @@ class Ledger:
                 return None
             new = token or new_token()
             if row is None:
-                conn.execute(insert(db.agents).values(name=OPERATOR, token_hash=hash_token(new), role=OPERATOR,
-                                                      created_at=self.clock()))  # fmt: skip
+                conn.execute(
+                    insert(db.agents).values(
+                        name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=self.clock()
+                    )
+                )
             elif row.token_hash != hash_token(new):
                 conn.execute(
                     update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new))
@@ -178,9 +184,14 @@ class Ledger:
 
     @staticmethod
     def _resolution_dict(res) -> dict:
-        return {"label": res.label, "target": json.loads(res.target), "n_reports": res.n_reports,
-                "total_payout": res.total_payout, "deficit_bound": res.deficit_bound,
-                "resolved_at": res.resolved_at}  # fmt: skip
+        return {
+            "label": res.label,
+            "target": json.loads(res.target),
+            "n_reports": res.n_reports,
+            "total_payout": res.total_payout,
+            "deficit_bound": res.deficit_bound,
+            "resolved_at": res.resolved_at,
+        }
 
     def open_round(
         self, question: str, options: list[str], settings: RoundSettings, close_at: float | None = None
@@ -195,7 +206,7 @@ class Ledger:
                     close_at=close_at,
                     created_at=self.clock(),
                     **settings.as_dict(),
-                )  # fmt: skip
+                )
             ).inserted_primary_key[0]
             return self._round_dict(conn, self._round_row(conn, rid))
 
@@ -295,13 +306,23 @@ class Ledger:
 
     @staticmethod
     def _report_dict(row, name: str) -> dict:
-        return {"round": row.round_id, "agent": name, "probabilities": json.loads(row.probabilities),
-                "wager": row.wager, "version": row.version, "submitted_at": row.submitted_at}  # fmt: skip
+        return {
+            "round": row.round_id,
+            "agent": name,
+            "probabilities": json.loads(row.probabilities),
+            "wager": row.wager,
+            "version": row.version,
+            "submitted_at": row.submitted_at,
+        }
 
     def _reports(self, conn: Connection, rid: int) -> list:
         """The round's reports with agent names, in agent-id order (the order payouts are computed in)."""
-        q = (select(db.reports, db.agents.c.name).join(db.agents, db.agents.c.id == db.reports.c.agent_id)
-             .where(db.reports.c.round_id == rid).order_by(db.reports.c.agent_id))  # fmt: skip
+        q = (
+            select(db.reports, db.agents.c.name)
+            .join(db.agents, db.agents.c.id == db.reports.c.agent_id)
+            .where(db.reports.c.round_id == rid)
+            .order_by(db.reports.c.agent_id)
+        )
         return list(conn.execute(q))
 
     def round_reports(self, rid: int) -> list[dict]:
@@ -338,19 +359,47 @@ class Ledger:
             s = _settings(row)
             pay = round_payouts(probs, [r.wager for r in reps], target, s)
             now = self.clock()
-            conn.execute(insert(db.resolutions).values(round_id=rid, label=label, target=_dumps(target),
-                                                       n_reports=len(reps), total_payout=pay.total,
-                                                       deficit_bound=s.deficit_bound, resolved_at=now))  # fmt: skip
+            conn.execute(
+                insert(db.resolutions).values(
+                    round_id=rid,
+                    label=label,
+                    target=_dumps(target),
+                    n_reports=len(reps),
+                    total_payout=pay.total,
+                    deficit_bound=s.deficit_bound,
+                    resolved_at=now,
+                )
+            )
             if reps:
-                conn.execute(insert(db.payouts), [
-                    {"round_id": rid, "agent_id": r.agent_id, "report_id": r.id, "wager": r.wager,
-                     "score": pay.score[i], "baseline": pay.baseline[i], "advantage": pay.advantage[i],
-                     "payout": pay.payout[i]} for i, r in enumerate(reps)])  # fmt: skip
-            conn.execute(update(db.rounds).where(db.rounds.c.id == rid)
-                         .values(status="resolved", closed_at=row.closed_at or now))  # fmt: skip
-            return {"round": rid, "resolved_now": True, "total_payout": pay.total,
-                    "deficit_bound": s.deficit_bound, "n_reports": len(reps),
-                    "payouts": {r.name: pay.payout[i] for i, r in enumerate(reps)}}  # fmt: skip
+                conn.execute(
+                    insert(db.payouts),
+                    [
+                        {
+                            "round_id": rid,
+                            "agent_id": r.agent_id,
+                            "report_id": r.id,
+                            "wager": r.wager,
+                            "score": pay.score[i],
+                            "baseline": pay.baseline[i],
+                            "advantage": pay.advantage[i],
+                            "payout": pay.payout[i],
+                        }
+                        for i, r in enumerate(reps)
+                    ],
+                )
+            conn.execute(
+                update(db.rounds)
+                .where(db.rounds.c.id == rid)
+                .values(status="resolved", closed_at=row.closed_at or now)
+            )
+            return {
+                "round": rid,
+                "resolved_now": True,
+                "total_payout": pay.total,
+                "deficit_bound": s.deficit_bound,
+                "n_reports": len(reps),
+                "payouts": {r.name: pay.payout[i] for i, r in enumerate(reps)},
+            }
 
         return self._write(txn)
 
@@ -360,13 +409,26 @@ class Ledger:
         same = all(abs(a - b) <= SAME_ANSWER_ATOL for a, b in zip(old, target, strict=True))
         if not same:
             answer = f"label {res.label}" if res.label is not None else f"target {old}"
-            raise ClientError(409, f"{'label' if label is not None else 'target'}: round {rid} was already "
-                                   f"resolved with another answer ({answer})")  # fmt: skip
-        q = (select(db.payouts.c.payout, db.agents.c.name).join(db.agents, db.agents.c.id == db.payouts.c.agent_id)
-             .where(db.payouts.c.round_id == rid).order_by(db.payouts.c.agent_id))  # fmt: skip
+            raise ClientError(
+                409,
+                f"{'label' if label is not None else 'target'}: round {rid} was already "
+                f"resolved with another answer ({answer})",
+            )
+        q = (
+            select(db.payouts.c.payout, db.agents.c.name)
+            .join(db.agents, db.agents.c.id == db.payouts.c.agent_id)
+            .where(db.payouts.c.round_id == rid)
+            .order_by(db.payouts.c.agent_id)
+        )
         paid = {r.name: r.payout for r in conn.execute(q)}
-        return {"round": rid, "resolved_now": False, "total_payout": res.total_payout,
-                "deficit_bound": res.deficit_bound, "n_reports": res.n_reports, "payouts": paid}  # fmt: skip
+        return {
+            "round": rid,
+            "resolved_now": False,
+            "total_payout": res.total_payout,
+            "deficit_bound": res.deficit_bound,
+            "n_reports": res.n_reports,
+            "payouts": paid,
+        }
 
     # ------------------------------------------------------------------------------------------ accounts
 
@@ -379,8 +441,14 @@ class Ledger:
             n_rep = conn.execute(select(func.count()).where(r.agent_id == agent.id)).scalar_one()
             n_pay = conn.execute(select(func.count()).where(p.agent_id == agent.id)).scalar_one()
             balance = float(balance.scalar_one())
-        return {"id": agent.id, "name": agent.name, "role": agent.role, "balance": balance,
-                "n_reports": int(n_rep), "n_payouts": int(n_pay)}  # fmt: skip
+        return {
+            "id": agent.id,
+            "name": agent.name,
+            "role": agent.role,
+            "balance": balance,
+            "n_reports": int(n_rep),
+            "n_payouts": int(n_pay),
+        }
 
     def agent_payouts(self, agent: Principal, after: int = 0, limit: int = 1000) -> list[dict]:
         """The agent's own payouts, by round id (`after`: rounds with a larger id only)."""
@@ -396,8 +464,14 @@ class Ledger:
 
     @staticmethod
     def _payout_dict(row) -> dict:
-        return {"round": row.round_id, "wager": row.wager, "score": row.score, "baseline": row.baseline,
-                "advantage": row.advantage, "payout": row.payout}  # fmt: skip
+        return {
+            "round": row.round_id,
+            "wager": row.wager,
+            "score": row.score,
+            "baseline": row.baseline,
+            "advantage": row.advantage,
+            "payout": row.payout,
+        }
 
     def agents_overview(self) -> list[dict]:
         """Every agent with its balance and counts (operator view)."""
@@ -408,16 +482,29 @@ class Ledger:
             .subquery()
         )
         rep = select(r.agent_id, func.count().label("n_reports")).group_by(r.agent_id).subquery()
-        q = (select(a.id, a.name, a.role, bal.c.balance, bal.c.n_payouts, rep.c.n_reports)
-             .outerjoin(bal, bal.c.agent_id == a.id).outerjoin(rep, rep.c.agent_id == a.id)
-             .where(a.role != OPERATOR).order_by(a.id))  # fmt: skip
+        q = (
+            select(a.id, a.name, a.role, bal.c.balance, bal.c.n_payouts, rep.c.n_reports)
+            .outerjoin(bal, bal.c.agent_id == a.id)
+            .outerjoin(rep, rep.c.agent_id == a.id)
+            .where(a.role != OPERATOR)
+            .order_by(a.id)
+        )
         with self.engine.connect() as conn:
-            return [{"id": row.id, "name": row.name, "balance": float(row.balance or 0.0),
-                     "n_reports": int(row.n_reports or 0), "n_payouts": int(row.n_payouts or 0)}
-                    for row in conn.execute(q)]  # fmt: skip
+            return [
+                {
+                    "id": row.id,
+                    "name": row.name,
+                    "balance": float(row.balance or 0.0),
+                    "n_reports": int(row.n_reports or 0),
+                    "n_payouts": int(row.n_payouts or 0),
+                }
+                for row in conn.execute(q)
+            ]
 
     def counts(self) -> dict[str, int]:
         """Row counts of every table (audits and the load test)."""
         with self.engine.connect() as conn:
-            return {t.name: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
-                    for t in db.metadata.sorted_tables}  # fmt: skip
+            return {
+                t.name: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+                for t in db.metadata.sorted_tables
+            }

@@ -27,8 +27,14 @@ class LocalServer:
     def __init__(self, ledger: Ledger, max_body: int = MAX_BODY, host: str = "127.0.0.1") -> None:
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(create_app(ledger, max_body), host=host, port=self.port, log_level="warning",
-                                access_log=False, lifespan="off")  # fmt: skip
+        config = uvicorn.Config(
+            create_app(ledger, max_body),
+            host=host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="walla-market-server", daemon=True)
 

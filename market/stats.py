@@ -22,8 +22,13 @@ MAX_ROUNDS = 2000  # the most recent resolved rounds the page plots
 
 def _round_stats(row, reports: list, names: dict[int, str]) -> dict:
     target = torch.tensor(json.loads(row.target), dtype=torch.float64)  # [K]
-    out = {"round": row.round_id, "total_payout": row.total_payout, "deficit_bound": row.deficit_bound,
-           "n_reports": len(reports), "wagers": {names[r.agent_id]: r.wager for r in reports}}  # fmt: skip
+    out = {
+        "round": row.round_id,
+        "total_payout": row.total_payout,
+        "deficit_bound": row.deficit_bound,
+        "n_reports": len(reports),
+        "wagers": {names[r.agent_id]: r.wager for r in reports},
+    }
     if not reports:
         return {**out, "pool_brier": None, "uniform_brier": None, "pool_hit": None, "uniform_hit": None}
     p = torch.tensor([json.loads(r.probabilities) for r in reports], dtype=torch.float64)  # [M, K]
@@ -31,9 +36,13 @@ def _round_stats(row, reports: list, names: dict[int, str]) -> dict:
     pooled = mechanism.pool(p, w, row.pooling)  # [K]
     uniform = mechanism.pool(p, torch.ones_like(w), "linear")  # [K]
     best = int(target.argmax())
-    return {**out, "pool_brier": float(mechanism.brier_loss(pooled, target)),
-            "uniform_brier": float(mechanism.brier_loss(uniform, target)),
-            "pool_hit": int(int(pooled.argmax()) == best), "uniform_hit": int(int(uniform.argmax()) == best)}  # fmt: skip
+    return {
+        **out,
+        "pool_brier": float(mechanism.brier_loss(pooled, target)),
+        "uniform_brier": float(mechanism.brier_loss(uniform, target)),
+        "pool_hit": int(int(pooled.argmax()) == best),
+        "uniform_hit": int(int(uniform.argmax()) == best),
+    }
 
 
 def market_stats(ledger: Ledger) -> dict:
@@ -41,15 +50,24 @@ def market_stats(ledger: Ledger) -> dict:
     res, rep, pay = db.resolutions, db.reports, db.payouts
     with ledger.engine.connect() as conn:
         names = {r.id: r.name for r in conn.execute(select(db.agents.c.id, db.agents.c.name))}
-        q = (select(res, db.rounds.c.pooling).join(db.rounds, db.rounds.c.id == res.c.round_id)
-             .order_by(res.c.round_id.desc()).limit(MAX_ROUNDS))  # fmt: skip
+        q = (
+            select(res, db.rounds.c.pooling)
+            .join(db.rounds, db.rounds.c.id == res.c.round_id)
+            .order_by(res.c.round_id.desc())
+            .limit(MAX_ROUNDS)
+        )
         rows = list(conn.execute(q))[::-1]
         first = rows[0].round_id if rows else 0
         by_round: dict[int, list] = {}
         for r in conn.execute(select(rep).where(rep.c.round_id >= first).order_by(rep.c.agent_id)):
             by_round.setdefault(r.round_id, []).append(r)
-        paid = list(conn.execute(select(pay.c.round_id, pay.c.agent_id, pay.c.payout)
-                                 .where(pay.c.round_id >= first).order_by(pay.c.round_id)))  # fmt: skip
+        paid = list(
+            conn.execute(
+                select(pay.c.round_id, pay.c.agent_id, pay.c.payout)
+                .where(pay.c.round_id >= first)
+                .order_by(pay.c.round_id)
+            )
+        )
     series = [_round_stats(row, by_round.get(row.round_id, []), names) for row in rows]
     cumulative: dict[str, list[list[float]]] = {}
     running: dict[str, float] = {}

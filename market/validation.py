@@ -109,8 +109,11 @@ def settings(data: dict) -> RoundSettings:
 
 def round_body(data: dict, now: float) -> tuple[str, list[str], RoundSettings, float | None]:
     """POST /rounds: (question, options, settings, close_at)."""
-    only_fields(data, ("question", "options", "variant", "c1", "c2", "c3", "pooling", "close_at"),
-                ("question", "options"))  # fmt: skip
+    only_fields(
+        data,
+        ("question", "options", "variant", "c1", "c2", "c3", "pooling", "close_at"),
+        ("question", "options"),
+    )
     question = text(data, "question")
     options = data["options"]
     if not isinstance(options, list) or not 2 <= len(options) <= MAX_OPTIONS:

@@ -82,8 +82,11 @@ class PgServer:
         return self.url(name)
 
     def stop(self) -> None:
-        subprocess.run([*self.prefix, f"{self.bindir}/pg_ctl", "-D", f"{self.root}/data", "-m", "immediate", "stop"],
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [*self.prefix, f"{self.bindir}/pg_ctl", "-D", f"{self.root}/data", "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(self.root, ignore_errors=True)
 
 

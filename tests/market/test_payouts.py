@@ -95,8 +95,11 @@ def test_replace_report_until_close(market):
     assert getattr(e.value, "status", None) == 409
     assert alice.my_report(rid)["probabilities"] == [0.7, 0.2, 0.1]
     res = market.op.resolve(rid, label=0)
-    want = mechanism.net_payout(torch.tensor([[0.7, 0.2, 0.1], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64),
-                                torch.tensor([0.9, 0.5], dtype=torch.float64), torch.tensor([1.0, 0.0, 0.0]))  # fmt: skip
+    want = mechanism.net_payout(
+        torch.tensor([[0.7, 0.2, 0.1], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64),
+        torch.tensor([0.9, 0.5], dtype=torch.float64),
+        torch.tensor([1.0, 0.0, 0.0]),
+    )
     assert [res["payouts"]["alice"], res["payouts"]["bob"]] == pytest.approx(want.tolist(), abs=1e-12)
     assert market.ledger.counts()["reports"] == 2
 
