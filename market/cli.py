@@ -125,9 +125,9 @@ def serve(
     max_body: int = typer.Option(64 * 1024, "--max-body", help="largest request body in bytes"),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
-    _check_port(host, port)
     if max_body < 1024:
         raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
+    _check_port(host, port)
     import uvicorn
     from walla.market.server import create_app
 
