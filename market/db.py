@@ -151,7 +151,9 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
         )
         _sqlite_events(engine)
     else:
-        engine = create_engine(url, pool_size=16, max_overflow=48, pool_pre_ping=True)
+        engine = create_engine(
+            url, pool_size=16, max_overflow=48
+        )  # no pre-ping: it doubled the round trips; a dropped connection fails one transaction, which _write retries
     if create:
         metadata.create_all(engine)
     return engine
