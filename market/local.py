@@ -34,6 +34,7 @@ class LocalServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            timeout_graceful_shutdown=2,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="walla-market-server", daemon=True)

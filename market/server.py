@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from walla.market import validation as v
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger, Principal
+from walla.market.payouts import pooled_forecast, round_payouts
 
 MAX_BODY = 64 * 1024  # bytes; a report of 26 options is < 1 KiB
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -87,12 +88,20 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def create_app(ledger: Ledger, max_body: int = MAX_BODY) -> FastAPI:
     """The API over `ledger` (see module docstring)."""
+    warm_up()
     app = FastAPI(title="walla market", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ledger = ledger
     _error_handlers(app)
     _routes(app, ledger)
     app.add_middleware(BodyLimit, limit=max_body)
     return app
+
+
+def warm_up() -> None:
+    """One tiny payout and pool through torch before serving: its first call in a process costs ~0.8 s here,
+    which would otherwise land on the first resolution."""
+    round_payouts([[0.5, 0.5], [0.9, 0.1]], [0.5, 0.1], [1.0, 0.0], v.RoundSettings())
+    pooled_forecast([[0.5, 0.5]], [0.5], "log", 2)
 
 
 def _error_handlers(app: FastAPI) -> None:

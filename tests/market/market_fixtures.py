@@ -73,11 +73,10 @@ class PgServer:
         return self.url(name)
 
     def stop(self) -> None:
-        subprocess.run(
-            [*self.prefix, f"{self.bindir}/pg_ctl", "-D", f"{self.root}/data", "-m", "immediate", "stop"],
-            capture_output=True,
-            timeout=60,
-        )
+        """Immediate shutdown without waiting for it (-W): the directory goes once postmaster.pid is gone."""
+        cmd = [*self.prefix, f"{self.bindir}/pg_ctl", "-D", f"{self.root}/data", "-m", "immediate", "-W", "stop"]
+        subprocess.run(cmd, capture_output=True, timeout=60)
+        wait_until(lambda: not os.path.exists(f"{self.root}/data/postmaster.pid"), timeout=5)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
