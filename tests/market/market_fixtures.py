@@ -74,8 +74,12 @@ class PgServer:
 
     def stop(self) -> None:
         """Immediate shutdown without waiting for it (-W): the directory goes once postmaster.pid is gone."""
-        cmd = [*self.prefix, f"{self.bindir}/pg_ctl", "-D", f"{self.root}/data", "-m", "immediate", "-W", "stop"]
-        subprocess.run(cmd, capture_output=True, timeout=60)
+        data = f"{self.root}/data"
+        subprocess.run(
+            [*self.prefix, f"{self.bindir}/pg_ctl", "-D", data, "-m", "immediate", "-W", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         wait_until(lambda: not os.path.exists(f"{self.root}/data/postmaster.pid"), timeout=5)
         shutil.rmtree(self.root, ignore_errors=True)
 
