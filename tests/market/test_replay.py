@@ -226,3 +226,50 @@ def test_replay_cli(trained, capfd):
     )
     out, err = capfd.readouterr()
     assert rc == 1 and len(err.strip().splitlines()) == 1 and "no uniform runs" in err, err
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_dashboard_in_a_browser(trained, tmp_path):
+    """GET / in headless Chromium (the distribution's, driven by Playwright) after a replay: the page shows every
+    agent with the balance the API reports, the market's totals, the four charts; a screenshot is written."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the dashboard test needs playwright (market extra)"
+    )
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no chromium binary (make setup-market installs the distribution's package)")
+    db = str(tmp_path / "replayed.db")
+    cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], db=db)
+    replay(cfg, out=lambda s: None)
+    ledger = Ledger.open(db)
+    ledger.ensure_operator(OP_TOKEN)
+    shot = tmp_path / "dashboard.png"
+    with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op, sync_api.sync_playwright() as p:
+        api = op.market()
+        browser = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.goto(f"{srv.url}/#token={OP_TOKEN}")
+        page.wait_for_selector("body[data-loaded='1']", timeout=20_000)
+        assert len(api["agents"]) == 3
+        for a in api["agents"]:
+            row = page.locator(f"tr[data-agent='{a['name']}']")
+            assert row.locator(".balance").inner_text() == f"{a['balance']:.4f}"
+            assert row.locator(".reports").inner_text() == str(a["n_reports"])
+        t = api["totals"]
+        assert page.inner_text("#rounds-resolved") == str(t["rounds_resolved"]) and t["rounds_resolved"] > 0
+        assert page.inner_text("#deficit") == f"{t['deficit']:.4f}"
+        assert page.inner_text("#deficit-bound") == f"{t['deficit_bound']:.1f}"
+        assert page.inner_text("#pool-brier") == f"{t['pool_brier']:.4f}"
+        assert page.inner_text("#pool-acc") == f"{100 * t['pool_acc']:.2f} %"
+        assert page.locator("#chart-wagers polyline").count() == 3
+        assert page.locator("#chart-payouts polyline").count() == 3
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    ledger.close()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    print(f"dashboard screenshot: {shot}")
