@@ -109,7 +109,7 @@ class Agent:
         for p in new:
             self.last_payout_round = max(self.last_payout_round, p["round"])
             hidden = self.hidden.pop(p["round"], None)
-            if self.learn and hidden is not None and p["wager"] >= 0 and math.isfinite(p["advantage"]):
+            if self.learn and hidden is not None and math.isfinite(p["advantage"]):
                 self.pending.append((hidden, p["advantage"]))
             if len(self.pending) >= self.batch_size:
                 self.losses.append(self.head.update(self.pending))

@@ -122,6 +122,20 @@ def _metrics(agg: np.ndarray, weights: np.ndarray, table, rows: np.ndarray) -> d
     return compute_metrics(arrays, list(METRICS))
 
 
+def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, dict]:
+    """max |live - offline| of pools, wagers and payouts; the metrics of both, computed the same way."""
+    k_live = live["pool"].shape[1]
+    diff = {
+        "pool": float(np.abs(live["pool"] - record.agg_probs[rows, :k_live]).max()),
+        "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
+        "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
+    }
+    pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
+    pad[:, :k_live] = live["pool"]
+    offline = _metrics(record.agg_probs[rows], record.weights[rows], table, rows)
+    return diff, _metrics(pad, live["weights"], table, rows), offline
+
+
 def replay_seed(cfg: ReplayConfig, seed: int, run_dir: Path, table, data, out=print) -> SeedResult:
     """One seed's market (module docstring)."""
     t0 = time.perf_counter()
@@ -130,13 +144,7 @@ def replay_seed(cfg: ReplayConfig, seed: int, run_dir: Path, table, data, out=pr
     rows = np.arange(len(table.question_id))[: cfg.limit]
     heads = [AgentHead.from_run(run_dir, i) for i in range(m)]
     settings = heads[0].cfg  # the run's resolved config: mechanism settings of every round
-    mech = {
-        "variant": settings.variant,
-        "c1": settings.c1,
-        "c2": settings.c2,
-        "c3": settings.c3,
-        "pooling": settings.pooling,
-    }
+    mech = {k: getattr(settings, k) for k in ("variant", "c1", "c2", "c3", "pooling")}
     pos = {q: i for i, q in enumerate(data.question_id)}
     row_of = {str(q): pos[q] for q in table.question_id}
     with tempfile.TemporaryDirectory(prefix="walla-replay-") as tmp:
@@ -159,26 +167,18 @@ def replay_seed(cfg: ReplayConfig, seed: int, run_dir: Path, table, data, out=pr
             for a in agents:
                 a.client.close()
         ledger.close()
-    off_w = record.extras["wagers"][rows]
-    off_pay = record.extras["payouts"][rows]
-    k_live = live["pool"].shape[1]
-    diff = {
-        "pool": float(np.abs(live["pool"] - record.agg_probs[rows, :k_live]).max()),
-        "wagers": float(np.abs(live["wagers"] - off_w).max()),
-        "payouts": float(np.abs(live["payouts"] - off_pay).max()),
-    }
-    pad = np.zeros((len(rows), table.target.shape[1]))
-    pad[:, :k_live] = live["pool"]
+    diff, live_metrics, offline_metrics = _compare(live, record, table, rows)
+    updates = sum(len(a.losses) for a in agents)
     res = SeedResult(
         seed,
         len(rows),
         diff,
-        _metrics(pad, live["weights"], table, rows),
-        _metrics(record.agg_probs[rows], record.weights[rows], table, rows),
+        live_metrics,
+        offline_metrics,
         deficit,
         bound,
         time.perf_counter() - t0,
-        sum(len(a.losses) for a in agents),
+        updates,
     )
     out(
         f"  seed {seed}: {len(rows)} rounds x {m} agents in {res.seconds:.1f} s; max |live - offline|: "

@@ -158,13 +158,20 @@ Handler = Callable[..., Awaitable]
 
 
 def _routes(app: FastAPI, ledger: Ledger) -> None:
-    call = run_in_threadpool
+    """Every endpoint; blocking ledger calls run in the threadpool."""
 
     async def who(request: Request) -> Principal:
-        return await call(_principal, ledger, request)
+        return await run_in_threadpool(_principal, ledger, request)
 
     async def body(request: Request) -> dict:
         return v.parse_json(await request.body())
+
+    _round_routes(app, ledger, who, body)
+    _account_routes(app, ledger, who, body)
+
+
+def _round_routes(app: FastAPI, ledger: Ledger, who: Handler, body: Handler) -> None:
+    call = run_in_threadpool
 
     @app.get("/", response_class=HTMLResponse)
     async def dashboard() -> HTMLResponse:
@@ -227,6 +234,10 @@ def _routes(app: FastAPI, ledger: Ledger) -> None:
     async def pool(rid: str, request: Request):
         await who(request)
         return await call(ledger.pooled, v.positive_id(rid))
+
+
+def _account_routes(app: FastAPI, ledger: Ledger, who: Handler, body: Handler) -> None:
+    call = run_in_threadpool
 
     @app.get("/me")
     async def me(request: Request):
