@@ -52,6 +52,8 @@ def parse_json(body: bytes) -> dict:
         data = json.loads(body.decode("utf-8")) if body else None
     except (UnicodeDecodeError, ValueError) as e:
         raise bad("body", f"not valid JSON ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise bad("body", "JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise bad("body", f"expected a JSON object, got {type(data).__name__}")
     return data
@@ -182,6 +184,6 @@ def positive_id(value: str, key: str = "round") -> int:
         out = int(value)
     except (TypeError, ValueError):
         raise ClientError(404, f"{key}: no such id {value!r}") from None
-    if out < 1:
+    if not 1 <= out < 2**62:  # beyond any id, and beyond a database integer
         raise ClientError(404, f"{key}: no such id {value!r}")
     return out

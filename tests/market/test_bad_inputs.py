@@ -192,6 +192,9 @@ def api_cases(ids: dict) -> list[tuple[str, str, str, str, object, int, str]]:
         ("bad status filter", "alice", "GET", "/rounds?status=pending", None, 400, "status"),
         ("limit out of range", "alice", "GET", "/rounds?limit=0", None, 400, "limit"),
         ("unknown path", "alice", "GET", "/nowhere", None, 404, "path"),
+        ("huge round id", "alice", "GET", "/rounds/" + "9" * 22, None, 404, "round"),
+        ("JSON nested too deeply", "alice", "PUT", rep, "[" * 30000 + "]" * 30000, 400, "body"),
+        ("body not UTF-8", "alice", "PUT", rep, b"\xff\xfe{}", 400, "body"),
         ("wrong method", "alice", "DELETE", "/rounds", None, 405, "method"),
     ]
 
