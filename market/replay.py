@@ -31,7 +31,14 @@ from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
-from walla.train.runs import RunFormatError, list_run_dirs, read_run, read_scenario_table
+from walla.train.runs import (
+    RUN_META,
+    RunFormatError,
+    is_complete,
+    list_run_dirs,
+    read_run,
+    read_scenario_table,
+)
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
 WAVE = 20  # rounds open at once with frozen heads
@@ -102,8 +109,29 @@ def _assemble(table, store: Path):
     return assemble_scenario(spec, store)
 
 
+def runs_by_method(runs: Path, scenario: str) -> dict[str, dict[int, Path]]:
+    """method -> seed -> run directory, from walla.train.runs.list_run_dirs (the one place that knows the layout).
+
+    Accepts both forms of list_run_dirs: the {method: {seed: path}} mapping, or a list of records with
+    .method, .seed and .path (run-identity layout, several keys per method). With several complete runs of
+    one method and seed, the one whose run.json was written last is taken.
+    """
+    found = list_run_dirs(runs, scenario)
+    if isinstance(found, dict):
+        return found
+    out: dict[str, dict[int, Path]] = {}
+    for rec in sorted(found, key=lambda r: _written(r.path)):
+        if is_complete(rec.path) or rec.seed not in out.get(rec.method, {}):
+            out.setdefault(rec.method, {})[int(rec.seed)] = Path(rec.path)
+    return out
+
+
+def _written(path: Path) -> float:
+    return (Path(path) / RUN_META).stat().st_mtime if is_complete(path) else 0.0
+
+
 def _seeds(cfg: ReplayConfig) -> dict[int, Path]:
-    dirs = list_run_dirs(cfg.runs, cfg.scenario)
+    dirs = runs_by_method(cfg.runs, cfg.scenario)
     if cfg.method not in dirs:
         have = ", ".join(sorted(dirs)) or "none"
         raise RunFormatError(

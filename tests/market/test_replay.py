@@ -27,8 +27,8 @@ from walla.market.client import MarketClient  # noqa: E402
 from walla.market.head import AgentHead  # noqa: E402
 from walla.market.ledger import Ledger  # noqa: E402
 from walla.market.local import LocalServer  # noqa: E402
-from walla.market.replay import ReplayConfig, replay  # noqa: E402
-from walla.train.runs import list_run_dirs, list_scenarios  # noqa: E402
+from walla.market.replay import ReplayConfig, replay, runs_by_method  # noqa: E402
+from walla.train.runs import list_scenarios  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_replay_learning_changes_heads(trained):
 def test_head_update_is_the_runs_step(trained):
     """AgentHead.update = one step of walla's per-agent loss with the run's lr, clip and Adam, from the agent's
     own advantages (checked against a plain torch computation on the same head, dropout masks included)."""
-    run = list_run_dirs(trained["runs"], trained["scenario"])["walla-i"][18]
+    run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
     head = AgentHead.from_run(run, slot=1)
     ref = head.heads.head(0)  # the same function as a plain WagerHead
     cfg = head.cfg
@@ -164,7 +164,7 @@ def test_live_agent_with_llm(trained, tmp_path):
     data = assemble_scenario(build(ScenarioSpec, table.meta["spec"], where="scenario.json"), trained["store"])
     slot = 0
     rows = [r for r in range(len(data.split)) if VARIANTS[data.variant[r, slot]] == "none"][:2]
-    run = list_run_dirs(trained["runs"], trained["scenario"])["walla-i"][18]
+    run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
     ledger = Ledger.open(str(tmp_path / "m.db"))
     ledger.ensure_operator(OP_TOKEN)
     with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op:
@@ -273,3 +273,26 @@ def test_dashboard_in_a_browser(trained, tmp_path):
     ledger.close()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     print(f"dashboard screenshot: {shot}")
+
+
+def test_runs_by_method_reads_both_layouts(trained, monkeypatch):
+    """The run-identity layout's list_run_dirs (records with method, key, seed, path) gives the same mapping;
+    with two keys for one method and seed, the run written last wins."""
+    import types
+
+    import walla.market.replay as rp
+
+    flat = runs_by_method(trained["runs"], trained["scenario"])
+    path = flat["walla-i"][18]
+    other = path.parent.parent / "walla-ii" / "seed=18"
+    recs = [
+        types.SimpleNamespace(method="walla-i", key_id="k1", seed=18, path=other),
+        types.SimpleNamespace(method="walla-i", key_id="k2", seed=18, path=path),
+        types.SimpleNamespace(method="walla-ii", key_id="k1", seed=18, path=other),
+    ]
+    (path / "run.json").touch()  # written last
+    monkeypatch.setattr(rp, "list_run_dirs", lambda runs, scenario: recs)
+    assert rp.runs_by_method(trained["runs"], trained["scenario"]) == {
+        "walla-i": {18: path},
+        "walla-ii": {18: other},
+    }
