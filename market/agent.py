@@ -1,0 +1,135 @@
+"""The live agent: features of a round's question -> its head's wager -> a report; learns from its own payouts.
+
+    agent = Agent(MarketClient(url, token), AgentHead.from_run(run, slot), LLMFeatures("smollm2-135m", "facts"))
+    agent.run(poll=2.0)              # until interrupted: report on every open round, learn after resolutions
+
+An agent sees only what its token may see: the open rounds, its own reports and its own payouts
+(decentralized). Features come from walla's extraction code (LLMFeatures: the hf backend, the dataset's
+prompt template and option tokens, exactly as walla-extract scores a question) or, in replay, from the
+feature store (replay.StoreFeatures).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from walla.market.client import MarketClient, MarketError
+from walla.market.head import AgentHead
+
+Features = Callable[[dict], tuple[list[float], np.ndarray]]  # round -> (probabilities [K], hidden [H])
+log = logging.getLogger("walla.market.agent")
+
+
+class LLMFeatures:
+    """Option probabilities and the last-layer hidden state of one LLM for a round's question (hf backend).
+
+    The prompt is the dataset's template without context (extract/prompts.py render), the scored option
+    tokens are the dataset's (or the display letters), the backend is walla's hf backend in the model's
+    manifest dtype: the same features walla-extract would store for the question.
+    """
+
+    def __init__(self, model: str, dataset: str, device: str = "cpu", dtype: str | None = None) -> None:
+        from walla.extract.backends.hf import load_hf_backend
+        from walla.extract.models import resolve_model
+        from walla.extract.prompts import DEFAULT_TEMPLATE, get_template
+        from walla.store.catalog import load_datasets, load_models, resolve_model_name
+
+        _, entry = resolve_model_name(model, load_models())
+        datasets = load_datasets()
+        if dataset not in datasets:
+            raise KeyError(f"--dataset {dataset!r}: not in datasets.yaml ({', '.join(sorted(datasets))})")
+        self.d_entry = datasets[dataset]
+        self.template = get_template(self.d_entry.prompt or DEFAULT_TEMPLATE[self.d_entry.loader])
+        self.backend = load_hf_backend(
+            resolve_model(entry), dtype=dtype or entry.dtype or "auto", device=device
+        )
+
+    def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
+        from walla.extract.prompts import option_strings, render
+        from walla.extract.scoring import renormalize, resolve_option_token_ids
+
+        prompt = self.backend.format_prompt(render(self.template, rnd["question"], rnd["options"]))
+        strings = option_strings(self.template, len(rnd["options"]), self.d_entry.option_tokens)
+        tok = resolve_option_token_ids(self.backend.encode, self.backend.encode_bare, prompt, strings)
+        res = self.backend.score([prompt], [tok[s] for s in strings])
+        probs = np.exp(renormalize(res.raw_logprobs[0]).astype(np.float64))
+        return (probs / probs.sum()).tolist(), res.hidden[0]
+
+
+@dataclass
+class Agent:
+    """One market participant (see module docstring). `learn`: update the head after resolutions, in
+    batches of `batch_size` resolved rounds (the run's loss and optimizer settings, AgentHead.update)."""
+
+    client: MarketClient
+    head: AgentHead
+    features: Features
+    learn: bool = False
+    batch_size: int = 1
+    hidden: dict[int, np.ndarray] = field(default_factory=dict)  # round -> the hidden state it reported on
+    reported: set[int] = field(default_factory=set)
+    last_payout_round: int = 0
+    pending: list[tuple[np.ndarray, float]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    def report(self, rnd: dict) -> dict:
+        """Features -> wager -> submit (or replace) the report for one open round."""
+        probs, hidden = self.features(rnd)
+        wager = self.head.wager(hidden)
+        out = self.client.submit(rnd["id"], probs, wager)
+        self.hidden[rnd["id"]] = hidden
+        self.reported.add(rnd["id"])
+        return out
+
+    def report_open_rounds(self) -> int:
+        """Report on every open round not yet reported on; returns how many."""
+        n, after = 0, 0
+        while True:
+            page = self.client.rounds("open", after=after, limit=100)
+            for rnd in page:
+                if rnd["id"] not in self.reported:
+                    try:
+                        self.report(rnd)
+                        n += 1
+                    except MarketError as e:
+                        if e.status != 409:  # closed meanwhile: fine
+                            raise
+            if len(page) < 100:
+                return n
+            after = page[-1]["id"]
+
+    def collect_payouts(self) -> list[dict]:
+        """The agent's new payouts; with `learn`, a head update per `batch_size` resolved rounds."""
+        new = self.client.my_payouts(after=self.last_payout_round)
+        for p in new:
+            self.last_payout_round = max(self.last_payout_round, p["round"])
+            hidden = self.hidden.pop(p["round"], None)
+            if self.learn and hidden is not None and math.isfinite(p["advantage"]):
+                self.pending.append((hidden, p["advantage"]))
+            if len(self.pending) >= self.batch_size:
+                self.losses.append(self.head.update(self.pending))
+                self.pending = []
+        return new
+
+    def run(
+        self, poll: float = 2.0, max_rounds: int | None = None, stop: Callable[[], bool] | None = None
+    ) -> None:
+        """Poll until `stop()` (or `max_rounds` reports and their payouts): report, then learn."""
+        while not (stop and stop()):
+            n = self.report_open_rounds()
+            paid = self.collect_payouts()
+            if n or paid:
+                log.info(
+                    "reported on %d rounds, %d new payouts (balance %.4f)",
+                    n,
+                    len(paid),
+                    self.client.me()["balance"],
+                )
+            if max_rounds is not None and len(self.reported) >= max_rounds and not self.hidden:
+                return
+            time.sleep(poll)

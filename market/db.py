@@ -1,0 +1,159 @@
+"""The ledger's schema and engine: SQLAlchemy Core, one code path for SQLite and PostgreSQL.
+
+    engine = make_engine("market.db")                              # SQLite, WAL journal
+    engine = make_engine("postgresql+psycopg://u@127.0.0.1:5432/m")  # PostgreSQL (psycopg 3)
+
+SQLite: WAL journal (readers never block the writer), synchronous=NORMAL (a commit survives the process
+being killed; only an OS crash or power loss may drop the last commits, never half of one), foreign keys on,
+and write transactions start with BEGIN IMMEDIATE (they take the write lock first instead of upgrading a
+read lock, which would deadlock two concurrent writers into SQLITE_BUSY). PostgreSQL: READ COMMITTED with
+row locks (ledger.py takes the round's row FOR UPDATE to resolve and FOR SHARE to submit a report).
+
+Floats are DOUBLE PRECISION; probability vectors are JSON text written with Python's repr (round-trips
+every float exactly). Tables: agents, rounds, reports (one current report per agent and round),
+resolutions (one per round: the uniqueness that makes a resolution happen once), payouts (one per
+report of a resolved round).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import (
+    Column,
+    Double,
+    Engine,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+
+BUSY_TIMEOUT_S = 30.0  # SQLite: how long a writer waits for the lock before failing
+WRITE = {"walla_write": True}  # execution option marking a connection that will write
+
+metadata = MetaData()
+
+agents = Table(
+    "agents",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("token_hash", String(64), nullable=False, unique=True),  # sha256 hex; the token is never stored
+    Column("role", String(16), nullable=False),  # agent | operator
+    Column("created_at", Double, nullable=False),
+)
+
+rounds = Table(
+    "rounds",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("question", Text, nullable=False),
+    Column("options", Text, nullable=False),  # JSON list of strings
+    Column("n_options", Integer, nullable=False),
+    Column("variant", String(4), nullable=False),
+    Column("c1", Double, nullable=False),
+    Column("c2", Double, nullable=False),
+    Column("c3", Double, nullable=False),
+    Column("pooling", String(8), nullable=False),
+    Column("status", String(10), nullable=False, index=True),  # open | closed | resolved
+    Column("close_at", Double),  # unix seconds; submissions after it are refused
+    Column("created_at", Double, nullable=False),
+    Column("closed_at", Double),
+)
+
+reports = Table(
+    "reports",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("round_id", Integer, ForeignKey("rounds.id"), nullable=False),
+    Column("agent_id", Integer, ForeignKey("agents.id"), nullable=False),
+    Column("probabilities", Text, nullable=False),  # JSON list of K floats, as submitted
+    Column("wager", Double, nullable=False),
+    Column("version", Integer, nullable=False),  # 1 + number of replacements
+    Column("submitted_at", Double, nullable=False),
+    UniqueConstraint("round_id", "agent_id", name="one_report_per_agent"),
+)
+
+resolutions = Table(
+    "resolutions",
+    metadata,
+    Column("round_id", Integer, ForeignKey("rounds.id"), primary_key=True),  # at most one per round
+    Column("label", Integer),  # the answer as an option index, or null for a gold distribution
+    Column("target", Text, nullable=False),  # JSON [K]: one-hot(label) or the gold distribution
+    Column("n_reports", Integer, nullable=False),
+    Column("total_payout", Double, nullable=False),  # the round's net outlay (deficit when > 0)
+    Column("deficit_bound", Double, nullable=False),  # c2^2 / c3
+    Column("resolved_at", Double, nullable=False),
+)
+
+payouts = Table(
+    "payouts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("round_id", Integer, ForeignKey("resolutions.round_id"), nullable=False, index=True),
+    Column("agent_id", Integer, ForeignKey("agents.id"), nullable=False, index=True),
+    Column("report_id", Integer, ForeignKey("reports.id"), nullable=False, unique=True),
+    Column("wager", Double, nullable=False),
+    Column("score", Double, nullable=False),
+    Column("baseline", Double, nullable=False),
+    Column("advantage", Double, nullable=False),
+    Column("payout", Double, nullable=False),
+    UniqueConstraint("round_id", "agent_id", name="one_payout_per_agent"),
+)
+
+
+def database_url(db: str | Path) -> str:
+    """A path (SQLite file) or a SQLAlchemy URL; `postgresql://` means psycopg 3."""
+    text = str(db)
+    if "://" not in text:
+        return f"sqlite:///{Path(text).expanduser().resolve()}"
+    if text.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + text.split("://", 1)[1]
+    return text
+
+
+def _sqlite_events(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (pysqlite's own BEGIN is deferred)
+        cur = dbapi_conn.cursor()
+        for pragma in (
+            "journal_mode=WAL",
+            "synchronous=NORMAL",
+            "foreign_keys=ON",
+            f"busy_timeout={int(BUSY_TIMEOUT_S * 1000)}",
+        ):
+            cur.execute(f"PRAGMA {pragma}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn) -> None:
+        conn.exec_driver_sql(
+            "BEGIN IMMEDIATE" if conn.get_execution_options().get("walla_write") else "BEGIN"
+        )
+
+
+def make_engine(db: str | Path, create: bool = True) -> Engine:
+    """An engine on the ledger at `db` (path or URL), its tables created if missing."""
+    url = database_url(db)
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+            pool_size=16,
+            max_overflow=48,
+        )
+        _sqlite_events(engine)
+    else:
+        engine = create_engine(
+            url, pool_size=16, max_overflow=48
+        )  # no pre-ping: it doubled the round trips; a dropped connection fails one transaction, which _write retries
+    if create:
+        metadata.create_all(engine)
+    return engine

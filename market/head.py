@@ -1,0 +1,140 @@
+"""One agent's wager head, taken from a WALLA run (its state.pt): the agent's own slot only.
+
+    head = AgentHead.from_run(run_dir, slot=2)           # decentralized: agent 2's parameters, nothing else
+    w = head.wager(hidden)                               # eval mode, float64: = walla.predict's wager
+    head.update([(hidden, advantage), ...])              # one training step from the agent's own payouts
+
+Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's hidden state as float32
+(standardized with the agent's own train statistics when the run did), r = head(x) in eval mode,
+w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
+agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
+A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on, gradient norm clipped at
+the run's `clip`, one Adam step at the run's lr (walla.train.mixed_adam.stacked_adam in 32-true). The Adam
+moments start at zero: a run's state.pt keeps the best parameters, not its optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from walla.train import mechanism
+from walla.train.calibration import CalibrationConfig
+from walla.train.heads import StackedHeads
+from walla.train.methods import get_method
+from walla.train.methods.walla import Config
+from walla.train.mixed_adam import stacked_adam
+from walla.train.runs import STATE, read_run_meta
+
+
+class HeadError(ValueError):
+    """A run that cannot give a live agent its head (names the run and what is wrong)."""
+
+
+def walla_config(state: dict) -> Config:
+    """The run's resolved WALLA Config, as walla.predict rebuilds it."""
+    raw = state["cfg"]
+    return Config(**{**raw, "calibration": CalibrationConfig(**raw["calibration"])})
+
+
+class AgentHead:
+    """Slot `slot`'s wager head of a trained WALLA state (see module docstring)."""
+
+    def __init__(self, state: dict, slot: int, where: str = "state", seed: int | None = None) -> None:
+        self.cfg = walla_config(state)
+        dims = [int(d) for d in state["in_dims"]]
+        if state.get("calibration") is not None:
+            raise HeadError(f"{where}: calibrated runs (walla-i-cal) are not supported by live agents yet")
+        if not 0 <= slot < len(dims):
+            raise HeadError(
+                f"{where}: slot {slot} out of range (the run has {len(dims)} agents: 0..{len(dims) - 1})"
+            )
+        self.slot, self.in_dim = slot, dims[slot]
+        cfg = self.cfg
+        self.heads = StackedHeads([self.in_dim], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
+        rows = [
+            p[slot : slot + 1].clone() for p in state["params"]
+        ]  # head = kind * M + agent: kind 0 = wager
+        rows[0] = rows[0][:, : self.in_dim]  # padding input rows of a heterogeneous ensemble are zero: crop
+        self.heads.load_rows(slice(None), rows)
+        self.heads.eval()
+        stats = state.get("hidden_stats")
+        self.stats = None if stats is None else (stats[0][slot, : self.in_dim], stats[1][slot, : self.in_dim])
+        seed = int(state.get("seed", 0)) if seed is None else seed
+        self.masks = np.random.default_rng([seed, 3, slot])  # dropout masks of live updates
+        self.opt: torch.optim.Optimizer | None = None
+        self.steps = 0
+
+    @classmethod
+    def from_run(cls, run: str | Path, slot: int) -> AgentHead:
+        """The head of agent `slot` in a complete WALLA run directory (run.json + state.pt)."""
+        run = Path(run)
+        meta = read_run_meta(run)  # RunFormatError when missing or unreadable
+        method = str(meta.get("method", "?"))
+        try:
+            family = get_method(method)[0].family
+        except KeyError:
+            family = None
+        if family != "walla":
+            raise HeadError(
+                f"{run}: a {method} run; live agents need a WALLA run (walla-i, walla-ii, walla-i-log)"
+            )
+        if not (run / STATE).exists():
+            raise HeadError(f"{run}: no {STATE} (rerun walla-train for this method and seed)")
+        # engine.save_checkpoint wrote it with a single-device Fabric, i.e. torch.save of this dict: read it
+        # with torch.load (engine.load_checkpoint would import Lightning, seconds per agent process)
+        state = torch.load(run / STATE, map_location="cpu", weights_only=False)
+        return cls(state, slot, str(run))
+
+    def _input(self, hidden: Sequence[np.ndarray]) -> torch.Tensor:
+        """[b, H] hidden states (any float dtype) -> [1, b, H] float32 as walla.predict feeds them."""
+        x = torch.from_numpy(np.stack([np.asarray(h) for h in hidden]))  # [b, H]
+        if x.shape[1] != self.in_dim:
+            raise ValueError(
+                f"hidden state: expected {self.in_dim} values (the head's input), got {x.shape[1]}"
+            )
+        x = x.float()
+        if self.stats is not None:
+            x = (x - self.stats[0]) / self.stats[1]
+        return x.unsqueeze(0).float()
+
+    def wager(self, hidden: np.ndarray) -> float:
+        return float(self.wagers([hidden])[0])
+
+    def wagers(self, hidden: Sequence[np.ndarray]) -> np.ndarray:
+        """Eval-mode wagers of b hidden states -> [b] float64."""
+        with torch.no_grad():
+            r = self.heads.predict(self._input(hidden)).double()  # [1, b]
+        return torch.sigmoid(r[0] / self.cfg.temperature).numpy()
+
+    def update(self, batch: Sequence[tuple[np.ndarray, float]]) -> float:
+        """One training step on (hidden state, own advantage) pairs; returns the loss before the step."""
+        if not batch:
+            return float("nan")
+        cfg = self.cfg
+        if self.opt is None:
+            self.opt = stacked_adam(self.heads, cfg.lr, "32-true", torch.device("cpu"))
+        x = self._input([h for h, _ in batch])  # [1, b, H]
+        adv = torch.tensor([a for _, a in batch], dtype=torch.float64)  # [b]
+        keep = 1.0 - cfg.dropout
+        masks = None
+        if cfg.dropout > 0:
+            masks = [
+                torch.from_numpy(self.masks.random((1, len(batch), w), dtype=np.float32) < keep)
+                for w in cfg.hidden
+            ]
+        self.heads.train()
+        for p in self.heads.parameters():
+            p.grad = None
+        r = self.heads(x, masks).double()  # [1, b]
+        w = torch.sigmoid(r[0] / cfg.temperature)
+        w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)
+        loss = ((w - w_star) ** 2).mean()
+        loss.backward()
+        self.heads.clip_per_head_(cfg.clip)
+        self.opt.step()
+        self.heads.eval()
+        self.steps += 1
+        return float(loss.detach())

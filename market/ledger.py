@@ -1,0 +1,517 @@
+"""The market's ledger: every agent, round, report, resolution and payout, in one database (db.py).
+
+    ledger = Ledger.open("market.db")                       # or a postgresql:// URL
+    token = ledger.add_agent("alice")                        # printed once; only its sha256 is stored
+    rid = ledger.open_round("Is it red?", ["yes", "no"], RoundSettings())["id"]
+    ledger.submit_report(rid, agent_id, [0.8, 0.2], 0.3)     # replaces the agent's report until close
+    ledger.resolve(rid, label=0, target=[1.0, 0.0])          # pays once, in one transaction
+
+Invariants (each enforced by one transaction and a uniqueness constraint, not by the caller's care):
+    * one current report per (round, agent); a report is accepted only while its round is open
+      (status open and before close_at) -- checked inside the transaction that writes it;
+    * a resolution is one transaction: resolution row + every payout row + the round's status, or
+      nothing. Retrying with the same answer returns the recorded result and pays nothing; another
+      answer is refused (409). resolutions.round_id is the primary key, so two racing resolvers cannot
+      both commit;
+    * a round's total net payout (the market's deficit for it) is recorded with its bound c2^2/c3.
+Concurrency: writers start with BEGIN IMMEDIATE on SQLite (one writer at a time, readers never blocked);
+on PostgreSQL the round's row is locked FOR UPDATE to resolve/close and FOR SHARE to submit, so a report
+can never slip in after the resolution read the reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from walla.market import db
+from walla.market.errors import ClientError, bad
+from walla.market.payouts import pooled_forecast, round_payouts
+from walla.market.validation import RoundSettings
+
+OPERATOR = "operator"
+RETRIES = 5  # a write that lost a race (unique key, deadlock, serialization) is retried from scratch
+SAME_ANSWER_ATOL = 1e-12
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def new_token() -> str:
+    return "wm_" + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a request: an agent or the operator."""
+
+    id: int
+    name: str
+    role: str
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == OPERATOR
+
+
+def _dumps(values: list) -> str:
+    return json.dumps(values, separators=(",", ":"))  # floats as repr: exact round trip
+
+
+def _settings(row) -> RoundSettings:
+    return RoundSettings(row.variant, row.c1, row.c2, row.c3, row.pooling)
+
+
+class Ledger:
+    """All reads and writes of the market's database; raises ClientError for what a client got wrong."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.writer = engine.execution_options(**db.WRITE)
+        self.clock = clock
+        # SQLite has one writer at a time and makes waiters poll (sleeps of up to 100 ms: p99 spikes of ~1 s
+        # under 16 concurrent writers); queueing this process's writers on a lock instead keeps waits short.
+        # Other processes (the CLI) still meet SQLite's busy timeout. PostgreSQL: row locks, no queue.
+        sqlite = engine.dialect.name == "sqlite"
+        self._queue = threading.Lock() if sqlite else contextlib.nullcontext()
+
+    @classmethod
+    def open(cls, database: str | Path) -> Ledger:
+        return cls(db.make_engine(database))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _write(self, fn: Callable[[Connection], Any]) -> Any:
+        """fn(conn) in one write transaction, retried when it lost a race to another writer."""
+        for attempt in range(RETRIES):
+            try:
+                with self._queue, self.writer.begin() as conn:
+                    return fn(conn)
+            except (IntegrityError, OperationalError):
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------------------------ agents
+
+    def add_agent(self, name: str, role: str = "agent", token: str | None = None) -> str:
+        """Register an agent; returns its token (only the hash is stored). 409 when the name is taken."""
+        token = token or new_token()
+
+        def txn(conn: Connection) -> None:
+            if conn.execute(select(db.agents.c.id).where(db.agents.c.name == name)).first() is not None:
+                raise bad("name", f"an agent named {name!r} already exists", 409)
+            conn.execute(
+                insert(db.agents).values(
+                    name=name, token_hash=hash_token(token), role=role, created_at=self.clock()
+                )
+            )
+
+        self._write(txn)
+        return token
+
+    def ensure_operator(self, token: str | None = None) -> str | None:
+        """The operator's credentials: set to `token` when given (replacing the old one), else created once.
+
+        Returns the token when this call created or set it, None when an operator already existed.
+        """
+
+        def txn(conn: Connection) -> str | None:
+            row = conn.execute(select(db.agents).where(db.agents.c.role == OPERATOR)).first()
+            if token is None and row is not None:
+                return None
+            new = token or new_token()
+            if row is None:
+                conn.execute(
+                    insert(db.agents).values(
+                        name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=self.clock()
+                    )
+                )
+            elif row.token_hash != hash_token(new):
+                conn.execute(
+                    update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new))
+                )
+            return new
+
+        return self._write(txn)
+
+    def authenticate(self, token: str) -> Principal | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(db.agents).where(db.agents.c.token_hash == hash_token(token))).first()
+        return None if row is None else Principal(row.id, row.name, row.role)
+
+    # ------------------------------------------------------------------------------------------ rounds
+
+    def _status(self, row) -> str:
+        if row.status == "open" and row.close_at is not None and self.clock() >= row.close_at:
+            return "closed"
+        return row.status
+
+    def _round_row(self, conn: Connection, rid: int, lock: str | None = None):
+        q = select(db.rounds).where(db.rounds.c.id == rid)
+        if lock is not None:
+            q = q.with_for_update(read=lock == "share")
+        row = conn.execute(q).first()
+        if row is None:
+            raise ClientError(404, f"round: no round {rid}")
+        return row
+
+    def _round_dict(self, conn: Connection, row) -> dict:
+        n = conn.execute(select(func.count()).where(db.reports.c.round_id == row.id)).scalar_one()
+        out = {
+            "id": row.id,
+            "question": row.question,
+            "options": json.loads(row.options),
+            "settings": _settings(row).as_dict(),
+            "deficit_bound": _settings(row).deficit_bound,
+            "status": self._status(row),
+            "close_at": row.close_at,
+            "created_at": row.created_at,
+            "closed_at": row.closed_at,
+            "n_reports": int(n),
+            "resolution": None,
+        }
+        if row.status == "resolved":
+            res = conn.execute(select(db.resolutions).where(db.resolutions.c.round_id == row.id)).first()
+            out["resolution"] = self._resolution_dict(res)
+        return out
+
+    @staticmethod
+    def _resolution_dict(res) -> dict:
+        return {
+            "label": res.label,
+            "target": json.loads(res.target),
+            "n_reports": res.n_reports,
+            "total_payout": res.total_payout,
+            "deficit_bound": res.deficit_bound,
+            "resolved_at": res.resolved_at,
+        }
+
+    def open_round(
+        self, question: str, options: list[str], settings: RoundSettings, close_at: float | None = None
+    ) -> dict:
+        def txn(conn: Connection) -> dict:
+            rid = conn.execute(
+                insert(db.rounds).values(
+                    question=question,
+                    options=json.dumps(options),
+                    n_options=len(options),
+                    status="open",
+                    close_at=close_at,
+                    created_at=self.clock(),
+                    **settings.as_dict(),
+                )
+            ).inserted_primary_key[0]
+            return self._round_dict(conn, self._round_row(conn, rid))
+
+        return self._write(txn)
+
+    def get_round(self, rid: int) -> dict:
+        with self.engine.connect() as conn:
+            return self._round_dict(conn, self._round_row(conn, rid))
+
+    def round_options(self, rid: int) -> int:
+        """The round's option count (for validating a body before the write); 404 when unknown."""
+        with self.engine.connect() as conn:
+            return int(self._round_row(conn, rid).n_options)
+
+    def list_rounds(self, status: str | None = None, after: int = 0, limit: int = 100) -> list[dict]:
+        now = self.clock()
+        c = db.rounds.c
+        q = select(db.rounds).where(c.id > after).order_by(c.id).limit(limit)
+        before_close = c.close_at.is_(None) | (c.close_at > now)
+        if status == "open":
+            q = q.where((c.status == "open") & before_close)
+        elif status == "closed":
+            q = q.where((c.status == "closed") | ((c.status == "open") & ~before_close))
+        elif status == "resolved":
+            q = q.where(c.status == "resolved")
+        elif status is not None:
+            raise bad("status", f"expected open, closed or resolved, got {status!r}")
+        with self.engine.connect() as conn:
+            return [self._round_dict(conn, row) for row in conn.execute(q)]
+
+    def close_round(self, rid: int) -> dict:
+        def txn(conn: Connection) -> dict:
+            row = self._round_row(conn, rid, lock="update")
+            if row.status == "resolved":
+                raise ClientError(409, f"round: round {rid} is already resolved")
+            if row.status == "open":
+                now = self.clock()
+                closed = min(now, row.close_at) if row.close_at is not None else now
+                conn.execute(
+                    update(db.rounds).where(db.rounds.c.id == rid).values(status="closed", closed_at=closed)
+                )
+            return self._round_dict(conn, self._round_row(conn, rid))
+
+        return self._write(txn)
+
+    # ------------------------------------------------------------------------------------------ reports
+
+    def submit_report(self, rid: int, agent: Principal, probs: list[float], wager: float) -> dict:
+        """Write or replace `agent`'s report; 409 when the round is no longer open (checked in the txn)."""
+        if agent.is_operator:
+            raise ClientError(
+                403, "authorization: the operator does not submit reports; use an agent's token"
+            )
+
+        def txn(conn: Connection) -> dict:
+            row = self._round_row(conn, rid, lock="share")
+            status = self._status(row)
+            if status != "open":
+                raise ClientError(
+                    409, f"round: round {rid} is {status}; reports are accepted only while open"
+                )
+            if len(probs) != row.n_options:
+                raise bad(
+                    "probabilities", f"expected {row.n_options} numbers (one per option), got {len(probs)}"
+                )
+            r = db.reports.c
+            old = conn.execute(
+                select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))
+            ).first()
+            values = {"probabilities": _dumps(probs), "wager": wager, "submitted_at": self.clock()}
+            if old is None:
+                conn.execute(insert(db.reports).values(round_id=rid, agent_id=agent.id, version=1, **values))
+                version = 1
+            else:
+                version = old.version + 1
+                conn.execute(update(db.reports).where(r.id == old.id).values(version=version, **values))
+            return {
+                "round": rid,
+                "agent": agent.name,
+                "probabilities": probs,
+                "wager": wager,
+                "version": version,
+            }
+
+        return self._write(txn)
+
+    def get_report(self, rid: int, agent: Principal) -> dict:
+        with self.engine.connect() as conn:
+            self._round_row(conn, rid)
+            r = db.reports.c
+            row = conn.execute(
+                select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))
+            ).first()
+        if row is None:
+            raise ClientError(404, f"report: {agent.name} has no report in round {rid}")
+        return self._report_dict(row, agent.name)
+
+    @staticmethod
+    def _report_dict(row, name: str) -> dict:
+        return {
+            "round": row.round_id,
+            "agent": name,
+            "probabilities": json.loads(row.probabilities),
+            "wager": row.wager,
+            "version": row.version,
+            "submitted_at": row.submitted_at,
+        }
+
+    def _reports(self, conn: Connection, rid: int) -> list:
+        """The round's reports with agent names, in agent-id order (the order payouts are computed in)."""
+        q = (
+            select(db.reports, db.agents.c.name)
+            .join(db.agents, db.agents.c.id == db.reports.c.agent_id)
+            .where(db.reports.c.round_id == rid)
+            .order_by(db.reports.c.agent_id)
+        )
+        return list(conn.execute(q))
+
+    def round_reports(self, rid: int) -> list[dict]:
+        """Every report of a round (the server shows them to agents only after resolution)."""
+        with self.engine.connect() as conn:
+            self._round_row(conn, rid)
+            return [self._report_dict(row, row.name) for row in self._reports(conn, rid)]
+
+    def is_resolved(self, rid: int) -> bool:
+        with self.engine.connect() as conn:
+            return self._round_row(conn, rid).status == "resolved"
+
+    def pooled(self, rid: int) -> dict:
+        """The wager-weighted pool of the round's current reports (payouts.pooled_forecast)."""
+        with self.engine.connect() as conn:
+            row = self._round_row(conn, rid)
+            reps = self._reports(conn, rid)
+        probs = [json.loads(r.probabilities) for r in reps]
+        return {"round": rid, **pooled_forecast(probs, [r.wager for r in reps], row.pooling, row.n_options)}
+
+    # ------------------------------------------------------------------------------------------ resolution
+
+    def resolve(self, rid: int, label: int | None, target: list[float]) -> dict:
+        """Resolve a round with its answer and pay every report, in one transaction (see module docstring)."""
+
+        def txn(conn: Connection) -> dict:
+            row = self._round_row(conn, rid, lock="update")
+            if len(target) != row.n_options:
+                raise bad("target", f"expected {row.n_options} numbers (one per option), got {len(target)}")
+            if row.status == "resolved":
+                return self._already_resolved(conn, rid, label, target)
+            reps = self._reports(conn, rid)
+            probs = [json.loads(r.probabilities) for r in reps]
+            s = _settings(row)
+            pay = round_payouts(probs, [r.wager for r in reps], target, s)
+            now = self.clock()
+            conn.execute(
+                insert(db.resolutions).values(
+                    round_id=rid,
+                    label=label,
+                    target=_dumps(target),
+                    n_reports=len(reps),
+                    total_payout=pay.total,
+                    deficit_bound=s.deficit_bound,
+                    resolved_at=now,
+                )
+            )
+            if reps:
+                conn.execute(
+                    insert(db.payouts),
+                    [
+                        {
+                            "round_id": rid,
+                            "agent_id": r.agent_id,
+                            "report_id": r.id,
+                            "wager": r.wager,
+                            "score": pay.score[i],
+                            "baseline": pay.baseline[i],
+                            "advantage": pay.advantage[i],
+                            "payout": pay.payout[i],
+                        }
+                        for i, r in enumerate(reps)
+                    ],
+                )
+            conn.execute(
+                update(db.rounds)
+                .where(db.rounds.c.id == rid)
+                .values(status="resolved", closed_at=row.closed_at or now)
+            )
+            return {
+                "round": rid,
+                "resolved_now": True,
+                "total_payout": pay.total,
+                "deficit_bound": s.deficit_bound,
+                "n_reports": len(reps),
+                "payouts": {r.name: pay.payout[i] for i, r in enumerate(reps)},
+            }
+
+        return self._write(txn)
+
+    def _already_resolved(self, conn: Connection, rid: int, label: int | None, target: list[float]) -> dict:
+        res = conn.execute(select(db.resolutions).where(db.resolutions.c.round_id == rid)).first()
+        old = json.loads(res.target)
+        same = all(abs(a - b) <= SAME_ANSWER_ATOL for a, b in zip(old, target, strict=True))
+        if not same:
+            answer = f"label {res.label}" if res.label is not None else f"target {old}"
+            raise ClientError(
+                409,
+                f"{'label' if label is not None else 'target'}: round {rid} was already "
+                f"resolved with another answer ({answer})",
+            )
+        q = (
+            select(db.payouts.c.payout, db.agents.c.name)
+            .join(db.agents, db.agents.c.id == db.payouts.c.agent_id)
+            .where(db.payouts.c.round_id == rid)
+            .order_by(db.payouts.c.agent_id)
+        )
+        paid = {r.name: r.payout for r in conn.execute(q)}
+        return {
+            "round": rid,
+            "resolved_now": False,
+            "total_payout": res.total_payout,
+            "deficit_bound": res.deficit_bound,
+            "n_reports": res.n_reports,
+            "payouts": paid,
+        }
+
+    # ------------------------------------------------------------------------------------------ accounts
+
+    def agent_summary(self, agent: Principal) -> dict:
+        p, r = db.payouts.c, db.reports.c
+        with self.engine.connect() as conn:
+            balance = conn.execute(
+                select(func.coalesce(func.sum(p.payout), 0.0)).where(p.agent_id == agent.id)
+            )
+            n_rep = conn.execute(select(func.count()).where(r.agent_id == agent.id)).scalar_one()
+            n_pay = conn.execute(select(func.count()).where(p.agent_id == agent.id)).scalar_one()
+            balance = float(balance.scalar_one())
+        return {
+            "id": agent.id,
+            "name": agent.name,
+            "role": agent.role,
+            "balance": balance,
+            "n_reports": int(n_rep),
+            "n_payouts": int(n_pay),
+        }
+
+    def agent_payouts(self, agent: Principal, after: int = 0, limit: int = 1000) -> list[dict]:
+        """The agent's own payouts, by round id (`after`: rounds with a larger id only)."""
+        p = db.payouts.c
+        q = (
+            select(db.payouts)
+            .where((p.agent_id == agent.id) & (p.round_id > after))
+            .order_by(p.round_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [self._payout_dict(row) for row in conn.execute(q)]
+
+    @staticmethod
+    def _payout_dict(row) -> dict:
+        return {
+            "round": row.round_id,
+            "wager": row.wager,
+            "score": row.score,
+            "baseline": row.baseline,
+            "advantage": row.advantage,
+            "payout": row.payout,
+        }
+
+    def agents_overview(self) -> list[dict]:
+        """Every agent with its balance and counts (operator view)."""
+        a, p, r = db.agents.c, db.payouts.c, db.reports.c
+        bal = (
+            select(p.agent_id, func.sum(p.payout).label("balance"), func.count().label("n_payouts"))
+            .group_by(p.agent_id)
+            .subquery()
+        )
+        rep = select(r.agent_id, func.count().label("n_reports")).group_by(r.agent_id).subquery()
+        q = (
+            select(a.id, a.name, a.role, bal.c.balance, bal.c.n_payouts, rep.c.n_reports)
+            .outerjoin(bal, bal.c.agent_id == a.id)
+            .outerjoin(rep, rep.c.agent_id == a.id)
+            .where(a.role != OPERATOR)
+            .order_by(a.id)
+        )
+        with self.engine.connect() as conn:
+            return [
+                {
+                    "id": row.id,
+                    "name": row.name,
+                    "balance": float(row.balance or 0.0),
+                    "n_reports": int(row.n_reports or 0),
+                    "n_payouts": int(row.n_payouts or 0),
+                }
+                for row in conn.execute(q)
+            ]
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of every table (audits and the load test)."""
+        with self.engine.connect() as conn:
+            return {
+                t.name: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+                for t in db.metadata.sorted_tables
+            }

@@ -1,0 +1,283 @@
+"""Replay = offline: a trained scenario's test split through the live market, checked against walla-train.
+
+    result = replay(ReplayConfig(scenario="demo-homo-facts", runs="runs", store="walla-store"))
+
+Per seed of the WALLA method (every complete seed unless one is named): a fresh ledger and server on a
+free loopback port; one agent per slot, each with its own token, its own head (its slot of the run's
+state.pt, AgentHead) and its own features from the store (StoreFeatures: that agent's probabilities and
+hidden state, nothing of the others'). Every test question becomes a round with the run's mechanism
+settings; the agents report concurrently; the operator closes and resolves it (the label, or the gold
+distribution for soft targets). Then the live pooled forecasts, wagers and payouts are compared with the
+run's predictions.parquet (frozen heads: equal to float32 storage precision) and the live run's metrics
+are computed exactly as walla-eval computes the table's (evaluate/metrics.py), next to the offline ones.
+With `learn`, heads keep updating from their own payouts (Agent.collect_payouts), so the live numbers
+then differ from the offline ones by design: the report shows both.
+
+Runs are found only through walla.train.runs (list_run_dirs, read_run, read_scenario_table).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from walla.evaluate.metrics import EvalArrays, compute_metrics
+from walla.market.agent import Agent
+from walla.market.client import MarketClient
+from walla.market.head import AgentHead
+from walla.market.ledger import Ledger
+from walla.market.local import LocalServer
+from walla.train.runs import (
+    RUN_META,
+    RunFormatError,
+    is_complete,
+    list_run_dirs,
+    read_run,
+    read_scenario_table,
+)
+
+TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
+WAVE = 20  # rounds open at once with frozen heads
+METRICS = ("accuracy", "d_regret", "brier", "auc", "ece", "mrr")
+
+
+@dataclass
+class ReplayConfig:
+    scenario: str
+    runs: Path
+    store: Path
+    method: str = "walla-i"
+    seeds: list[int] | None = None  # None: every complete seed
+    learn: bool = False
+    batch_size: int = 1  # with learn: resolved rounds per head update
+    limit: int | None = None  # first N test questions only
+    db: str | None = None  # a ledger path/URL (default: a temporary SQLite file per seed)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    n_rounds: int
+    max_diff: dict[str, float]  # pool, wagers, payouts: max |live - offline|
+    live: dict[str, float]  # metrics of the live pooled forecasts
+    offline: dict[str, float]  # the same metrics of the run's predictions
+    deficit: float
+    deficit_bound: float
+    seconds: float
+    updates: int = 0
+
+
+@dataclass
+class ReplayResult:
+    scenario: str
+    method: str
+    seeds: list[SeedResult] = field(default_factory=list)
+
+    @property
+    def max_diff(self) -> dict[str, float]:
+        keys = self.seeds[0].max_diff if self.seeds else {}
+        return {k: max(s.max_diff[k] for s in self.seeds) for k in keys}
+
+    def mean(self, which: str) -> dict[str, float]:
+        return {k: float(np.mean([getattr(s, which)[k] for s in self.seeds])) for k in METRICS}
+
+
+class StoreFeatures:
+    """One agent's own features for a round, from the assembled scenario (replay only)."""
+
+    def __init__(self, data, slot: int, row_of: dict[str, int], k: int) -> None:
+        self.data, self.slot, self.row_of, self.k = data, slot, row_of, k
+
+    def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
+        row = self.row_of[rnd["question"].split("\n", 1)[0]]
+        n = len(rnd["options"])
+        probs = np.asarray(self.data.probs[row, self.slot], dtype=np.float64)[:n]
+        return probs.tolist(), np.asarray(self.data.hidden[self.slot][row])
+
+
+def _assemble(table, store: Path):
+    """The scenario's ScenarioData from the store (its resolved spec as scenario.json recorded it)."""
+    from walla.store.scenario import assemble_scenario
+    from walla.store.spec import ScenarioSpec
+    from walla.store.validate import build
+
+    spec = build(ScenarioSpec, table.meta["spec"], where=f"{table.path}/scenario.json: spec")
+    return assemble_scenario(spec, store)
+
+
+def runs_by_method(runs: Path, scenario: str) -> dict[str, dict[int, Path]]:
+    """method -> seed -> run directory, from walla.train.runs.list_run_dirs (the one place that knows the layout).
+
+    Accepts both forms of list_run_dirs: the {method: {seed: path}} mapping, or a list of records with
+    .method, .seed and .path (run-identity layout, several keys per method). With several complete runs of
+    one method and seed, the one whose run.json was written last is taken.
+    """
+    found = list_run_dirs(runs, scenario)
+    if isinstance(found, dict):
+        return found
+    out: dict[str, dict[int, Path]] = {}
+    for rec in sorted(found, key=lambda r: _written(r.path)):
+        if is_complete(rec.path) or rec.seed not in out.get(rec.method, {}):
+            out.setdefault(rec.method, {})[int(rec.seed)] = Path(rec.path)
+    return out
+
+
+def _written(path: Path) -> float:
+    return (Path(path) / RUN_META).stat().st_mtime if is_complete(path) else 0.0
+
+
+def _seeds(cfg: ReplayConfig) -> dict[int, Path]:
+    dirs = runs_by_method(cfg.runs, cfg.scenario)
+    if cfg.method not in dirs:
+        have = ", ".join(sorted(dirs)) or "none"
+        raise RunFormatError(
+            f"{cfg.runs}/{cfg.scenario}: no {cfg.method} runs (methods: {have}); run walla-train first"
+        )
+    by_seed = dirs[cfg.method]
+    seeds = cfg.seeds if cfg.seeds is not None else sorted(by_seed)
+    missing = [s for s in seeds if s not in by_seed]
+    if missing:
+        raise RunFormatError(f"{cfg.method}: no run for seed(s) {missing} (have {sorted(by_seed)})")
+    return {s: by_seed[s] for s in seeds}
+
+
+def _metrics(agg: np.ndarray, weights: np.ndarray, table, rows: np.ndarray) -> dict[str, float]:
+    arrays = EvalArrays(agg, table.probs[rows], weights, table.label[rows], table.target[rows])
+    return compute_metrics(arrays, list(METRICS))
+
+
+def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, dict]:
+    """max |live - offline| of pools, wagers and payouts; the metrics of both, computed the same way."""
+    k_live = live["pool"].shape[1]
+    diff = {
+        "pool": float(np.abs(live["pool"] - record.agg_probs[rows, :k_live]).max()),
+        "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
+        "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
+    }
+    pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
+    pad[:, :k_live] = live["pool"]
+    offline = _metrics(record.agg_probs[rows], record.weights[rows], table, rows)
+    return diff, _metrics(pad, live["weights"], table, rows), offline
+
+
+def replay_seed(cfg: ReplayConfig, seed: int, run_dir: Path, table, data, out=print) -> SeedResult:
+    """One seed's market (module docstring)."""
+    t0 = time.perf_counter()
+    record = read_run(run_dir, table)
+    m = len(table.agents)
+    rows = np.arange(len(table.question_id))[: cfg.limit]
+    heads = [AgentHead.from_run(run_dir, i) for i in range(m)]
+    settings = heads[0].cfg  # the run's resolved config: mechanism settings of every round
+    mech = {k: getattr(settings, k) for k in ("variant", "c1", "c2", "c3", "pooling")}
+    pos = {q: i for i, q in enumerate(data.question_id)}
+    row_of = {str(q): pos[q] for q in table.question_id}
+    with tempfile.TemporaryDirectory(prefix="walla-replay-") as tmp:
+        ledger = Ledger.open(cfg.db or str(Path(tmp) / "market.db"))
+        op_token = ledger.ensure_operator()
+        with LocalServer(ledger) as srv, MarketClient(srv.url, op_token) as op:
+            agents = [
+                Agent(
+                    MarketClient(srv.url, op.add_agent(f"agent{i + 1}-{name}")),
+                    heads[i],
+                    StoreFeatures(data, i, row_of, table.target.shape[1]),
+                    cfg.learn,
+                    cfg.batch_size,
+                )
+                for i, name in enumerate(table.agents)
+            ]
+            live = _stream(op, agents, table, rows, mech, 1 if cfg.learn else WAVE)
+            deficit = float(sum(live["totals"]))
+            bound = len(rows) * (settings.c2**2 / settings.c3)
+            for a in agents:
+                a.client.close()
+        ledger.close()
+    diff, live_metrics, offline_metrics = _compare(live, record, table, rows)
+    updates = sum(len(a.losses) for a in agents)
+    res = SeedResult(
+        seed,
+        len(rows),
+        diff,
+        live_metrics,
+        offline_metrics,
+        deficit,
+        bound,
+        time.perf_counter() - t0,
+        updates,
+    )
+    out(
+        f"  seed {seed}: {len(rows)} rounds x {m} agents in {res.seconds:.1f} s; max |live - offline|: "
+        + ", ".join(f"{k} {v:.2e}" for k, v in diff.items())
+        + (f"; {res.updates} head updates" if cfg.learn else "")
+    )
+    return res
+
+
+def _stream(op: MarketClient, agents: list[Agent], table, rows: np.ndarray, mech: dict, wave: int) -> dict:
+    """The test questions as rounds, `wave` open at a time: every agent reports on each (its own thread),
+    then the operator reads the pools and resolves them. Learning agents need wave 1 (a head update after
+    each resolution, before the next report)."""
+    soft = table.soft_target
+    pool_p, wagers, payouts, weights, totals = [], [], [], [], []
+
+    def agent_reports(a: Agent, rounds: list[dict]) -> list[dict]:
+        return [a.report(rnd) for rnd in rounds]
+
+    with ThreadPoolExecutor(len(agents)) as pool:
+        for start in range(0, len(rows), wave):
+            part = rows[start : start + wave]
+            rounds = [
+                op.open_round(
+                    f"{table.question_id[r]}\nquestion {table.question_id[r]} of scenario {table.name}",
+                    [chr(65 + j) for j in range(int(table.option_mask[r].sum()))],
+                    **mech,
+                )
+                for r in part
+            ]
+            reports = list(pool.map(agent_reports, agents, [rounds] * len(agents)))  # [M][wave]
+            for j, (r, rnd) in enumerate(zip(part, rounds, strict=True)):
+                forecast = op.pool(rnd["id"])
+                op.close_round(rnd["id"])
+                n = len(rnd["options"])
+                if soft:
+                    res = op.resolve(rnd["id"], target=table.target[r, :n].tolist())
+                else:
+                    res = op.resolve(rnd["id"], label=int(table.label[r]))
+                pool_p.append(forecast["probabilities"])
+                weights.append(forecast["weights"])
+                wagers.append([reports[i][j]["wager"] for i in range(len(agents))])
+                payouts.append([res["payouts"][reports[i][j]["agent"]] for i in range(len(agents))])
+                totals.append(res["total_payout"])
+            if any(a.learn for a in agents):
+                list(pool.map(lambda a: a.collect_payouts(), agents))
+    return {
+        "pool": np.array(pool_p),
+        "wagers": np.array(wagers),
+        "payouts": np.array(payouts),
+        "weights": np.array(weights),
+        "totals": totals,
+    }
+
+
+def replay(cfg: ReplayConfig, out=print) -> ReplayResult:
+    """Replay every selected seed; prints one line per seed (see module docstring)."""
+    table = read_scenario_table(cfg.runs, cfg.scenario)
+    seeds = _seeds(cfg)
+    data = _assemble(table, Path(cfg.store))
+    missing = [q for q in table.question_id if q not in set(data.question_id)]
+    if missing:
+        raise RunFormatError(
+            f"--store {cfg.store}: {len(missing)} test questions of {cfg.scenario} are not in it"
+        )
+    out(
+        f"walla market replay: {cfg.scenario}, {cfg.method}, seeds {list(seeds)}, {len(table.agents)} agents, "
+        f"{len(table.question_id) if cfg.limit is None else min(cfg.limit, len(table.question_id))} test questions"
+        + (" (heads learning)" if cfg.learn else " (frozen heads)")
+    )
+    result = ReplayResult(cfg.scenario, cfg.method)
+    for seed, path in seeds.items():
+        result.seeds.append(replay_seed(cfg, seed, path, table, data, out))
+    return result

@@ -1,0 +1,298 @@
+"""Replay and the live agent on a tiny trained market (a random tiny LLM, built here; no download):
+
+    walla-extract --model <dir> --dataset facts --size 60 --variants none,relevant
+    walla-train --scenario homo --model <dir> --agents 3 --methods walla-i,walla-ii --seed-list 18
+
+Frozen heads reproduce walla-train's wagers, pooled forecasts and payouts through the HTTP API; the agent's
+features are walla-extract's; a head update is one step of the run's loss and optimizer.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
+
+from market_fixtures import OP_TOKEN  # noqa: E402
+from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402
+from walla.market.agent import Agent, LLMFeatures  # noqa: E402
+from walla.market.cli import run_market  # noqa: E402
+from walla.market.client import MarketClient  # noqa: E402
+from walla.market.head import AgentHead  # noqa: E402
+from walla.market.ledger import Ledger  # noqa: E402
+from walla.market.local import LocalServer  # noqa: E402
+from walla.market.replay import ReplayConfig, replay, runs_by_method  # noqa: E402
+from walla.train.runs import list_scenarios  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from walla.extract import cli as extract_cli
+    from walla.train import cli as train_cli
+
+    runner = CliRunner()
+    tmp = tmp_path_factory.mktemp("market-replay")
+    tok = tiny_tokenizer()
+    mdir = tmp / "tiny-llm"
+    tiny_model(len(tok), seed=3).save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    store, runs = tmp / "store", tmp / "runs"
+    res = runner.invoke(
+        extract_cli.app,
+        [
+            "--model",
+            str(mdir),
+            "--dataset",
+            "facts",
+            "--size",
+            "60",
+            "--store",
+            str(store),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--variants",
+            "none,relevant",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(
+        train_cli.app,
+        [
+            "--scenario",
+            "homo",
+            "--model",
+            str(mdir),
+            "--agents",
+            "3",
+            "--store",
+            str(store),
+            "--runs",
+            str(runs),
+            "--methods",
+            "walla-i,walla-ii",
+            "--seed-list",
+            "18",
+            "--set",
+            "walla.epochs=3",
+            "--set",
+            "walla.projection_dim=null",
+            "--set",
+            "walla.hidden=[8]",
+            "--set",
+            "walla.standardize=true",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    (scenario,) = list_scenarios(runs)
+    return {"model": mdir, "store": store, "runs": runs, "scenario": scenario}
+
+
+def test_replay_equals_offline(trained):
+    for method in ("walla-i", "walla-ii"):
+        cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], method, seeds=[18])
+        result = replay(cfg, out=lambda s: None)
+        (seed,) = result.seeds
+        assert seed.n_rounds >= 15
+        assert max(result.max_diff.values()) < 1e-6, result.max_diff
+        for k, v in seed.live.items():
+            assert v == pytest.approx(seed.offline[k], abs=1e-6), k
+        assert seed.deficit <= seed.deficit_bound
+
+
+def test_replay_learning_changes_heads(trained):
+    cfg = ReplayConfig(
+        trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], learn=True
+    )
+    (seed,) = replay(cfg, out=lambda s: None).seeds
+    assert seed.updates == 3 * seed.n_rounds  # one step per agent per resolved round
+    assert seed.max_diff["wagers"] > 1e-6  # the heads moved: later wagers differ from the frozen run's
+
+
+def test_head_update_is_the_runs_step(trained):
+    """AgentHead.update = one step of walla's per-agent loss with the run's lr, clip and Adam, from the agent's
+    own advantages (checked against a plain torch computation on the same head, dropout masks included)."""
+    run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
+    head = AgentHead.from_run(run, slot=1)
+    ref = head.heads.head(0)  # the same function as a plain WagerHead
+    cfg = head.cfg
+    rng = np.random.default_rng(0)
+    hidden = [rng.standard_normal(head.in_dim).astype(np.float16) for _ in range(5)]
+    adv = [0.3, -0.2, 0.05, 0.9, 0.0]
+    state = np.random.default_rng([18, 3, 1])  # AgentHead's mask generator for seed 18, slot 1
+    masks = [
+        torch.from_numpy(state.random((1, 5, w), dtype=np.float32) < 1 - cfg.dropout)[0] for w in cfg.hidden
+    ]
+    x = head._input(hidden)[0]
+    opt = torch.optim.Adam(ref.parameters(), lr=cfg.lr)
+    w = torch.sigmoid(ref(x, masks).double() / cfg.temperature)
+    target = torch.tensor(adv, dtype=torch.float64).div(2 * cfg.c3).clamp(0, 1)
+    loss = ((w - target) ** 2).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), cfg.clip)
+    opt.step()
+    got = head.update(list(zip(hidden, adv, strict=True)))
+    assert got == pytest.approx(float(loss.detach()), rel=1e-6)
+    after = head.heads.head(0)
+    for a, b in zip(after.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(
+            after.parameters(), AgentHead.from_run(run, 1).heads.head(0).parameters(), strict=True
+        )
+    )
+
+
+def test_live_agent_with_llm(trained, tmp_path):
+    """The agent scores a round's question with the hf backend exactly as walla-extract did (same probabilities),
+    reports its head's wager on those features, and learns from its payout after the resolution."""
+    from walla.store.scenario import assemble_scenario
+    from walla.store.schema import VARIANTS
+    from walla.store.spec import ScenarioSpec
+    from walla.store.validate import build
+    from walla.train.runs import read_scenario_table
+
+    table = read_scenario_table(trained["runs"], trained["scenario"])
+    data = assemble_scenario(build(ScenarioSpec, table.meta["spec"], where="scenario.json"), trained["store"])
+    slot = 0
+    rows = [r for r in range(len(data.split)) if VARIANTS[data.variant[r, slot]] == "none"][:2]
+    run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
+    ledger = Ledger.open(str(tmp_path / "m.db"))
+    ledger.ensure_operator(OP_TOKEN)
+    with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op:
+        client = MarketClient(srv.url, op.add_agent("tiny"))
+        features = LLMFeatures(str(trained["model"]), "facts", dtype="float32")
+        agent = Agent(client, AgentHead.from_run(run, slot), features, learn=True)
+        rids = [op.open_round(data.question[r], ["Yes", "No"])["id"] for r in rows]
+        assert agent.report_open_rounds() == 2
+        for rid, r in zip(rids, rows, strict=True):
+            mine = client.my_report(rid)
+            assert np.allclose(mine["probabilities"], data.probs[r, slot], atol=1e-4)
+            want = AgentHead.from_run(run, slot).wager(data.hidden[slot][r])
+            assert mine["wager"] == pytest.approx(want, abs=1e-3)  # features: float32 live vs float16 stored
+            op.resolve(rid, label=int(data.label[r]))
+        assert len(agent.collect_payouts()) == 2 and agent.head.steps == 2
+        client.close()
+    ledger.close()
+
+
+def test_replay_cli(trained, capfd):
+    rc = run_market(
+        [
+            "replay",
+            "--scenario",
+            trained["scenario"],
+            "--runs",
+            str(trained["runs"]),
+            "--store",
+            str(trained["store"]),
+            "--seeds",
+            "18",
+            "--limit",
+            "6",
+        ],
+        "walla market",
+    )
+    out, err = capfd.readouterr()
+    assert rc == 0, err
+    assert "max |live - offline|" in out and "accuracy" in out and "market deficit" in out
+    rc = run_market(
+        ["replay", "--scenario", "nope", "--runs", str(trained["runs"]), "--store", str(trained["store"])],
+        "walla market",
+    )
+    out, err = capfd.readouterr()
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "scenario.json" in err, err
+    rc = run_market(
+        [
+            "replay",
+            "--scenario",
+            trained["scenario"],
+            "--runs",
+            str(trained["runs"]),
+            "--store",
+            str(trained["store"]),
+            "--method",
+            "uniform",
+        ],
+        "walla market",
+    )
+    out, err = capfd.readouterr()
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "no uniform runs" in err, err
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_dashboard_in_a_browser(trained, tmp_path):
+    """GET / in headless Chromium (the distribution's, driven by Playwright) after a replay: the page shows every
+    agent with the balance the API reports, the market's totals, the four charts; a screenshot is written."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the dashboard test needs playwright (market extra)"
+    )
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no chromium binary (make setup-market installs the distribution's package)")
+    db = str(tmp_path / "replayed.db")
+    cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], db=db)
+    replay(cfg, out=lambda s: None)
+    ledger = Ledger.open(db)
+    ledger.ensure_operator(OP_TOKEN)
+    shot = tmp_path / "dashboard.png"
+    with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op, sync_api.sync_playwright() as p:
+        api = op.market()
+        browser = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.goto(f"{srv.url}/#token={OP_TOKEN}")
+        page.wait_for_selector("body[data-loaded='1']", timeout=20_000)
+        assert len(api["agents"]) == 3
+        for a in api["agents"]:
+            row = page.locator(f"tr[data-agent='{a['name']}']")
+            assert row.locator(".balance").inner_text() == f"{a['balance']:.4f}"
+            assert row.locator(".reports").inner_text() == str(a["n_reports"])
+        t = api["totals"]
+        assert page.inner_text("#rounds-resolved") == str(t["rounds_resolved"]) and t["rounds_resolved"] > 0
+        assert page.inner_text("#deficit") == f"{t['deficit']:.4f}"
+        assert page.inner_text("#deficit-bound") == f"{t['deficit_bound']:.1f}"
+        assert page.inner_text("#pool-brier") == f"{t['pool_brier']:.4f}"
+        assert page.inner_text("#pool-acc") == f"{100 * t['pool_acc']:.2f} %"
+        assert page.locator("#chart-wagers polyline").count() == 3
+        assert page.locator("#chart-payouts polyline").count() == 3
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    ledger.close()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    print(f"dashboard screenshot: {shot}")
+
+
+def test_runs_by_method_reads_both_layouts(trained, monkeypatch):
+    """The run-identity layout's list_run_dirs (records with method, key, seed, path) gives the same mapping;
+    with two keys for one method and seed, the run written last wins."""
+    import types
+
+    import walla.market.replay as rp
+
+    flat = runs_by_method(trained["runs"], trained["scenario"])
+    path = flat["walla-i"][18]
+    other = path.parent.parent / "walla-ii" / "seed=18"
+    recs = [
+        types.SimpleNamespace(method="walla-i", key_id="k1", seed=18, path=other),
+        types.SimpleNamespace(method="walla-i", key_id="k2", seed=18, path=path),
+        types.SimpleNamespace(method="walla-ii", key_id="k1", seed=18, path=other),
+    ]
+    (path / "run.json").touch()  # written last
+    monkeypatch.setattr(rp, "list_run_dirs", lambda runs, scenario: recs)
+    assert rp.runs_by_method(trained["runs"], trained["scenario"]) == {
+        "walla-i": {18: path},
+        "walla-ii": {18: other},
+    }
