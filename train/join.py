@@ -22,6 +22,7 @@ from walla.store.validate import replace
 from walla.train.engine import load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
 from walla.train.runs import STATE, run_dir
+from walla.train.wager_training import init_heads
 
 
 def joined_plan(
@@ -71,8 +72,6 @@ def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, run
     Raises:
         FileNotFoundError: a base WALLA run has no state.pt (train the base scenario first).
     """
-    from walla.train.methods.walla import _init_heads
-
     in_dims = [int(h.shape[1]) for h in data.hidden]
     out: dict[str, dict[int, list[torch.Tensor]]] = {}
     for mp in plan.methods:
@@ -87,7 +86,7 @@ def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, run
                 )
             old = load_checkpoint(path)
             n_kinds, m_old = old["n_kinds"], len(old["in_dims"])
-            fresh = list(_init_heads([seed], in_dims, mp.config, n_kinds).parameters())
+            fresh = list(init_heads([seed], in_dims, mp.config, n_kinds).parameters())
             params = [p.detach().clone() for p in fresh]  # [n_kinds * M_new, ...] each
             m_new = len(in_dims)
             for k in range(n_kinds):
