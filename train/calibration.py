@@ -130,8 +130,10 @@ class _TempHeads(nn.Module):
 
 
 def _log_probs(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log p on enabled options, 0 on disabled ones (finite, so d(logp / T)/dT never sees -inf * 0;
-    `_scaled` masks them out). probs [..., K], mask [..., K] bool."""
+    """log p on enabled options, 0 on disabled ones: probs [..., K], mask [..., K] bool.
+
+    Finite, so d(logp / T)/dT never sees -inf * 0; `_scaled` masks them out.
+    """
     return torch.where(mask, probs.clamp_min(1e-30).log(), torch.zeros_like(probs))
 
 
@@ -283,8 +285,11 @@ class _CalibrationTraining:
             return _head_nll(self.net, self.batches, hold_idx)  # [G]
 
     def epoch(self, epoch: int, active: np.ndarray) -> None:
-        """One pass over every active head's rows in its own seeded order; a head whose rows ran out
-        (or that is not active) rests: its gradients are dropped, so AdamW does not touch it."""
+        """One pass over every active head's rows, each in its own seeded order.
+
+        A head whose rows ran out (or that is not active) rests: its gradients are dropped, so AdamW
+        does not touch it.
+        """
         bs = self.cfg.batch_size
         orders = [
             r[np.random.RandomState((self.cfg.seed + g) * 1000 + epoch).permutation(len(r))]

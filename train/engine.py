@@ -238,8 +238,11 @@ def _clip_group_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tenso
 
 @torch.no_grad()
 def _clip_slices_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """clip_grad_norm_ on each slice along axis 0 alone: norm = the norm of the per-tensor norms,
-    coef = max_norm / (norm + CLIP_EPS) capped at 1. The pre-clip norms [S]."""
+    """clip_grad_norm_ on each slice along axis 0 alone; the pre-clip norms [S].
+
+    As clip_grad_norm_: norm = the norm of the per-tensor norms, coef = max_norm / (norm + CLIP_EPS)
+    capped at 1.
+    """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(params[0].shape[0], device=params[0].device)

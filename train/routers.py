@@ -102,9 +102,12 @@ class RouterNet(nn.Module):
 
 
 def router_input(data, c: RouterConfig, env: TrainEnv, encoder: TextEncoder | None = None):
-    """(x, encoder, D_in): frozen -> cached embeddings x [N, T*D] on env.device and encoder None;
-    fine-tuning -> x = text ids [N, T] (CPU index tensor) into a TextEncoder over the unique prompts
-    (a new one, or ``encoder`` re-pointed at this scenario's texts)."""
+    """The router's input: (x, encoder, D_in).
+
+    Frozen: x = cached embeddings [N, T*D] on env.device, encoder None. Fine-tuning: x = text ids [N, T]
+    (CPU index tensor) into a TextEncoder over the unique prompts (a new one, or ``encoder`` re-pointed
+    at this scenario's texts).
+    """
     spec = encoder_spec(c)
     if c.encoder_lr_mult == 0:
         feats = frozen_features(data, c.with_context, spec, env.store, env.device)  # [N, T*D]

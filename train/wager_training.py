@@ -153,9 +153,11 @@ def _train_rows(data, cfg: Config, rows: np.ndarray, dev, env: TrainEnv, calibra
 
 
 class _Dropout:
-    """Dropout keep-masks from per-seed numpy generators (PCG64 draws ~1.5x faster than torch's CPU
-    generator). Diagnostic heads draw from their own generators, so the wager heads see the same masks
-    whether or not diagnostics are on."""
+    """Dropout keep-masks from per-seed numpy generators.
+
+    PCG64 draws ~1.5x faster than torch's CPU generator. Diagnostic heads draw from their own
+    generators, so the wager heads see the same masks whether or not diagnostics are on.
+    """
 
     def __init__(self, seeds: Sequence[int], layout: _Layout, cfg: Config, device) -> None:
         self.gens = [np.random.default_rng([seed, 1]) for seed in seeds]  # wager heads
@@ -178,8 +180,11 @@ class _Dropout:
 
 
 class _Order:
-    """Each seed's order of the training positions: one permutation per seed (numpy default_rng(seed)),
-    reused every epoch, or redrawn every epoch with `shuffle: epoch`."""
+    """Each seed's order of the training positions.
+
+    One permutation per seed (numpy default_rng(seed)), reused every epoch, or redrawn every epoch with
+    `shuffle: epoch`.
+    """
 
     def __init__(self, seeds: Sequence[int], n: int, cfg: Config, device) -> None:
         self.rngs = [np.random.default_rng(seed) for seed in seeds]

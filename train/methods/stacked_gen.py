@@ -114,7 +114,10 @@ class SeedStackedGen(nn.Module):
     def forward(
         self, xs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """xs: per agent [S, B, H_i]; masks: keep-masks [S, B, w] per dropout layer (None: eval) -> [S, B, M]."""
+        """xs: per agent [S, B, H_i] -> logits [S, B, M].
+
+        masks: keep-masks [S, B, w] per dropout layer (None: eval, no dropout).
+        """
         parts = []
         for i, x in enumerate(xs):
             if self.normalize:
@@ -271,8 +274,10 @@ class _SeedLoss:
 def _log_seeds(
     logs: Sequence[LogFn | None], step: int, row: dict, losses: torch.Tensor, grad_norms: torch.Tensor
 ) -> None:
-    """One log row per seed: its own loss [S] and pre-clip gradient norm (grad_norms [n_groups, S]:
-    the larger of the MLP's and the projections')."""
+    """One log row per seed: its own loss and pre-clip gradient norm.
+
+    losses [S]; grad_norms [n_groups, S]: a seed's norm is the larger of the MLP's and the projections'.
+    """
     losses, norms = losses.tolist(), grad_norms.max(0).values.tolist()
     for s, log in enumerate(logs):
         if log is not None:
