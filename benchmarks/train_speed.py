@@ -1,100 +1,141 @@
 """Training speed with the paper's heads on a synthetic 12-agent scenario (N = 1,000, 8:1:1, H = 576, K = 2).
 
     .venv/bin/python benchmarks/train_speed.py [--seeds 5] [--epochs 2] [--skip-all] [--precision auto]
+    .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone
 
 Configuration (printed): WALLA I heads Linear(576 -> 4096) -> 512 -> 256 -> 1 (projection_dim 4096, the
 reference's parametrization), dropout 0.1, batch 100, lr 5e-5, T 2, clip 1.0, no early stop.
 Prints:
     1. measured now: the GEMM peaks (n = 2048 square GEMM, best of repeats) of float32 and bf16, the memory
-       bandwidth (a fused Adam step on 64M parameters), and the precision "auto" picks (engine.resolve_precision's probe);
-    2. WALLA I batched (all agents x all seeds in one StackedHeads module, walla.fit through Lightning
+       bandwidth (a fused Adam step on 64M parameters), and the precision "auto" picks
+       (engine.resolve_precision's probe);
+    2. before / after of one WALLA training step (forward, loss, backward, per-head clipping, Adam step) of
+       `--step-heads` paper-width heads, at the SAME precision: float32 vs float32 and bf16 autocast vs bf16
+       autocast. "Before" is the code of commit BEFORE_COMMIT, read from git history into a temporary
+       directory (never imported by the package): the hand-written backward (heads._StackedAffine, gradients
+       written into persistent buffers) with torch's fused Adam in float32, and in bf16 its master mode with
+       mixed_adam.MasterAdam (a C kernel compiled at run time; when it cannot be built, that commit's autocast
+       recipe). "After" is the package: StackedHeads on autograd's own backward, engine.make_optimizer
+       (torch's fused Adam), engine.clip_grad_norms_. The ratio printed is the old code's speedup, after
+       step time / before step time (> 1: the old code was faster); it goes unless that is >= 1.5 at the
+       default precision (32-true). Its reason to exist was the fresh weight gradient autograd allocates
+       every step (first touch of new pages); run at the paper's size (--step-heads 60: 12 agents x 5
+       seeds) to see it. torch's opt-in transparent huge pages for large CPU allocations
+       (THP_MEM_ALLOC_ENABLE=1 in the environment) make that first touch cheaper;
+    3. WALLA I batched (all agents x all seeds in one StackedHeads module, walla.fit through Lightning
        Fabric) in float32 and bf16-mixed: wall time of fit, the mean step time (between consecutive
        per-step log calls, first interval skipped), model FLOPs per step (forward, weight gradients,
        activation gradients except the input's), MFU = FLOPs / step time / GEMM peak of the dtype used,
        and the memory floor: the bytes each step must move (Adam's fp32 state, gradient, casts; MIN_BYTES
-       per parameter of the update that runs: bf16-mixed uses mixed_adam.MasterAdam where it applies) /
-       measured bandwidth -> the MFU bound it implies;
-    3. test Brier and D-regret of the pooled forecast per seed, float32 vs bf16-mixed (mean +- 95% CI over
+       per parameter) / measured bandwidth -> the MFU bound it implies;
+    4. test Brier and D-regret of the pooled forecast per seed, float32 vs bf16-mixed (mean +- 95% CI over
        seeds, paired difference); bf16 is used only if both stay within the fp32 seed noise;
-    4. the reference's per-agent algorithm with the same heads, implemented as the reference does it: one
+    5. the reference's per-agent algorithm with the same heads, implemented as the reference does it: one
        nn.Module and one Adam per agent, a Python loop over agents, a no-grad wager pass then an update
        pass with a fresh forward per agent, per-agent clipping (float32; its training loop only is timed,
        against the whole batched fit call);
-    5. every registered method x seeds through its module's fit/predict (the path walla-train takes);
+    6. every registered method x seeds through its module's fit/predict (the path walla-train takes);
        a method that cannot run here is excluded and named with the reason.
 Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_seeds_s=<x>
+           old_step_speedup_fp32=<x> old_step_speedup_bf16=<x>
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "train"))
-from synthetic import make_private_context_scenario  # noqa: E402
-from walla.manifests.validate import build  # noqa: E402
-from walla.train import mechanism, mixed_adam  # noqa: E402
-from walla.train.engine import TrainEnv, gemm_flops, resolve_precision, seeded  # noqa: E402
-from walla.train.heads import WagerHead, _layer_dims  # noqa: E402
-from walla.train.methods import REGISTRY, get_method, walla  # noqa: E402
+from walla.manifests.validate import build
+from walla.store.scenario_data import ScenarioData
+from walla.store.schema import VARIANT_CODE
+from walla.train import mechanism
+from walla.train.engine import (
+    TrainEnv,
+    clip_grad_norms_,
+    gemm_flops,
+    make_optimizer,
+    resolve_precision,
+    seeded,
+)
+from walla.train.heads import StackedHeads, WagerHead
+from walla.train.methods import REGISTRY, get_method, walla
+from walla.train.wager_training import train_heads
 
 HEADS = {"lr": 5e-5, "batch_size": 100, "projection_dim": 4096, "hidden": [512, 256], "patience": 10**9}
+BEFORE_COMMIT = "2c38e00"  # the last commit with the hand-written backward and mixed_adam.MasterAdam
+# bytes per parameter each step must move at least: fused Adam reads p, g, m, v and writes p, m, v (28),
+# backward writes the fp32 gradient (4), clipping reads it for the per-head norm (4), the forward reads the
+# weight (4). bf16-mixed (autocast): the 32-true bytes + the cast to a bf16 copy (read 4 + write 2) - 2 (the
+# GEMMs read bf16) + the bf16 gradient written then converted into the fp32 one (write 2 + read 2).
+MIN_BYTES = {"32-true": 40, "bf16-mixed": 50}
+
+
+# ---------------------------------------------------------------------------- the synthetic scenario
+
+
+def synthetic_scenario(n: int, m: int, k: int, h: int, seed: int) -> ScenarioData:
+    """Private-context questions: per question one random agent holds the evidence (confident and mostly
+    right), the others guess; a fixed direction of each agent's hidden space marks whether it holds it,
+    so the wager heads have something to learn. Split 8:1:1 at random."""
+    rng = np.random.default_rng(seed)
+    split = np.array(["train"] * int(0.8 * n) + ["val"] * int(0.1 * n) + ["test"] * (n - int(0.9 * n)))
+    split = split[rng.permutation(n)]
+    informed = rng.integers(0, m, size=n)
+    is_inf = np.arange(m)[None, :] == informed[:, None]  # [N, M]
+    label = rng.integers(0, k, size=n)
+    logits = rng.normal(0.0, 0.7, size=(n, m, k))  # uninformed: unsure guesses
+    logits[np.arange(n), informed, label] += rng.uniform(2.5, 4.5, size=n)  # informed: confident, right
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    probs = (z / z.sum(-1, keepdims=True)).astype(np.float32)  # [N, M, K]
+    hidden = []
+    for i in range(m):
+        u = rng.normal(size=h)
+        u *= 2.0 / np.linalg.norm(u)  # the marker direction
+        sign = np.where(is_inf[:, i], 1.0, -1.0)[:, None]
+        hidden.append((rng.normal(size=(n, h)) + sign * u).astype(np.float32))  # [N, H]
+    question = [f"Synthetic question {j}: which of the {k} options is right?" for j in range(n)]
+    prompts = [
+        [f"Context: evidence {j}. {q}" if is_inf[j, i] else q for j, q in enumerate(question)]
+        for i in range(m)
+    ]
+    return ScenarioData(
+        name="bench-train-speed",
+        dataset="synthetic",
+        agents=[f"synth{i}" for i in range(m)],
+        question_id=np.array([f"q{j:05d}" for j in range(n)]),
+        split=split,
+        question=question,
+        prompts=prompts,
+        n_options=np.full(n, k, dtype=np.int64),
+        option_mask=np.ones((n, k), dtype=bool),
+        probs=probs,
+        label=label.astype(np.int64),
+        target=np.eye(k, dtype=np.float32)[label],
+        soft_target=False,
+        prompt_nll=(2.0 - 0.3 * is_inf + rng.normal(0.0, 0.2, size=(n, m))).astype(np.float32),
+        variant=np.where(is_inf, VARIANT_CODE["relevant"], VARIANT_CODE["none"]).astype(np.int8),
+        hidden=hidden,
+        meta={"informed": informed, "seed": seed, "context_rule": "one_relevant"},
+    )
+
+
+# ---------------------------------------------------------------------------- measured machine limits
 
 
 def step_flops(dims: list[int], b: int) -> float:
     """Model FLOPs of one training step of one head: forward + weight grads + activation grads (not dx)."""
     macs = [a * c for a, c in zip(dims[:-1], dims[1:], strict=True)]
     return 2.0 * b * (2 * sum(macs) + sum(macs[1:]))
-
-
-def per_agent_loop(data, cfg: walla.Config, seed: int) -> float:
-    """The reference's training loop for one seed (no early stopping): returns wall seconds."""
-    train = data.split_index("train")
-    x = [torch.from_numpy(np.asarray(h[train], dtype=np.float32)) for h in data.hidden]  # [n, H] each
-    probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float64))  # [n, M, K]
-    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float64))  # [n, K]
-    with seeded(seed):
-        heads = [WagerHead(h.shape[1], cfg.hidden, cfg.dropout, cfg.projection_dim) for h in x]
-    opts = [torch.optim.Adam(h.parameters(), lr=cfg.lr) for h in heads]
-    order = np.random.default_rng(seed).permutation(len(train))
-    t0 = time.perf_counter()
-    with seeded(seed):
-        for _epoch in range(cfg.epochs):
-            for start in range(0, len(order), cfg.batch_size):
-                rows = torch.from_numpy(order[start : start + cfg.batch_size])
-                p, y = probs[rows], target[rows]
-                for h in heads:
-                    h.train()
-                with torch.no_grad():  # compute_wagers (train mode) -> aggregate -> batch metric
-                    w = torch.stack(
-                        [
-                            torch.sigmoid(h(xi[rows]) / cfg.temperature)
-                            for h, xi in zip(heads, x, strict=True)
-                        ],
-                        1,
-                    )
-                    float(mechanism.brier_regret(mechanism.pool(p, w.double(), validate=False), p, y).mean())
-                w_new = [
-                    torch.sigmoid(h(xi[rows]).double() / cfg.temperature)
-                    for h, xi in zip(heads, x, strict=True)
-                ]
-                with torch.no_grad():
-                    wd = torch.stack([wi.detach() for wi in w_new], 1)
-                    adv = mechanism.advantage(p, wd, y, cfg.variant, validate=False)
-                    w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)
-                for i, (h, opt) in enumerate(zip(heads, opts, strict=True)):
-                    loss = ((w_new[i] - w_star[:, i]) ** 2).mean()
-                    opt.zero_grad()
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(h.parameters(), cfg.clip)
-                    opt.step()
-    return time.perf_counter() - t0
 
 
 def mem_bandwidth(n: int = 64 * 2**20) -> float:
@@ -113,16 +154,207 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def roofline(n_params: int, flops: float, peak: float, bw: float, bytes_per_param: int) -> float:
+    """Upper bound of MFU when each step must move `bytes_per_param` per parameter through memory (not
+    overlapped with the GEMMs: Adam, clipping and casts are separate passes after / before them)."""
+    t_mem = n_params * bytes_per_param / bw
+    return flops / (t_mem + flops / peak) / peak
+
+
+# ---------------------------------------------------------------------------- 2. before / after of one step
+
+
+def load_before(commit: str = BEFORE_COMMIT) -> tuple[ModuleType, ModuleType] | str:
+    """train/heads.py and train/mixed_adam.py of `commit` from git history, imported from a temporary
+    directory as standalone modules (their one package import re-pointed); or why they cannot be."""
+    root = Path(__file__).resolve().parents[1]
+    sources = {}
+    for name in ("heads", "mixed_adam"):
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), "show", f"{commit}:train/{name}.py"],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        except (OSError, subprocess.CalledProcessError) as e:
+            return f"git show {commit}:train/{name}.py failed ({type(e).__name__})"
+        sources[name] = out.stdout
+    sources["heads"] = sources["heads"].replace(
+        "from walla.train.mixed_adam import", "from walla_before_mixed_adam import"
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="walla-before-"))
+    modules = []
+    for name in ("mixed_adam", "heads"):  # heads imports mixed_adam (lazily, in master mode)
+        path = tmp / f"walla_before_{name}.py"
+        path.write_text(sources[name])
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+        modules.append(module)
+    mixed_adam, heads = modules
+    return heads, mixed_adam
+
+
+def _step_data(g: int, h: int, cfg: walla.Config) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """One batch for G heads: x [G, b, H], dropout keep-masks, regression targets [G, b]."""
+    gen = torch.Generator().manual_seed(0)
+    b = cfg.batch_size
+    x = torch.randn(g, b, h, generator=gen)
+    masks = [(torch.rand(g, b, w, generator=gen) >= cfg.dropout).float() for w in cfg.hidden]
+    return x, masks, torch.rand(g, b, generator=gen, dtype=torch.float64)
+
+
+def _wager_loss(r: torch.Tensor, goal: torch.Tensor, cfg: walla.Config) -> torch.Tensor:
+    return ((torch.sigmoid(r.double() / cfg.temperature) - goal) ** 2).mean(1).sum()
+
+
+def _after_step(g: int, h: int, cfg: walla.Config, bf16: bool) -> Callable[[], None]:
+    """The package's step: autograd backward, engine optimizer, engine per-slice clipping."""
+    with seeded(0):
+        heads = StackedHeads([h] * g, cfg.hidden, cfg.dropout, cfg.projection_dim)
+    opt = make_optimizer(heads.parameters(), "adam", cfg.lr)
+    x, masks, goal = _step_data(g, h, cfg)
+    params = list(heads.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            r = heads(x, masks)
+        _wager_loss(r, goal, cfg).backward()
+        clip_grad_norms_([params], cfg.clip, per_slice=True)
+        opt.step()
+
+    return step
+
+
+def _before_step(old_heads: ModuleType, old_adam: ModuleType, g: int, h: int, cfg, bf16: bool):
+    """Commit BEFORE_COMMIT's step: write_grads backward; float32: torch's fused Adam; bf16: MasterAdam
+    (its master mode) where its kernel builds, else that commit's autocast recipe with fused Adam."""
+    with seeded(0):
+        heads = old_heads.StackedHeads([h] * g, cfg.hidden, cfg.dropout, cfg.projection_dim)
+    master = bf16 and not old_adam.unavailable("bf16-mixed", torch.device("cpu"))
+    if master:
+        opt = old_adam.MasterAdam(heads, cfg.lr)
+    else:
+        opt = torch.optim.Adam(heads.parameters(), lr=cfg.lr, fused=True)
+    x, masks, goal = _step_data(g, h, cfg)
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            r = heads(x, masks, write_grads=True)
+        _wager_loss(r, goal, cfg).backward()
+        heads.clip_per_head_(cfg.clip)
+        opt.step()
+
+    if master:
+        return step, "hand-written backward, bf16 gradients, MasterAdam"
+    return step, "hand-written backward" + (" under autocast" if bf16 else "") + ", fused Adam"
+
+
+def gradient_gap(old_heads: ModuleType, g: int, h: int, cfg: walla.Config) -> float:
+    """Max abs difference between the old hand-written backward's gradients and autograd's on one float32
+    batch (same init, data and masks): 0 when the new path computes the same numbers."""
+    grads = []
+    for module in (old_heads, None):
+        with seeded(0):
+            if module is None:
+                heads = StackedHeads([h] * g, cfg.hidden, cfg.dropout, cfg.projection_dim)
+            else:
+                heads = module.StackedHeads([h] * g, cfg.hidden, cfg.dropout, cfg.projection_dim)
+        x, masks, goal = _step_data(g, h, cfg)
+        r = heads(x, masks) if module is None else heads(x, masks, write_grads=True)
+        _wager_loss(r, goal, cfg).backward()
+        grads.append([p.grad.clone() for p in heads.parameters()])
+    return max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True))
+
+
+def _step_seconds(step: Callable[[], None], reps: int) -> float:
+    """Median seconds of `reps` steps after two warm-up steps."""
+    for _ in range(2):
+        step()
+    return float(np.median([_timed(step) for _ in range(reps)]))
+
+
+def before_after(g: int, cfg: walla.Config, reps: int, h: int = 576) -> dict[str, float]:
+    """Section 2: per-step seconds before and after, float32 and bf16; the old code's speedups
+    (after / before)."""
+    print(f"one WALLA step of {g} heads {[h, cfg.projection_dim, *cfg.hidden, 1]}, batch {cfg.batch_size}:")
+    old = load_before()
+    if isinstance(old, str):
+        print(f"  before ({BEFORE_COMMIT}) unavailable: {old}; after only")
+    else:
+        gap = gradient_gap(old[0], g, h, cfg)
+        print(f"  float32 gradients of one batch, before vs after: max abs difference {gap:.3g}")
+    ratios = {}
+    for label, bf16 in (("fp32", False), ("bf16", True)):
+        after = _step_seconds(_after_step(g, h, cfg, bf16), reps)
+        if isinstance(old, str):
+            print(f"  {label}: after {after:.3f} s/step")
+            ratios[label] = math.nan
+            continue
+        step, how = _before_step(*old, g, h, cfg, bf16)
+        before = _step_seconds(step, reps)
+        ratios[label] = after / before
+        print(
+            f"  {label}: before {before:.3f} s/step ({how}), after {after:.3f} s/step (autograd, torch fused "
+            f"Adam): old code's speedup {ratios[label]:.2f}"
+        )
+    return ratios
+
+
+# ---------------------------------------------------------------------------- 3-6. fits
+
+
+def per_agent_loop(data, cfg: walla.Config, seed: int) -> float:
+    """The reference's training loop for one seed (no early stopping): returns wall seconds."""
+    train = data.split_index("train")
+    x = [torch.from_numpy(np.asarray(h[train], dtype=np.float32)) for h in data.hidden]  # [n, H] each
+    probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float64))  # [n, M, K]
+    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float64))  # [n, K]
+    with seeded(seed):
+        heads = [WagerHead(h.shape[1], cfg.hidden, cfg.dropout, cfg.projection_dim) for h in x]
+    opts = [torch.optim.Adam(h.parameters(), lr=cfg.lr) for h in heads]
+    order = np.random.default_rng(seed).permutation(len(train))
+    t0 = time.perf_counter()
+    with seeded(seed):
+        for _epoch in range(cfg.epochs):
+            for start in range(0, len(order), cfg.batch_size):
+                rows = torch.from_numpy(order[start : start + cfg.batch_size])
+                _reference_batch(heads, opts, [xi[rows] for xi in x], probs[rows], target[rows], cfg)
+    return time.perf_counter() - t0
+
+
+def _reference_batch(heads, opts, xs, p, y, cfg: walla.Config) -> None:
+    """One batch of the reference: a no-grad wager pass (metric), then per agent a forward and update."""
+    for h in heads:
+        h.train()
+    with torch.no_grad():  # compute_wagers (train mode) -> aggregate -> batch metric
+        w = torch.stack([torch.sigmoid(h(xi) / cfg.temperature) for h, xi in zip(heads, xs, strict=True)], 1)
+        float(mechanism.brier_regret(mechanism.pool(p, w.double(), validate=False), p, y).mean())
+    w_new = [torch.sigmoid(h(xi).double() / cfg.temperature) for h, xi in zip(heads, xs, strict=True)]
+    with torch.no_grad():
+        wd = torch.stack([wi.detach() for wi in w_new], 1)
+        adv = mechanism.advantage(p, wd, y, cfg.variant, validate=False)
+        w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)
+    for i, (h, opt) in enumerate(zip(heads, opts, strict=True)):
+        loss = ((w_new[i] - w_star[:, i]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(h.parameters(), cfg.clip)
+        opt.step()
+
+
 def batched(data, cfg: walla.Config, seeds: list[int], precision: str) -> dict:
     """WALLA I's batched trainer through fit (all seeds in one module) + test predictions per seed.
 
     Returns wall seconds of fit, the per-step durations (between consecutive per-step log calls, which
     happen at the same point of every step) and per-seed test Brier / D-regret of the pooled forecast."""
     env, stamps = TrainEnv(precision=precision), []
+    logs = [lambda _row: stamps.append(time.perf_counter())] + [None] * (len(seeds) - 1)
     t0 = time.perf_counter()
-    states = walla.fit(
-        data, cfg, seeds, env, [lambda _row: stamps.append(time.perf_counter())] + [None] * (len(seeds) - 1)
-    )
+    states = walla.fit(data, cfg, seeds, env, logs)
     secs = time.perf_counter() - t0
     test = data.split_index("test")
     p, y = (torch.from_numpy(np.asarray(a[test], dtype=np.float64)) for a in (data.probs, data.target))
@@ -154,13 +386,6 @@ def same_within_noise(ref: dict, other: dict) -> bool:
     return ok
 
 
-def roofline(n_params: int, flops: float, peak: float, bw: float, bytes_per_param: int) -> float:
-    """Upper bound of MFU when each step must move `bytes_per_param` per parameter through memory (not
-    overlapped with the GEMMs: Adam, clipping and casts are separate passes after / before them)."""
-    t_mem = n_params * bytes_per_param / bw
-    return flops / (t_mem + flops / peak) / peak
-
-
 def all_methods(data, seeds: list[int], epochs: int) -> float:
     total, excluded = 0.0, []
     for name, info in REGISTRY.items():
@@ -188,61 +413,15 @@ def all_methods(data, seeds: list[int], epochs: int) -> float:
     return total
 
 
-# bytes per parameter each step must move at least: fused Adam reads p, g, m, v and writes p, m, v (28),
-# backward writes the fp32 gradient (4), clipping reads it for the per-head norm (4), the forward reads the
-# weight (4). bf16-mixed with mixed_adam.MasterAdam (CPU): the forward and the activation-gradient GEMM read
-# the bf16 working copy (2 + 2), backward writes the bf16 gradient (2), clipping reads it (2), one pass reads
-# p, m, v, g and writes p, m, v and the bf16 copy (28). bf16-mixed without it (autocast recipe): the 32-true
-# bytes + the cast to a bf16 copy (read 4 + write 2) - 2 (GEMMs read bf16) + bf16 gradient written then
-# converted into the fp32 one (write 2 + read 2).
-MIN_BYTES = {"32-true": 40, "bf16-mixed": 50, "bf16-mixed/MasterAdam": 36}
-
-
-def min_bytes(precision: str) -> int:
-    """MIN_BYTES of the update the batched trainer runs for `precision` here (mixed_adam.stacked_adam)."""
-    master = precision == "bf16-mixed" and not mixed_adam.unavailable(precision, torch.device("cpu"))
-    return MIN_BYTES[precision + "/MasterAdam" if master else precision]
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--precision", default="auto")
-    ap.add_argument("--skip-all", action="store_true", help="only the WALLA comparison")
-    args = ap.parse_args()
-    seeds = [18 + r for r in range(args.seeds)]
-    data = make_private_context_scenario(n=1000, m=12, k=2, h=576, seed=0, name="bench-train-speed")
-    cfg = walla.resolve(build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench"), data)
-    peak = {
-        "32-true": gemm_flops(torch.float32, "cpu", 2048),
-        "bf16-mixed": gemm_flops(torch.bfloat16, "cpu", 2048),
-    }
-    bw = mem_bandwidth()
-    precision = resolve_precision(args.precision, "cpu")
-    print(
-        f"synthetic scenario N=1000 (8:1:1) M=12 H=576 K=2; {len(seeds)} seeds x {cfg.epochs} epochs; torch "
-        f"threads {torch.get_num_threads()}\nWALLA I heads: projection_dim {cfg.projection_dim}, hidden "
-        f"{list(cfg.hidden)}, dropout {cfg.dropout}, batch {cfg.batch_size}, lr {cfg.lr}, T {cfg.temperature}"
-    )
-    print(
-        f"measured: GEMM peak float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} "
-        f"GFLOP/s; memory bandwidth (fused Adam step) {bw / 1e9:.1f} GB/s"
-    )
-    why = mixed_adam.unavailable("bf16-mixed", torch.device("cpu"))
-    print(
-        f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe); "
-        f"bf16-mixed update: {'autocast recipe, ' + why if why else 'mixed_adam.MasterAdam (one pass)'}"
-    )
-    walla.train_heads(data, walla.resolve(build(walla.Config, {**HEADS, "epochs": 1}, "w"), data), seeds[:1])
-    dims = _layer_dims(576, cfg.hidden, cfg.projection_dim)
-    n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
+def fits_by_precision(data, cfg, seeds, peak: dict, bw: float, dims: list[int]) -> tuple[dict, list]:
+    """Section 3: the batched fit at 32-true and bf16-mixed, with step times, MFU and the memory floor."""
     flops = step_flops(dims, cfg.batch_size) * data.n_agents * len(seeds)  # one full-batch step, all heads
+    n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
     print(
         f"one step, all {data.n_agents * len(seeds)} heads: {flops / 1e9:.1f} GFLOP, {n_params / 1e6:.0f}M "
         f"parameters ({n_params * 4 / 2**30:.2f} GiB float32)"
     )
-    chunks = walla._seed_chunks(data, cfg, seeds)  # fit trains seeds in chunks (memory budget)
+    chunks = walla._seed_chunks(data, cfg, seeds)  # fit trains the seeds in chunks (memory budget)
     c_flops, c_params = (v * len(chunks[0]) / len(seeds) for v in (flops, n_params))  # first chunk's heads
     print(
         f"fit trains the seeds in chunks of {[len(c) for c in chunks]} (walla.PARAM_BUDGET_BYTES "
@@ -258,35 +437,87 @@ def main() -> None:
         full = r["steps"][1:]  # every batch is full (800 train rows); the first interval warms up
         r["step_s"] = float(np.mean(full))
         r["mfu"] = c_flops / r["step_s"] / peak[prec]
-        bound = roofline(c_params, c_flops, peak[prec], bw, min_bytes(prec))
+        floor_gb = c_params * MIN_BYTES[prec] / 1e9
+        bound = roofline(c_params, c_flops, peak[prec], bw, MIN_BYTES[prec])
         print(
             f"  batched WALLA I, {prec:<10}: fit {r['secs']:6.2f} s, step {r['step_s']:.3f} s (mean of "
             f"{len(full)} steps) = {c_flops / r['step_s'] / 1e9:.1f} GFLOP/s, MFU {r['mfu']:.3f} of the "
-            f"{prec} GEMM peak; memory floor {c_params * min_bytes(prec) / 1e9:.1f} GB/step = "
-            f"{c_params * min_bytes(prec) / bw:.3f} s -> MFU bound {bound:.3f}"
+            f"{prec} GEMM peak; memory floor {floor_gb:.1f} GB/step = {floor_gb * 1e9 / bw:.3f} s -> "
+            f"MFU bound {bound:.3f}"
         )
+    return runs, chunks
+
+
+def loop_comparison(data, cfg, seeds, runs: dict, chunks: list, precision: str, peak, bw, dims) -> float:
+    """Section 5: the reference's per-agent loop against the batched fit; returns the loop's seconds."""
+    flops = step_flops(dims, cfg.batch_size) * data.n_agents * len(seeds)
+    n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
+    t_loop = sum(per_agent_loop(data, cfg, s) for s in seeds)
+    secs, n_steps = runs[precision]["secs"], len(runs[precision]["steps"]) + 1
+    fwd = 2.0 * cfg.batch_size * sum(a * c for a, c in zip(dims[:-1], dims[1:], strict=True))  # its 2nd pass
+    loop_flops = (flops + fwd * data.n_agents * len(seeds)) * n_steps
+    floor = n_steps * (n_params * MIN_BYTES[precision] / bw + flops / peak[precision])
+    steps_alone = runs[precision]["step_s"] * n_steps * len(seeds) / len(chunks[0])
+    print(
+        f"  per-agent loop (reference algorithm, float32, training loop only): {t_loop:7.2f} s = "
+        f"{loop_flops / t_loop / 1e9:.1f} GFLOP/s ({loop_flops / t_loop / peak['32-true']:.2f} of the fp32 "
+        f"peak; it runs a second forward pass); batched fit ({precision}, init + Fabric + steps + best "
+        f"state): {secs:.2f} s, its steps alone ~{steps_alone:.2f} s"
+        f"\n  speedup bound: loop time / (steps x (memory floor + GEMMs at peak)) = {t_loop / floor:.2f}"
+    )
+    return t_loop
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--skip-all", action="store_true", help="only the WALLA comparison")
+    ap.add_argument("--step-heads", type=int, default=12, help="heads of the before/after step (section 2)")
+    ap.add_argument("--step-reps", type=int, default=10, help="timed steps per before/after measurement")
+    ap.add_argument("--only-step", action="store_true", help="section 2 alone")
+    args = ap.parse_args()
+    cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")
+    if args.only_step:
+        ratios = before_after(args.step_heads, cfg, args.step_reps)
+        print(f"RESULT old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f}")
+        return
+    seeds = [18 + r for r in range(args.seeds)]
+    data = synthetic_scenario(n=1000, m=12, k=2, h=576, seed=0)
+    cfg = walla.resolve(cfg, data)
+    peak = {
+        "32-true": gemm_flops(torch.float32, "cpu", 2048),
+        "bf16-mixed": gemm_flops(torch.bfloat16, "cpu", 2048),
+    }
+    bw = mem_bandwidth()
+    precision = resolve_precision(args.precision, "cpu")
+    print(
+        f"synthetic scenario N=1000 (8:1:1) M=12 H=576 K=2; {len(seeds)} seeds x {cfg.epochs} epochs; torch "
+        f"threads {torch.get_num_threads()}\nWALLA I heads: projection_dim {cfg.projection_dim}, hidden "
+        f"{list(cfg.hidden)}, dropout {cfg.dropout}, batch {cfg.batch_size}, lr {cfg.lr}, T {cfg.temperature}"
+    )
+    print(
+        f"measured: GEMM peak float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} "
+        f"GFLOP/s; memory bandwidth (fused Adam step) {bw / 1e9:.1f} GB/s"
+    )
+    print(f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe)")
+    ratios = before_after(args.step_heads, cfg, args.step_reps)
+    train_heads(data, walla.resolve(build(walla.Config, {**HEADS, "epochs": 1}, "w"), data), seeds[:1])
+    dims = [576, cfg.projection_dim, *cfg.hidden, 1]
+    runs, chunks = fits_by_precision(data, cfg, seeds, peak, bw, dims)
     if "bf16-mixed" in runs and precision == "bf16-mixed":
         if not same_within_noise(runs["32-true"], runs["bf16-mixed"]):
             print("bf16-mixed results are NOT within seed noise of float32: keeping 32-true")
             precision = "32-true"
         else:
             print("bf16-mixed results are within seed noise of float32")
-    t_loop = sum(per_agent_loop(data, cfg, s) for s in seeds)
-    secs, n_steps = runs[precision]["secs"], len(runs[precision]["steps"]) + 1
-    fwd = 2.0 * cfg.batch_size * sum(a * c for a, c in zip(dims[:-1], dims[1:], strict=True))  # its 2nd pass
-    loop_flops = (flops + fwd * data.n_agents * len(seeds)) * n_steps
-    floor = n_steps * (n_params * min_bytes(precision) / bw + flops / peak[precision])
-    print(
-        f"  per-agent loop (reference algorithm, float32, training loop only): {t_loop:7.2f} s = "
-        f"{loop_flops / t_loop / 1e9:.1f} GFLOP/s ({loop_flops / t_loop / peak['32-true']:.2f} of the fp32 "
-        f"peak; it runs a second forward pass); batched fit ({precision}, init + Fabric + steps + best "
-        f"state): {secs:.2f} s, its steps alone ~{runs[precision]['step_s'] * n_steps * len(seeds) / len(chunks[0]):.2f} s"
-        f"\n  speedup bound: loop time / (steps x (memory floor + GEMMs at peak)) = {t_loop / floor:.2f}"
-    )
+    t_loop = loop_comparison(data, cfg, seeds, runs, chunks, precision, peak, bw, dims)
     total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs)
     print(
-        f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop={t_loop / secs:.2f} "
-        f"all_methods_5_seeds_s={total:.2f}"
+        f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop="
+        f"{t_loop / runs[precision]['secs']:.2f} all_methods_5_seeds_s={total:.2f} "
+        f"old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f}"
     )
 
 

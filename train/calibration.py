@@ -12,25 +12,29 @@ train_val partition, SPEC §9) minus a seeded 10% holdout, with AdamW and
 cross-entropy against the target (soft targets for BayesX-like data, one-hot otherwise; the
 reference uses hard labels), early-stopped on the holdout NLL, best state restored.
 
-All heads train together as one batched module (stacked weights, per-head masked AdamW: a head
-whose epoch has run out of batches, or that has early-stopped, does not move at all), which gives
-each head exactly the updates it would get if trained alone. Calibration does not depend on the
-run's seed (the reference fits it once per pipeline too), so WALLA's fit computes it once for all
-seeds. Lightning Fabric (walla.train.engine.make_fabric) places the heads and data on env.device and
-runs forward/backward under env.precision; the masked per-head AdamW step is a custom in-place op.
-The state is a plain dict (torch.save-able): cfg, agent, role, fitted, params, in_dims, holdout_nll.
+All heads train together: one forward over their stacked weights (torch.baddbmm), one AdamW (the
+engine's, one param group per head) and clipping per head (engine.clip_gradients, scope "group").
+Each head keeps its own parameter tensors, so a head whose epoch has run out of batches, or that has
+early-stopped, has its gradients dropped and torch's AdamW leaves it alone (no step, no decay, its
+step count unchanged): each head gets exactly the updates it would get if trained alone. Calibration
+does not depend on the run's seed (the reference fits it once per pipeline too), so WALLA's fit
+computes it once for all seeds. Lightning Fabric (engine.make_fabric) places the heads and data on
+env.device and runs forward/backward under env.precision.
+The state is a plain dict (torch.save-able): cfg, agent, role, fitted, params (stacked [G, ...], weights
+then biases), in_dims, holdout_nll.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import check, config, to_dict
 from walla.store.schema import VARIANT_CODE
-from walla.train.engine import TrainEnv, make_fabric, seeded
+from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded
 from walla.train.heads import stack_hidden
 
 
@@ -71,67 +75,65 @@ class CalibrationConfig:
         check(self.by_role in ("auto", "yes", "no"), "calibration by_role", "auto | yes | no", self.by_role)
 
 
+class _TempHead(nn.Module):
+    """One agent's (role's) temperature MLP: weights[j] [d_j, d_j+1] (input rows zero-padded to Hmax)."""
+
+    def __init__(self, in_dim: int, h_max: int, cfg: CalibrationConfig, seed: int) -> None:
+        super().__init__()
+        dims = [h_max, *cfg.hidden, 1]
+        pairs = list(zip(dims[:-1], dims[1:], strict=True))
+        # initialized on the host (seeded CPU RNG: the same init on every device), moved by Fabric
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(a, b, device="cpu")) for a, b in pairs)
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(b, device="cpu")) for _, b in pairs)
+        with seeded(seed):  # nn.Linear default init of the hidden layers, fan_in = the agent's real H
+            hidden = zip([in_dim, *cfg.hidden], cfg.hidden, strict=False)
+            layers = [nn.Linear(a, b, device="cpu") for a, b in hidden]
+        with torch.no_grad():
+            for j, layer in enumerate(layers):
+                self.weights[j][: layer.in_features] = layer.weight.T
+                self.biases[j].copy_(layer.bias)
+            # last layer: zero weight, bias softplus^-1(t0 - t_min), so T starts at t0
+            self.biases[-1].fill_(math.log(math.expm1(cfg.t0 - cfg.t_min)))
+
+
 class _TempHeads(nn.Module):
-    """G temperature MLPs as stacked parameters (head g = slice g): x [G, B, Hmax] -> T [G, B]."""
+    """G temperature MLPs evaluated together: x [G, B, Hmax] -> T [G, B] (head g reads slice g)."""
 
     def __init__(self, in_dims: list[int], cfg: CalibrationConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        dims = [max(in_dims), *cfg.hidden, 1]
-        g = len(in_dims)
-        pairs = list(zip(dims[:-1], dims[1:], strict=True))
-        # initialized on the host (seeded CPU RNG: the same init on every device), moved by Fabric
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(g, a, b, device="cpu")) for a, b in pairs)
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(g, b, device="cpu")) for _, b in pairs)
-        bias0 = math.log(math.expm1(cfg.t0 - cfg.t_min))  # softplus^-1(t0 - t_min): T starts at t0
-        with torch.no_grad():
-            for i, d in enumerate(in_dims):
-                with seeded(cfg.seed + i):  # nn.Linear default init, fan_in = the agent's real H
-                    pairs = zip([d, *cfg.hidden], cfg.hidden, strict=False)
-                    layers = [nn.Linear(a, b, device="cpu") for a, b in pairs]
-                for j, layer in enumerate(layers):
-                    self.weights[j][i, : layer.in_features] = layer.weight.T
-                    self.biases[j][i] = layer.bias
-                self.biases[-1][i] = bias0  # last layer: zero weight, constant bias
+        h_max = max(in_dims)
+        self.heads = nn.ModuleList(_TempHead(d, h_max, cfg, cfg.seed + g) for g, d in enumerate(in_dims))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x  # [G, B, Hmax]
-        last = len(self.weights) - 1
-        for j, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+        last = len(self.cfg.hidden)
+        for j in range(last + 1):
+            w = torch.stack([head.weights[j] for head in self.heads])  # [G, d_j, d_j+1]
+            b = torch.stack([head.biases[j] for head in self.heads])  # [G, d_j+1]
             h = torch.baddbmm(b.unsqueeze(1), h, w)  # [G, B, d_j+1]
             if j < last:
                 h = torch.relu(h)
         t = nn.functional.softplus(h.squeeze(-1)) + self.cfg.t_min  # [G, B]
         return t.clamp(max=self.cfg.t_max)
 
+    def stacked(self) -> list[torch.Tensor]:
+        """Every head's parameters stacked per layer [G, ...]: weights, then biases (the state format)."""
+        per_head = [list(head.weights) + list(head.biases) for head in self.heads]
+        return [torch.stack([ps[i].detach() for ps in per_head]) for i in range(len(per_head[0]))]
 
-def _masked_adamw_(
-    params, exp_avg, exp_sq, steps, on, lr, wd, clip, beta1=0.9, beta2=0.999, eps=1e-8
-) -> None:
-    """One AdamW step per head for heads with on[g] True; the others do not move at all (parameters and
-    moments untouched). Same arithmetic as clip_grad_norm_ + torch.optim.AdamW on each head alone, done
-    as in-place passes over the stacked tensors with per-head factors broadcast as [G, 1, ...]."""
-    g_n = on.shape[0]
-    norm = sum(torch.linalg.vector_norm(p.grad.reshape(g_n, -1), dim=1) ** 2 for p in params).sqrt()  # [G]
-    onf = on.to(norm.dtype)
-    scale = (clip / (norm + 1e-6)).clamp(max=1.0) * onf  # [G] clip_grad_norm_; 0 zeroes a resting head's grad
-    steps += onf
-    t = steps.clamp_min(1)
-    step_size = onf * lr / (1 - beta1**t)  # [G]; 0 for resting heads
-    bc2_sqrt = torch.sqrt(1 - beta2**t)  # [G]
-    for p, m1, m2 in zip(params, exp_avg, exp_sq, strict=True):
-        shape = (-1,) + (1,) * (p.dim() - 1)
-        grad = p.grad.mul_(scale.view(shape))  # [G, ...] clipped; zero for resting heads
-        p.mul_((1 - onf * lr * wd).view(shape))  # decoupled weight decay
-        m1.mul_((1 - (1 - beta1) * onf).view(shape)).add_(grad, alpha=1 - beta1)
-        m2.mul_((1 - (1 - beta2) * onf).view(shape)).addcmul_(grad, grad, value=1 - beta2)
-        denom = m2.sqrt().div_(bc2_sqrt.view(shape)).add_(eps).div_(step_size.view(shape))  # inf if resting
-        p.addcdiv_(m1, denom, value=-1.0)  # m1 / inf = 0: resting heads stay exactly where they are
+    @torch.no_grad()
+    def load_stacked(self, params: list[torch.Tensor]) -> None:
+        for g, head in enumerate(self.heads):
+            for p, v in zip(list(head.weights) + list(head.biases), params, strict=True):
+                p.copy_(v[g])
 
 
 def _log_probs(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log p on enabled options, 0 on disabled ones (finite, so d(logp / T)/dT never sees -inf * 0;
-    `_scaled` masks them out). probs [..., K], mask [..., K] bool."""
+    """log p on enabled options, 0 on disabled ones: probs [..., K], mask [..., K] bool.
+
+    Finite, so d(logp / T)/dT never sees -inf * 0; `_scaled` masks them out.
+    """
     return torch.where(mask, probs.clamp_min(1e-30).log(), torch.zeros_like(probs))
 
 
@@ -154,12 +156,19 @@ def _roles(data, by_role: str) -> np.ndarray | None:
     return np.where(data.variant == VARIANT_CODE["relevant"], 0, 1)
 
 
-def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) -> dict:
-    """Fit every agent's (per-role) temperature head on train + val; see module docstring.
+@dataclass
+class _HeadRows:
+    """Which rows each head fits on: head g calibrates agent[g] on rows of role[g]."""
 
-    Raises:
-        ValueError: `agents` naming a slot outside [0, M).
-    """
+    agent: list[int]  # [G] agent slot
+    role: list[int]  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
+    fitted: list[bool]  # [G] False: fewer than min_rows rows, T stays t0
+    fit_rows: list[np.ndarray]  # [G] training rows
+    hold_rows: list[np.ndarray]  # [G] seeded holdout rows (early stopping)
+
+
+def _head_rows(data, cfg: CalibrationConfig, train: np.ndarray) -> _HeadRows:
+    """One head per calibrated agent (and context role), its rows split into fit and holdout."""
     m = data.n_agents
     agents = list(range(m)) if cfg.agents is None else list(cfg.agents)
     bad = [a for a in agents if not 0 <= a < m]
@@ -167,119 +176,173 @@ def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) ->
         raise ValueError(
             f"calibration agents {bad} out of range: the scenario has {m} agent slots (0..{m - 1})"
         )
-    train = np.sort(np.concatenate([data.split_index("train"), data.split_index("val")]))  # training view
     roles = _roles(data, cfg.by_role)
     head_agent, head_role, head_rows = [], [], []
     for a in agents:
         for r in [-1] if roles is None else [0, 1]:
-            rows = train if r < 0 else train[roles[train, a] == r]
             head_agent.append(a)
             head_role.append(r)
-            head_rows.append(rows)
-    g_all = len(head_agent)
-    in_dims = [int(data.hidden[a].shape[1]) for a in head_agent]
-    fitted = [len(r) >= cfg.min_rows for r in head_rows]
-    # seeded holdout split per head (reference: RandomState(18 + head index))
+            head_rows.append(train if r < 0 else train[roles[train, a] == r])
     fit_rows, hold_rows = [], []
-    for g, rows in enumerate(head_rows):
+    for g, rows in enumerate(head_rows):  # seeded holdout split per head (reference: RandomState(18 + g))
         perm = np.random.RandomState(cfg.seed + g).permutation(len(rows))
         n_hold = max(1, int(round(cfg.holdout * len(rows)))) if len(rows) >= 2 else 0
         hold_rows.append(rows[perm[:n_hold]])
         fit_rows.append(rows[perm[n_hold:]])
+    fitted = [len(r) >= cfg.min_rows for r in head_rows]
+    return _HeadRows(head_agent, head_role, fitted, fit_rows, hold_rows)
 
-    fabric = make_fabric(env)
-    device = fabric.device
-    heads = _TempHeads(in_dims, cfg)
-    net = fabric.setup_module(heads)  # moves to env.device; forward under env.precision
-    h_max = max(in_dims)
-    bank = stack_hidden(data.hidden, train)[:, :, :h_max].to(device)  # [M, n_train, Hmax]; rows by position
-    pos = np.full(len(data.split), -1, dtype=np.int64)
-    pos[train] = np.arange(len(train))
-    probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float32)).to(device)  # [n_train, M, K]
-    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float32)).to(device)  # [n_train, K]
-    mask = torch.from_numpy(np.asarray(data.option_mask[train], dtype=bool)).to(device)  # [n_train, K]
-    agent_t = torch.tensor(head_agent, device=device)[:, None]  # [G, 1]
 
-    def padded(rows: list[np.ndarray], width: int | None = None) -> np.ndarray:
-        """[G, width] train positions per head, -1 = padding."""
+class _HeadBatches:
+    """The training view's tensors on the device, gathered per head: batches are [G, b] positions."""
+
+    def __init__(self, data, train: np.ndarray, agent: list[int], h_max: int, device) -> None:
+        self.device, self.n_heads = device, len(agent)
+        self.bank = stack_hidden(data.hidden, train)[:, :, :h_max].to(device)  # [M, n_train, Hmax]
+        self.pos = np.full(len(data.split), -1, dtype=np.int64)  # row -> position in the training view
+        self.pos[train] = np.arange(len(train))
+        self.probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float32)).to(device)  # [n, M, K]
+        self.target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float32)).to(device)  # [n, K]
+        self.mask = torch.from_numpy(np.asarray(data.option_mask[train], dtype=bool)).to(device)  # [n, K]
+        self.agent = torch.tensor(agent, device=device)[:, None]  # [G, 1]
+
+    def padded(self, rows: list[np.ndarray], width: int | None = None) -> np.ndarray:
+        """[G, width] training-view positions of each head's rows, -1 = padding."""
         width = width or max(1, max(len(r) for r in rows))
-        out = np.full((g_all, width), -1, dtype=np.int64)
+        out = np.full((self.n_heads, width), -1, dtype=np.int64)
         for g, r in enumerate(rows):
-            out[g, : len(r)] = pos[r[:width]]
+            out[g, : len(r)] = self.pos[r[:width]]
         return out
 
-    def batch_terms(idx_np: np.ndarray) -> tuple[torch.Tensor, ...]:
-        idx = torch.from_numpy(idx_np).to(device)  # [G, b], -1 = padding
+    def terms(self, idx_np: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """x [G, b, Hmax], log p [G, b, K], target, option mask, valid [G, b] of positions [G, b]."""
+        idx = torch.from_numpy(idx_np).to(self.device)  # [G, b], -1 = padding
         valid = idx >= 0
         idx = idx.clamp_min(0)
-        x = bank[agent_t, idx].float() * valid.unsqueeze(-1)  # [G, b, Hmax]
-        logp = _log_probs(probs[idx, agent_t], mask[idx])  # [G, b, K]
-        return x, logp, target[idx], mask[idx], valid
+        x = self.bank[self.agent, idx].float() * valid.unsqueeze(-1)  # [G, b, Hmax]
+        logp = _log_probs(self.probs[idx, self.agent], self.mask[idx])  # [G, b, K]
+        return x, logp, self.target[idx], self.mask[idx], valid
 
-    def holdout_nll() -> torch.Tensor:
-        with torch.no_grad():
-            x, logp, y, msk, valid = batch_terms(hold_idx)
-            nll = _nll(_scaled(logp, net(x).float(), msk), y, msk)  # [G, b]
-            return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)  # [G]
 
-    hold_idx = padded(hold_rows)
+def _head_means(nll: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-head mean of [G, b] over the valid positions: [G]."""
+    return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)
+
+
+def _head_nll(net: nn.Module, batches: _HeadBatches, idx_np: np.ndarray) -> torch.Tensor:
+    """Each head's mean NLL of its calibrated distribution on its positions: [G]."""
+    x, logp, y, msk, valid = batches.terms(idx_np)
+    return _head_means(_nll(_scaled(logp, net(x).float(), msk), y, msk), valid)
+
+
+def _identity_nll(batches: _HeadBatches, idx_np: np.ndarray) -> list[float]:
+    """Each head's mean NLL at T = 1 (the uncalibrated distribution): [G]."""
     with torch.no_grad():
-        x, logp, y, msk, valid = batch_terms(hold_idx)
-        nll_t1 = _nll(torch.log_softmax(logp.masked_fill(~msk, -math.inf), -1), y, msk)
-        nll_before = ((nll_t1 * valid).sum(1) / valid.sum(1).clamp_min(1)).tolist()
+        _, logp, y, msk, valid = batches.terms(idx_np)
+        nll = _nll(torch.log_softmax(logp.masked_fill(~msk, -math.inf), -1), y, msk)
+        return _head_means(nll, valid).tolist()
 
-    # ---- batched training with per-head masked AdamW (slice g of every parameter = head g) ----------
-    params = list(heads.parameters())
-    exp_avg = [torch.zeros_like(p) for p in params]
-    exp_sq = [torch.zeros_like(p) for p in params]
-    steps = torch.zeros(g_all, device=device)  # per-head AdamW step count
-    active = torch.tensor(fitted, device=device)
-    best = [p.detach().clone() for p in params]
-    best_nll = holdout_nll().clone()
-    bad_epochs = torch.zeros(g_all, dtype=torch.long, device=device)
-    for epoch in range(cfg.epochs):
-        if not bool(active.any()):
-            break
+
+class _HeadStopping:
+    """Per-head early stopping on the holdout NLL; each head's best state kept in memory."""
+
+    def __init__(self, heads: _TempHeads, nll: torch.Tensor, cfg: CalibrationConfig) -> None:
+        self.heads, self.cfg = heads, cfg
+        self.best = [[p.detach().clone() for p in head.parameters()] for head in heads.heads]
+        self.best_nll = nll.cpu().clone()  # [G]
+        self.bad = torch.zeros(len(heads.heads), dtype=torch.long, device="cpu")  # host bookkeeping
+
+    @torch.no_grad()
+    def after_epoch(self, nll: torch.Tensor, active: np.ndarray) -> np.ndarray:
+        """Record improved heads' states; the heads still active afterwards ([G] bool)."""
+        on = torch.from_numpy(active)
+        improved = on & (nll.cpu() < self.best_nll - self.cfg.min_delta)  # [G]
+        for g in np.flatnonzero(improved.numpy()):
+            for bp, p in zip(self.best[g], self.heads.heads[g].parameters(), strict=True):
+                bp.copy_(p)
+        self.best_nll = torch.where(improved, nll.cpu(), self.best_nll)
+        self.bad = torch.where(improved, torch.zeros_like(self.bad), self.bad + on.long())
+        return active & (self.bad < self.cfg.patience).numpy()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for best, head in zip(self.best, self.heads.heads, strict=True):
+            for bp, p in zip(best, head.parameters(), strict=True):
+                p.copy_(bp)
+
+
+class _CalibrationTraining:
+    """The heads, their AdamW (one param group per head) and one epoch of batched training."""
+
+    def __init__(self, fabric, heads: _TempHeads, batches: _HeadBatches, plan: _HeadRows, cfg) -> None:
+        groups = [{"params": list(head.parameters())} for head in heads.heads]
+        opt = make_optimizer(groups, "adamw", cfg.lr, cfg.weight_decay, device=str(fabric.device))
+        self.net, self.opt = fabric.setup(heads, opt)  # moves to env.device; forward under env.precision
+        self.fabric, self.heads, self.batches, self.plan, self.cfg = fabric, heads, batches, plan, cfg
+
+    def holdout_nll(self, hold_idx: np.ndarray) -> torch.Tensor:
+        with torch.no_grad():
+            return _head_nll(self.net, self.batches, hold_idx)  # [G]
+
+    def epoch(self, epoch: int, active: np.ndarray) -> None:
+        """One pass over every active head's rows, each in its own seeded order.
+
+        A head whose rows ran out (or that is not active) rests: its gradients are dropped, so AdamW
+        does not touch it.
+        """
+        bs = self.cfg.batch_size
         orders = [
-            r[np.random.RandomState((cfg.seed + g) * 1000 + epoch).permutation(len(r))]
-            for g, r in enumerate(fit_rows)
+            r[np.random.RandomState((self.cfg.seed + g) * 1000 + epoch).permutation(len(r))]
+            for g, r in enumerate(self.plan.fit_rows)
         ]
-        n_batches = np.array([math.ceil(len(r) / cfg.batch_size) for r in orders])
-        order_idx = padded(orders, int(n_batches.max(initial=1)) * cfg.batch_size)  # [G, nb * bs]
+        n_batches = np.array([math.ceil(len(r) / bs) for r in orders])
+        order_idx = self.batches.padded(orders, int(n_batches.max(initial=1)) * bs)  # [G, nb * bs]
         for t in range(int(n_batches.max(initial=0))):
-            step_on = active & torch.from_numpy(t < n_batches).to(device)  # [G]
-            if not bool(step_on.any()):
+            step_on = active & (t < n_batches)  # [G]
+            if not step_on.any():
                 break
-            idx_np = order_idx[:, t * cfg.batch_size : (t + 1) * cfg.batch_size].copy()
-            idx_np[~step_on.cpu().numpy()] = -1
-            x, logp, y, msk, valid = batch_terms(idx_np)
-            nll = _nll(_scaled(logp, net(x).float(), msk), y, msk)  # [G, b]
-            loss = ((nll * valid).sum(1) / valid.sum(1).clamp_min(1)).sum()  # sum of per-head means
-            for p in params:
-                p.grad = None
-            fabric.backward(loss)
-            with torch.no_grad():
-                _masked_adamw_(params, exp_avg, exp_sq, steps, step_on, cfg.lr, cfg.weight_decay, cfg.clip)
-        # ---- per-head early stopping on the holdout NLL ------------------------------------------
-        nll = holdout_nll()
-        improved = active & (nll < best_nll - cfg.min_delta)
-        with torch.no_grad():
-            for p, bp in zip(params, best, strict=True):
-                bp.copy_(torch.where(improved.view((-1,) + (1,) * (p.dim() - 1)), p, bp))
-        best_nll = torch.where(improved, nll, best_nll)
-        bad_epochs = torch.where(improved, torch.zeros_like(bad_epochs), bad_epochs + active.long())
-        active = active & (bad_epochs < cfg.patience)
+            idx_np = order_idx[:, t * bs : (t + 1) * bs].copy()
+            idx_np[~step_on] = -1
+            loss = _head_nll(self.net, self.batches, idx_np).sum()  # sum of per-head means
+            self.opt.zero_grad(set_to_none=True)
+            self.fabric.backward(loss)
+            for g in np.flatnonzero(~step_on):
+                for p in self.heads.heads[g].parameters():
+                    p.grad = None
+            clip_gradients(self.fabric, self.opt, self.cfg.clip, scope="group")
+            self.opt.step()
 
-    with torch.no_grad():
-        for p, bp in zip(params, best, strict=True):
-            p.copy_(bp)
-    after = holdout_nll().tolist()
+
+def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) -> dict:
+    """Fit every agent's (per-role) temperature head on train + val; see module docstring.
+
+    Raises:
+        ValueError: `agents` naming a slot outside [0, M).
+    """
+    train = np.sort(np.concatenate([data.split_index("train"), data.split_index("val")]))  # training view
+    plan = _head_rows(data, cfg, train)
+    in_dims = [int(data.hidden[a].shape[1]) for a in plan.agent]
+    fabric = make_fabric(env)
+    heads = _TempHeads(in_dims, cfg)
+    batches = _HeadBatches(data, train, plan.agent, max(in_dims), fabric.device)
+    training = _CalibrationTraining(fabric, heads, batches, plan, cfg)
+    hold_idx = batches.padded(plan.hold_rows)
+    nll_before = _identity_nll(batches, hold_idx)
+    stopping = _HeadStopping(heads, training.holdout_nll(hold_idx), cfg)
+    active = np.array(plan.fitted, dtype=bool)
+    for epoch in range(cfg.epochs):
+        if not active.any():
+            break
+        training.epoch(epoch, active)
+        active = stopping.after_epoch(training.holdout_nll(hold_idx), active)
+    stopping.restore()
+    after = training.holdout_nll(hold_idx).tolist()
     return {
         "cfg": to_dict(cfg),
-        "agent": head_agent,  # [G] agent slot of each head
-        "role": head_role,  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
-        "fitted": fitted,  # [G] False: too few rows, T = t0
-        "params": [p.detach().cpu().clone() for p in params],  # stacked MLP parameters (head g = slice g)
+        "agent": plan.agent,  # [G] agent slot of each head
+        "role": plan.role,  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
+        "fitted": plan.fitted,  # [G] False: too few rows, T = t0
+        "params": [p.cpu().clone() for p in heads.stacked()],  # stacked MLP parameters (head g = slice g)
         "in_dims": in_dims,  # [G] hidden size of each head's agent
         "holdout_nll": [list(pair) for pair in zip(nll_before, after, strict=True)],  # [G] (before, after)
     }
@@ -293,9 +356,7 @@ def temperatures(
     m, dev, cfg = data.n_agents, torch.device(env.device), CalibrationConfig(**state["cfg"])
     temps = np.ones((len(rows), m), dtype=np.float32)
     heads = _TempHeads(state["in_dims"], cfg).to(dev)
-    with torch.no_grad():
-        for p, v in zip(heads.parameters(), state["params"], strict=True):
-            p.copy_(v)
+    heads.load_stacked(state["params"])
     roles = _roles(data, cfg.by_role) if any(r >= 0 for r in state["role"]) else None
     agent_t = torch.tensor(state["agent"], device=dev)[:, None]  # [G, 1]
     for start in range(0, len(rows), batch):

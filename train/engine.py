@@ -1,32 +1,26 @@
-"""The training engine: Lightning Fabric drives every gradient-trained loop of walla.
-
-    from walla.train.engine import TrainEnv, fit_module, make_fabric, row_batches, seeded
+"""The training engine: where training runs, and the one optimizer and clipping path of every loop.
 
     env = TrainEnv(device=resolve_device("auto"), precision=resolve_precision("auto", device))
-    with seeded(seed):                                       # init is the caller's: seed it
-        net = MyHead(...)
-    batches = row_batches(train_rows, batch_size=100, seed=seed)   # shuffled once (SPEC §3.2)
-    res = fit_module(
-        net,
-        loss_fn=lambda net, rows: ce_of_pool(net(x[rows]), probs[rows], target[rows]),
-        train_batches=batches,                  # list of batches, or callable epoch -> iterable
-        env=env,                                # device + Lightning precision
-        val_fn=lambda net: val_kl(net),         # optional: per-epoch, lower is better, best restored
-        optimizer="adamw", lr=5e-5, weight_decay=0.01, epochs=5, patience=5, clip=1.0,
-        seed=seed, log=log,                     # log(dict) once per training batch
-    )
-    res.module                                  # best (or last) state, in eval mode, on env.device
+    fabric = make_fabric(env)                          # Lightning Fabric: device + precision plugin
+    opt = make_optimizer(params, "adamw", lr=1e-4, weight_decay=1e-5, device=env.device)
+    net, opt = fabric.setup(module, opt)               # moves the module, wraps forward in the precision
+    ...
+    opt.zero_grad(set_to_none=True)
+    fabric.backward(loss)
+    norms = clip_gradients(fabric, opt, max_norm=1.0, scope="slice")   # pre-clip norms
+    opt.step()
 
-Per batch: zero_grad -> loss_fn(module, batch) (the Fabric-wrapped module: its forward runs under the
-precision's autocast / dtype conversion) -> fabric.backward -> clip (fabric.clip_gradients for one
-param group; per group, or the caller's `clip_fn`, otherwise) -> skip the step if the gradient norm is
-non-finite or above `skip_grad_norm_above` -> optimizer.step -> log -> on_step (may stop).
-Per epoch (if val_fn): eval mode, no_grad val_fn(module) -> on strict improvement (by more than
-min_delta) the state is checkpointed with fabric.save into a temporary directory -> stop after
-`patience` epochs without one; the best checkpoint is restored with fabric.load at the end.
+Every gradient-trained loop of walla goes through these pieces: the generic one-module loop
+(fit_loop.fit_module: StackedGen, the routers), WALLA's batched wager heads (wager_training.py) and
+the calibration heads (calibration.py). Optimizers are torch's own (Adam, AdamW, SGD), fused where the
+device has a fused kernel; precision is Lightning's plugin for `env.precision` (autocast for
+"-mixed", a parameter dtype for "-true", the loss scaler for 16-mixed).
 
-Loops that are not "one module, one loss, one optimizer" (batched WALLA and calibration heads) use
-`make_fabric(env)` and fabric.setup / backward / autocast directly (methods/walla.py, calibration.py).
+Clipping has one definition, torch.nn.utils.clip_grad_norm_'s (coef = max_norm / (norm + 1e-6),
+capped at 1), applied in one of three scopes: each optimizer param group alone, every parameter
+jointly, or each SLICE along axis 0 alone. The last is for modules that batch independent models
+(agents, seeds) into stacked parameters [S, ...]: slice s is clipped exactly as its model would be
+alone, so with an elementwise optimizer (Adam) each model's update is the one it would get alone.
 
 Seeding stays local (`seeded(seed)` forks torch's RNG; fabric.seed_everything is never used). Importing
 Fabric costs 3.3-3.5 s warm, 8.3 s cold (2-core CPU, load 7-9) once per process, on the first make_fabric.
@@ -41,22 +35,29 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from walla.train.methods import LogFn
 
-LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, float]]
 OPTIMIZERS = ("adam", "adamw", "sgd")
+FUSED_DEVICES = ("cpu", "cuda")  # device types with torch's fused Adam/AdamW kernel
+CLIP_SCOPES = ("group", "all", "slice")
+CLIP_EPS = 1e-6  # clip_grad_norm_'s: coef = max_norm / (norm + CLIP_EPS)
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true")
-PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "bf16": "bf16-mixed", "16": "16-mixed"}
-BF16_MIN_SPEEDUP = 1.3  # "auto" picks bf16-mixed only when the measured bf16 GEMM is this much faster
+PRECISION_ALIASES = {
+    "32": "32-true",
+    "64": "64-true",
+    "bf16": "bf16-mixed",
+    "16": "16-mixed",
+}
+# "auto" picks bf16-mixed only when the measured bf16 GEMM is this much faster than float32
+BF16_MIN_SPEEDUP = 1.3
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,16 @@ class TrainEnv:
         return torch.device(self.device)
 
 
+# ---------------------------------------------------------------------------- device and precision
+
+
 def resolve_device(name: str) -> str:
     """ "auto" | "cpu" | "cuda[:N]" | "mps" -> a concrete device; one-line ValueError if unavailable."""
     name = str(name).strip().lower()
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
     if name == "cpu":
         return "cpu"
     if name == "cuda" or name.startswith("cuda:"):
@@ -125,8 +131,8 @@ def resolve_precision(name: str, device: str) -> str:
     if name == "auto":
         if torch.device(device).type == "mps":
             return "32-true"
-        fast = gemm_flops(torch.bfloat16, device) >= BF16_MIN_SPEEDUP * gemm_flops(torch.float32, device)
-        return "bf16-mixed" if fast else "32-true"
+        bf16, fp32 = gemm_flops(torch.bfloat16, device), gemm_flops(torch.float32, device)
+        return "bf16-mixed" if bf16 >= BF16_MIN_SPEEDUP * fp32 else "32-true"
     name = PRECISION_ALIASES.get(name, name)
     if name not in PRECISIONS:
         raise ValueError(
@@ -137,16 +143,20 @@ def resolve_precision(name: str, device: str) -> str:
     return name
 
 
+# ---------------------------------------------------------------------------- Fabric, seeds, batches
+
+
 def _quiet_lightning() -> None:
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*GPU available.*")
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning's own pytree deprecation notice
+    # lightning's own pytree deprecation notice
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 
 
 def make_fabric(env: TrainEnv, loggers: Any = None):
     """A single-device Fabric for `env` (imports Lightning on first use)."""
-    from lightning.fabric import Fabric
+    from lightning.fabric import Fabric  # heavy (seconds): imported only when a loop starts
 
     _quiet_lightning()
     dev = torch.device(env.device)
@@ -186,14 +196,24 @@ def row_batches(
     return out
 
 
+# ---------------------------------------------------------------------------- optimizer and clipping
+
+
 def make_optimizer(
     params: Iterable[nn.Parameter] | list[dict],
     optimizer: str = "adam",
     lr: float = 1e-3,
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
+    device: str = "cpu",
 ) -> torch.optim.Optimizer:
-    """Adam / AdamW / SGD over parameters or torch-style param groups (dicts may carry their own lr)."""
+    """torch's Adam / AdamW / SGD over parameters or param groups (dicts may carry their own lr).
+
+    `device` is where the parameters will train (fabric.setup moves them there). On CPU and CUDA
+    Adam/AdamW are fused: one pass over p, grad, m, v per step where the default CPU path makes ~7
+    (its passes were ~40% of StackedGen's 4096-wide fit); same update formula up to an ulp.
+    Elsewhere torch picks its default (foreach) implementation.
+    """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     if not (lr > 0 and math.isfinite(lr)):
@@ -201,12 +221,73 @@ def make_optimizer(
     params = list(params)
     if optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
-    # fused: one pass over p, grad, m, v per step where the default CPU path makes ~7 (its passes were ~40%
-    # of StackedGen's 4096-wide fit). Same update formula; rounding differs by ~1 ulp.
     tensors = [t for g in params for t in (g["params"] if isinstance(g, dict) else [g])]
-    fused = all(t.is_floating_point() and t.device.type in ("cpu", "cuda") for t in tensors)
+    fused = torch.device(device).type in FUSED_DEVICES and all(t.is_floating_point() for t in tensors)
     cls = torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW
     return cls(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
+
+
+@torch.no_grad()
+def _clip_group_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over the parameters that have a gradient: the pre-clip norm []."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        return torch.zeros((), device=params[0].device)
+    return nn.utils.clip_grad_norm_(with_grad, max_norm).float()
+
+
+@torch.no_grad()
+def _clip_slices_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """clip_grad_norm_ on each slice along axis 0 alone; the pre-clip norms [S].
+
+    As clip_grad_norm_: norm = the norm of the per-tensor norms, coef = max_norm / (norm + CLIP_EPS)
+    capped at 1.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(params[0].shape[0], device=params[0].device)
+    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # [T, S]
+    norm = torch.linalg.vector_norm(per_tensor, dim=0)  # [S]
+    coef = (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)  # [S]
+    if bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read + write of every gradient when none clips
+        for g in grads:
+            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+    return norm.float()
+
+
+def clip_grad_norms_(
+    groups: Sequence[Sequence[torch.Tensor]], max_norm: float | None, per_slice: bool = False
+) -> torch.Tensor:
+    """Clip each group of parameters' gradients in place, as clip_grad_norm_ on that group alone.
+
+    `per_slice`: axis 0 of every parameter indexes independent models (module docstring); each slice
+    of each group is clipped alone. `max_norm=None` only measures. Parameters without a gradient are
+    left out (a group with none has norm 0); empty groups are skipped. Returns the pre-clip norms,
+    float32 on the parameters' device: [n_groups], or [n_groups, S] per slice.
+    """
+    limit = max_norm if max_norm is not None else math.inf
+    clip = _clip_slices_ if per_slice else _clip_group_
+    return torch.stack([clip(params, limit) for params in groups if len(params)])
+
+
+def clip_gradients(fabric, optimizer, max_norm: float | None, scope: str = "group") -> torch.Tensor:
+    """Undo a 16-mixed loss scale, then clip the optimizer's parameters in `scope` (module docstring).
+
+    scope "group": each param group alone -> norms [n_groups]; "all": every parameter jointly -> [1];
+    "slice": each slice along axis 0 of each group alone -> [n_groups, S]. `optimizer` may be the
+    Fabric-wrapped one.
+    """
+    if scope not in CLIP_SCOPES:
+        raise ValueError(f"clip scope must be one of {CLIP_SCOPES}, got {scope!r}")
+    raw = getattr(optimizer, "optimizer", optimizer)
+    fabric.strategy.precision.unscale_gradients(raw)
+    groups = [g["params"] for g in raw.param_groups]
+    if scope == "all":
+        groups = [[p for g in groups for p in g]]
+    return clip_grad_norms_(groups, max_norm, per_slice=scope == "slice")
+
+
+# ---------------------------------------------------------------------------- checkpoints
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any], fabric: Any = None) -> None:
@@ -228,173 +309,3 @@ def load_checkpoint(path: str | Path, state: dict[str, Any] | None = None, fabri
     """Read a checkpoint written by save_checkpoint (fabric.load; modules in `state` load in place)."""
     fabric = fabric if fabric is not None else make_fabric(TrainEnv())
     return fabric.load(Path(path), state, weights_only=False)
-
-
-@dataclass
-class FitResult:
-    module: nn.Module  # best state if val_fn improved at least once, else the last state
-    steps: int  # optimizer steps attempted (skipped ones included)
-    epochs_run: int
-    best_epoch: int | None  # 0-based epoch whose val was best (None without val_fn)
-    best_val: float | None
-    stopped_early: bool
-    history: list[dict[str, float]] = field(default_factory=list)  # per epoch: epoch, val, train_loss
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor | np.ndarray):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
-    if isinstance(batch, list | tuple) and batch:
-        return _batch_len(batch[0])
-    return 1
-
-
-def _clip(fabric, module, opt, clip: float | None, clip_fn) -> float:
-    """Clip gradients; return the largest pre-clip norm (per param group, or the caller's clip_fn's)."""
-    groups = [[p for p in g["params"] if p.grad is not None] for g in opt.param_groups]
-    groups = [g for g in groups if g]
-    if clip_fn is None and clip is not None and len(groups) == 1:
-        return float(fabric.clip_gradients(module, opt, max_norm=clip, error_if_nonfinite=False))
-    fabric.strategy.precision.unscale_gradients(opt.optimizer)  # 16-mixed: undo the loss scale first
-    if clip_fn is not None:
-        norm = clip_fn(module)
-        return float("nan") if norm is None else float(norm)
-    max_norm = clip if clip is not None else math.inf
-    return max((float(nn.utils.clip_grad_norm_(g, max_norm)) for g in groups), default=0.0)
-
-
-def fit_module(
-    module: nn.Module,
-    loss_fn: Callable[[nn.Module, Any], LossOut],
-    train_batches: Sequence[Any] | Callable[[int], Iterable[Any]],
-    *,
-    env: TrainEnv = TrainEnv(),
-    val_fn: Callable[[nn.Module], float] | None = None,
-    optimizer: str | torch.optim.Optimizer = "adam",
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    betas: tuple[float, float] = (0.9, 0.999),
-    param_groups: list[dict] | None = None,
-    epochs: int = 1,
-    patience: int | None = None,
-    min_delta: float = 0.0,
-    clip: float | None = 1.0,
-    clip_fn: Callable[[nn.Module], float | None] | None = None,
-    skip_grad_norm_above: float | None = None,
-    on_step: Callable[[int, dict[str, float]], bool] | None = None,
-    seed: int = 0,
-    log: LogFn | None = None,
-    logger: Any = None,
-) -> FitResult:
-    """Train `module` with `loss_fn` over `train_batches` through Lightning Fabric (see module docstring).
-
-    Args:
-        module: any nn.Module (already initialized; build it inside `seeded(seed)` for reproducibility).
-            Fabric moves it to env.device (and casts it for "-true" precisions).
-        loss_fn: `loss_fn(module, batch) -> loss` or `(loss, metrics)`; metrics (floats) are logged per
-            batch; a "batch_size" entry overrides the inferred batch length for `n_seen`. The caller's
-            data must live on env.device.
-        train_batches: a sequence re-iterated every epoch (same order: shuffle-once protocol), or a
-            callable `epoch -> iterable` for per-epoch reshuffling.
-        env: device and Lightning precision.
-        val_fn: `val_fn(module) -> float`, lower is better; run after every epoch in eval mode without
-            gradients. With it the best epoch's state is restored at the end.
-        optimizer: "adam" | "adamw" | "sgd" (built over `param_groups` if given, else all parameters
-            requiring grad), or a ready torch optimizer over the module's parameters.
-        patience: epochs without validation improvement before stopping (None: never stop early).
-        clip: max gradient norm, applied to each param group separately (None: no clipping).
-        clip_fn: replaces `clip`; `clip_fn(module)` clips in place and may return the pre-clip norm.
-        skip_grad_norm_above: skip the optimizer step when the pre-clip norm is non-finite or above this.
-        on_step: `on_step(step, metrics) -> stop?` after every optimizer step (online early stopping).
-        seed: seeds torch's RNG for the fit (dropout) inside a fork, so global RNG state is untouched.
-        log: called once per batch with {"step", "epoch", "n_seen", "loss", "grad_norm", **metrics}.
-        logger: optional Lightning logger (CSVLogger, TensorBoardLogger, ...) that receives the same rows.
-
-    Raises:
-        ValueError: bad optimizer/epochs/lr/patience. FloatingPointError: non-finite training loss.
-    """
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if patience is not None and patience < 1:
-        raise ValueError(f"patience must be >= 1 epoch (or None), got {patience}")
-    if isinstance(optimizer, torch.optim.Optimizer):
-        opt = optimizer
-    else:
-        params = (
-            param_groups if param_groups is not None else [p for p in module.parameters() if p.requires_grad]
-        )
-        opt = make_optimizer(params, optimizer, lr, weight_decay, betas)
-    fabric = make_fabric(env, loggers=logger)
-    net, fopt = fabric.setup(module, opt)
-    batches_for = train_batches if callable(train_batches) else (lambda _epoch: train_batches)
-    step, n_seen, stopped, epochs_run = 0, 0, False, 0
-    best_val, best_epoch, bad, history = None, None, 0, []
-    ckpt_dir = tempfile.TemporaryDirectory(prefix="walla-best-") if val_fn is not None else None
-    try:
-        with seeded(seed, env.device):
-            net.train()
-            for epoch in range(epochs):
-                epochs_run, loss_sum, loss_n = epoch + 1, 0.0, 0
-                for batch in batches_for(epoch):
-                    fopt.zero_grad(set_to_none=True)
-                    out = loss_fn(net, batch)
-                    loss, metrics = (out, {}) if isinstance(out, torch.Tensor) else out
-                    loss_value = float(loss.detach())
-                    if not math.isfinite(loss_value):
-                        raise FloatingPointError(f"non-finite training loss {loss_value} at step {step}")
-                    fabric.backward(loss)
-                    norm = _clip(fabric, net, fopt, clip, clip_fn)
-                    skipped = skip_grad_norm_above is not None and not (
-                        math.isfinite(norm) and norm <= skip_grad_norm_above
-                    )
-                    if not skipped:
-                        fopt.step()
-                    step += 1
-                    n_seen += int(metrics.pop("batch_size", _batch_len(batch)))
-                    loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
-                    row = {"step": step, "epoch": epoch, "n_seen": n_seen, "loss": loss_value}
-                    row.update({"grad_norm": norm, **({"skipped": 1.0} if skipped else {}), **metrics})
-                    if log is not None:
-                        log(row)
-                    if logger is not None:
-                        fabric.log_dict(
-                            {k: v for k, v in row.items() if k not in ("step", "epoch")}, step=step
-                        )
-                    if on_step is not None and on_step(step, row):
-                        stopped = True
-                        break
-                if stopped:
-                    break
-                hist = {"epoch": epoch, "train_loss": loss_sum / max(loss_n, 1)}
-                history.append(hist)
-                if val_fn is None:
-                    continue
-                net.eval()
-                with torch.no_grad():
-                    hist["val"] = val = float(val_fn(net))
-                net.train()
-                if best_val is None or val < best_val - min_delta:
-                    best_val, best_epoch, bad = val, epoch, 0
-                    fabric.save(Path(ckpt_dir.name) / "best.ckpt", {"module": net})
-                else:
-                    bad += 1
-                if patience is not None and bad >= patience:
-                    stopped = True
-                    break
-        if best_epoch is not None:
-            fabric.load(Path(ckpt_dir.name) / "best.ckpt", {"module": net})
-    finally:
-        if ckpt_dir is not None:
-            ckpt_dir.cleanup()
-    module.eval()
-    return FitResult(
-        module=module,
-        steps=step,
-        epochs_run=epochs_run,
-        best_epoch=best_epoch,
-        best_val=best_val,
-        stopped_early=stopped,
-        history=history,
-    )

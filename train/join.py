@@ -23,6 +23,7 @@ from walla.train.engine import load_checkpoint
 from walla.train.methods import method_module
 from walla.train.plan import MethodPlan, TrainPlan, with_spec
 from walla.train.runs import STATE, is_complete, list_run_dirs, read_run_meta
+from walla.train.wager_training import init_heads
 
 
 def joined_plan(
@@ -110,8 +111,6 @@ def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, run
         FileNotFoundError: a base WALLA run has no state.pt (train the base scenario first).
         ValueError: several base runs could be meant (base_state).
     """
-    from walla.train.methods.walla import _init_heads
-
     in_dims = [int(h.shape[1]) for h in data.hidden]
     out: dict[str, dict[int, list[torch.Tensor]]] = {}
     for mp in plan.methods:
@@ -120,7 +119,7 @@ def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, run
         for seed in plan.seeds:
             old = load_checkpoint(base_state(runs, base_name, mp, seed, data))
             n_kinds, m_old = old["n_kinds"], len(old["in_dims"])
-            fresh = list(_init_heads([seed], in_dims, mp.config, n_kinds).parameters())
+            fresh = list(init_heads([seed], in_dims, mp.config, n_kinds).parameters())
             params = [p.detach().clone() for p in fresh]  # [n_kinds * M_new, ...] each
             m_new = len(in_dims)
             for k in range(n_kinds):

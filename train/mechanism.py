@@ -95,7 +95,10 @@ def brier_score(
 
 
 def regret(agg_loss: Tensor, agent_losses: Tensor) -> Tensor:
-    """Dynamic regret per question: loss of the aggregate minus the best agent's loss. [...], [..., M] -> [...]."""
+    """Dynamic regret per question: loss of the aggregate minus the best agent's loss.
+
+    agg_loss [...], agent_losses [..., M] -> [...].
+    """
     return agg_loss - agent_losses.amin(-1)
 
 
@@ -109,8 +112,11 @@ def brier_regret(agg: Tensor, probs: Tensor, target: Tensor) -> Tensor:
 
 
 def kl_gold(target: Tensor, agg: Tensor, eps: float = KL_EPS) -> Tensor:
-    """KL(gold || aggregate) over the options (SPEC §8 validation form: +eps inside the gold log, aggregate
-    clipped at eps) per question -> [...]. Used by early stopping on soft-target (BayesX) data."""
+    """KL(gold || aggregate) over the options, per question -> [...].
+
+    SPEC §8's validation form: +eps inside the gold log, the aggregate clipped at eps. Used by early
+    stopping on soft-target (BayesX) data.
+    """
     return (target * ((target + eps).log() - agg.clamp_min(eps).log())).sum(-1)
 
 
@@ -180,18 +186,27 @@ def loo_baseline(
     Variant I:  b_-i = sum_{j!=i} w_j s(p_j) / W_-i      (wager-weighted mean of the others' scores)
     Variant II: b_-i = s(sum_{j!=i} w_j p_j / W_-i)       (score of the others' linear pool; always a
                 linear pool whatever pooling aggregates, as in the reference)
-    with W_-i = sum_{j!=i} w_j. No opposing stake (M = 1, or nobody else wagers): b_-i = s(u, y), the score
-    of the uniform forecast u over the enabled options (``option_mask``), i.e. c1 - c2 (1 - 1/K); any positive
-    W_-i, however small (1e-300 in float64), gives the formula above exactly. Why u: b stays independent of (p_i, w_i)
-    (DSIC, advantage-wager alignment), inside [s_min, s_max] (deficit bound), and since u is a proper
+    with W_-i = sum_{j!=i} w_j. No opposing stake (M = 1, or nobody else wagers): b_-i = s(u, y), the
+    score of the uniform forecast u over the enabled options (``option_mask``), i.e. c1 - c2 (1 - 1/K);
+    any positive W_-i, however small (1e-300 in float64), gives the formula above exactly. Why u: b stays
+    independent of (p_i, w_i) (DSIC, advantage-wager alignment), inside [s_min, s_max] (deficit bound),
+    and since u is a proper
     forecast WALLA II keeps no-arbitrage (E_{Y~u}[s(p_i) - s(u)] <= 0). The reference's 0/1e-16 division
     gives 0 (= s_min) for variant I and s(0-vector) = c1 - c2 for variant II at M = 1 instead.
     """
     return _scores_and_baseline(probs, wagers, target, variant, c1, c2, option_mask, validate)[1]
 
 
-def advantage(probs: Tensor, wagers: Tensor, target: Tensor, variant: str = "I", c1: float = 1.0, c2: float = 0.5,
-             option_mask: Tensor | None = None, validate: bool = True) -> Tensor:  # fmt: skip
+def advantage(
+    probs: Tensor,
+    wagers: Tensor,
+    target: Tensor,
+    variant: str = "I",
+    c1: float = 1.0,
+    c2: float = 0.5,
+    option_mask: Tensor | None = None,
+    validate: bool = True,
+) -> Tensor:
     """Comparative advantage A_i = s(p_i, y) - b_-i: ``[..., M]`` (training regresses wagers onto it).
 
     b_-i depends on the *other* agents' wagers, so autograd links agents through it: detach A before
@@ -201,8 +216,17 @@ def advantage(probs: Tensor, wagers: Tensor, target: Tensor, variant: str = "I",
     return scores - baseline
 
 
-def net_payout(probs: Tensor, wagers: Tensor, target: Tensor, variant: str = "I", c1: float = 1.0, c2: float = 0.5,
-              c3: float = 0.5, option_mask: Tensor | None = None, validate: bool = True) -> Tensor:  # fmt: skip
+def net_payout(
+    probs: Tensor,
+    wagers: Tensor,
+    target: Tensor,
+    variant: str = "I",
+    c1: float = 1.0,
+    c2: float = 0.5,
+    c3: float = 0.5,
+    option_mask: Tensor | None = None,
+    validate: bool = True,
+) -> Tensor:
     """WALLA net payout pi_i = w_i (s_i - b_-i - c3 w_i): ``[..., M]`` (Def. "Net Payout Function")."""
     if validate:
         check_consts(c3=c3)
@@ -287,12 +311,12 @@ def pool(
     eps: float = LOG_POOL_EPS,
     validate: bool = True,
 ) -> Tensor:
-    """Aggregate ``probs[..., M, K]`` with non-negative ``weights[..., M]`` into ``[..., K]`` (paper Sec. "Aggregation").
+    """Aggregate ``probs[..., M, K]`` with non-negative ``weights[..., M]`` into ``[..., K]``.
 
-    Weights are renormalized to sum 1; a row of all-zero weights pools with equal weights.
-    linear: sum_i w_i p_i (eq. linear-pool).  log: normalize(exp(sum_i w_i log max(p_i, eps))) (eq. log-pool),
-    stable when some p_i are exactly zero. ``option_mask[..., K]`` (bool): False options get probability 0
-    and the rest is renormalized (datasets with 3-5 options padded to K).
+    Paper Sec. "Aggregation". Weights are renormalized to sum 1; a row of all-zero weights pools with
+    equal weights. linear: sum_i w_i p_i (eq. linear-pool). log: normalize(exp(sum_i w_i log max(p_i,
+    eps))) (eq. log-pool), stable when some p_i are exactly zero. ``option_mask[..., K]`` (bool): False
+    options get probability 0 and the rest is renormalized (datasets with 3-5 options padded to K).
     """
     check_choice("kind", kind, POOL_KINDS)
     p0, w = as_float(probs), as_float(weights)
@@ -333,10 +357,10 @@ def deficit_bound(c2: float = 0.5, c3: float = 0.5) -> float:
 
 
 def deficit_bound_w(wagers: Tensor, c2: float = 0.5, c3: float = 0.5, validate: bool = True) -> Tensor:
-    """First, wager-dependent inequality of the deficit proposition: sum_i pi_i <= ((s_max-s_min)/W - c3) sum_i w_i^2.
+    """First, wager-dependent inequality of the deficit proposition.
 
-    With the Brier score s_max - s_min = 2 c2 and W = sum_i w_i. ``wagers[..., M]`` -> ``[...]``; 0 when W = 0
-    (then every payout is 0).
+    sum_i pi_i <= ((s_max - s_min) / W - c3) sum_i w_i^2, with the Brier score s_max - s_min = 2 c2 and
+    W = sum_i w_i. ``wagers[..., M]`` -> ``[...]``; 0 when W = 0 (then every payout is 0).
     """
     w = as_float(wagers)
     if w.dim() < 1:

@@ -75,9 +75,12 @@ class OnlineStop:
                 bp[rows] = p.detach()[rows]
 
     def update(self, step: int, epoch: int, b: int, summary: dict, payout: torch.Tensor) -> bool:
-        """Account for one batch, called BEFORE its optimizer step (module docstring); True once every
-        seed has stopped (train one more update, this batch's, then end). `summary`: per-seed CPU tensors
-        "mse" [S, M], "metric" [S] (absent: no stopping metric), "wager" [S, M], "adv" [S, M]."""
+        """Account for one batch, called BEFORE its optimizer step (module docstring).
+
+        `summary`: per-seed CPU tensors "mse" [S, M], "metric" [S] (absent: no stopping metric),
+        "wager" [S, M], "adv" [S, M]. Returns True once every seed has stopped: the caller trains one
+        more update, this batch's, then ends.
+        """
         self.n_seen += b
         metric = summary.get("metric")
         wm = self._window(step, b, metric)
@@ -117,9 +120,11 @@ class OnlineStop:
         self.logs[s](entry)
 
     def best_or_last(self, last: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The best state per seed on the CPU; a seed that is pending or whose window never improved takes
-        its `last` state (the parameters after the final update). Returns `last` itself (no copy) when every
-        seed does, else new tensors."""
+        """The best state per seed on the CPU.
+
+        A seed that is pending or whose window never improved takes its `last` state (the parameters
+        after the final update). Returns `last` itself (no copy) when every seed does, else new tensors.
+        """
         kept = [s for s in range(self.s_n) if self.best_step[s] is not None and not self.pending[s]]
         if not kept:
             return last

@@ -24,7 +24,8 @@ from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
 from walla.train.embedding_cache import frozen_features
 from walla.train.encoders import POOLINGS, TRUNCATION_SIDES, EncoderSpec, TextEncoder, router_texts
-from walla.train.engine import TrainEnv, fit_module, row_batches, seeded
+from walla.train.engine import TrainEnv, row_batches, seeded
+from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.pooling_losses import val_metric
@@ -101,9 +102,12 @@ class RouterNet(nn.Module):
 
 
 def router_input(data, c: RouterConfig, env: TrainEnv, encoder: TextEncoder | None = None):
-    """(x, encoder, D_in): frozen -> cached embeddings x [N, T*D] on env.device and encoder None;
-    fine-tuning -> x = text ids [N, T] (CPU index tensor) into a TextEncoder over the unique prompts
-    (a new one, or ``encoder`` re-pointed at this scenario's texts)."""
+    """The router's input: (x, encoder, D_in).
+
+    Frozen: x = cached embeddings [N, T*D] on env.device, encoder None. Fine-tuning: x = text ids [N, T]
+    (CPU index tensor) into a TextEncoder over the unique prompts (a new one, or ``encoder`` re-pointed
+    at this scenario's texts).
+    """
     spec = encoder_spec(c)
     if c.encoder_lr_mult == 0:
         feats = frozen_features(data, c.with_context, spec, env.store, env.device)  # [N, T*D]
@@ -151,11 +155,8 @@ def fit_router(
     x, pristine, d_in = router_input(data, c, env)  # pristine: the pretrained encoder, copied per seed
     val_fn = None
     if _use_val(data, c):
-        vp, vt, soft = (
-            probs[torch.from_numpy(val_rows)],
-            target[torch.from_numpy(val_rows)],
-            bool(data.soft_target),
-        )
+        vp, vt = probs[torch.from_numpy(val_rows)], target[torch.from_numpy(val_rows)]
+        soft = bool(data.soft_target)
 
         def val_fn(module: nn.Module) -> float:
             return float(val_metric(_weights(module, x, val_rows, c, data.n_agents), vp, vt, soft))
@@ -164,19 +165,12 @@ def fit_router(
         idx = torch.from_numpy(rows)
         return loss_of(module, module(x[idx]), probs[idx], target[idx])
 
-    def clip_fn(module: nn.Module) -> float:
-        params = [p for p in module.parameters() if p.grad is not None]
-        return float(nn.utils.clip_grad_norm_(params, c.clip))
-
     states = []
     for seed, log in zip(seeds, logs, strict=True):
         with seeded(seed):
             head = make_head(c, d_in, data.n_agents)
         enc = copy.deepcopy(pristine) if pristine is not None else None
         net = RouterNet(head, enc)
-        groups = [{"params": list(net.head.parameters()), "lr": c.lr}]
-        if enc is not None:
-            groups.append({"params": list(enc.parameters()), "lr": c.lr * c.encoder_lr_mult})
         res = fit_module(
             net,
             loss_fn,
@@ -186,10 +180,11 @@ def fit_router(
             optimizer="adamw",
             lr=c.lr,
             weight_decay=c.weight_decay,
-            param_groups=groups,
+            param_groups=_param_groups(net, c),
             epochs=c.epochs,
             patience=c.patience if val_fn is not None else None,
-            clip_fn=clip_fn,
+            clip=c.clip,
+            clip_scope="all",
             seed=seed,
             log=log,
             **fit_kwargs,
@@ -205,6 +200,14 @@ def fit_router(
             }
         )
     return states
+
+
+def _param_groups(net: RouterNet, c: RouterConfig) -> list[dict]:
+    """AdamW groups: the head at lr, a trainable encoder at lr * encoder_lr_mult."""
+    groups = [{"params": list(net.head.parameters()), "lr": c.lr}]
+    if net.encoder is not None:
+        groups.append({"params": list(net.encoder.parameters()), "lr": c.lr * c.encoder_lr_mult})
+    return groups
 
 
 def router_predict(

@@ -98,3 +98,23 @@ def test_walla_calibrated_outputs_agent_probs(overconfident):
     expect = apply_calibration(state["calibration"], data, rows)
     np.testing.assert_allclose(out.extras["agent_probs"], expect, atol=1e-6)
     assert not np.allclose(out.extras["agent_probs"], data.probs[rows], atol=1e-3)
+
+
+def test_each_head_trains_as_if_alone_and_resting_heads_never_move(overconfident):
+    """Heads with different row counts rest in the tail of every epoch, some stop early (patience 1),
+    unfitted ones never train: torch's AdamW (weight decay on) must leave a resting head untouched."""
+    data = overconfident
+    raw = {**FAST, "epochs": 6, "patience": 1, "weight_decay": 0.1}
+    both = fit_calibration(data, _cal({**raw, "agents": [0, 2]}))
+    alone = fit_calibration(data, _cal({**raw, "agents": [0]}))
+    assert both["agent"] == [0, 0, 2, 2] and alone["agent"] == [0, 0]
+    for a, b in zip(both["params"], alone["params"], strict=True):
+        torch.testing.assert_close(a[:2], b, atol=1e-6, rtol=1e-6)  # agent 0's heads, either way
+    n_rows = [int((data.variant[:, 0] == r).sum()) for r in (1, 0)]  # the two roles' sizes
+    threshold = (min(n_rows) + max(n_rows)) // 2
+    some = fit_calibration(data, _cal({**raw, "agents": [0], "min_rows": threshold}))
+    none = fit_calibration(data, _cal({**raw, "agents": [0], "min_rows": 10**6}))
+    assert sorted(some["fitted"]) == [False, True] and none["fitted"] == [False, False]
+    for g, fitted in enumerate(some["fitted"]):
+        same = all(torch.equal(a[g], b[g]) for a, b in zip(some["params"], none["params"], strict=True))
+        assert same != fitted  # the unfitted head is exactly its init, the fitted one moved

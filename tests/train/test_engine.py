@@ -1,20 +1,25 @@
-"""train/engine.py: Fabric-driven fit_module, device/precision resolution, checkpoints."""
+"""train/engine.py and train/fit_loop.py: device/precision resolution, the optimizer factory, the one
+clipping function, checkpoints, and the Fabric-driven fit_module."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 import torch
 from walla.train.engine import (
     TrainEnv,
-    fit_module,
+    clip_grad_norms_,
     load_checkpoint,
+    make_optimizer,
     resolve_device,
     resolve_precision,
     row_batches,
     save_checkpoint,
     seeded,
 )
+from walla.train.fit_loop import fit_module
 
 X = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] > 0).long()
@@ -72,7 +77,7 @@ def test_patience_and_online_stop():
     batches = row_batches(np.arange(250), 50, seed=1)
     res = fit_module(_net(), _loss, batches, val_fn=lambda net: 1.0, epochs=20, patience=2)
     assert res.stopped_early and res.epochs_run == 3 and res.best_epoch == 0
-    res = fit_module(_net(), _loss, batches, on_step=lambda step, row: step >= 7, epochs=20)
+    res = fit_module(_net(), _loss, batches, on_step=lambda step, row, norms: step >= 7, epochs=20)
     assert res.stopped_early and res.steps == 7
 
 
@@ -129,3 +134,91 @@ def test_bad_arguments():
     with pytest.raises(FloatingPointError, match="non-finite training loss"):
         fit_module(_net(), lambda net, rows: torch.tensor(float("nan"), requires_grad=True), [np.arange(5)])
     assert [len(b) for b in row_batches(np.arange(7), 3, seed=None)] == [3, 3, 1]
+
+
+def test_make_optimizer_is_torchs_own_fused_where_the_device_has_it():
+    net = _net()
+    opt = make_optimizer(net.parameters(), "adamw", lr=1e-3, weight_decay=0.1)
+    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"] is True
+    assert opt.defaults["weight_decay"] == 0.1
+    other = make_optimizer(net.parameters(), "adam", lr=1e-3, device="mps")  # no fused kernel assumed
+    assert type(other) is torch.optim.Adam and other.defaults["fused"] is None
+    groups = [{"params": [net[0].weight], "lr": 1e-2}, {"params": [net[0].bias]}]
+    opt = make_optimizer(groups, "sgd", lr=1e-3)
+    assert type(opt) is torch.optim.SGD and [g["lr"] for g in opt.param_groups] == [1e-2, 1e-3]
+    with pytest.raises(ValueError, match="lr must be a positive finite number"):
+        make_optimizer(net.parameters(), "adam", lr=0.0)
+
+
+def _with_grads(*shapes) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(7)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    return params
+
+
+def test_clip_scopes_group_and_all_equal_clip_grad_norm():
+    a, b = _with_grads((4, 3), (5,)), _with_grads((4, 3), (5,))
+    ref_a, ref_b = [[q.grad.clone() for q in ps] for ps in (a, b)]
+    norms = clip_grad_norms_([a[:1], a[1:]], 1.0)  # "group": each group alone
+    expect = [float(torch.linalg.vector_norm(g)) for g in ref_a]
+    assert norms.tolist() == pytest.approx(expect, rel=1e-6)
+    for p, g, n in zip(a, ref_a, expect, strict=True):
+        torch.testing.assert_close(p.grad, g * min(1.0, 1.0 / (n + 1e-6)))
+    joint = clip_grad_norms_([b], 1.0)  # "all": one group holding everything
+    total = math.sqrt(sum(float(g.norm()) ** 2 for g in ref_b))
+    assert joint.tolist() == pytest.approx([total], rel=1e-6)
+    for p, g in zip(b, ref_b, strict=True):
+        torch.testing.assert_close(p.grad, g / (total + 1e-6))
+
+
+def test_clip_per_slice_and_measuring_only():
+    params = _with_grads((3, 4, 2), (3, 2))
+    grads = [p.grad.clone() for p in params]
+    alone = [math.sqrt(sum(float(g[s].norm()) ** 2 for g in grads)) for s in range(3)]
+    limit = sorted(alone)[1]
+    norms = clip_grad_norms_([params], None, per_slice=True)  # measure only
+    assert norms.shape == (1, 3) and norms[0].tolist() == pytest.approx(alone, rel=1e-6)
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads, strict=True))
+    clip_grad_norms_([params], limit, per_slice=True)
+    for s, n in enumerate(alone):
+        for p, g in zip(params, grads, strict=True):
+            torch.testing.assert_close(p.grad[s], g[s] * min(1.0, limit / (n + 1e-6)))
+
+
+class _TwoSlices(torch.nn.Module):
+    """Two independent 'seeds' in one stacked parameter; loss = |w|^2 / 2, so the gradient is w."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([[3.0, 4.0], [0.3, 0.4]]))
+
+    def forward(self) -> torch.Tensor:
+        return (self.weight**2).sum() / 2
+
+
+def test_fit_module_clips_per_slice_and_reports_the_norms():
+    seen = []
+
+    def on_step(step, row, norms) -> bool:
+        seen.append((row["grad_norm"], norms.clone()))
+        return False
+
+    res = fit_module(
+        _TwoSlices(),
+        lambda module, rows: module(),
+        [np.arange(1)],
+        optimizer="sgd",
+        lr=1.0,
+        clip=1.0,
+        clip_scope="slice",
+        on_step=on_step,
+    )
+    ((grad_norm, norms),) = seen
+    assert norms.tolist() == [pytest.approx([5.0, 0.5])] and grad_norm == pytest.approx(5.0)
+    # slice 0 clipped to norm 1 (its step is w / 5), slice 1 below the limit (its step is w): SGD, lr 1
+    expect = torch.tensor([[3.0 - 0.6, 4.0 - 0.8], [0.0, 0.0]])
+    torch.testing.assert_close(res.module.weight.detach(), expect, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="clip scope must be one of"):
+        fit_module(_net(), _loss, [np.arange(5)], clip_scope="layer")

@@ -15,6 +15,7 @@ from walla.train import mechanism
 from walla.train.engine import TrainEnv
 from walla.train.heads import StackedHeads
 from walla.train.methods import walla
+from walla.train.wager_training import init_heads, train_heads
 
 RAW = {
     "variant": "II",
@@ -64,10 +65,10 @@ def _solo_replay(data, cfg, records, init: StackedHeads, s: int, agent: int) -> 
 def test_each_agent_equals_training_alone_hetero_hidden_sizes():
     data = make_private_context_scenario(n=300, m=3, k=3, h=[12, 20, 9], seed=3, min_options=2)
     records = []
-    th = walla.train_heads(data, CFG, [18, 19], trace=records.append)
+    th = train_heads(data, walla.resolve(CFG, data), [18, 19], trace=records.append)
     cfg = th.cfg
     assert th.steps == len(records) == 2 * int(np.ceil(len(data.split_index("train")) / 40))
-    init = walla._init_heads([18, 19], th.in_dims, cfg, 1)
+    init = init_heads([18, 19], th.in_dims, cfg, 1)
     trained = StackedHeads(th.in_dims * 2, cfg.hidden, cfg.dropout, init=False)
     trained.load_rows(slice(None), th.last)
     for s, agent in [(0, 0), (0, 1), (1, 2)]:
@@ -85,8 +86,9 @@ def test_each_agent_equals_training_alone_hetero_hidden_sizes():
 
 def test_diagnostic_heads_never_influence_wagers():
     data = make_private_context_scenario(n=200, m=3, k=2, h=10, seed=5)
-    plain = walla.train_heads(data, CFG, [7])
-    diag = walla.train_heads(data, build(walla.Config, {**RAW, "diagnostics": True}, "test"), [7])
+    plain = train_heads(data, walla.resolve(CFG, data), [7])
+    diag_cfg = build(walla.Config, {**RAW, "diagnostics": True}, "test")
+    diag = train_heads(data, walla.resolve(diag_cfg, data), [7])
     m = data.n_agents
     for a, b in zip(plain.last, diag.last, strict=True):
         torch.testing.assert_close(a[:m], b[:m], atol=1e-6, rtol=1e-6)  # wager heads = first M rows

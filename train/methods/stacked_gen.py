@@ -9,7 +9,8 @@ Adam, batch 100, 50 epochs, grad clip 1.0 separately for the MLP and the project
 validation early stopping (SPEC §4.3). All seeds train as ONE module (`SeedStackedGen`, stacked
 parameters [S, ...], batched matmuls): each seed keeps its own init (nn.Linear defaults under
 seeded(seed)), batch order (row_batches with its seed), dropout masks (its own generator), clipping and
-early stopping, and Adam is elementwise, so each seed's trajectory is that of training it alone.
+early stopping (engine.clip_gradients, scope "slice": each seed's slice of each group alone), and Adam
+is elementwise, so each seed's trajectory is that of training it alone. The loop is fit_loop.fit_module.
 The SPEC learning rates (1e-7 MMLU/MedMCQA, 5e-7 PubMedQA hetero, 5e-6 homogeneous/BayesX) are set by
 the scenario manifests; the module default is the largest one.
 """
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
-from walla.train.engine import TrainEnv, fit_module, row_batches, seeded
+from walla.train.engine import TrainEnv, row_batches, seeded
+from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.pooling_losses import mixture_nll, val_metric
@@ -112,7 +114,10 @@ class SeedStackedGen(nn.Module):
     def forward(
         self, xs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """xs: per agent [S, B, H_i]; masks: keep-masks [S, B, w] per dropout layer (None: eval) -> [S, B, M]."""
+        """xs: per agent [S, B, H_i] -> logits [S, B, M].
+
+        masks: keep-masks [S, B, w] per dropout layer (None: eval, no dropout).
+        """
         parts = []
         for i, x in enumerate(xs):
             if self.normalize:
@@ -129,21 +134,6 @@ class SeedStackedGen(nn.Module):
                 if masks is not None:
                     h = h * masks[j] * (1.0 / (1.0 - self.dropout))
         return h  # [S, B, M] logits
-
-
-@torch.no_grad()
-def clip_per_seed_(groups: Sequence[Sequence[nn.Parameter]], max_norm: float) -> torch.Tensor:
-    """Clip each (group, seed slice) gradient norm like clip_grad_norm_ on that slice alone: norms [G, S]."""
-    out = []
-    for params in groups:
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]).norm(dim=0)  # [S]
-        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        if bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read + write of every gradient when none clips
-            for g in grads:
-                g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
-        out.append(norm)
-    return torch.stack(out)
 
 
 class HiddenRows:
@@ -242,6 +232,71 @@ class _SeedStopping:
                     p[s] = v
 
 
+def _init_net(sizes: list[int], seeds: list[int], c: Config) -> SeedStackedGen:
+    """Every seed's reference network initialized under seeded(seed), stacked into one module."""
+    net = SeedStackedGen(sizes, len(seeds), c)
+    for s, seed in enumerate(seeds):
+        with seeded(seed):
+            net.load_seed(s, StackedNet(sizes, c))
+    return net
+
+
+class _SeedLoss:
+    """The batched loss: each seed's mixture NLL on its own batch with its own dropout masks.
+
+    Called by fit_module as loss_fn(module, rows [S, b]); the per-seed losses of the last batch are
+    kept for the per-seed logs.
+    """
+
+    def __init__(self, net: SeedStackedGen, x: HiddenRows, probs, target, seeds: list[int], c: Config):
+        self.net, self.x, self.probs, self.target, self.c = net, x, probs, target, c
+        self.gens = [np.random.default_rng(seed) for seed in seeds]  # per-seed dropout streams
+        self.last: torch.Tensor | None = None  # [S]
+
+    def _masks(self, b: int) -> list[torch.Tensor]:
+        """Keep-masks [S, b, w] per dropout layer, each seed's from its own generator."""
+        keep = 1.0 - self.c.dropout
+        out = []
+        for w in self.net.widths:
+            draws = np.stack([g.random((b, w), dtype=np.float32) < keep for g in self.gens])  # [S, b, w]
+            out.append(torch.from_numpy(draws).to(self.x.device, torch.float32))
+        return out
+
+    def __call__(self, module: nn.Module, rows: np.ndarray):
+        masks = self._masks(rows.shape[1])
+        idx = torch.from_numpy(rows)  # [S, b]
+        w = torch.softmax(module(self.x(rows), masks) / self.c.temperature, dim=-1)  # [S, b, M]
+        per_seed = mixture_nll(w, self.probs[idx], self.target[idx]).mean(-1)  # [S]
+        self.last = per_seed.detach()
+        return per_seed.sum(), {"batch_size": rows.shape[1]}  # seed s's gradient = its own loss's
+
+
+def _log_seeds(
+    logs: Sequence[LogFn | None], step: int, row: dict, losses: torch.Tensor, grad_norms: torch.Tensor
+) -> None:
+    """One log row per seed: its own loss and pre-clip gradient norm.
+
+    losses [S]; grad_norms [n_groups, S]: a seed's norm is the larger of the MLP's and the projections'.
+    """
+    losses, norms = losses.tolist(), grad_norms.max(0).values.tolist()
+    for s, log in enumerate(logs):
+        if log is not None:
+            entry = {"step": step, "epoch": row["epoch"], "n_seen": row["n_seen"]}
+            log({**entry, "loss": losses[s], "grad_norm": norms[s]})
+
+
+def _seed_state(net: SeedStackedGen, s: int, c: Config, sizes: list[int], stopping, epochs_run: int) -> dict:
+    names = [name for name, _ in net.named_parameters()]
+    stop_epoch = stopping.stop_epoch[s]
+    return {
+        "config": to_dict(c),
+        "sizes": sizes,
+        "params": {n: p.detach()[s].cpu().clone() for n, p in zip(names, net.parameters(), strict=True)},
+        "best_epoch": stopping.best_epoch[s],
+        "epochs_run": stop_epoch + 1 if stop_epoch is not None else epochs_run,
+    }
+
+
 def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[LogFn | None]) -> list[dict]:
     """Train every seed's network as one batched module; one state per seed."""
     c, seeds = cfg, list(seeds)
@@ -251,34 +306,10 @@ def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[L
         raise ValueError(f"scenario {data.name!r} has no train rows to fit on")
     probs, target, _ = scenario_tensors(data, env.device)
     x = HiddenRows(data.hidden, env.device, np.concatenate([train_rows, val_rows]))
-    net = SeedStackedGen(sizes, n_s, c)
-    for s, seed in enumerate(seeds):
-        with seeded(seed):
-            net.load_seed(s, StackedNet(sizes, c))
+    net = _init_net(sizes, seeds, c)
     orders = [row_batches(train_rows, c.batch_size, seed) for seed in seeds]
     batches = [np.stack(b) for b in zip(*orders, strict=True)]  # per step [S, b]: each seed its own order
-    gens = [np.random.default_rng(seed) for seed in seeds]  # per-seed dropout streams
-    keep = 1.0 - c.dropout
-    step_info: dict[str, torch.Tensor] = {}
-
-    def loss_fn(module, rows: np.ndarray):
-        masks = [
-            torch.from_numpy(
-                np.stack([g.random((rows.shape[1], w), dtype=np.float32) < keep for g in gens])
-            ).to(env.device, torch.float32)
-            for w in net.widths
-        ]  # per dropout layer [S, b, w]
-        idx = torch.from_numpy(rows)  # [S, b]
-        w = torch.softmax(module(x(rows), masks) / c.temperature, dim=-1)  # [S, b, M]
-        per_seed = mixture_nll(w, probs[idx], target[idx]).mean(-1)  # [S]
-        step_info["loss"] = per_seed.detach()
-        return per_seed.sum(), {"batch_size": rows.shape[1]}  # seed s's gradient = its own loss's
-
-    def clip_fn(module) -> float:
-        norms = clip_per_seed_(net.groups(), c.clip)  # [G, S]
-        step_info["grad_norm"] = norms.max(0).values
-        return float(norms.max())
-
+    loss = _SeedLoss(net, x, probs, target, seeds, c)
     use_val = len(val_rows) > 0 and (bool(data.soft_target) or not c.reference_early_stopping)
     soft = bool(data.soft_target)
     vp, vt = probs[torch.from_numpy(val_rows)], target[torch.from_numpy(val_rows)]
@@ -286,49 +317,26 @@ def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[L
         net, lambda: val_metric(_eval_weights(net, x, val_rows, n_s, c), vp, vt, soft), n_s, c.patience
     )
 
-    def on_step(step: int, row: dict) -> bool:
-        loss, norm = step_info["loss"].tolist(), step_info["grad_norm"].tolist()
-        for s, log in enumerate(logs):
-            if log is not None:
-                log(
-                    {
-                        "step": step,
-                        "epoch": row["epoch"],
-                        "n_seen": row["n_seen"],
-                        "loss": loss[s],
-                        "grad_norm": norm[s],
-                    }
-                )
+    def on_step(step: int, row: dict, grad_norms: torch.Tensor) -> bool:
+        _log_seeds(logs, step, row, loss.last, grad_norms)
         return use_val and step % len(batches) == 0 and stopping.epoch_end(step // len(batches) - 1)
 
-    groups = [{"params": g} for g in net.groups()]
     res = fit_module(
         net,
-        loss_fn,
+        loss,
         batches,
         env=env,
         optimizer="adam",
         lr=c.lr,
-        param_groups=groups,
+        param_groups=[{"params": g} for g in net.groups()],
         epochs=c.epochs,
-        clip_fn=clip_fn,
+        clip=c.clip,
+        clip_scope="slice",
         on_step=on_step,
         seed=seeds[0],
     )
     stopping.restore()
-    names = [name for name, _ in net.named_parameters()]
-    return [
-        {
-            "config": to_dict(c),
-            "sizes": sizes,
-            "params": {n: p.detach()[s].cpu().clone() for n, p in zip(names, net.parameters(), strict=True)},
-            "best_epoch": stopping.best_epoch[s],
-            "epochs_run": (stopping.stop_epoch[s] + 1)
-            if stopping.stop_epoch[s] is not None
-            else res.epochs_run,
-        }
-        for s in range(n_s)
-    ]
+    return [_seed_state(net, s, c, sizes, stopping, res.epochs_run) for s in range(n_s)]
 
 
 def predict(state: dict, data, rows: np.ndarray, env: TrainEnv) -> MethodOutput:

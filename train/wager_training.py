@@ -1,0 +1,355 @@
+"""WALLA's batched, decentralized training loop: every agent of every seed in one StackedHeads.
+
+    cfg = walla.resolve(cfg, data)                               # stop_metric and window filled in
+    th = train_heads(data, cfg, seeds=[18, 19], env=TrainEnv(), logs=[None, None])
+    th.best, th.last                                             # stacked parameters [G, ...], CPU
+
+The formulas, per training batch of b questions (train mode, dropout on), agent i:
+    r_i   = head_i(h_i)                          own last-layer hidden state h_i -> raw score (heads.py)
+    w_i   = sigmoid(r_i / T)                     wager, T = 2, in float64 from the raw score on
+    A_i   = s(p_i, y) - b_-i(p_-i, w_-i, y)      realized advantage (mechanism.advantage); b_-i depends only
+                                                 on the OTHER agents (I: wager-weighted mean score,
+                                                 II: score of their linear pool)
+    w*_i  = clip(A_i / 2 c3, 0, 1)               hindsight best response (mechanism.best_response_wager)
+    L_i   = mean_b (w_i - w*_i)^2                agent i's own loss; w*_i is a constant for it
+    step  : own gradient-norm clip at 1.0, own Adam step
+    stop  : D-regret of the pooled aggregate (mechanism.brier_regret; KL(gold || agg) for soft targets,
+            mechanism.kl_gold), size-weighted over a rolling window of the last W ~ |val| / 100 batches;
+            the state after a batch that improves the window is the best state; patience counts batches
+            (SPEC §4.2). One stopping state per seed: the criterion is a property of the ensemble.
+
+Decentralization is exact: all agents of all seeds live in one StackedHeads module (head g = seed
+g // (D M), kind (g // M) % D, agent g % M), trained by one Adam over stacked parameters [G, ...]. Adam is
+elementwise, the loss is a sum of per-head means, clipping is per head (engine.clip_gradients, scope
+"slice") and dropout masks come from per-seed generators, so each agent follows exactly the trajectory
+it would follow trained alone against the same opponents' wagers (tests/train/test_walla_decentralized.py),
+and a seed's trajectory does not depend on which seeds share the module.
+
+Lightning Fabric runs the loop (engine.make_fabric): the module and the engine's optimizer (torch's
+fused Adam) go through fabric.setup, so `env.device` places every parameter and tensor and
+`env.precision` applies (the heads' matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and
+metrics stay float64). The best state is an in-memory copy of the improved seed's rows, taken lazily
+(online_stop.py): stopping is checked after EVERY batch, and a disk checkpoint per improvement would cost
+more than the step itself.
+
+Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
+dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
+(`shuffle: epoch` reshuffles every epoch); init and dropout seeded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from walla.train import mechanism
+from walla.train.calibration import apply_calibration
+from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded
+from walla.train.heads import StackedHeads, WagerHead, stack_hidden
+from walla.train.methods import LogFn
+from walla.train.online_stop import OnlineStop
+
+if TYPE_CHECKING:  # the method module imports this one
+    from walla.train.methods.walla import Config
+
+
+@dataclass
+class TrainedHeads:
+    """Result of train_heads for a group of seeds (head g = seed g // A, kind (g % A) // M, agent g % M)."""
+
+    cfg: Config
+    seeds: list[int]
+    in_dims: list[int]  # [M] real hidden size per agent
+    n_kinds: int  # 1 (wager) or 3 (wager, own-score, baseline diagnostics)
+    last: list[torch.Tensor]  # StackedHeads parameters after the last step (heads on axis 0), CPU
+    best: list[torch.Tensor]  # restored state (best window metric; last if none), CPU
+    best_step: list[int | None]  # per seed
+    stop_step: list[int | None]  # per seed: step at which patience ran out (None: ran all epochs)
+    steps: int
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How the G = S * D * M heads of the module map to seeds, head kinds and agents."""
+
+    n_seeds: int  # S
+    n_kinds: int  # D: 1 (wager) or 3 (wager, own-score, baseline diagnostics)
+    n_agents: int  # M
+
+    @property
+    def per_seed(self) -> int:
+        return self.n_kinds * self.n_agents
+
+    @property
+    def n_heads(self) -> int:
+        return self.n_seeds * self.per_seed
+
+
+@dataclass
+class _TrainRows:
+    """The training rows' tensors on the training device."""
+
+    probs: torch.Tensor  # [n, M, K] float64 (calibrated when WALLA is)
+    target: torch.Tensor  # [n, K] float64
+    option_mask: torch.Tensor  # [n, K] bool
+    bank: torch.Tensor  # [M, n, Hmax] hidden states (standardized when cfg.standardize)
+
+
+def hidden_stats(data, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-agent mean and std [M, Hmax] of each agent's OWN hidden states on `rows` (padding: 0 / 1).
+
+    Decentralized: agent i's statistics come from its own features only. Small models' last-layer
+    states have norms in the tens to thousands; standardised inputs keep the heads' first steps (and so
+    the wagers) from saturating the sigmoid at demo-sized learning rates.
+    """
+    hmax = max(int(h.shape[1]) for h in data.hidden)
+    mean = torch.zeros(len(data.hidden), hmax)
+    std = torch.ones(len(data.hidden), hmax)
+    for i, h in enumerate(data.hidden):
+        x = np.asarray(h[rows], dtype=np.float64)  # [n, H_i]
+        mean[i, : x.shape[1]] = torch.from_numpy(x.mean(0))
+        std[i, : x.shape[1]] = torch.from_numpy(np.maximum(x.std(0), 1e-6))
+    return mean, std
+
+
+def init_heads(seeds: Sequence[int], in_dims: list[int], cfg: Config, n_kinds: int) -> StackedHeads:
+    """nn.Linear default init per head under seeded(seed).
+
+    Per seed: the wager heads of agents 0..M-1 first, then the diagnostic heads, so wager-head init does
+    not depend on `diagnostics`.
+    """
+    m = len(in_dims)
+    heads = StackedHeads(
+        in_dims * (n_kinds * len(seeds)), cfg.hidden, cfg.dropout, cfg.projection_dim, init=False
+    )
+    for s, seed in enumerate(seeds):
+        with seeded(seed):
+            for k in range(n_kinds):
+                for i, d in enumerate(in_dims):
+                    head = WagerHead(d, cfg.hidden, cfg.dropout, cfg.projection_dim)
+                    heads.load_head((s * n_kinds + k) * m + i, head)
+    return heads
+
+
+def _train_rows(data, cfg: Config, rows: np.ndarray, dev, env: TrainEnv, calibration) -> _TrainRows:
+    if calibration is not None:
+        probs = apply_calibration(calibration, data, rows, env)
+    else:
+        probs = data.probs[rows]
+    bank = stack_hidden(data.hidden, rows).to(dev)  # [M, n, Hmax]
+    if cfg.standardize:
+        mean, std = (t.to(dev) for t in hidden_stats(data, rows))
+        bank = (bank.float() - mean[:, None]) / std[:, None]  # [M, n, Hmax] float32 (fp16 would lose digits)
+    return _TrainRows(
+        probs=torch.as_tensor(np.asarray(probs), dtype=torch.float64, device=dev),
+        target=torch.as_tensor(np.asarray(data.target[rows]), dtype=torch.float64, device=dev),
+        option_mask=torch.as_tensor(np.asarray(data.option_mask[rows], dtype=bool), device=dev),
+        bank=bank,
+    )
+
+
+class _Dropout:
+    """Dropout keep-masks from per-seed numpy generators.
+
+    PCG64 draws ~1.5x faster than torch's CPU generator. Diagnostic heads draw from their own
+    generators, so the wager heads see the same masks whether or not diagnostics are on.
+    """
+
+    def __init__(self, seeds: Sequence[int], layout: _Layout, cfg: Config, device) -> None:
+        self.gens = [np.random.default_rng([seed, 1]) for seed in seeds]  # wager heads
+        self.diag_gens = [np.random.default_rng([seed, 2]) for seed in seeds]  # diagnostic heads
+        self.layout, self.widths, self.device = layout, cfg.hidden, device
+        self.keep = 1 - cfg.dropout
+
+    def masks(self, b: int) -> list[torch.Tensor]:
+        """One [G, b, width] mask per hidden layer, on the training device."""
+        m, n_kinds = self.layout.n_agents, self.layout.n_kinds
+        out = []
+        for w in self.widths:
+            parts = []
+            for g, dg in zip(self.gens, self.diag_gens, strict=True):
+                parts.append(g.random((m, b, w), dtype=np.float32) < self.keep)  # [M, b, w]
+                if n_kinds > 1:
+                    parts.append(dg.random(((n_kinds - 1) * m, b, w), dtype=np.float32) < self.keep)
+            out.append(torch.from_numpy(np.concatenate(parts)).to(self.device))  # [G, b, w] bool
+        return out
+
+
+class _Order:
+    """Each seed's order of the training positions.
+
+    One permutation per seed (numpy default_rng(seed)), reused every epoch, or redrawn every epoch with
+    `shuffle: epoch`.
+    """
+
+    def __init__(self, seeds: Sequence[int], n: int, cfg: Config, device) -> None:
+        self.rngs = [np.random.default_rng(seed) for seed in seeds]
+        self.n, self.batch_size, self.device = n, cfg.batch_size, device
+        self.reshuffle = cfg.shuffle == "epoch"
+        self.orders = self._draw()  # [S, n]
+
+    def _draw(self) -> np.ndarray:
+        return np.stack([r.permutation(self.n) for r in self.rngs])
+
+    def batches(self, epoch: int):
+        """Per batch the positions of every seed, [S, b] on the training device."""
+        if self.reshuffle and epoch > 0:
+            self.orders = self._draw()
+        bs = self.batch_size
+        for t in range(math.ceil(self.n / bs)):
+            yield torch.from_numpy(self.orders[:, t * bs : (t + 1) * bs]).to(self.device)
+
+
+def _stop_metric(kind: str, agg: torch.Tensor, probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-question early-stopping metric (lower is better): the mechanism's one D-regret / KL."""
+    return mechanism.kl_gold(target, agg) if kind == "kl" else mechanism.brier_regret(agg, probs, target)
+
+
+@dataclass
+class _Forward:
+    """One batch's forward pass: the loss to minimize and what early stopping and the logs read."""
+
+    loss: torch.Tensor  # scalar: the sum of every head's own mean loss
+    mse: torch.Tensor  # [S, M] each wager head's own loss
+    wagers: torch.Tensor  # [S, b, M] float64, detached
+    adv: torch.Tensor  # [S, b, M] realized advantages
+    p: torch.Tensor  # [S, b, M, K] agents' probs
+    y: torch.Tensor  # [S, b, K] targets
+
+
+def _wager_losses(r: torch.Tensor, p: torch.Tensor, y: torch.Tensor, cfg: Config) -> _Forward:
+    """Raw scores r [S, D, M, b] float64 -> wagers, advantages, best-response targets and losses."""
+    w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
+    wd = w.detach()
+    adv = mechanism.advantage(p, wd, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [S, b, M]
+    w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)  # [S, b, M]
+    mse = ((w - w_star) ** 2).mean(1)  # [S, M]: agent i's own loss
+    loss = mse.sum()
+    if r.shape[1] > 1:  # diagnostic heads: own score and baseline, never used for wagers
+        score = mechanism.brier_score(p, y.unsqueeze(-2), cfg.c1, cfg.c2, validate=False)  # [S, b, M]
+        for k, goal in ((1, score), (2, score - adv)):
+            pred = torch.sigmoid(r[:, k]).transpose(1, 2)  # [S, b, M]
+            loss = loss + ((pred - goal.clamp(0, 1)) ** 2).mean(1).sum()
+    return _Forward(loss=loss, mse=mse, wagers=wd, adv=adv, p=p, y=y)
+
+
+class _WagerTraining:
+    """The module, optimizer and stopping state of one train_heads call, and its training step."""
+
+    def __init__(self, fabric, heads: StackedHeads, rows: _TrainRows, cfg: Config, layout: _Layout, stop):
+        opt = make_optimizer(heads.parameters(), "adam", cfg.lr, device=str(fabric.device))
+        # Adam is elementwise: one optimizer over the stacked parameters = one Adam per head
+        self.net, self.opt = fabric.setup(heads, opt)
+        self.fabric, self.heads, self.rows = fabric, heads, rows
+        self.cfg, self.layout, self.stop = cfg, layout, stop
+
+    def _inputs(self, idx: torch.Tensor) -> torch.Tensor:
+        """Each head's own hidden states of the batch: [G, b, Hmax]."""
+        s_n, n_kinds, m = self.layout.n_seeds, self.layout.n_kinds, self.layout.n_agents
+        b = idx.shape[1]
+        x = self.rows.bank[:, idx].transpose(0, 1)  # [S, M, b, H]
+        if n_kinds > 1:
+            x = x.unsqueeze(1).expand(s_n, n_kinds, m, b, x.shape[-1])  # [S, D, M, b, H]
+        return x.reshape(self.layout.n_heads, b, -1).to(self.heads.weights[0].dtype)  # [G, b, H]
+
+    def forward(self, idx: torch.Tensor, masks: list[torch.Tensor] | None) -> _Forward:
+        s_n, n_kinds, m = self.layout.n_seeds, self.layout.n_kinds, self.layout.n_agents
+        r = self.net(self._inputs(idx), masks).double().view(s_n, n_kinds, m, idx.shape[1])  # float64
+        return _wager_losses(r, self.rows.probs[idx], self.rows.target[idx], self.cfg)
+
+    @torch.no_grad()
+    def account(self, fw: _Forward, idx: torch.Tensor, step: int, epoch: int) -> bool:
+        """Online early stopping on the pre-update aggregate (before the update: lazy best copy)."""
+        cfg = self.cfg
+        mask = self.rows.option_mask[idx]
+        agg = mechanism.pool(fw.p, fw.wagers, cfg.pooling, option_mask=mask, validate=False)  # [S, b, K]
+        metric = None
+        if cfg.stop_metric != "none":
+            metric = _stop_metric(cfg.stop_metric, agg, fw.p, fw.y).mean(1)  # [S]
+        payout = mechanism.payout(fw.wagers, fw.adv, cfg.c3)  # the advantage of this step, not recomputed
+        summary = {
+            "mse": fw.mse.detach(),
+            "metric": metric,
+            "wager": fw.wagers.mean(1),
+            "adv": fw.adv.mean(1),
+        }
+        summary = {k: v.cpu() for k, v in summary.items() if v is not None}
+        return self.stop.update(step, epoch, idx.shape[1], summary, payout.mean(1).cpu())
+
+    def update(self, loss: torch.Tensor) -> None:
+        """Backward, per-head clipping, one Adam step over every head."""
+        self.opt.zero_grad(set_to_none=True)
+        self.fabric.backward(loss)
+        clip_gradients(self.fabric, self.opt, self.cfg.clip, scope="slice")
+        self.opt.step()
+
+
+def _check_data(data, rows: np.ndarray, cfg: Config) -> None:
+    if data.n_agents < 2:
+        raise ValueError(
+            f"WALLA needs >= 2 agents (a leave-one-out baseline), scenario {data.name!r} has {data.n_agents}"
+        )
+    if len(rows) == 0:
+        raise ValueError(f"scenario {data.name!r} has no 'train' rows to fit WALLA on")
+    if cfg.stop_metric == "auto" or cfg.window is None:
+        raise ValueError("train_heads needs a resolved Config (walla.resolve: stop_metric and window)")
+
+
+def train_heads(
+    data,
+    cfg: Config,
+    seeds: Sequence[int],
+    env: TrainEnv = TrainEnv(),
+    logs: Sequence[LogFn | None] | None = None,
+    calibration: dict | None = None,
+    trace: Callable[[dict], None] | None = None,
+    initial: Sequence[list[torch.Tensor] | None] | None = None,
+) -> TrainedHeads:
+    """Train the wager heads of every agent for every seed as one batched module (module docstring).
+
+    `cfg` must be resolved (walla.resolve). `initial`: per seed, stacked parameters to continue from
+    (train/join.py) or None. `trace` (test hook) is called per step with the pre-update {"idx" [S, b],
+    "wagers" [S, b, M], "masks" list of [G, b, w]}.
+
+    Raises:
+        ValueError: fewer than 2 agents, no training rows, or an unresolved cfg.
+    """
+    seeds = [int(s) for s in seeds]
+    train = data.split_index("train")
+    _check_data(data, train, cfg)
+    fabric = make_fabric(env)
+    dev = fabric.device
+    layout = _Layout(len(seeds), 3 if cfg.diagnostics else 1, data.n_agents)
+    in_dims = [int(h.shape[1]) for h in data.hidden]
+    heads = init_heads(seeds, in_dims, cfg, layout.n_kinds)
+    for j, params in enumerate(initial or []):  # continue from trained heads, per seed
+        if params is not None:
+            heads.load_rows(slice(j * layout.per_seed, (j + 1) * layout.per_seed), params)
+    stop = OnlineStop(cfg, heads, layout.n_seeds, layout.per_seed, logs)
+    rows = _train_rows(data, cfg, train, dev, env, calibration)
+    training = _WagerTraining(fabric, heads, rows, cfg, layout, stop)
+    dropout = _Dropout(seeds, layout, cfg, dev) if cfg.dropout > 0 else None
+    order = _Order(seeds, len(train), cfg, dev)
+    step = 0
+    training.net.train()
+    for epoch in range(cfg.epochs):
+        for idx in order.batches(epoch):
+            masks = dropout.masks(idx.shape[1]) if dropout is not None else None
+            fw = training.forward(idx, masks)
+            step += 1
+            if trace is not None:
+                cpu_masks = [mk.cpu() for mk in masks] if masks else None
+                trace({"idx": idx.cpu(), "wagers": fw.wagers.cpu(), "masks": cpu_masks})
+            done = training.account(fw, idx, step, epoch)
+            training.update(fw.loss)
+            if done:
+                break
+        if stop.done:
+            break
+    last = [p.detach().cpu() for p in heads.parameters()]  # the module is not used again: no copy
+    best = stop.best_or_last(last)
+    return TrainedHeads(cfg, seeds, in_dims, layout.n_kinds, last, best, stop.best_step, stop.stop_step, step)
