@@ -33,21 +33,37 @@ class LLMFeatures:
     manifest dtype: the same features walla-extract would store for the question.
     """
 
-    def __init__(self, model: str, dataset: str, device: str = "cpu", dtype: str | None = None) -> None:
-        from walla.extract.backends.hf import load_hf_backend
+    def __init__(
+        self,
+        model: str,
+        dataset: str,
+        device: str | None = None,
+        dtype: str | None = None,
+        backend: str | None = None,
+    ) -> None:
+        from walla.extract.config import ExtractConfig
+        from walla.extract.datasets import default_template
         from walla.extract.models import resolve_model
-        from walla.extract.prompts import DEFAULT_TEMPLATE, get_template
-        from walla.store.catalog import load_datasets, load_models, resolve_model_name
+        from walla.extract.prompts import get_template
+        from walla.extract.run import backend_request, choose_backend
+        from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
 
-        _, entry = resolve_model_name(model, load_models())
+        _, m_entry = resolve_model_name(model, load_models())
         datasets = load_datasets()
         if dataset not in datasets:
             raise KeyError(f"--dataset {dataset!r}: not in datasets.yaml ({', '.join(sorted(datasets))})")
         self.d_entry = datasets[dataset]
-        self.template = get_template(self.d_entry.prompt or DEFAULT_TEMPLATE[self.d_entry.loader])
-        self.backend = load_hf_backend(
-            resolve_model(entry), dtype=dtype or entry.dtype or "auto", device=device
+        self.template = get_template(default_template(self.d_entry.loader, self.d_entry.prompt))
+        cfg = ExtractConfig(
+            model=model, dataset=dataset, backend=backend, device=device, dtype=dtype, compile="off"
         )
+        kind = choose_backend(cfg, m_entry)
+        device = device or kind.default_device()
+        kind.check_device(device)
+        settled, _ = kind.settle_dtype(dtype or m_entry.dtype or "auto", device)
+        chat = bool(m_entry.chat_template)
+        request = backend_request(cfg, resolve_model(m_entry), settled, device, chat, m_entry.hidden_size)
+        self.backend = kind.load(request)
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
         from walla.extract.prompts import option_strings, render

@@ -101,12 +101,17 @@ class StoreFeatures:
 
 def _assemble(table, store: Path):
     """The scenario's ScenarioData from the store (its resolved spec as scenario.json recorded it)."""
+    from walla.manifests.catalog import collect_tables
+    from walla.manifests.scenario import Scenario, ScenarioSpec
+    from walla.manifests.validate import ConfigError, build
     from walla.store.scenario import assemble_scenario
-    from walla.store.spec import ScenarioSpec
-    from walla.store.validate import build
 
+    problems: list[str] = []
+    models, datasets = collect_tables(None, problems)
+    if problems:
+        raise ConfigError(problems)
     spec = build(ScenarioSpec, table.meta["spec"], where=f"{table.path}/scenario.json: spec")
-    return assemble_scenario(spec, store)
+    return assemble_scenario(Scenario(spec, models, datasets), store)
 
 
 def runs_by_method(runs: Path, scenario: str) -> dict[str, dict[int, Path]]:

@@ -154,14 +154,12 @@ def test_head_update_is_the_runs_step(trained):
 def test_live_agent_with_llm(trained, tmp_path):
     """The agent scores a round's question with the hf backend exactly as walla-extract did (same probabilities),
     reports its head's wager on those features, and learns from its payout after the resolution."""
-    from walla.store.scenario import assemble_scenario
+    from walla.market.replay import _assemble
     from walla.store.schema import VARIANTS
-    from walla.store.spec import ScenarioSpec
-    from walla.store.validate import build
     from walla.train.runs import read_scenario_table
 
     table = read_scenario_table(trained["runs"], trained["scenario"])
-    data = assemble_scenario(build(ScenarioSpec, table.meta["spec"], where="scenario.json"), trained["store"])
+    data = _assemble(table, trained["store"])
     slot = 0
     rows = [r for r in range(len(data.split)) if VARIANTS[data.variant[r, slot]] == "none"][:2]
     run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
