@@ -4,7 +4,7 @@
     agent.run(poll=2.0)              # until interrupted: report on every open round, learn after resolutions
 
 An agent sees only what its token may see: the open rounds, its own reports and its own payouts
-(decentralized). Features come from walla's extraction code (LLMFeatures: the hf backend, the dataset's
+(decentralized). Features come from walla's extraction code (LLMFeatures: an extraction backend, the dataset's
 prompt template and option tokens, exactly as walla-extract scores a question) or, in replay, from the
 feature store (replay.StoreFeatures).
 """
@@ -18,6 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from walla.extract.config import ExtractConfig
+from walla.extract.datasets import default_template
+from walla.extract.models import resolve_model
+from walla.extract.prompts import get_template, option_strings, render
+from walla.extract.run import backend_request, choose_backend
+from walla.extract.scoring import renormalize, resolve_option_token_ids
+from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
 from walla.market.client import MarketClient, MarketError
 from walla.market.head import AgentHead
 
@@ -26,11 +33,13 @@ log = logging.getLogger("walla.market.agent")
 
 
 class LLMFeatures:
-    """Option probabilities and the last-layer hidden state of one LLM for a round's question (hf backend).
+    """Option probabilities and the last-layer hidden state of one LLM for a round's question.
 
-    The prompt is the dataset's template without context (extract/prompts.py render), the scored option
-    tokens are the dataset's (or the display letters), the backend is walla's hf backend in the model's
-    manifest dtype: the same features walla-extract would store for the question.
+    The prompt is the dataset's template without context (its registry default or datasets.yaml `prompt:`,
+    rendered by extract/prompts.py), the scored option tokens are the dataset's (or the display letters),
+    the backend is the one walla-extract would choose (`backend`, else the model's manifest hint, else hf;
+    extract/backends/registry.py) in the model's manifest dtype: the same features walla-extract would
+    store for the question.
     """
 
     def __init__(
@@ -41,13 +50,6 @@ class LLMFeatures:
         dtype: str | None = None,
         backend: str | None = None,
     ) -> None:
-        from walla.extract.config import ExtractConfig
-        from walla.extract.datasets import default_template
-        from walla.extract.models import resolve_model
-        from walla.extract.prompts import get_template
-        from walla.extract.run import backend_request, choose_backend
-        from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
-
         _, m_entry = resolve_model_name(model, load_models())
         datasets = load_datasets()
         if dataset not in datasets:
@@ -66,9 +68,6 @@ class LLMFeatures:
         self.backend = kind.load(request)
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
-        from walla.extract.prompts import option_strings, render
-        from walla.extract.scoring import renormalize, resolve_option_token_ids
-
         prompt = self.backend.format_prompt(render(self.template, rnd["question"], rnd["options"]))
         strings = option_strings(self.template, len(rnd["options"]), self.d_entry.option_tokens)
         tok = resolve_option_token_ids(self.backend.encode, self.backend.encode_bare, prompt, strings)

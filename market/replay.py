@@ -26,11 +26,15 @@ from pathlib import Path
 
 import numpy as np
 from walla.evaluate.metrics import EvalArrays, compute_metrics
+from walla.manifests.catalog import collect_tables
+from walla.manifests.scenario import Scenario, ScenarioSpec
+from walla.manifests.validate import ConfigError, build
 from walla.market.agent import Agent
 from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
+from walla.store.scenario import assemble_scenario
 from walla.train.runs import (
     RUN_META,
     RunFormatError,
@@ -99,13 +103,8 @@ class StoreFeatures:
         return probs.tolist(), np.asarray(self.data.hidden[self.slot][row])
 
 
-def _assemble(table, store: Path):
+def scenario_data(table, store: Path):
     """The scenario's ScenarioData from the store (its resolved spec as scenario.json recorded it)."""
-    from walla.manifests.catalog import collect_tables
-    from walla.manifests.scenario import Scenario, ScenarioSpec
-    from walla.manifests.validate import ConfigError, build
-    from walla.store.scenario import assemble_scenario
-
     problems: list[str] = []
     models, datasets = collect_tables(None, problems)
     if problems:
@@ -271,7 +270,7 @@ def replay(cfg: ReplayConfig, out=print) -> ReplayResult:
     """Replay every selected seed; prints one line per seed (see module docstring)."""
     table = read_scenario_table(cfg.runs, cfg.scenario)
     seeds = _seeds(cfg)
-    data = _assemble(table, Path(cfg.store))
+    data = scenario_data(table, Path(cfg.store))
     missing = [q for q in table.question_id if q not in set(data.question_id)]
     if missing:
         raise RunFormatError(

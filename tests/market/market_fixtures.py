@@ -63,7 +63,7 @@ class PgServer:
         return f"postgresql://walla@127.0.0.1:{self.port}/{name}"
 
     def create_database(self) -> str:
-        import psycopg
+        import psycopg  # optional: the market extra; only a PostgreSQL test gets here (conftest skips without it)
 
         name = "m_" + uuid.uuid4().hex[:12]
         with psycopg.connect(

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from market_fixtures import snapshot
-from walla.market.cli import TOKEN_ENV, run_market
+from walla.market.cli import run_market
+from walla.market.cli_operator import TOKEN_ENV
 from walla.market.ledger import Ledger
 
 WALLA = str(Path(sys.executable).with_name("walla"))

@@ -14,7 +14,7 @@ import httpx
 from market_fixtures import OP_TOKEN, wait_until
 from sqlalchemy import func, select
 from walla.market import db
-from walla.market.cli import TOKEN_ENV
+from walla.market.cli_operator import TOKEN_ENV
 from walla.market.client import MarketClient, MarketError, wait_ready
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port

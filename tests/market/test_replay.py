@@ -9,6 +9,7 @@ features are walla-extract's; a head update is one step of the run's loss and op
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,21 +22,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
 
 from market_fixtures import OP_TOKEN  # noqa: E402
 from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402
+from walla.extract import cli as extract_cli  # noqa: E402
 from walla.market.agent import Agent, LLMFeatures  # noqa: E402
 from walla.market.cli import run_market  # noqa: E402
 from walla.market.client import MarketClient  # noqa: E402
 from walla.market.head import AgentHead  # noqa: E402
 from walla.market.ledger import Ledger  # noqa: E402
 from walla.market.local import LocalServer  # noqa: E402
-from walla.market.replay import ReplayConfig, replay, runs_by_method  # noqa: E402
-from walla.train.runs import list_scenarios  # noqa: E402
+from walla.market.replay import ReplayConfig, replay, runs_by_method, scenario_data  # noqa: E402
+from walla.store.schema import VARIANTS  # noqa: E402
+from walla.train import cli as train_cli  # noqa: E402
+from walla.train.runs import list_scenarios, read_scenario_table  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from walla.extract import cli as extract_cli
-    from walla.train import cli as train_cli
-
     runner = CliRunner()
     tmp = tmp_path_factory.mktemp("market-replay")
     tok = tiny_tokenizer()
@@ -154,12 +155,8 @@ def test_head_update_is_the_runs_step(trained):
 def test_live_agent_with_llm(trained, tmp_path):
     """The agent scores a round's question with the hf backend exactly as walla-extract did (same probabilities),
     reports its head's wager on those features, and learns from its payout after the resolution."""
-    from walla.market.replay import _assemble
-    from walla.store.schema import VARIANTS
-    from walla.train.runs import read_scenario_table
-
     table = read_scenario_table(trained["runs"], trained["scenario"])
-    data = _assemble(table, trained["store"])
+    data = scenario_data(table, trained["store"])
     slot = 0
     rows = [r for r in range(len(data.split)) if VARIANTS[data.variant[r, slot]] == "none"][:2]
     run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
@@ -227,8 +224,6 @@ def test_replay_cli(trained, capfd):
 
 
 def _chromium() -> str | None:
-    import shutil
-
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
