@@ -27,10 +27,16 @@ def _parse_seeds(text: str | None) -> list[int] | None:
 
 @app.command("replay")
 def replay_command(
-    scenario: str = typer.Option(..., "--scenario", help="a trained scenario (walla-train --scenario ...)"),
+    scenario: str = typer.Option(None, "--scenario", help="a trained scenario (walla-train --scenario ...)"),
     runs: Path = typer.Option(Path("runs"), "--runs", help="runs root"),
     store: Path = typer.Option(Path("walla-store"), "--store", help="the feature store it was trained from"),
-    method: str = typer.Option("walla-i", "--method", help="walla-i | walla-ii | walla-i-log"),
+    method: str = typer.Option(None, "--method", help="walla-i (default) | walla-ii | walla-i-log"),
+    key: str = typer.Option(
+        None, "--key", help="the run key id (runs/<scenario>/<method>/<key-id>) when the method has several"
+    ),
+    run: Path = typer.Option(
+        None, "--run", help="a run key directory or one of its seed=<s> dirs (instead of --scenario/--key)"
+    ),
     seeds: str = typer.Option("all", "--seeds", help="'all' or comma-separated seeds"),
     learn: bool = typer.Option(False, "--learn", help="heads keep learning from their payouts"),
     batch_size: int = typer.Option(1, "--batch-size", help="with --learn: resolved rounds per head update"),
@@ -41,11 +47,24 @@ def replay_command(
         raise fail(f"--limit: expected >= 1, got {limit}")
     if batch_size < 1:
         raise fail(f"--batch-size: expected >= 1, got {batch_size}")
-    if not runs.is_dir():
+    if run is None and scenario is None:
+        raise fail("name the trained runs: --scenario NAME (with --runs), or --run DIR")
+    if run is None and not runs.is_dir():
         raise fail(f"--runs {runs}: no such directory (run walla-train first)")
     if not store.is_dir():
         raise fail(f"--store {store}: no such directory")
-    cfg = ReplayConfig(scenario, runs, store, method, _parse_seeds(seeds), learn, batch_size, limit)
+    cfg = ReplayConfig(
+        scenario,
+        None if run is not None else runs,
+        store,
+        method,
+        _parse_seeds(seeds),
+        learn,
+        batch_size,
+        limit,
+        key=key,
+        run=run,
+    )
     try:
         result = replay(cfg, out=typer.echo)
     except (RunFormatError, StoreError, ValueError, KeyError, FileNotFoundError) as e:
@@ -58,7 +77,7 @@ def replay_command(
 
 def _print_report(result: ReplayResult, learn: bool) -> None:
     diff = ", ".join(f"{k} {v:.2e}" for k, v in result.max_diff.items())
-    typer.echo(f"max |live - offline| over {len(result.seeds)} seed(s): {diff}")
+    typer.echo(f"max |live - offline| over {len(result.seeds)} seed(s) of run key {result.key_id}: {diff}")
     live, off = result.mean("live"), result.mean("offline")
     label = "live (learning)" if learn else "live"
     typer.echo(

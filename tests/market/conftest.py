@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the market needs the market extra: pip install 'walla[market]'")
 
 from market_fixtures import OP_TOKEN, Market, start_postgres  # noqa: E402
+from trained_market import train_tiny_market  # noqa: E402
 from walla.market.client import MarketClient  # noqa: E402
 from walla.market.ledger import Ledger  # noqa: E402
 from walla.market.local import LocalServer  # noqa: E402
@@ -57,3 +58,9 @@ def market(database):
             c.close()
         server.stop()
         ledger.close()
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> dict:
+    """A tiny trained market (trained_market.py): its model, store, runs and scenario name."""
+    return train_tiny_market(tmp_path_factory.mktemp("market-replay"))
