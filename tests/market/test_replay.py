@@ -25,10 +25,17 @@ from walla.store.schema import VARIANTS
 from walla.train.runs import read_scenario_table
 
 
-def test_replay_equals_offline(trained):
-    for method in ("walla-i", "walla-ii"):
-        cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], method, seeds=[18])
-        result = replay(cfg, out=lambda s: None)
+@pytest.fixture(scope="module")
+def replayed(trained, tmp_path_factory) -> tuple:
+    """walla-i replayed once with frozen heads into a ledger file: (ReplayResult, the ledger's path)."""
+    db = str(tmp_path_factory.mktemp("replayed") / "replayed.db")
+    cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], db=db)
+    return replay(cfg, out=lambda s: None), db
+
+
+def test_replay_equals_offline(trained, replayed):
+    walla_ii = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-ii", seeds=[18])
+    for result in (replayed[0], replay(walla_ii, out=lambda s: None)):
         (seed,) = result.seeds
         assert seed.n_rounds >= 15
         assert max(result.max_diff.values()) < 1e-6, result.max_diff
@@ -156,7 +163,7 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_dashboard_in_a_browser(trained, tmp_path):
+def test_dashboard_in_a_browser(replayed, tmp_path):
     """GET / in headless Chromium (the distribution's, driven by Playwright) after a replay: the page shows every
     agent with the balance the API reports, the market's totals, the four charts; a screenshot is written."""
     sync_api = pytest.importorskip(
@@ -165,10 +172,7 @@ def test_dashboard_in_a_browser(trained, tmp_path):
     exe = _chromium()
     if exe is None:
         pytest.skip("no chromium binary (make setup-market installs the distribution's package)")
-    db = str(tmp_path / "replayed.db")
-    cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], db=db)
-    replay(cfg, out=lambda s: None)
-    ledger = Ledger.open(db)
+    ledger = Ledger.open(replayed[1])
     ledger.ensure_operator(OP_TOKEN)
     shot = tmp_path / "dashboard.png"
     with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op, sync_api.sync_playwright() as p:

@@ -56,20 +56,24 @@ def test_several_keys_need_a_name(two_keys, capfd):
 
 
 def test_the_named_key_is_replayed(two_keys, capfd):
-    """--key (a unique prefix will do) and --run (key or seed directory) replay exactly that key: live equals
-    ITS offline predictions, and the two keys' offline wagers differ (so the wrong key could not pass)."""
+    """--key (a unique prefix will do) and --run (a key or seed directory) replay exactly that key: live
+    equals ITS offline predictions, and the two keys' offline wagers differ (the wrong key could not pass)."""
     m = two_keys
-    results = {}
-    for kid in (m["first"], m["second"]):
-        cfg = ReplayConfig(m["scenario"], m["runs"], m["store"], key=kid[:6], limit=6)
-        res = replay(cfg, out=lambda s: None)
-        assert res.key_id == kid and max(res.max_diff.values()) < 1e-6, res.max_diff
-        results[kid] = res.seeds[0].offline
-    assert results[m["first"]] != results[m["second"]]
-    seed_dir = m["runs"] / m["scenario"] / "walla-i" / m["second"] / "seed=18"
-    rc, out, err = _replay(capfd, m, "--run", str(seed_dir))
-    assert rc == 0 and f"run key walla-i/{m['second']}" in out and "seeds [18]" in out, err
-    rc, out, err = _replay(capfd, m, "--run", str(seed_dir.parent), "--scenario", "other")
+    first, second = (
+        choose_runs(m["runs"], m["scenario"], key=k).seeds[18] for k in (m["first"], m["second"])
+    )
+    assert first.path.parent.name == m["first"] and second.path.parent.name == m["second"]
+    assert abs(first.extras["wagers"] - second.extras["wagers"]).max() > 1e-3
+    res = replay(
+        ReplayConfig(m["scenario"], m["runs"], m["store"], key=m["second"][:6], limit=6), out=lambda s: None
+    )
+    assert res.key_id == m["second"] and max(res.max_diff.values()) < 1e-6, res.max_diff
+    key_dir = m["runs"] / m["scenario"] / "walla-i" / m["first"]
+    rc, out, err = _replay(capfd, m, "--run", str(key_dir))
+    assert rc == 0 and f"run key walla-i/{m['first']}" in out and "seeds [18]" in out, err
+    seed_dir = choose_runs(run=key_dir.parent / m["second"] / "seed=18")
+    assert seed_dir.key_id == m["second"] and list(seed_dir.seeds) == [18] and seed_dir.method == "walla-i"
+    rc, out, err = _replay(capfd, m, "--run", str(key_dir), "--scenario", "other")
     assert rc == 1 and len(err) == 1 and "--scenario" in err[0], err
     rc, out, err = _replay(capfd, m, "--run", str(m["runs"] / m["scenario"]))
     assert rc == 1 and len(err) == 1 and "expected a run key directory" in err[0], err
