@@ -1,4 +1,4 @@
-"""walla market: a live wagering market on the research pipeline's mechanism (DESIGN.md "The live market").
+"""walla market: a live wagering market on walla's mechanism (DESIGN.md "The live market", docs/market.md).
 
     ledger.py      the database (SQLAlchemy Core): agents, rounds, reports, resolutions, payouts
     payouts.py     a round's payouts and pooled forecast, through walla.train.mechanism (never re-derived)
@@ -10,6 +10,7 @@
     head.py        one agent's trained WALLA head (a run's state.pt), frozen or learning from its payouts
     agent.py       the live agent: LLM features (walla's extraction backends) -> head -> report
     replay.py      a trained scenario's test split through the live API, checked against walla-train
+    run_choice.py  which runs a replay uses: one run key of one method (--key / --run, or the only one)
     stats.py       the dashboard's numbers (GET /market); local.py: a server in a thread (replay, tests)
 
 Dependencies point one way: market imports train, extract, store and evaluate; nothing imports market.
