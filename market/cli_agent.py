@@ -47,6 +47,7 @@ def agent(
 ) -> None:
     """Run one agent: report on every open round with the LLM's forecast and the head's wager; learn."""
     logging.basicConfig(level=logging.INFO, format="walla market agent: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
     if batch_size < 1 or poll <= 0:
         raise fail("--batch-size must be >= 1 and --poll > 0")
     try:
