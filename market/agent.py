@@ -4,7 +4,7 @@
     agent.run(poll=2.0)              # until interrupted: report on every open round, learn after resolutions
 
 An agent sees only what its token may see: the open rounds, its own reports and its own payouts
-(decentralized). Features come from walla's extraction code (LLMFeatures: the hf backend, the dataset's
+(decentralized). Features come from walla's extraction code (LLMFeatures: an extraction backend, the dataset's
 prompt template and option tokens, exactly as walla-extract scores a question) or, in replay, from the
 feature store (replay.StoreFeatures).
 """
@@ -18,6 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from walla.extract.config import ExtractConfig
+from walla.extract.datasets import default_template
+from walla.extract.models import resolve_model
+from walla.extract.prompts import get_template, option_strings, render
+from walla.extract.run import backend_request, choose_backend
+from walla.extract.scoring import renormalize, resolve_option_token_ids
+from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
 from walla.market.client import MarketClient, MarketError
 from walla.market.head import AgentHead
 
@@ -26,33 +33,41 @@ log = logging.getLogger("walla.market.agent")
 
 
 class LLMFeatures:
-    """Option probabilities and the last-layer hidden state of one LLM for a round's question (hf backend).
+    """Option probabilities and the last-layer hidden state of one LLM for a round's question.
 
-    The prompt is the dataset's template without context (extract/prompts.py render), the scored option
-    tokens are the dataset's (or the display letters), the backend is walla's hf backend in the model's
-    manifest dtype: the same features walla-extract would store for the question.
+    The prompt is the dataset's template without context (its registry default or datasets.yaml `prompt:`,
+    rendered by extract/prompts.py), the scored option tokens are the dataset's (or the display letters),
+    the backend is the one walla-extract would choose (`backend`, else the model's manifest hint, else hf;
+    extract/backends/registry.py) in the model's manifest dtype: the same features walla-extract would
+    store for the question.
     """
 
-    def __init__(self, model: str, dataset: str, device: str = "cpu", dtype: str | None = None) -> None:
-        from walla.extract.backends.hf import load_hf_backend
-        from walla.extract.models import resolve_model
-        from walla.extract.prompts import DEFAULT_TEMPLATE, get_template
-        from walla.store.catalog import load_datasets, load_models, resolve_model_name
-
-        _, entry = resolve_model_name(model, load_models())
+    def __init__(
+        self,
+        model: str,
+        dataset: str,
+        device: str | None = None,
+        dtype: str | None = None,
+        backend: str | None = None,
+    ) -> None:
+        _, m_entry = resolve_model_name(model, load_models())
         datasets = load_datasets()
         if dataset not in datasets:
             raise KeyError(f"--dataset {dataset!r}: not in datasets.yaml ({', '.join(sorted(datasets))})")
         self.d_entry = datasets[dataset]
-        self.template = get_template(self.d_entry.prompt or DEFAULT_TEMPLATE[self.d_entry.loader])
-        self.backend = load_hf_backend(
-            resolve_model(entry), dtype=dtype or entry.dtype or "auto", device=device
+        self.template = get_template(default_template(self.d_entry.loader, self.d_entry.prompt))
+        cfg = ExtractConfig(
+            model=model, dataset=dataset, backend=backend, device=device, dtype=dtype, compile="off"
         )
+        kind = choose_backend(cfg, m_entry)
+        device = device or kind.default_device()
+        kind.check_device(device)
+        settled, _ = kind.settle_dtype(dtype or m_entry.dtype or "auto", device)
+        chat = bool(m_entry.chat_template)
+        request = backend_request(cfg, resolve_model(m_entry), settled, device, chat, m_entry.hidden_size)
+        self.backend = kind.load(request)
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
-        from walla.extract.prompts import option_strings, render
-        from walla.extract.scoring import renormalize, resolve_option_token_ids
-
         prompt = self.backend.format_prompt(render(self.template, rnd["question"], rnd["options"]))
         strings = option_strings(self.template, len(rnd["options"]), self.d_entry.option_tokens)
         tok = resolve_option_token_ids(self.backend.encode, self.backend.encode_bare, prompt, strings)

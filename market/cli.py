@@ -1,162 +1,56 @@
-"""`walla market ...`: start a market, register agents, run an agent, replay a trained scenario live.
+"""The root of the `walla` and `walla-market` commands: it mounts one CLI module per command group.
 
-    walla market init --db market.db                 # tables + the operator's token (printed once)
-    walla market serve --db market.db --port 8765    # the HTTP API and the dashboard at /
-    walla market add-agent alice --db market.db      # an agent's token (printed once)
-    walla market agent --url http://127.0.0.1:8765 --token wm_... --model smollm2-135m --head RUN_DIR
-    walla market replay --scenario demo-homo-facts --runs runs --store walla-store
+    walla market init | serve | add-agent      walla.market.cli_operator (the ledger and its server)
+    walla market agent                         walla.market.cli_agent (one live agent)
+    walla market replay                        walla.market.cli_replay (a trained scenario, live)
+    walla check                                walla.extract.check (unchanged)
 
-The operator's token: `init` (or the first `serve` of a new database) creates one and prints it once;
-set WALLA_MARKET_OPERATOR_TOKEN (or pass --operator-token-file FILE) to choose it instead, e.g. in CI.
-Only its sha256 is stored. Every error is one line on stderr and exit 1 (2: bad usage).
-
-`walla` itself is the root of the cross-stage tools: `walla check` (walla.extract.check, unchanged) and
-`walla market` (this module) -- see walla_main.
+`walla-market ...` is `walla market ...`. Every error is one line on stderr and exit 1; bad usage
+(unknown command or option, a value of the wrong type) is one line and exit 2.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
-from pathlib import Path
 
 import typer
-from walla.market.errors import ClientError
+from typer.exceptions import TyperException
+from walla.extract import check
+from walla.market import cli_agent, cli_operator, cli_replay
 
-TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
-PROG = "walla market"
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla market: a live wagering market")
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"{PROG}: error: {' '.join(str(message).split())}", err=True)
-    return typer.Exit(code)
-
-
-def _open_ledger(db: str):
-    """The ledger at `db`, or one clear error line (unreachable server, unwritable path, bad URL)."""
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
-    from walla.market.ledger import Ledger
-
-    path = Path(db)
-    if "://" not in db and path.is_dir():
-        raise fail(f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL")
-    if "://" not in db and not path.parent.is_dir():
-        raise fail(f"--db {db}: directory {path.parent} does not exist")
-    try:
-        return Ledger.open(db)
-    except (ArgumentError, NoSuchModuleError) as e:
-        raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})") from None
-    except SQLAlchemyError as e:
-        raise fail(f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})") from None
-
-
-def _operator_token(token_file: Path | None) -> str | None:
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise fail(f"--operator-token-file {token_file}: {e.strerror}") from None
-        if len(token) < 16:
-            raise fail(f"--operator-token-file {token_file}: expected a token of >= 16 characters")
-        return token
-    token = os.environ.get(TOKEN_ENV)
-    if token is not None and len(token.strip()) < 16:
-        raise fail(f"{TOKEN_ENV}: expected a token of >= 16 characters")
-    return token.strip() if token else None
-
-
-def _setup_operator(ledger, token_file: Path | None) -> None:
-    token = _operator_token(token_file)
-    made = ledger.ensure_operator(token)
-    if made is not None and token is None:
-        typer.echo(f"operator token (shown once, store it): {made}")
-
-
-DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (postgresql://user@host/db)")
-TOKEN_FILE = typer.Option(
-    None, "--operator-token-file", help=f"file holding the operator token (or ${TOKEN_ENV})"
+market_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="walla market: a live wagering market"
 )
+for _group in (cli_operator.app, cli_agent.app, cli_replay.app):
+    market_app.add_typer(_group)  # no name: the group's commands join `walla market` directly
+
+walla_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="walla: cross-stage tools (check, market)"
+)
+walla_app.command("check", help=check.check.__doc__)(check.check)
+walla_app.add_typer(market_app, name="market", help="a live wagering market: walla market --help")
 
 
-@app.command()
-def init(db: str = DB, operator_token_file: Path = TOKEN_FILE) -> None:
-    """Create the ledger's tables and the operator (its token is printed once)."""
-    ledger = _open_ledger(db)
-    _setup_operator(ledger, operator_token_file)
-    typer.echo(f"walla market: ledger ready at {db}")
-
-
-@app.command("add-agent")
-def add_agent(
-    name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
-) -> None:
-    """Register an agent; prints its token once (only a hash is stored)."""
-    from walla.market.validation import agent_name
-
-    try:
-        name = agent_name(name)
-        ledger = _open_ledger(db)
-        token = ledger.add_agent(name)
-    except ClientError as e:
-        raise fail(e.message) from None
-    typer.echo(f"agent {name} token (shown once, store it): {token}")
-
-
-def _check_port(host: str, port: int) -> None:
-    if not 1 <= port <= 65535:
-        raise fail(f"--port: expected 1..65535, got {port}")
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as e:
-        raise fail(f"--host {host} --port {port}: cannot listen ({e.strerror or e})") from None
-
-
-@app.command()
-def serve(
-    db: str = DB,
-    host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on"),
-    port: int = typer.Option(8765, "--port", help="TCP port"),
-    operator_token_file: Path = TOKEN_FILE,
-    max_body: int = typer.Option(64 * 1024, "--max-body", help="largest request body in bytes"),
-) -> None:
-    """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
-    if max_body < 1024:
-        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
-    _check_port(host, port)
-    import uvicorn
-    from walla.market.server import create_app
-
-    ledger = _open_ledger(db)
-    _setup_operator(ledger, operator_token_file)
-    typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
-    uvicorn.run(create_app(ledger, max_body), host=host, port=port, log_level="warning", access_log=False)
-
-
-def _register_more() -> None:
-    """The agent runtime and replay live in their own modules (they import torch and the pipeline)."""
-    from walla.market import cli_agent  # noqa: F401  (registers `agent` and `replay` on app)
-
-
-def run_market(argv: list[str], prog: str) -> int:
-    """Run the market's commands with one-line usage errors (exit 2) instead of click's usage panel."""
-    from typer.exceptions import TyperException
-
-    _register_more()
+def run(app: typer.Typer, argv: list[str], prog: str) -> int:
+    """Run `app` with one-line usage errors (exit 2) instead of click's usage panel; returns the exit code."""
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except TyperException as e:
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-        typer.echo(f"{PROG}: error: {' '.join(message.split())} (see {prog} --help)", err=True)
-        return 2
+    except TyperException as e:  # click's usage errors (typer vendors click); .ctx names the subcommand
+        message = " ".join(e.format_message().split())
+        if message:  # empty: no arguments at all, and click printed the help already
+            ctx = getattr(e, "ctx", None)
+            where = ctx.command_path if ctx is not None else prog
+            typer.echo(f"{where}: error: {message} (see {where} --help)", err=True)
+        return e.exit_code
     except (KeyboardInterrupt, EOFError):
         return 130
     return rv if isinstance(rv, int) else 0
+
+
+def run_market(argv: list[str], prog: str = "walla market") -> int:
+    """`walla market <argv>`: the market's commands (the tests call this in-process)."""
+    return run(market_app, argv, prog)
 
 
 def main() -> None:
@@ -165,20 +59,5 @@ def main() -> None:
 
 
 def walla_main() -> None:
-    """`walla ...`: `walla market ...` here, everything else (`walla check`) exactly as walla.extract.check."""
-    if sys.argv[1:2] == ["market"]:
-        sys.exit(run_market(sys.argv[2:], "walla market"))
-    from walla.extract import check
-
-    root = typer.Typer(add_completion=False, help="walla: cross-stage tools (check, market)")
-    root.command("check", help=check.check.__doc__)(check.check)
-    root.command(
-        "market",
-        help="a live wagering market: walla market --help",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    )(_market_stub)
-    root(prog_name="walla")
-
-
-def _market_stub(ctx: typer.Context) -> None:
-    sys.exit(run_market(list(ctx.args), "walla market"))
+    """`walla ...`"""
+    sys.exit(run(walla_app, sys.argv[1:], "walla"))

@@ -9,8 +9,9 @@ Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's h
 w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
 agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
 A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on, gradient norm clipped at
-the run's `clip`, one Adam step at the run's lr (walla.train.mixed_adam.stacked_adam in 32-true). The Adam
-moments start at zero: a run's state.pt keeps the best parameters, not its optimizer state.
+the run's `clip` (this module holds one head, so the run's per-head clipping is torch's clip_grad_norm_),
+one Adam step at the run's lr (walla.train.engine.make_optimizer, the engine's one optimizer path). The
+Adam moments start at zero: a run's state.pt keeps the best parameters, not its optimizer state.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import numpy as np
 import torch
 from walla.train import mechanism
 from walla.train.calibration import CalibrationConfig
+from walla.train.engine import make_optimizer
 from walla.train.heads import StackedHeads
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
-from walla.train.mixed_adam import stacked_adam
 from walla.train.runs import STATE, read_run_meta
 
 
@@ -115,7 +116,7 @@ class AgentHead:
             return float("nan")
         cfg = self.cfg
         if self.opt is None:
-            self.opt = stacked_adam(self.heads, cfg.lr, "32-true", torch.device("cpu"))
+            self.opt = make_optimizer(self.heads.parameters(), "adam", cfg.lr)
         x = self._input([h for h, _ in batch])  # [1, b, H]
         adv = torch.tensor([a for _, a in batch], dtype=torch.float64)  # [b]
         keep = 1.0 - cfg.dropout
@@ -133,7 +134,7 @@ class AgentHead:
         w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)
         loss = ((w - w_star) ** 2).mean()
         loss.backward()
-        self.heads.clip_per_head_(cfg.clip)
+        torch.nn.utils.clip_grad_norm_(self.heads.parameters(), cfg.clip)  # one head: per-head = total
         self.opt.step()
         self.heads.eval()
         self.steps += 1

@@ -2,7 +2,8 @@
 
     result = replay(ReplayConfig(scenario="demo-homo-facts", runs="runs", store="walla-store"))
 
-Per seed of the WALLA method (every complete seed unless one is named): a fresh ledger and server on a
+Per seed of one run key of the WALLA method (run_choice.py: the key the user names, or the method's only
+one; every seed walla-eval counts unless seeds are named): a fresh ledger and server on a
 free loopback port; one agent per slot, each with its own token, its own head (its slot of the run's
 state.pt, AgentHead) and its own features from the store (StoreFeatures: that agent's probabilities and
 hidden state, nothing of the others'). Every test question becomes a round with the run's mechanism
@@ -13,7 +14,7 @@ are computed exactly as walla-eval computes the table's (evaluate/metrics.py), n
 With `learn`, heads keep updating from their own payouts (Agent.collect_payouts), so the live numbers
 then differ from the offline ones by design: the report shows both.
 
-Runs are found only through walla.train.runs (list_run_dirs, read_run, read_scenario_table).
+Runs are found only through run_choice.py, i.e. the runs walla-eval counts (evaluate/load.py).
 """
 
 from __future__ import annotations
@@ -26,19 +27,17 @@ from pathlib import Path
 
 import numpy as np
 from walla.evaluate.metrics import EvalArrays, compute_metrics
+from walla.manifests.catalog import collect_tables
+from walla.manifests.scenario import Scenario, ScenarioSpec
+from walla.manifests.validate import ConfigError, build
 from walla.market.agent import Agent
 from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
-from walla.train.runs import (
-    RUN_META,
-    RunFormatError,
-    is_complete,
-    list_run_dirs,
-    read_run,
-    read_scenario_table,
-)
+from walla.market.run_choice import choose_runs
+from walla.store.scenario import assemble_scenario
+from walla.train.runs import RunFormatError, RunRecord
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
 WAVE = 20  # rounds open at once with frozen heads
@@ -47,15 +46,17 @@ METRICS = ("accuracy", "d_regret", "brier", "auc", "ece", "mrr")
 
 @dataclass
 class ReplayConfig:
-    scenario: str
-    runs: Path
+    scenario: str | None  # None with `run`
+    runs: Path | None  # None with `run`
     store: Path
-    method: str = "walla-i"
-    seeds: list[int] | None = None  # None: every complete seed
+    method: str | None = None  # None: walla-i (or the method of `run`)
+    seeds: list[int] | None = None  # None: every counted seed of the key
     learn: bool = False
     batch_size: int = 1  # with learn: resolved rounds per head update
     limit: int | None = None  # first N test questions only
     db: str | None = None  # a ledger path/URL (default: a temporary SQLite file per seed)
+    key: str | None = None  # a run key id of the method (run_choice.py); None: its only key
+    run: Path | None = None  # a key or seed directory: names scenario, method, key (and seed)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class SeedResult:
 class ReplayResult:
     scenario: str
     method: str
+    key_id: str
+    label: str  # the table's row label of the key
     seeds: list[SeedResult] = field(default_factory=list)
 
     @property
@@ -99,50 +102,14 @@ class StoreFeatures:
         return probs.tolist(), np.asarray(self.data.hidden[self.slot][row])
 
 
-def _assemble(table, store: Path):
+def scenario_data(table, store: Path):
     """The scenario's ScenarioData from the store (its resolved spec as scenario.json recorded it)."""
-    from walla.store.scenario import assemble_scenario
-    from walla.store.spec import ScenarioSpec
-    from walla.store.validate import build
-
+    problems: list[str] = []
+    models, datasets = collect_tables(None, problems)
+    if problems:
+        raise ConfigError(problems)
     spec = build(ScenarioSpec, table.meta["spec"], where=f"{table.path}/scenario.json: spec")
-    return assemble_scenario(spec, store)
-
-
-def runs_by_method(runs: Path, scenario: str) -> dict[str, dict[int, Path]]:
-    """method -> seed -> run directory, from walla.train.runs.list_run_dirs (the one place that knows the layout).
-
-    Accepts both forms of list_run_dirs: the {method: {seed: path}} mapping, or a list of records with
-    .method, .seed and .path (run-identity layout, several keys per method). With several complete runs of
-    one method and seed, the one whose run.json was written last is taken.
-    """
-    found = list_run_dirs(runs, scenario)
-    if isinstance(found, dict):
-        return found
-    out: dict[str, dict[int, Path]] = {}
-    for rec in sorted(found, key=lambda r: _written(r.path)):
-        if is_complete(rec.path) or rec.seed not in out.get(rec.method, {}):
-            out.setdefault(rec.method, {})[int(rec.seed)] = Path(rec.path)
-    return out
-
-
-def _written(path: Path) -> float:
-    return (Path(path) / RUN_META).stat().st_mtime if is_complete(path) else 0.0
-
-
-def _seeds(cfg: ReplayConfig) -> dict[int, Path]:
-    dirs = runs_by_method(cfg.runs, cfg.scenario)
-    if cfg.method not in dirs:
-        have = ", ".join(sorted(dirs)) or "none"
-        raise RunFormatError(
-            f"{cfg.runs}/{cfg.scenario}: no {cfg.method} runs (methods: {have}); run walla-train first"
-        )
-    by_seed = dirs[cfg.method]
-    seeds = cfg.seeds if cfg.seeds is not None else sorted(by_seed)
-    missing = [s for s in seeds if s not in by_seed]
-    if missing:
-        raise RunFormatError(f"{cfg.method}: no run for seed(s) {missing} (have {sorted(by_seed)})")
-    return {s: by_seed[s] for s in seeds}
+    return assemble_scenario(Scenario(spec, models, datasets), store)
 
 
 def _metrics(agg: np.ndarray, weights: np.ndarray, table, rows: np.ndarray) -> dict[str, float]:
@@ -158,19 +125,25 @@ def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, d
         "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
         "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
     }
+    # the live numbers as walla-train stores its predictions (float32, train/runs.py), then widened as the
+    # reader widens them: an exact tie offline ([0.5, 0.5]) stays one live, so argmax-based metrics agree
     pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
-    pad[:, :k_live] = live["pool"]
+    pad[:, :k_live] = _stored(live["pool"])
     offline = _metrics(record.agg_probs[rows], record.weights[rows], table, rows)
-    return diff, _metrics(pad, live["weights"], table, rows), offline
+    return diff, _metrics(pad, _stored(live["weights"]), table, rows), offline
 
 
-def replay_seed(cfg: ReplayConfig, seed: int, run_dir: Path, table, data, out=print) -> SeedResult:
+def _stored(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values).astype(np.float32).astype(np.float64)
+
+
+def replay_seed(cfg: ReplayConfig, record: RunRecord, table, data, out=print) -> SeedResult:
     """One seed's market (module docstring)."""
     t0 = time.perf_counter()
-    record = read_run(run_dir, table)
+    seed = record.seed
     m = len(table.agents)
     rows = np.arange(len(table.question_id))[: cfg.limit]
-    heads = [AgentHead.from_run(run_dir, i) for i in range(m)]
+    heads = [AgentHead.from_run(record.path, i) for i in range(m)]
     settings = heads[0].cfg  # the run's resolved config: mechanism settings of every round
     mech = {k: getattr(settings, k) for k in ("variant", "c1", "c2", "c3", "pooling")}
     pos = {q: i for i, q in enumerate(data.question_id)}
@@ -263,21 +236,22 @@ def _stream(op: MarketClient, agents: list[Agent], table, rows: np.ndarray, mech
 
 
 def replay(cfg: ReplayConfig, out=print) -> ReplayResult:
-    """Replay every selected seed; prints one line per seed (see module docstring)."""
-    table = read_scenario_table(cfg.runs, cfg.scenario)
-    seeds = _seeds(cfg)
-    data = _assemble(table, Path(cfg.store))
+    """Replay every selected seed of the chosen run key; prints one line per seed (see module docstring)."""
+    choice = choose_runs(cfg.runs, cfg.scenario, cfg.method, cfg.key, cfg.run, cfg.seeds)
+    table = choice.table
+    data = scenario_data(table, Path(cfg.store))
     missing = [q for q in table.question_id if q not in set(data.question_id)]
     if missing:
         raise RunFormatError(
-            f"--store {cfg.store}: {len(missing)} test questions of {cfg.scenario} are not in it"
+            f"--store {cfg.store}: {len(missing)} test questions of {choice.scenario} are not in it"
         )
+    n = len(table.question_id) if cfg.limit is None else min(cfg.limit, len(table.question_id))
     out(
-        f"walla market replay: {cfg.scenario}, {cfg.method}, seeds {list(seeds)}, {len(table.agents)} agents, "
-        f"{len(table.question_id) if cfg.limit is None else min(cfg.limit, len(table.question_id))} test questions"
+        f"walla market replay: {choice.scenario}, {choice.label} (run key {choice.method}/{choice.key_id}), "
+        f"seeds {list(choice.seeds)}, {len(table.agents)} agents, {n} test questions"
         + (" (heads learning)" if cfg.learn else " (frozen heads)")
     )
-    result = ReplayResult(cfg.scenario, cfg.method)
-    for seed, path in seeds.items():
-        result.seeds.append(replay_seed(cfg, seed, path, table, data, out))
+    result = ReplayResult(choice.scenario, choice.method, choice.key_id, choice.label)
+    for record in choice.seeds.values():
+        result.seeds.append(replay_seed(cfg, record, table, data, out))
     return result

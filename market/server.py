@@ -45,6 +45,7 @@ from walla.market import validation as v
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger, Principal
 from walla.market.payouts import pooled_forecast, round_payouts
+from walla.market.stats import market_stats
 
 MAX_BODY = 64 * 1024  # bytes; a report of 26 options is < 1 KiB
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -266,7 +267,5 @@ def _account_routes(app: FastAPI, ledger: Ledger, who: Handler, body: Handler) -
 
     @app.get("/market")
     async def market(request: Request):
-        from walla.market.stats import market_stats
-
         _operator(await who(request))
         return await call(market_stats, ledger)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("walla.extract", "walla.store", "walla.train", "walla.evaluate", "walla.manifests")
+STAGES = ("walla.extract", "walla.store", "walla.train", "walla.evaluate", "walla.manifests", "walla.market")
 PRELOAD = (  # third-party only: a walla module here would hide the cycles this test looks for
     "torch",
     "transformers",
@@ -36,6 +36,10 @@ PRELOAD = (  # third-party only: a walla module here would hide the cycles this 
     "yaml",
     "datasets",
     "rich",
+    "fastapi",
+    "uvicorn",
+    "sqlalchemy",
+    "httpx",
 )
 
 CHILD = r"""
@@ -97,6 +101,7 @@ def test_the_module_list_covers_every_stage():
     for stage in STAGES:
         assert f"{stage}" in names or any(n.startswith(stage + ".") for n in names), stage
     assert "walla.extract.backends.hf" in names and "walla.train.methods.walla" in names
+    assert "walla.market.cli" in names and "walla.market.server" in names
 
 
 def test_every_module_imports_alone_in_a_fresh_interpreter():

@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from walla.market import db
 from walla.market.client import MarketClient
 from walla.market.ledger import Ledger
@@ -63,7 +63,7 @@ class PgServer:
         return f"postgresql://walla@127.0.0.1:{self.port}/{name}"
 
     def create_database(self) -> str:
-        import psycopg
+        import psycopg  # optional: the market extra; only a PostgreSQL test gets here (conftest skips without it)
 
         name = "m_" + uuid.uuid4().hex[:12]
         with psycopg.connect(
@@ -137,3 +137,14 @@ def snapshot(ledger: Ledger) -> dict:
     """Every row of every ledger table (to show a refused request wrote nothing)."""
     with ledger.engine.connect() as conn:
         return {t.name: sorted(map(tuple, conn.execute(select(t)))) for t in db.metadata.sorted_tables}
+
+
+def reset_ledger(ledger: Ledger) -> None:
+    """Delete every row of every ledger table and restart the ids: an empty ledger, as a fresh one is."""
+    tables = db.metadata.sorted_tables
+    with ledger.engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(t.name for t in tables)} RESTART IDENTITY CASCADE"))
+        else:  # SQLite: ids restart from max(id) + 1 (no AUTOINCREMENT), i.e. from 1
+            for t in reversed(tables):
+                conn.execute(t.delete())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from sqlalchemy import select
+from walla.market import db
 from walla.market.client import MarketError
 
 
@@ -60,9 +62,6 @@ def test_operator_token_needed(market):
 
 def test_tokens_are_stored_hashed(market):
     """Only sha256 hashes are in the database: no stored value equals a token."""
-    from sqlalchemy import select
-    from walla.market import db
-
     token = market.op.add_agent("carol")
     with market.ledger.engine.connect() as conn:
         hashes = [r.token_hash for r in conn.execute(select(db.agents))]

@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+from importlib.metadata import entry_points
 
 from market_fixtures import snapshot
-from walla.market.cli import TOKEN_ENV, run_market
+from walla.market.cli import main, run, run_market, walla_app, walla_main
+from walla.market.cli_operator import TOKEN_ENV
 from walla.market.ledger import Ledger
 
-WALLA = str(Path(sys.executable).with_name("walla"))
 
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([WALLA, *args], capture_output=True, text=True, timeout=120)
-
-
-def test_walla_root_keeps_check():
-    top = _run("--help")
-    assert top.returncode == 0 and "check" in top.stdout and "market" in top.stdout
-    check = _run("check", "--help")
-    assert check.returncode == 0 and "--model" in check.stdout and "--backends" in check.stdout
-    missing = _run("check")  # click's usage error for the missing required --model, as before
-    assert missing.returncode == 2 and "--model" in missing.stderr
-    market = _run("market", "--help")
-    assert market.returncode == 0 and "serve" in market.stdout and "replay" in market.stdout
+def test_walla_root_keeps_check(capfd):
+    """`walla` and `walla-market` are this root (their installed entry points), in-process here: one `walla`
+    start imports the market's and the extraction stack, seconds per subprocess."""
+    scripts = {e.name: e for e in entry_points(group="console_scripts")}
+    assert scripts["walla"].load() is walla_main and scripts["walla-market"].load() is main
+    assert run(walla_app, ["--help"], "walla") == 0
+    out, _ = capfd.readouterr()
+    assert "check" in out and "market" in out
+    assert run(walla_app, ["check", "--help"], "walla") == 0
+    out, _ = capfd.readouterr()
+    assert "--model" in out and "--backends" in out
+    assert run(walla_app, ["check"], "walla") == 2  # the usage error for the missing required --model
+    _, err = capfd.readouterr()
+    assert "--model" in err and len(err.strip().splitlines()) == 1, err
+    assert run(walla_app, ["market", "--help"], "walla") == 0
+    out, _ = capfd.readouterr()
+    assert "serve" in out and "replay" in out and "agent" in out
 
 
 def test_init_and_add_agent(tmp_path, capfd, monkeypatch):

@@ -1,7 +1,4 @@
-"""Replay and the live agent on a tiny trained market (a random tiny LLM, built here; no download):
-
-    walla-extract --model <dir> --dataset facts --size 60 --variants none,relevant
-    walla-train --scenario homo --model <dir> --agents 3 --methods walla-i,walla-ii --seed-list 18
+"""Replay and the live agent on a tiny trained market (conftest `trained`: trained_market.py).
 
 Frozen heads reproduce walla-train's wagers, pooled forecasts and payouts through the HTTP API; the agent's
 features are walla-extract's; a head update is one step of the run's loss and optimizer.
@@ -9,96 +6,36 @@ features are walla-extract's; a head update is one step of the run's loss and op
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
-
-from market_fixtures import OP_TOKEN  # noqa: E402
-from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402
-from walla.market.agent import Agent, LLMFeatures  # noqa: E402
-from walla.market.cli import run_market  # noqa: E402
-from walla.market.client import MarketClient  # noqa: E402
-from walla.market.head import AgentHead  # noqa: E402
-from walla.market.ledger import Ledger  # noqa: E402
-from walla.market.local import LocalServer  # noqa: E402
-from walla.market.replay import ReplayConfig, replay, runs_by_method  # noqa: E402
-from walla.train.runs import list_scenarios  # noqa: E402
+from market_fixtures import OP_TOKEN
+from walla.market.agent import Agent, LLMFeatures
+from walla.market.cli import run_market
+from walla.market.client import MarketClient
+from walla.market.head import AgentHead
+from walla.market.ledger import Ledger
+from walla.market.local import LocalServer
+from walla.market.replay import ReplayConfig, _compare, replay, scenario_data
+from walla.market.run_choice import choose_runs
+from walla.store.schema import VARIANTS
+from walla.train.runs import read_scenario_table
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from walla.extract import cli as extract_cli
-    from walla.train import cli as train_cli
-
-    runner = CliRunner()
-    tmp = tmp_path_factory.mktemp("market-replay")
-    tok = tiny_tokenizer()
-    mdir = tmp / "tiny-llm"
-    tiny_model(len(tok), seed=3).save_pretrained(mdir)
-    tok.save_pretrained(mdir)
-    store, runs = tmp / "store", tmp / "runs"
-    res = runner.invoke(
-        extract_cli.app,
-        [
-            "--model",
-            str(mdir),
-            "--dataset",
-            "facts",
-            "--size",
-            "60",
-            "--store",
-            str(store),
-            "--device",
-            "cpu",
-            "--dtype",
-            "float32",
-            "--variants",
-            "none,relevant",
-        ],
-    )
-    assert res.exit_code == 0, res.output
-    res = runner.invoke(
-        train_cli.app,
-        [
-            "--scenario",
-            "homo",
-            "--model",
-            str(mdir),
-            "--agents",
-            "3",
-            "--store",
-            str(store),
-            "--runs",
-            str(runs),
-            "--methods",
-            "walla-i,walla-ii",
-            "--seed-list",
-            "18",
-            "--set",
-            "walla.epochs=3",
-            "--set",
-            "walla.projection_dim=null",
-            "--set",
-            "walla.hidden=[8]",
-            "--set",
-            "walla.standardize=true",
-        ],
-    )
-    assert res.exit_code == 0, res.output
-    (scenario,) = list_scenarios(runs)
-    return {"model": mdir, "store": store, "runs": runs, "scenario": scenario}
+def replayed(trained, tmp_path_factory) -> tuple:
+    """walla-i replayed once with frozen heads into a ledger file: (ReplayResult, the ledger's path)."""
+    db = str(tmp_path_factory.mktemp("replayed") / "replayed.db")
+    cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], db=db)
+    return replay(cfg, out=lambda s: None), db
 
 
-def test_replay_equals_offline(trained):
-    for method in ("walla-i", "walla-ii"):
-        cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], method, seeds=[18])
-        result = replay(cfg, out=lambda s: None)
+def test_replay_equals_offline(trained, replayed):
+    walla_ii = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-ii", seeds=[18])
+    for result in (replayed[0], replay(walla_ii, out=lambda s: None)):
         (seed,) = result.seeds
         assert seed.n_rounds >= 15
         assert max(result.max_diff.values()) < 1e-6, result.max_diff
@@ -119,7 +56,7 @@ def test_replay_learning_changes_heads(trained):
 def test_head_update_is_the_runs_step(trained):
     """AgentHead.update = one step of walla's per-agent loss with the run's lr, clip and Adam, from the agent's
     own advantages (checked against a plain torch computation on the same head, dropout masks included)."""
-    run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
+    run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
     head = AgentHead.from_run(run, slot=1)
     ref = head.heads.head(0)  # the same function as a plain WagerHead
     cfg = head.cfg
@@ -154,17 +91,11 @@ def test_head_update_is_the_runs_step(trained):
 def test_live_agent_with_llm(trained, tmp_path):
     """The agent scores a round's question with the hf backend exactly as walla-extract did (same probabilities),
     reports its head's wager on those features, and learns from its payout after the resolution."""
-    from walla.store.scenario import assemble_scenario
-    from walla.store.schema import VARIANTS
-    from walla.store.spec import ScenarioSpec
-    from walla.store.validate import build
-    from walla.train.runs import read_scenario_table
-
     table = read_scenario_table(trained["runs"], trained["scenario"])
-    data = assemble_scenario(build(ScenarioSpec, table.meta["spec"], where="scenario.json"), trained["store"])
+    data = scenario_data(table, trained["store"])
     slot = 0
     rows = [r for r in range(len(data.split)) if VARIANTS[data.variant[r, slot]] == "none"][:2]
-    run = runs_by_method(trained["runs"], trained["scenario"])["walla-i"][18]
+    run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
     ledger = Ledger.open(str(tmp_path / "m.db"))
     ledger.ensure_operator(OP_TOKEN)
     with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op:
@@ -229,12 +160,10 @@ def test_replay_cli(trained, capfd):
 
 
 def _chromium() -> str | None:
-    import shutil
-
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_dashboard_in_a_browser(trained, tmp_path):
+def test_dashboard_in_a_browser(replayed, tmp_path):
     """GET / in headless Chromium (the distribution's, driven by Playwright) after a replay: the page shows every
     agent with the balance the API reports, the market's totals, the four charts; a screenshot is written."""
     sync_api = pytest.importorskip(
@@ -243,10 +172,7 @@ def test_dashboard_in_a_browser(trained, tmp_path):
     exe = _chromium()
     if exe is None:
         pytest.skip("no chromium binary (make setup-market installs the distribution's package)")
-    db = str(tmp_path / "replayed.db")
-    cfg = ReplayConfig(trained["scenario"], trained["runs"], trained["store"], "walla-i", seeds=[18], db=db)
-    replay(cfg, out=lambda s: None)
-    ledger = Ledger.open(db)
+    ledger = Ledger.open(replayed[1])
     ledger.ensure_operator(OP_TOKEN)
     shot = tmp_path / "dashboard.png"
     with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op, sync_api.sync_playwright() as p:
@@ -275,24 +201,25 @@ def test_dashboard_in_a_browser(trained, tmp_path):
     print(f"dashboard screenshot: {shot}")
 
 
-def test_runs_by_method_reads_both_layouts(trained, monkeypatch):
-    """The run-identity layout's list_run_dirs (records with method, key, seed, path) gives the same mapping;
-    with two keys for one method and seed, the run written last wins."""
-    import types
-
-    import walla.market.replay as rp
-
-    flat = runs_by_method(trained["runs"], trained["scenario"])
-    path = flat["walla-i"][18]
-    other = path.parent.parent / "walla-ii" / "seed=18"
-    recs = [
-        types.SimpleNamespace(method="walla-i", key_id="k1", seed=18, path=other),
-        types.SimpleNamespace(method="walla-i", key_id="k2", seed=18, path=path),
-        types.SimpleNamespace(method="walla-ii", key_id="k1", seed=18, path=other),
-    ]
-    (path / "run.json").touch()  # written last
-    monkeypatch.setattr(rp, "list_run_dirs", lambda runs, scenario: recs)
-    assert rp.runs_by_method(trained["runs"], trained["scenario"]) == {
-        "walla-i": {18: path},
-        "walla-ii": {18: other},
-    }
+def test_live_metrics_see_offline_ties():
+    """An exact tie in the stored (float32) offline pool that float64 live arithmetic breaks by 1e-8 is
+    still a tie live: accuracy and the other metrics agree (the demo's lr=0.002 key had three such rows)."""
+    n, m = 4, 2
+    table = SimpleNamespace(
+        probs=np.random.default_rng(0).dirichlet([1.0, 1.0], size=(n, m)),
+        label=np.array([0, 1, 0, 1]),
+        target=np.eye(2)[[0, 1, 0, 1]],
+    )
+    offline_pool = np.array([[0.5, 0.5], [0.3, 0.7], [0.5, 0.5], [0.2, 0.8]], dtype=np.float32)
+    weights = np.full((n, m), 0.5)
+    record = SimpleNamespace(
+        agg_probs=offline_pool.astype(np.float64),
+        weights=weights,
+        extras={"wagers": np.zeros((n, m)), "payouts": np.zeros((n, m))},
+    )
+    live_pool = offline_pool.astype(np.float64) + np.array([[-1e-8, 1e-8], [0, 0], [1e-8, -1e-8], [0, 0]])
+    live = {"pool": live_pool, "weights": weights, "wagers": np.zeros((n, m)), "payouts": np.zeros((n, m))}
+    diff, live_metrics, offline_metrics = _compare(live, record, table, np.arange(n))
+    assert diff["pool"] == pytest.approx(1e-8, rel=1e-3)
+    np.testing.assert_equal(live_metrics, offline_metrics)  # NaN == NaN (AUC of a tiny table)
+    assert live_metrics["accuracy"] == 1.0  # ties go to the first option (label 0), as in walla-eval

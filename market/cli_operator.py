@@ -1,0 +1,122 @@
+"""The operator's commands: `walla market init | serve | add-agent` (the ledger and its HTTP server).
+
+    walla market init --db market.db                 # tables + the operator's token (printed once)
+    walla market serve --db market.db --port 8765    # the HTTP API and the dashboard at /
+    walla market add-agent alice --db market.db      # an agent's token (printed once)
+
+The operator's token: `init` (or the first `serve` of a new database) creates one and prints it once;
+set WALLA_MARKET_OPERATOR_TOKEN (or pass --operator-token-file FILE) to choose it instead, e.g. in CI.
+Only its sha256 is stored.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import typer
+import uvicorn
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from walla.market.cli_common import fail
+from walla.market.errors import ClientError
+from walla.market.ledger import Ledger
+from walla.market.server import MAX_BODY, create_app
+from walla.market.validation import agent_name
+
+TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
+
+app = typer.Typer(add_completion=False)
+
+DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (postgresql://user@host/db)")
+TOKEN_FILE = typer.Option(
+    None, "--operator-token-file", help=f"file holding the operator token (or ${TOKEN_ENV})"
+)
+
+
+def open_ledger(db: str) -> Ledger:
+    """The ledger at `db`, or one clear error line (unreachable server, unwritable path, bad URL)."""
+    path = Path(db)
+    if "://" not in db and path.is_dir():
+        raise fail(f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL")
+    if "://" not in db and not path.parent.is_dir():
+        raise fail(f"--db {db}: directory {path.parent} does not exist")
+    try:
+        return Ledger.open(db)
+    except (ArgumentError, NoSuchModuleError) as e:
+        raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})") from None
+    except SQLAlchemyError as e:
+        raise fail(f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})") from None
+
+
+def _operator_token(token_file: Path | None) -> str | None:
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise fail(f"--operator-token-file {token_file}: {e.strerror}") from None
+        if len(token) < 16:
+            raise fail(f"--operator-token-file {token_file}: expected a token of >= 16 characters")
+        return token
+    token = os.environ.get(TOKEN_ENV)
+    if token is not None and len(token.strip()) < 16:
+        raise fail(f"{TOKEN_ENV}: expected a token of >= 16 characters")
+    return token.strip() if token else None
+
+
+def _setup_operator(ledger: Ledger, token_file: Path | None) -> None:
+    token = _operator_token(token_file)
+    made = ledger.ensure_operator(token)
+    if made is not None and token is None:
+        typer.echo(f"operator token (shown once, store it): {made}")
+
+
+@app.command()
+def init(db: str = DB, operator_token_file: Path = TOKEN_FILE) -> None:
+    """Create the ledger's tables and the operator (its token is printed once)."""
+    ledger = open_ledger(db)
+    _setup_operator(ledger, operator_token_file)
+    typer.echo(f"walla market: ledger ready at {db}")
+
+
+@app.command("add-agent")
+def add_agent(
+    name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
+) -> None:
+    """Register an agent; prints its token once (only a hash is stored)."""
+    try:
+        name = agent_name(name)
+        ledger = open_ledger(db)
+        token = ledger.add_agent(name)
+    except ClientError as e:
+        raise fail(e.message) from None
+    typer.echo(f"agent {name} token (shown once, store it): {token}")
+
+
+def _check_port(host: str, port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise fail(f"--port: expected 1..65535, got {port}")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise fail(f"--host {host} --port {port}: cannot listen ({e.strerror or e})") from None
+
+
+@app.command()
+def serve(
+    db: str = DB,
+    host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on"),
+    port: int = typer.Option(8765, "--port", help="TCP port"),
+    operator_token_file: Path = TOKEN_FILE,
+    max_body: int = typer.Option(MAX_BODY, "--max-body", help="largest request body in bytes"),
+) -> None:
+    """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
+    if max_body < 1024:
+        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
+    _check_port(host, port)
+    ledger = open_ledger(db)
+    _setup_operator(ledger, operator_token_file)
+    typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
+    uvicorn.run(create_app(ledger, max_body), host=host, port=port, log_level="warning", access_log=False)

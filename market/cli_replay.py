@@ -1,0 +1,92 @@
+"""`walla market replay`: a trained scenario's test split through a live market, checked against walla-train.
+
+walla market replay --scenario demo-homo-facts --runs runs --store walla-store [--key KEY_ID | --run DIR]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from walla.market.cli_common import fail
+from walla.market.replay import METRICS, TOLERANCE, ReplayConfig, ReplayResult, replay
+from walla.store.layout import StoreError
+from walla.train.runs import RunFormatError
+
+app = typer.Typer(add_completion=False)
+
+
+def _parse_seeds(text: str | None) -> list[int] | None:
+    if text is None or text == "all":
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise fail(f"--seeds: expected 'all' or comma-separated integers, got {text!r}") from None
+
+
+@app.command("replay")
+def replay_command(
+    scenario: str = typer.Option(None, "--scenario", help="a trained scenario (walla-train --scenario ...)"),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="runs root"),
+    store: Path = typer.Option(Path("walla-store"), "--store", help="the feature store it was trained from"),
+    method: str = typer.Option(None, "--method", help="walla-i (default) | walla-ii | walla-i-log"),
+    key: str = typer.Option(
+        None, "--key", help="the run key id (runs/<scenario>/<method>/<key-id>) when the method has several"
+    ),
+    run: Path = typer.Option(
+        None, "--run", help="a run key directory or one of its seed=<s> dirs (instead of --scenario/--key)"
+    ),
+    seeds: str = typer.Option("all", "--seeds", help="'all' or comma-separated seeds"),
+    learn: bool = typer.Option(False, "--learn", help="heads keep learning from their payouts"),
+    batch_size: int = typer.Option(1, "--batch-size", help="with --learn: resolved rounds per head update"),
+    limit: int = typer.Option(None, "--limit", help="first N test questions only"),
+) -> None:
+    """Stream a trained scenario's test split through a live market; check it against walla-train's predictions."""
+    if limit is not None and limit < 1:
+        raise fail(f"--limit: expected >= 1, got {limit}")
+    if batch_size < 1:
+        raise fail(f"--batch-size: expected >= 1, got {batch_size}")
+    if run is None and scenario is None:
+        raise fail("name the trained runs: --scenario NAME (with --runs), or --run DIR")
+    if run is None and not runs.is_dir():
+        raise fail(f"--runs {runs}: no such directory (run walla-train first)")
+    if not store.is_dir():
+        raise fail(f"--store {store}: no such directory")
+    cfg = ReplayConfig(
+        scenario,
+        None if run is not None else runs,
+        store,
+        method,
+        _parse_seeds(seeds),
+        learn,
+        batch_size,
+        limit,
+        key=key,
+        run=run,
+    )
+    try:
+        result = replay(cfg, out=typer.echo)
+    except (RunFormatError, StoreError, ValueError, KeyError, FileNotFoundError) as e:
+        raise fail(e.args[0] if isinstance(e, KeyError) and e.args else e) from None
+    _print_report(result, learn)
+    worst = max(result.max_diff.values())
+    if not learn and worst > TOLERANCE:
+        raise fail(f"live and offline differ by {worst:.3g} > {TOLERANCE:g}")
+
+
+def _print_report(result: ReplayResult, learn: bool) -> None:
+    diff = ", ".join(f"{k} {v:.2e}" for k, v in result.max_diff.items())
+    typer.echo(f"max |live - offline| over {len(result.seeds)} seed(s) of run key {result.key_id}: {diff}")
+    live, off = result.mean("live"), result.mean("offline")
+    label = "live (learning)" if learn else "live"
+    typer.echo(
+        f"{'metric':<10} {label:>16} {'offline (walla-train)':>22}   (mean over seeds; x100 as in the tables)"
+    )
+    for k in METRICS:
+        typer.echo(f"{k:<10} {100 * live[k]:>16.2f} {100 * off[k]:>22.2f}")
+    deficit = sum(s.deficit for s in result.seeds)
+    bound = sum(s.deficit_bound for s in result.seeds)
+    typer.echo(
+        f"market deficit (total net payout) {deficit:.4f} against its bound {bound:.1f} (c2^2/c3 per round)"
+    )
