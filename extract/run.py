@@ -235,12 +235,14 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
 
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
     compiled = False
-    if backend_name == "hf":  # `auto` is measured here (cached per machine); the fingerprint gets the result
+    if backend_name != "dummy":  # `auto` is measured here (cached per machine); the fingerprint gets the result
         from walla.extract.backends.hf import explain_dtype
-        from walla.extract.backends.hf_compile import explain_compile
 
         dtype, why = explain_dtype(dtype, device)
         out(f"dtype {why} [{dtype_from}]")
+    if backend_name == "hf":
+        from walla.extract.backends.hf_compile import explain_compile
+
         compiled, why = explain_compile(
             cfg.compile, _estimate_tokens(table, template, variants, d_entry, cfg), device
         )
