@@ -16,13 +16,13 @@ from pathlib import Path
 
 
 def prompts_for(args) -> list[str]:
-    from walla.extract.check import _prompts
+    from walla.extract.check import render_prompts
     from walla.extract.config import ExtractConfig
 
     data = Path(args.data_file) if args.data_file and Path(args.data_file).exists() else None
     dataset = "arc-challenge" if data else "facts"
     cfg = ExtractConfig(model="smollm2-135m", dataset=dataset, data_file=data, limit=args.n, progress=False)
-    prompts, _, _ = _prompts(cfg, out=lambda s: None)
+    prompts, _, _ = render_prompts(cfg)
     return [p.text for p in prompts][: args.n]
 
 

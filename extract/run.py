@@ -235,7 +235,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
 
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
     compiled = False
-    if backend_name != "dummy":  # `auto` is measured here (cached per machine); the fingerprint gets the result
+    if backend_name != "dummy":  # `auto` is measured here (cached per machine); the fingerprint gets what ran
         from walla.extract.backends.hf import explain_dtype
 
         dtype, why = explain_dtype(dtype, device)

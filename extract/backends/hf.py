@@ -180,7 +180,9 @@ class HFBackend:
         self.dtype = next(model.parameters()).dtype
         self._identity = identity or {}
         # None: on in reduced precision (module docstring); packed prompts, attention and head per prompt
-        self.batch_invariant = invariant_by_default(self.dtype) if batch_invariant is None else batch_invariant
+        self.batch_invariant = (
+            invariant_by_default(self.dtype) if batch_invariant is None else batch_invariant
+        )
         self._attention = hf_packed.own_attention(model) if self.batch_invariant else None
         self.rows_invariant: bool | None = None  # measured at the first packed score() (hf_packed.py)
         self.compiled = False

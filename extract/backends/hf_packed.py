@@ -175,4 +175,7 @@ def linear_rows_invariant(model, max_rows: int, rows: Sequence[int] = PROBE_ROWS
                         f"({w.dtype}, {w.device}): each prompt runs alone"
                     )
     shapes = ", ".join(f"{k}x{n}" for k, n in layers)
-    return True, f"linear layers {shapes}: rows bit-identical for M in 2..{max(sizes, default=2)} and {max_rows}"
+    return (
+        True,
+        f"linear layers {shapes}: rows bit-identical for M in 2..{max(sizes, default=2)} and {max_rows}",
+    )
