@@ -183,10 +183,13 @@ def _score_hf_variants(backend, texts: list[str], token_ids: list[int], results:
 
 
 def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dtype: str, device: str):
-    """Every backend's ScoreResult on the prompts: (results by row name, option token ids, timings, invariant)."""
+    """Every backend's ScoreResult on the prompts: (results by row name, option columns, timings, hf mode).
+
+    hf mode: {"batch_invariant": packed scoring on, "packs": several prompts per pack, or one each where
+    the GEMMs are not row-invariant (extract/backends/hf_packed.py)}."""
     chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
     results, token_sets, timings = {}, {}, {}
-    invariant = False
+    mode = {"batch_invariant": False, "packs": None}
     for name in ["hf"] + [b for b in backends if b != "hf"]:
         t0 = time.perf_counter()
         backend = load_backend(name, rm, cfg, dtype, device, chat, m_entry.hidden_size)
@@ -201,12 +204,14 @@ def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dty
             results[name], score_s = _timed_score(backend, texts, token_sets[name])
             timings[name] = {"load_s": load_s, "score_s": score_s}
             if name == "hf":
-                invariant = bool(backend.batch_invariant)
+                mode["batch_invariant"] = bool(backend.batch_invariant)
+                if backend.batch_invariant:
+                    mode["packs"] = "several prompts each" if backend.rows_invariant else "one prompt each"
                 _score_hf_variants(backend, texts, token_sets[name], results, timings)
         finally:
             backend.close()
     col = {s: i for i, s in enumerate(union)}
-    return results, [[col[s] for s in p.options] for p in prompts], timings, invariant
+    return results, [[col[s] for s in p.options] for p in prompts], timings, mode
 
 
 def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float = TIE_GAP) -> dict:
@@ -216,7 +221,7 @@ def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float
     device = cfg.device or "cpu"
     dtype, why = explain_dtype(cfg.dtype or "float32", device)  # one concrete dtype for all backends
     out(f"dtype {why}")
-    results, option_cols, timings, invariant = score_all(cfg, backends, prompts, m_entry, rm, dtype, device)
+    results, option_cols, timings, mode = score_all(cfg, backends, prompts, m_entry, rm, dtype, device)
     metrics = {
         name: compare(results["hf"], res, option_cols, tie_gap)
         for name, res in results.items()
@@ -226,7 +231,7 @@ def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float
     tol = noise_tolerances(metrics["hf padded"], floor) if "hf padded" in metrics else floor
     rows = []
     for name, m in metrics.items():
-        exact = name == "hf batch=1" and invariant
+        exact = name == "hf batch=1" and mode["batch_invariant"]
         row_tol = None if name == "hf padded" else (floor if name == "hf batch=1" else tol)
         row = {"name": f"{name} vs hf", "n": len(prompts), "metrics": m, "tolerances": row_tol}
         row["violations"] = judge(name, m, row_tol, exact)
@@ -240,7 +245,8 @@ def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float
         "dataset": cfg.dataset,
         "n_questions": len(prompts),
         "dtype": dtype,
-        "batch_invariant": invariant,
+        "batch_invariant": mode["batch_invariant"],
+        "hf_packs": mode["packs"],
         "tie_gap": tie_gap,
         "noise_factor": NOISE_FACTOR if "hf padded" in metrics else None,
         "tolerances": tol,

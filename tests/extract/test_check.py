@@ -11,7 +11,7 @@ from test_hf_backend import PROMPTS
 from tiny_model import tiny_model, tiny_tokenizer
 from typer.testing import CliRunner
 from walla.extract import check as check_mod
-from walla.extract.backends import ScoreResult
+from walla.extract.backends import ScoreResult, hf_packed
 from walla.extract.backends.hf import HFBackend
 from walla.extract.check import (
     TOLERANCES,
@@ -164,6 +164,8 @@ def test_bf16_check_end_to_end_on_the_tiny_model(monkeypatch):
     res = run_check(cfg, ["hf", "vllm"], out=lambda s: None)
     rows = {r["name"]: r for r in res["rows"]}
     assert res["batch_invariant"] is True and res["passed"], format_table(res["rows"])
+    several = hf_packed.linear_rows_invariant(model, 400)[0]  # a property of this machine's GEMM kernels
+    assert res["hf_packs"] == ("several prompts each" if several else "one prompt each")
     assert rows["hf batch=1 vs hf"]["verdict"] == "bit-identical"
     noise = rows["hf padded vs hf"]["metrics"]
     assert rows["hf padded vs hf"]["verdict"] == "noise (no verdict)" and noise["identical"] is False
