@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 
 def check_device(device: str, backend: str) -> None:
     """A device this machine cannot use is one line, before any data or model is loaded.
@@ -14,8 +16,6 @@ def check_device(device: str, backend: str) -> None:
         raise ValueError(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
     if backend == "dummy" or kind == "cpu":
         return
-    import torch
-
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError("--device mps: MPS is not available on this machine; use --device cpu")
     if kind == "cuda" and not torch.cuda.is_available():

@@ -183,7 +183,7 @@ class HFBackend:
         self.batch_invariant = (
             invariant_by_default(self.dtype) if batch_invariant is None else batch_invariant
         )
-        self._attention = hf_packed.own_attention(model) if self.batch_invariant else None
+        self._attention = None  # the model's own attention function, found at the first packed forward
         self.rows_invariant: bool | None = None  # measured at the first packed score() (hf_packed.py)
         self.compiled = False
         if compiled:
@@ -296,6 +296,7 @@ class HFBackend:
         forward_batch, but each prompt's bits do not depend on the others."""
         ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id)
         ids, pos = ids.to(self.device), pos.to(self.device)  # [1, T]
+        self._attention = self._attention or hf_packed.own_attention(self.model)
         with hf_packed.packed_decoder(self.decoder, lengths, self._attention):
             h = self.decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]  # [T, d]
         cand = cand.to(self.device)

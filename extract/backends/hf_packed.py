@@ -87,11 +87,12 @@ AttentionInterface.register(SEGMENTS_IMPL, segment_attention)
 
 def own_attention(model) -> Callable:
     """The attention function the model runs with its configured implementation (sdpa, or its file's eager)."""
-    impl = model.config._attn_implementation
+    decoder = model.get_decoder()
+    impl = decoder.config._attn_implementation  # the config packed_decoder switches
     if impl == "sdpa":
         return sdpa_attention_forward
     if impl in (None, "eager"):
-        eager = getattr(inspect.getmodule(type(model.get_decoder())), "eager_attention_forward", None)
+        eager = getattr(inspect.getmodule(type(decoder)), "eager_attention_forward", None)
         if eager is None:
             raise ValueError(f"{type(model).__name__}: no eager_attention_forward found for packed scoring")
         return eager
