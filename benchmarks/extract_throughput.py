@@ -313,7 +313,7 @@ def check_outputs(r: Run, src: Path, prompts, token_counts, cand, cli_lp, loop_l
 
 
 def print_table(r: Run) -> None:
-    print(f"{'what':<58} {'seconds':>8} {'tok/s':>7} {'MFU':>6}")
+    print(f"{'what':<68} {'seconds':>8} {'tok/s':>7} {'MFU':>6}")
     rows = [
         ("walla-extract --dtype auto, whole command", "cli_wall"),
         ("walla-extract --dtype auto, extraction as printed", "cli"),
@@ -326,7 +326,7 @@ def print_table(r: Run) -> None:
         ("plain transformers loop (no prompt NLL)", "loop"),
     ]
     for what, key in rows:
-        print(f"{what + ' [' + r.auto + ']':<58} {r.s[key]:8.1f} {r.tps(key):7.0f} {r.mfu(key):6.3f}")
+        print(f"{what + ' [' + r.auto + ']':<68} {r.s[key]:8.1f} {r.tps(key):7.0f} {r.mfu(key):6.3f}")
 
 
 def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
