@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from walla.extract.check import (
     noise_tolerances,
     run_check,
     violations,
+    worst,
 )
 from walla.extract.config import ExtractConfig
 
@@ -127,6 +129,8 @@ def test_reduced_precision_tolerances_scale_the_measured_noise():
     assert tol["cos_min"] == pytest.approx(0.998)
     assert tol["nll_max"] == FP32["nll_max"]  # 2 x 1e-4 is below the float32 floor
     assert noise_tolerances(dict.fromkeys(noise, 0.0) | {"argmax": 1.0, "cos_min": 1.0}, FP32) == FP32
+    other = noise | {"p_max": 0.3, "argmax": 0.99, "cos_min": 0.99}
+    assert worst([noise, other]) == noise | {"p_max": 0.3, "cos_min": 0.99}  # largest Δ, lowest agreement
 
 
 @dataclass
@@ -144,17 +148,21 @@ class ShiftedNLL(HFBackend):
 
 
 def test_bf16_check_end_to_end_on_the_tiny_model(monkeypatch):
-    """bf16: hf batch=1 must be bit-identical, hf padded is the run's own noise, and a second backend is judged
-    against 2x that noise: a backend = hf padded passes, one with an NLL bug fails naming nll_max."""
+    """bf16: hf batch=1 must be bit-identical, hf padded and hf float32 are the run's own noise, and a second
+    backend is judged against 2x that noise: a backend = hf padded passes, one with an NLL bug fails naming
+    nll_max."""
     tok = tiny_tokenizer()
-    model = tiny_model(len(tok)).to(torch.bfloat16)
+    model32 = tiny_model(len(tok))
+    model = copy.deepcopy(model32).to(torch.bfloat16)
     long = [" ".join(PROMPTS[i:] + PROMPTS[:i]) for i in range(5)]  # ~90 tokens: SDPA blocks by key length
     prompts = [Prompt(p, ("A", "B", "C")) for p in long + PROMPTS]
     second = {"vllm": lambda: HFBackend(model, tok, batch_tokens=400, batch_invariant=False)}
 
     def fake_load(name, rm, cfg, dtype, device, chat, hidden_size):
+        if name == "hf":
+            return HFBackend(model if dtype == "bfloat16" else model32, tok, batch_tokens=400)
         assert dtype == "bfloat16"
-        return HFBackend(model, tok, batch_tokens=400) if name == "hf" else second["vllm"]()
+        return second["vllm"]()
 
     monkeypatch.setattr(
         check_mod, "render_prompts", lambda cfg: (prompts, check_mod.load_models()["smollm2-135m"], None)
@@ -167,11 +175,12 @@ def test_bf16_check_end_to_end_on_the_tiny_model(monkeypatch):
     several = hf_packed.linear_rows_invariant(model, 400)[0]  # a property of this machine's GEMM kernels
     assert res["hf_packs"] == ("several prompts each" if several else "one prompt each")
     assert rows["hf batch=1 vs hf"]["verdict"] == "bit-identical"
-    noise = rows["hf padded vs hf"]["metrics"]
-    assert rows["hf padded vs hf"]["verdict"] == "noise (no verdict)" and noise["identical"] is False
-    assert res["tolerances"]["lp_max"] == pytest.approx(
-        max(2 * noise["lp_max"], TOLERANCES["float32"]["lp_max"])
-    )
+    padded, fp32 = rows["hf padded vs hf"]["metrics"], rows["hf float32 vs hf"]["metrics"]
+    assert rows["hf padded vs hf"]["verdict"] == rows["hf float32 vs hf"]["verdict"] == "noise (no verdict)"
+    assert padded["identical"] is False and fp32["lp_max"] > padded["lp_max"]  # bf16's own rounding is larger
+    for key in ("lp_max", "nll_max"):
+        want = max(2 * padded[key], 2 * fp32[key], TOLERANCES["float32"][key])
+        assert res["tolerances"][key] == pytest.approx(want)
     second["vllm"] = lambda: ShiftedNLL(model, tok, batch_tokens=400, batch_invariant=False)
     res = run_check(cfg, ["hf", "vllm"], out=lambda s: None)
     assert not res["passed"] and res["rows"][-1]["violations"][0].startswith("nll_max 0.2")
