@@ -13,11 +13,13 @@ the LM head's GEMM. Here nothing a prompt computes depends on its batch mates:
 - norms, RoPE, activations and residuals are per token;
 - the LM head (option log-probs, prompt NLL) runs per prompt, on that prompt's rows only;
 - the decoder's linear layers are ONE GEMM over the T packed tokens. Whether a GEMM row is the same number
-  whatever the other rows are is a property of the kernel, not of the math: oneDNN's bf16 GEMMs here give
-  bit-identical rows for any M >= 2, while an M = 1 GEMM (a GEMV) reduces in another order, and MKL's fp32
-  GEMMs, cuBLAS's split-K and others differ by M. So `linear_rows_invariant` checks it on the model's own
-  linear layers before packing is trusted; where it fails, each prompt runs alone (invariant by
-  construction, slower). A stream of 1 token gets a pad token so no decoder GEMM is ever a GEMV.
+  whatever the other rows are is a property of the kernel, not of the math. On the development CPU
+  (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M >= 2 tried (2..39 and
+  block boundaries up to 2048, the model's shapes), while an M = 1 GEMM (a GEMV) reduces in another order
+  for K = 1536; MKL's fp32 GEMMs differ between M = 1, 2-3 and >= 7, and GPU libraries pick split-K by M.
+  So `linear_rows_invariant` checks it on the model's own linear layers before packing is trusted; where
+  it fails, each prompt runs alone (invariant by construction, slower). A stream of 1 token gets a pad
+  token so no decoder GEMM is ever a GEMV.
 
 The result of a prompt is then the same bits in any batch mix, as if it ran alone (tests: the tiny model and
 SmolLM2, two different mixes, bit for bit). The shared-prefix KV cache is not used: its length depends on
