@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_hf_backend import PROMPTS, naive
 from tiny_model import tiny_model, tiny_tokenizer
-from transformers import Gemma2Config, Gemma2ForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
 from walla.extract.backends import hf_packed
 from walla.extract.backends.hf import HFBackend, hf_identity, load_hf_backend
 from walla.extract.check import render_prompts
@@ -132,6 +132,33 @@ def test_eager_attention_with_sliding_window_packs_correctly(tok):
     together, mixed, alone = mixes(bf16, PROMPTS)
     assert_same_bits(together, mixed)
     assert_same_bits(together, alone)
+
+
+def test_sdpa_with_a_sliding_window_packs_correctly(tok):
+    """SDPA gets a boolean window mask for prompts longer than the window (Mistral: sdpa, window of 8)."""
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=8,
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    cfg._attn_implementation = "sdpa"
+    model = MistralForCausalLM(cfg).eval()
+    be = HFBackend(model, tok, batch_invariant=True)
+    res = be.score(PROMPTS, CAND)
+    assert max(res.n_tokens) > 2 * cfg.sliding_window
+    for i, p in enumerate(PROMPTS):
+        lp, hid = naive(model, be.encode(p))
+        np.testing.assert_allclose(res.raw_logprobs[i], lp[-1, CAND].numpy(), atol=2e-5)
+        np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
