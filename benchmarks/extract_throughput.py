@@ -1,31 +1,35 @@
 """Extraction throughput on the embedded SmolLM2-135M: the real CLI vs a bare transformers loop, and MFU.
 
-    .venv/bin/python benchmarks/extract_throughput.py [--n 64] [--ref-n 6] [--rss-rows 0]
+    .venv/bin/python benchmarks/extract_throughput.py [--n 64] [--ref-n 6] [--other-n 16] [--rss-rows 0]
 
 Everything below is measured in ONE run, on the same prompts (PubMedQA with abstracts, the
-`relevant` variant, from ../shared/data/pubmedqa/ori_pqal.json):
+`relevant` variant, from ../shared/data/pubmedqa/ori_pqal.json). Every speed-up compares two runs in the
+SAME dtype on the SAME prompts; going from one dtype to another is its own factor (`dtype_factor`):
 - the machine's GEMM peaks per dtype (square GEMMs of 1024 and 2048, best of several, before and after);
 - `--dtype auto`: the decision of extract/dtype_probe.py, re-measured here and written to the same
   per-machine cache the CLI reads, so the CLI below makes exactly this decision;
 - `walla-extract --dtype auto` as a subprocess (whole command wall time, and its extraction time as it
-  prints it: prompts, batching, forward pass, prompt NLL, store writes);
+  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and `--compile on`;
 - a bare 15-line transformers loop (`plain_loop`: batches of 16 sorted by length, left padding,
-  `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype on all prompts and in the other
-  dtype on a few, so "the dtype the machine runs fastest" is shown, not assumed;
-- our hf backend in-process (the extraction fast path without the CLI around it), eager and compiled
-  (`--compile on`: regional torch.compile of the decoder layers), and the CLI with `--compile on`;
+  `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype;
+- our hf backend in-process (the extraction fast path without the CLI around it): as the CLI runs it
+  (batch-invariant packing in reduced precision, extract/backends/hf_packed.py), with padded batches
+  (`invariance_cost`: padded over packed, same dtype), and compiled (`--compile on`);
 - the GEMM ceiling: the model's own linear layers at its own shapes (8192-token batches) timed alone, i.e.
   the MFU the forward would reach if attention, norms, RoPE, activations and the NLL head were free;
-- outputs: our fp32 path vs a reference-style fp32 loop (SPEC §1.5, §2.3, §10.14: eager attention, left
-  padding, full-vocabulary log_softmax via model(...).logits) must agree to 1e-3 (option log-probs and
-  hidden states); the CLI's stored outputs vs the plain loop in the same dtype are printed.
+- the dtype factor: our backend and the plain loop in both dtypes on the first `--other-n` prompts;
+- outputs and the reference: our fp32 path vs a reference-style fp32 loop (SPEC §1.5, §2.3, §10.14:
+  eager attention, left padding, full-vocabulary log_softmax via model(...).logits) on `--ref-n` prompts
+  must agree to 1e-3 (option log-probs and hidden states); `speedup_vs_reference_fp32` is our fp32 backend
+  over that loop on those prompts (fp32 vs fp32);
 - the LLM passes over a dataset for the 12-agent homogeneous PubMedQA scenario (reference 12, ours 2).
 MFU = 2 x non-embedding params x prompt tokens / time / the measured GEMM peak of the dtype used;
 `mfu` is our backend in-process (eager, the default below 300k prompt tokens), `mfu_compiled` compiled,
 `cli_mfu` the CLI's extraction, `plain_loop_mfu` the bare loop, `gemm_ceiling_mfu` the GEMM-only bound.
 `--repeat N` times CLI, plain loop and backend N times, interleaved, and keeps the best of each.
 Last line: `RESULT cli_over_plain_loop=<x> cli_compiled_over_plain_loop=<x> mfu=<x> mfu_compiled=<x>
-cli_mfu=<x> plain_loop_mfu=<x> gemm_ceiling_mfu=<x> outputs_match=<bool> speedup_vs_reference=<x> passes_ratio=<x>`.
+cli_mfu=<x> plain_loop_mfu=<x> gemm_ceiling_mfu=<x> outputs_match=<bool> speedup_vs_reference_fp32=<x>
+dtype_factor=<x> invariance_cost=<x> passes_ratio=<x> dtype=<auto dtype>`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import resource
 import subprocess
@@ -40,24 +45,34 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from walla.extract import dtype_probe
+from walla.extract.backends.hf import DTYPES, HFBackend, converted_gguf_dir
+from walla.extract.models import resolve_model
+from walla.manifests.catalog import load_models
+from walla.manifests.scenario import read_scenario
+from walla.store.featureset import read_feature_set
 
 REPO = Path(__file__).resolve().parents[1]
-PUBMEDQA = REPO.parent / "shared" / "data" / "pubmedqa" / "ori_pqal.json"
+REAL_DATA = Path(os.environ.get("REAL_DATA", REPO.parent / "shared" / "data"))  # as the Makefile
+PUBMEDQA = REAL_DATA / "pubmedqa" / "ori_pqal.json"
 CLI = REPO / ".venv" / "bin" / "walla-extract"
 OPTIONS = ("YES", "NO")  # the pubmedqa template's option tokens
 TOL = 1e-3  # fp32 vs reference-style fp32: option log-probs (abs) and hidden states (abs)
+BATCH_TOKENS = 8192  # our backend in-process
 
 
 def gemm_peak(dtype: str) -> float:
     """Best GFLOP/s of square GEMMs (1024 and 2048, 3 tries each) in `dtype`: the machine's GEMM peak."""
-    from walla.extract.dtype_probe import gemm_gflops
-
-    return max(gemm_gflops(dtype, "cpu", n=n, reps=3) for n in (1024, 2048) for _ in range(3))
+    return max(dtype_probe.gemm_gflops(dtype, "cpu", n=n, reps=3) for n in (1024, 2048) for _ in range(3))
 
 
 def plain_loop(model, tok, prompts: list[str], cand: list[int], batch: int = 16):
@@ -98,8 +113,6 @@ def reference_loop(model, tok, prompts: list[str], cand: list[int], batch: int =
 
 def passes_for_scenario(name: str = "homo-pubmedqa-aloe-x12") -> tuple[int, int]:
     """(reference passes, our passes) over the dataset for a scenario manifest."""
-    from walla.manifests.scenario import read_scenario
-
     sc = read_scenario(name).spec
     variants = {"none": 1, "one_relevant": 2, "one_relevant_one_irrelevant": 3}[sc.context_rule]
     return len(sc.agents), len(set(sc.agents)) * variants
@@ -132,9 +145,6 @@ def _timed(fn) -> float:
 def time_breakdown(be, prompts: list[str], cand: list[int]) -> dict[str, float]:
     """Seconds of one score() call by kind (torch.profiler): the decoder's GEMMs, attention, the prompt-NLL
     head (its GEMM + cross-entropy), and everything else (norms, RoPE, activations, residuals, glue)."""
-    from torch.autograd.profiler import record_function
-    from torch.profiler import ProfilerActivity, profile
-
     nll = be._token_nll
 
     def traced_nll(*args):
@@ -197,156 +207,254 @@ def rss_run(rows: int) -> None:
 
 
 def load(src: Path, dtype: torch.dtype, attn: str = "sdpa"):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation=attn).eval()
     return model, AutoTokenizer.from_pretrained(src)
+
+
+@dataclass
+class Run:
+    """What one benchmark run measured (seconds are the best of --repeat; tps = tokens per second)."""
+
+    auto: str  # the dtype `auto` chose
+    other: str  # the other candidate dtype
+    peaks: dict[str, float]  # GEMM GFLOP/s per dtype
+    why: str  # the auto decision's one line
+    n_prompts: int = 0
+    tokens: int = 0
+    non_emb: int = 0
+    n_params: int = 0
+    s: dict[str, float] = field(default_factory=dict)  # seconds by measurement name (all prompts, auto dtype)
+    sub: dict[str, float] = field(default_factory=dict)  # tok/s on the first --other-n prompts, per dtype
+    ref: dict[str, float] = field(default_factory=dict)  # tok/s on the --ref-n prompts: reference, ours fp32
+    outputs: dict[str, float] = field(default_factory=dict)  # max |d| of outputs (see check_outputs)
+    compile_s: float = 0.0
+    passes: tuple[int, int] = (0, 0)
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def tps(self, name: str) -> float:
+        return self.tokens / self.s[name]
+
+    def mfu(self, name: str, dtype: str | None = None) -> float:
+        return 2 * self.non_emb * self.tps(name) / (self.peaks[dtype or self.auto] * 1e9)
+
+
+def model_counts(model) -> tuple[int, int]:
+    """(all parameters, non-embedding parameters: without the input embedding and an untied output head)."""
+    n_params = sum(p.numel() for p in model.parameters())
+    non_emb = n_params - model.get_input_embeddings().weight.numel()
+    if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+        non_emb -= model.get_output_embeddings().weight.numel()
+    return n_params, non_emb
+
+
+def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat: int, first_cli: tuple):
+    """CLI (eager, compiled), plain loop, our backend packed / padded / compiled, all in the auto dtype;
+    `first_cli` (wall s, extraction s) is the CLI run that gave the prompts (round 0).
+    Returns (option token ids, the compiled backend, the plain loop's last outputs)."""
+    model, tok = load(src, DTYPES[r.auto])
+    m_compiled = copy.deepcopy(model)  # copied before any output_hidden_states call: its hooks break graphs
+    r.n_params, r.non_emb = model_counts(model)
+    ours = HFBackend(model, tok, batch_tokens=BATCH_TOKENS)  # as the CLI: packed in reduced precision
+    padded = HFBackend(model, tok, batch_tokens=BATCH_TOKENS, batch_invariant=False)
+    cand = [ours.encode_bare(o)[0] for o in OPTIONS]
+    for warm in (ours, padded):
+        warm.score(prompts[:2], cand)
+    plain_loop(model, tok, prompts[:2], cand)
+    t = time.perf_counter()
+    bec = HFBackend(m_compiled, tok, batch_tokens=BATCH_TOKENS, compiled=True)  # compiles and traces once
+    bec.score(prompts[:2], cand)
+    r.compile_s = time.perf_counter() - t
+    best = dict.fromkeys(["cli_c_wall", "cli_c", "loop", "ours", "padded", "compiled"], np.inf)
+    best |= dict(zip(("cli_wall", "cli"), first_cli, strict=True))
+    for i in range(repeat):  # interleaved; the best of each counts (a shared machine is noisy)
+        cli = run_cli(subset, tmp / f"store{i}")[:2] if i else first_cli
+        got = dict(zip(("cli_wall", "cli"), cli, strict=True))
+        got |= dict(zip(("cli_c_wall", "cli_c"), run_cli(subset, tmp / f"store-c{i}", "on")[:2], strict=True))
+        loop_out = plain_loop(model, tok, prompts, cand)
+        got["loop"] = loop_out[2]
+        got["ours"] = _timed(lambda: ours.score(prompts, cand))
+        got["padded"] = _timed(lambda: padded.score(prompts, cand))
+        got["compiled"] = _timed(lambda: bec.score(prompts, cand))
+        best = {k: min(v, got[k]) for k, v in best.items()}
+    r.s = best
+    r.s["gemm"] = gemm_seconds_per_token(model) * r.tokens
+    return cand, bec, loop_out
+
+
+def time_dtypes(r: Run, src: Path, prompts: list[str], token_counts: list[int], cand: list[int]) -> None:
+    """Our backend and the plain loop in BOTH dtypes on the same first --other-n prompts (the dtype factor)."""
+    tokens = sum(token_counts)
+    for name in (r.auto, r.other):
+        model, tok = load(src, DTYPES[name])
+        be = HFBackend(model, tok, batch_tokens=BATCH_TOKENS)
+        be.score(prompts[:2], cand)
+        r.sub[f"ours {name}"] = tokens / _timed(lambda be=be: be.score(prompts, cand))
+        r.sub[f"loop {name}"] = tokens / plain_loop(model, tok, prompts, cand)[2]
+        del model, be
+
+
+def check_outputs(r: Run, src: Path, prompts, token_counts, cand, cli_lp, loop_lp) -> None:
+    """fp32: our backend vs the reference-style loop (outputs and speed, same dtype, same prompts), and how far
+    the auto dtype's outputs (CLI, plain loop) are from that fp32 reference."""
+    ref_opt, ref_hid, ref_dt = reference_loop(*load(src, torch.float32, "eager"), prompts, cand)
+    ours32 = HFBackend(*load(src, torch.float32), batch_tokens=BATCH_TOKENS)
+    ours32.score(prompts[:2], cand)
+    t = time.perf_counter()
+    res = ours32.score(prompts, cand)
+    ours_dt = time.perf_counter() - t
+    r.ref = {"reference fp32": sum(token_counts) / ref_dt, "ours fp32": sum(token_counts) / ours_dt}
+    n = len(prompts)
+    r.outputs = {
+        "lp": float(np.abs(ref_opt - res.raw_logprobs).max()),
+        "hidden": float(np.abs(ref_hid - res.hidden).max()),
+        "cli_vs_fp32": float(np.abs(cli_lp[:n] - ref_opt).max()),
+        "loop_vs_fp32": float(np.abs(loop_lp[:n] - ref_opt).max()),
+    }
+
+
+def print_table(r: Run) -> None:
+    print(f"{'what':<68} {'seconds':>8} {'tok/s':>7} {'MFU':>6}")
+    rows = [
+        ("walla-extract --dtype auto, whole command", "cli_wall"),
+        ("walla-extract --dtype auto, extraction as printed", "cli"),
+        ("walla-extract --compile on, whole command", "cli_c_wall"),
+        ("walla-extract --compile on, extraction as printed", "cli_c"),
+        ("our hf backend in-process, as the CLI (with prompt NLL)", "ours"),
+        ("our hf backend in-process, padded batches", "padded"),
+        ("our hf backend in-process, compiled", "compiled"),
+        ("the decoder's linear layers alone (GEMM ceiling)", "gemm"),
+        ("plain transformers loop (no prompt NLL)", "loop"),
+    ]
+    for what, key in rows:
+        print(f"{what + ' [' + r.auto + ']':<68} {r.s[key]:8.1f} {r.tps(key):7.0f} {r.mfu(key):6.3f}")
+
+
+def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
+    """Every ratio at one dtype on both sides; the dtype change is printed as its own factor."""
+    a, o = r.auto, r.other
+    print(
+        f"dtype factor ({a} over {o}, same {other_n} prompts): our backend "
+        f"{r.sub[f'ours {a}'] / r.sub[f'ours {o}']:.2f}x ({r.sub[f'ours {a}']:.0f} vs {r.sub[f'ours {o}']:.0f} "
+        f"tok/s), plain loop {r.sub[f'loop {a}'] / r.sub[f'loop {o}']:.2f}x; auto chose {a}"
+    )
+    print(
+        f"CLI vs plain loop ({a} both): extraction {r.tps('cli') / r.tps('loop'):.2f}x "
+        f"({r.tps('cli'):.0f} / {r.tps('loop'):.0f} tok/s); whole command incl. start-up and model load "
+        f"{r.tps('cli_wall') / r.tps('loop'):.2f}x"
+    )
+    print(
+        f"batch invariance ({a} both): padded batches {r.tps('padded') / r.tps('ours'):.2f}x the packed, "
+        f"batch-invariant scoring"
+    )
+    print(
+        f"compiled backend ({a} both): compile + first trace {r.compile_s:.1f} s in-process (once per process; "
+        f"the CLI's load line includes it); compiled vs eager {r.tps('compiled') / r.tps('ours'):.2f}x"
+    )
+    ok = r.outputs["lp"] <= TOL and r.outputs["hidden"] <= TOL
+    print(
+        f"fp32 fast path vs reference-style fp32 loop on {ref_n} prompts: max |d option log-prob| "
+        f"{r.outputs['lp']:.1e}, max |d hidden| {r.outputs['hidden']:.1e} (tolerance {TOL}): "
+        f"{'OK' if ok else 'MISMATCH'}"
+    )
+    print(
+        f"{a} vs that fp32 reference, max |d option log-prob|: CLI {r.outputs['cli_vs_fp32']:.1e}, plain loop "
+        f"{r.outputs['loop_vs_fp32']:.1e} (the dtype's own rounding, the same for both)"
+    )
+    speed = r.ref["ours fp32"] / r.ref["reference fp32"]
+    print(
+        f"reference-style loop (fp32, eager, batch 5, full-vocab log_softmax + perplexity pass) on {ref_n} "
+        f"prompts: {r.ref['reference fp32']:.0f} tok/s; our fp32 backend {speed:.2f}x that (fp32 both)"
+    )
+    print(
+        f"LLM passes over the dataset, homo-pubmedqa-aloe-x12: reference {r.passes[0]} (one per slot), "
+        f"ours {r.passes[1]} (one per distinct model x variant)"
+    )
+    print(
+        f"GEMM share: the decoder's linear layers alone run at {2 * r.non_emb * r.tps('gemm') / 1e9:.0f} "
+        f"GFLOP/s and take {r.s['gemm']:.1f} s of the compiled backend's {r.s['compiled']:.1f} s "
+        f"({r.s['gemm'] / r.s['compiled']:.0%}); the rest is attention (SDPA), norms, RoPE, activations and "
+        "the prompt-NLL head (not counted in MFU)"
+    )
+    total = r.parts["total (under the profiler)"]
+    shares = [
+        f"{k} {v:.2f} s" + ("" if k.startswith("total") else f" ({v / total:.0%})")
+        for k, v in r.parts.items()
+    ]
+    print("where the compiled backend's time goes: " + ", ".join(shares))
+
+
+def result_line(r: Run) -> str:
+    ok = r.outputs["lp"] <= TOL and r.outputs["hidden"] <= TOL
+    a, o = r.auto, r.other
+    return (
+        f"RESULT cli_over_plain_loop={r.tps('cli') / r.tps('loop'):.2f} "
+        f"cli_compiled_over_plain_loop={r.tps('cli_c') / r.tps('loop'):.2f} mfu={r.mfu('ours'):.3f} "
+        f"mfu_compiled={r.mfu('compiled'):.3f} cli_mfu={r.mfu('cli'):.3f} plain_loop_mfu={r.mfu('loop'):.3f} "
+        f"gemm_ceiling_mfu={r.mfu('gemm'):.3f} outputs_match={ok} "
+        f"speedup_vs_reference_fp32={r.ref['ours fp32'] / r.ref['reference fp32']:.2f} "
+        f"dtype_factor={r.sub[f'ours {a}'] / r.sub[f'ours {o}']:.2f} "
+        f"invariance_cost={r.tps('padded') / r.tps('ours'):.2f} "
+        f"passes_ratio={r.passes[0] / r.passes[1]:.1f} dtype={a}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=64, help="PubMedQA records given to the CLI (maybe rows drop)")
     ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
-    ap.add_argument("--other-n", type=int, default=16, help="prompts for the plain loop in the other dtype")
+    ap.add_argument("--other-n", type=int, default=16, help="prompts timed in both dtypes (the dtype factor)")
     ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
     ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
     args = ap.parse_args()
     if not PUBMEDQA.exists():
         raise SystemExit(f"needs the PubMedQA release file at {PUBMEDQA}")
     t_start = time.perf_counter()
-    from walla.extract import dtype_probe
-    from walla.extract.backends.hf import DTYPES, HFBackend, cache_root, converted_gguf_dir
-    from walla.extract.models import resolve_model
-    from walla.manifests.catalog import load_models
-    from walla.store.featureset import read_feature_set
-
     rm = resolve_model(load_models()["smollm2-135m"])
     src = converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"])
 
     # 1. peaks and the auto decision (the same function and cache the CLI uses) -------------------------
     peaks = {d: gemm_peak(d) for d in ("float32", "bfloat16")}
-    choice = dtype_probe.probe("cpu", cache_root() / "dtype-probe", refresh=True)
-    auto = choice.dtype
-    other = "float32" if auto != "float32" else "bfloat16"
+    choice = dtype_probe.probe("cpu", dtype_probe.default_cache_dir(), refresh=True)
+    other = "float32" if choice.dtype != "float32" else "bfloat16"
+    r = Run(auto=choice.dtype, other=other, peaks=peaks, why=choice.why())
 
-    # 2. the real CLI, then its prompts and outputs from the store ---------------------------------------
-    tmp = tempfile.TemporaryDirectory()
-    records = json.loads(PUBMEDQA.read_text())
-    subset = Path(tmp.name) / "ori_pqal_subset.json"
-    subset.write_text(json.dumps(dict(list(records.items())[: args.n])))
-    cli_wall, cli_dt, cli_lines = run_cli(subset, Path(tmp.name) / "store0")
-    fs = read_feature_set(Path(cli_lines[-1].strip()))
-    prompts = fs.rows["prompt"].to_list()
-    tokens = int(fs.rows["n_prompt_tokens"].sum())
-    cli_lp = np.array(fs.rows["raw_option_logprobs"].to_list(), dtype=np.float32)  # [N, 2] YES, NO
-    cli_h = np.asarray(fs.hidden[:]).astype(np.float32)  # [N, d] stored as float16
+    # 2. the real CLI once for its prompts and outputs, then everything in the auto dtype ----------------
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        records = json.loads(PUBMEDQA.read_text())
+        subset = tmp / "ori_pqal_subset.json"
+        subset.write_text(json.dumps(dict(list(records.items())[: args.n])))
+        wall, dt, lines = run_cli(subset, tmp / "store-prompts")
+        fs = read_feature_set(Path(lines[-1].strip()))
+        prompts = fs.rows["prompt"].to_list()
+        counts = fs.rows["n_prompt_tokens"].to_list()
+        r.n_prompts, r.tokens = len(prompts), int(sum(counts))
+        cli_lp = np.array(fs.rows["raw_option_logprobs"].to_list(), dtype=np.float32)  # [N, 2] YES, NO
+        cand, bec, loop_out = time_in_process(r, src, subset, tmp, prompts, args.repeat, (wall, dt))
 
-    # 3. the plain loop (auto dtype on all prompts, the other dtype on a few) and our backend in-process --
-    model, tok = load(src, DTYPES[auto])
-    m_compiled = copy.deepcopy(model)  # copied before any output_hidden_states call: its hooks break graphs
-    n_params = sum(p.numel() for p in model.parameters())
-    non_emb = n_params - model.get_input_embeddings().weight.numel()
-    if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
-        non_emb -= model.get_output_embeddings().weight.numel()
-    be = HFBackend(model, tok, batch_tokens=8192)
-    cand = [be.encode_bare(o)[0] for o in OPTIONS]
-    plain_loop(model, tok, prompts[:2], cand)  # warm-up
-    be.score(prompts[:2], cand)
-    t = time.perf_counter()
-    bec = HFBackend(m_compiled, tok, batch_tokens=8192, compiled=True)  # compiles and traces once
-    bec.score(prompts[:2], cand)
-    compile_s = time.perf_counter() - t
-    loop_dt = ours_dt = comp_dt = clic_dt = clic_wall = float("inf")
-    for r in range(args.repeat):  # interleaved; the best of each counts (a shared machine is noisy)
-        if r:
-            w, x, _ = run_cli(subset, Path(tmp.name) / f"store{r}")
-            cli_wall, cli_dt = min(cli_wall, w), min(cli_dt, x)
-        loop_lp, loop_h, dt = plain_loop(model, tok, prompts, cand)
-        loop_dt = min(loop_dt, dt)
-        ours_dt = min(ours_dt, _timed(lambda: be.score(prompts, cand)))
-        comp_dt = min(comp_dt, _timed(lambda: bec.score(prompts, cand)))
-        w, x, _ = run_cli(subset, Path(tmp.name) / f"store-c{r}", "on")
-        clic_wall, clic_dt = min(clic_wall, w), min(clic_dt, x)
-    tmp.cleanup()
-    gemm_spt = gemm_seconds_per_token(model)
-    m_other, tok_other = load(src, DTYPES[other])
-    sub = prompts[: args.other_n]
-    sub_tokens = int(fs.rows["n_prompt_tokens"][: args.other_n].sum())
-    other_dt = plain_loop(m_other, tok_other, sub, cand)[2]
-    del m_other
+    # 3. the dtype factor, the fp32 reference, the profile ------------------------------------------------
+    time_dtypes(r, src, prompts[: args.other_n], counts[: args.other_n], cand)
+    check_outputs(r, src, prompts[: args.ref_n], counts[: args.ref_n], cand, cli_lp, loop_out[0])
+    r.passes = passes_for_scenario()
+    r.peaks = {k: max(v, gemm_peak(k)) for k, v in r.peaks.items()}
+    r.parts = time_breakdown(bec, prompts, cand)
 
-    # 4. outputs: fp32 fast path vs the reference-style fp32 loop -------------------------------------------
-    m32, tok32 = load(src, torch.float32)
-    ref_opt, ref_hid, ref_dt = reference_loop(*load(src, torch.float32, "eager"), prompts[: args.ref_n], cand)
-    ref_tps = int(fs.rows["n_prompt_tokens"][: args.ref_n].sum()) / ref_dt
-    r32 = HFBackend(m32, tok32, batch_tokens=8192).score(prompts[: args.ref_n], cand)
-    d_lp, d_h = float(np.abs(ref_opt - r32.raw_logprobs).max()), float(np.abs(ref_hid - r32.hidden).max())
-    ok = d_lp <= TOL and d_h <= TOL
-    # how far the auto dtype itself is from fp32, for our path and the plain loop alike (context for the CLI)
-    d_auto = [float(np.abs(x[: args.ref_n] - ref_opt).max()) for x in (cli_lp, loop_lp)]
-    ref_passes, our_passes = passes_for_scenario()
-
-    peaks = {k: max(v, gemm_peak(k)) for k, v in peaks.items()}
-    flop = 2 * non_emb * tokens  # model FLOPs of the prompts (non-embedding)
-    peak = peaks[auto]
-
-    def mfu(seconds: float) -> float:
-        return flop / seconds / (peak * 1e9)
-
-    loop_tps, ours_tps, cli_tps = tokens / loop_dt, tokens / ours_dt, tokens / cli_dt
-    comp_tps, clic_tps = tokens / comp_dt, tokens / clic_dt
-    other_tps = sub_tokens / other_dt
-    print(f"model SmolLM2-135M: {n_params / 1e6:.1f}M params, {non_emb / 1e6:.1f}M non-embedding; torch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
-    print(f"prompts: {len(prompts)} PubMedQA questions with abstracts (relevant variant), {tokens} tokens")
-    print(f"GEMM peak (square 1024/2048, this run): float32 {peaks['float32']:.0f} GFLOP/s, "
-          f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s")  # fmt: skip
-    print(f"dtype auto -> {choice.why()}")
-    print(f"{'what':<58} {'seconds':>8} {'tok/s':>7} {'MFU':>6}")
-    rows = [
-        ("walla-extract --dtype auto, whole command", auto, cli_wall, tokens / cli_wall),
-        ("walla-extract --dtype auto, extraction as printed", auto, cli_dt, cli_tps),
-        ("walla-extract --compile on, whole command", auto, clic_wall, tokens / clic_wall),
-        ("walla-extract --compile on, extraction as printed", auto, clic_dt, clic_tps),
-        ("our hf backend in-process (with prompt NLL)", auto, ours_dt, ours_tps),
-        ("our hf backend in-process, compiled", auto, comp_dt, comp_tps),
-        ("the decoder's linear layers alone (GEMM ceiling)", auto, gemm_spt * tokens, 1 / gemm_spt),
-        ("plain transformers loop (no prompt NLL)", auto, loop_dt, loop_tps),
-        (f"plain transformers loop, {len(sub)} prompts", other, other_dt, other_tps),
-    ]
-    for what, dt_name, s, tps in rows:
-        u = 2 * non_emb * tps / (peaks[dt_name] * 1e9)
-        print(f"{what + ' [' + dt_name + ']':<58} {s:8.1f} {tps:7.0f} {u:6.3f}")
-    print(f"fastest dtype of the plain loop here: {auto if loop_tps >= other_tps else other} "
-          f"({auto} {loop_tps:.0f} vs {other} {other_tps:.0f} tok/s); auto chose {auto}")  # fmt: skip
-    print(f"CLI outputs ({auto}, hidden stored float16) vs plain loop ({auto}): max |d option log-prob| "
-          f"{np.abs(cli_lp - loop_lp).max():.1e}, max |d hidden| {np.abs(cli_h - loop_h).max():.1e}")  # fmt: skip
-    print(f"fp32 fast path vs reference-style fp32 loop on {args.ref_n} prompts: max |d option log-prob| "
-          f"{d_lp:.1e}, max |d hidden| {d_h:.1e} (tolerance {TOL}): {'OK' if ok else 'MISMATCH'}")  # fmt: skip
-    print(f"{auto} vs that fp32 reference, max |d option log-prob|: CLI {d_auto[0]:.1e}, plain loop "
-          f"{d_auto[1]:.1e} (the dtype's own rounding, the same for both)")  # fmt: skip
-    print(f"reference-style loop (fp32, eager, batch 5, full-vocab log_softmax + perplexity pass) on {args.ref_n} "
-          f"prompts: {ref_tps:.0f} tok/s; ours in-process {ours_tps / ref_tps:.2f}x that")  # fmt: skip
-    print(f"LLM passes over the dataset, homo-pubmedqa-aloe-x12: reference {ref_passes} (one per slot), "
-          f"ours {our_passes} (one per distinct model x variant)")  # fmt: skip
-    print(f"cli_over_plain_loop = CLI extraction tok/s / plain loop tok/s = {cli_tps:.0f} / {loop_tps:.0f}; "
-          f"whole command incl. start-up and model load: {tokens / cli_wall / loop_tps:.2f}")  # fmt: skip
-    print(f"compiled backend: compile + first trace {compile_s:.1f} s in-process (once per process; the CLI's "
-          f"load line includes it); compiled vs eager in-process {comp_tps / ours_tps:.2f}x")  # fmt: skip
-    print(f"GEMM share: the decoder's linear layers alone run at {2 * non_emb / gemm_spt / 1e9:.0f} GFLOP/s and take "
-          f"{gemm_spt * tokens:.1f} s of the compiled backend's {comp_dt:.1f} s ({gemm_spt * tokens / comp_dt:.0%}); the "
-          f"rest is attention (SDPA), norms, RoPE, activations and the prompt-NLL head (not counted in MFU)")  # fmt: skip
-    parts = time_breakdown(bec, prompts, cand)
-    print("where the compiled backend's time goes: " + ", ".join(
-        f"{k} {v:.2f} s" + ("" if k.startswith("total") else f" ({v / parts['total (under the profiler)']:.0%})")
-        for k, v in parts.items()))  # fmt: skip
+    print(
+        f"model SmolLM2-135M: {r.n_params / 1e6:.1f}M params, {r.non_emb / 1e6:.1f}M non-embedding; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(f"prompts: {r.n_prompts} PubMedQA questions with abstracts (relevant variant), {r.tokens} tokens")
+    print(
+        f"GEMM peak (square 1024/2048, this run): float32 {r.peaks['float32']:.0f} GFLOP/s, "
+        f"bfloat16 {r.peaks['bfloat16']:.0f} GFLOP/s"
+    )
+    print(f"dtype auto -> {r.why}")
+    print_table(r)
+    print_ratios(r, min(args.other_n, r.n_prompts), min(args.ref_n, r.n_prompts))
     if args.rss_rows:
         rss_run(args.rss_rows)
     print(f"benchmark time {time.perf_counter() - t_start:.0f} s")
-    print(f"RESULT cli_over_plain_loop={cli_tps / loop_tps:.2f} cli_compiled_over_plain_loop={clic_tps / loop_tps:.2f} "
-          f"mfu={mfu(ours_dt):.3f} mfu_compiled={mfu(comp_dt):.3f} cli_mfu={mfu(cli_dt):.3f} "
-          f"plain_loop_mfu={mfu(loop_dt):.3f} gemm_ceiling_mfu={mfu(gemm_spt * tokens):.3f} outputs_match={ok} "
-          f"speedup_vs_reference={ours_tps / ref_tps:.2f} passes_ratio={ref_passes / our_passes:.1f}")  # fmt: skip
+    print(result_line(r))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from walla.extract.backends.hf import explain_dtype, load_hf_backend
 from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
-from walla.extract.check import _prompts
+from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 from walla.extract.models import resolve_model
 from walla.manifests.catalog import load_models
@@ -26,7 +26,7 @@ def prompts_for(args) -> list[str]:
     data = Path(args.data_file) if args.data_file and Path(args.data_file).exists() else None
     dataset = "arc-challenge" if data else "facts"
     cfg = ExtractConfig(model="smollm2-135m", dataset=dataset, data_file=data, limit=args.n, progress=False)
-    prompts, _, _ = _prompts(cfg, out=lambda s: None)
+    prompts, _, _ = render_prompts(cfg)
     return [p.text for p in prompts][: args.n]
 
 

@@ -12,6 +12,7 @@ model and flags (or the GPU name), the torch version and the thread count; `--re
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import platform
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from walla.extract.gguf_cache import cache_root
 from walla.store import atomic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,6 +31,11 @@ PROBE_N = 1024  # square GEMM side: ~2 GFLOP, large enough to reach the GEMM ker
 ROUNDS = 3  # interleaved rounds per dtype; the best one counts (robust to a noisy neighbour)
 
 Measure = Callable[[str, str], float]  # (dtype name, device) -> GFLOP/s
+
+
+def default_cache_dir() -> Path:
+    """Where the per-machine measurements live: `$WALLA_CACHE/dtype-probe` (shared by the CLI and benchmarks)."""
+    return cache_root() / "dtype-probe"
 
 
 @dataclass(frozen=True)
@@ -162,15 +169,11 @@ def resolve(name: str, device: str, cache_dir: Path | None = None) -> tuple[str,
 
 
 def main() -> None:
-    import argparse
-
     ap = argparse.ArgumentParser(description="measure which dtype runs GEMMs fastest here")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--refresh", action="store_true", help="measure again even when cached")
     args = ap.parse_args()
-    from walla.extract.backends.hf import cache_root
-
-    print(probe(args.device, cache_root() / "dtype-probe", refresh=args.refresh).why())
+    print(probe(args.device, default_cache_dir(), refresh=args.refresh).why())
 
 
 if __name__ == "__main__":

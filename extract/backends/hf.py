@@ -21,6 +21,13 @@ transformers' own choice (SDPA where the architecture supports it, else eager).
 `compiled=True` runs each decoder layer through torch.compile (extract/backends/hf_compile.py): inductor
 fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, residuals), which in eager
 mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
+
+In reduced precision (bfloat16, float16) the backend is batch-invariant (`batch_invariant`, default: on
+unless float32): prompts are packed without padding and attend and are scored one by one
+(extract/backends/hf_packed.py), so a prompt's option log-probs, hidden state and NLL are the same bits in
+any batch mix (padded bf16 batches moved an option log-prob by up to 0.6 nats). The fingerprint records it
+(`batch_invariant: true`). float32 keeps the padded batches and the prefix cache: there batch composition
+moves results by ~1e-5 (float32 GEMM rounding), far below anything a feature is used for.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from walla.extract import dtype_probe, hub
-from walla.extract.backends import Progress, ScoreResult, lm_head
+from walla.extract.backends import Progress, ScoreResult, hf_packed, lm_head
 from walla.extract.backends.hf_compile import compile_layers
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
     cache_root,
@@ -66,23 +75,31 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 def explain_dtype(name: str, device: str) -> tuple[str, str]:
     """(dtype name, why) for a --dtype value; `auto` is measured on `device` and cached under $WALLA_CACHE."""
-    return dtype_probe.resolve(name, device, cache_root() / "dtype-probe")
+    return dtype_probe.resolve(name, device, dtype_probe.default_cache_dir())
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def hf_identity(dtype: torch.dtype, chat_template: bool, compiled: bool = False) -> dict:
+def invariant_by_default(dtype: torch.dtype) -> bool:
+    """Batch-invariant scoring is on in reduced precision, where batch composition moves results visibly."""
+    return dtype != torch.float32
+
+
+def hf_identity(
+    dtype: torch.dtype, chat_template: bool, compiled: bool = False, batch_invariant: bool | None = None
+) -> dict:
     """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once).
 
-    A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; the key
-    is absent when not compiled, so feature sets extracted before the option existed keep their fingerprint.
+    A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; so is
+    batch-invariant scoring (other numbers than padded batches in reduced precision). Each key is absent when
+    off, so feature sets extracted before the option existed keep their fingerprint.
     """
-    import transformers
-
+    invariant = invariant_by_default(dtype) if batch_invariant is None else batch_invariant
     return {
         **({"compile": True} if compiled else {}),
+        **({"batch_invariant": True} if invariant else {}),
         "backend": "hf",
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
@@ -94,8 +111,6 @@ def hf_identity(dtype: torch.dtype, chat_template: bool, compiled: bool = False)
 
 def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
     """(model, tokenizer) for a resolved model; hub failures become one-line HubUnavailableError."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
     is_hub = rm.identity.get("source") == "hub"
     src = local_weights_dir(rm)
@@ -138,6 +153,7 @@ class HFBackend:
         vocab_chunk: int = lm_head.VOCAB_CHUNK,
         prefix_cache: bool = True,
         compiled: bool = False,
+        batch_invariant: bool | None = None,
     ):
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -163,6 +179,12 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._identity = identity or {}
+        # None: on in reduced precision (module docstring); packed prompts, attention and head per prompt
+        self.batch_invariant = (
+            invariant_by_default(self.dtype) if batch_invariant is None else batch_invariant
+        )
+        self._attention = None  # the model's own attention function, found at the first packed forward
+        self.rows_invariant: bool | None = None  # measured at the first packed score() (hf_packed.py)
         self.compiled = False
         if compiled:
             self.compile()
@@ -170,7 +192,8 @@ class HFBackend:
     # -- text -> ids ------------------------------------------------------------------------------------
 
     def identity(self) -> dict:
-        return {**self._identity, **hf_identity(self.dtype, self.chat_template, self.compiled)}
+        ident = hf_identity(self.dtype, self.chat_template, self.compiled, self.batch_invariant)
+        return {**self._identity, **ident}
 
     def format_prompt(self, text: str) -> str:
         if not self.chat_template:
@@ -267,6 +290,31 @@ class HFBackend:
             total.numpy().astype(np.int32),
         )
 
+    @torch.inference_mode()
+    def forward_packed(self, seqs: list[list[int]], cand: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """Prompts packed into one stream, attention and head per prompt (hf_packed.py): same outputs as
+        forward_batch, but each prompt's bits do not depend on the others."""
+        ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id)
+        ids, pos = ids.to(self.device), pos.to(self.device)  # [1, T]
+        self._attention = self._attention or hf_packed.own_attention(self.model)
+        with hf_packed.packed_decoder(self.decoder, lengths, self._attention):
+            h = self.decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]  # [T, d]
+        cand = cand.to(self.device)
+        opts, hids, nlls, start = [], [], [], 0
+        for s in seqs:
+            hs, ts = h[start : start + len(s)], ids[0, start : start + len(s)]  # this prompt's rows only
+            start += len(s)
+            opts.append(torch.log_softmax(self._logits(hs[-1:]), dim=-1)[0, cand])  # [U]
+            hids.append(hs[-1])
+            total = self._token_nll(hs[:-1], ts[1:]).sum() if len(s) > 1 else torch.zeros((), device=h.device)
+            nlls.append(total / max(len(s) - 1, 1))  # a 1-token prompt has NLL 0 (as forward_batch)
+        return (
+            torch.stack(opts).float().cpu().numpy(),
+            torch.stack(hids).float().cpu().numpy(),
+            torch.stack(nlls).float().cpu().numpy(),
+            np.array([len(s) for s in seqs], dtype=np.int32),
+        )
+
     def shared_prefix(self, enc: list[list[int]]) -> int:
         """Length of the token prefix every prompt shares (0 when too short to be worth caching)."""
         if not self.prefix_cache or len(enc) < 2:
@@ -290,6 +338,8 @@ class HFBackend:
         """
         enc = self.encode_batch(prompts)
         lengths = np.array([len(e) for e in enc])
+        if self.batch_invariant:
+            return self._score_packed(enc, lengths, token_ids, progress)
         p = self.shared_prefix(enc)
         prefix = self.run_prefix(enc[0][:p]) if p else None
         batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)  # the cache counts as tokens
@@ -300,6 +350,23 @@ class HFBackend:
             if progress is not None:
                 progress(len(idx), int(lengths[idx].sum()))
         fields = [restore_order(batches, [x[k] for x in parts], len(prompts)) for k in range(4)]
+        return ScoreResult(*fields)
+
+    def _score_packed(self, enc, lengths: np.ndarray, token_ids: list[int], progress) -> ScoreResult:
+        """score() when batch-invariant: packs of prompts (one prompt per pack where the GEMMs are not
+        row-invariant; both give the same bits)."""
+        if self.rows_invariant is None:
+            self.rows_invariant, why = hf_packed.linear_rows_invariant(self.model, max(self.batch_tokens, 2))
+            log.info("batch-invariant scoring: %s", why)
+        rows = self.max_batch_rows if self.rows_invariant else 1
+        packs = hf_packed.plan_packs(lengths, self.batch_tokens, rows)
+        cand = torch.tensor(token_ids, dtype=torch.long)
+        parts: list[tuple[np.ndarray, ...]] = []
+        for idx in packs:
+            parts.append(self.forward_packed([enc[i] for i in idx], cand))
+            if progress is not None:
+                progress(len(idx), int(lengths[idx].sum()))
+        fields = [restore_order(packs, [x[k] for x in parts], len(enc)) for k in range(4)]
         return ScoreResult(*fields)
 
     @torch.inference_mode()
@@ -315,7 +382,8 @@ class HFBackend:
         # installed, stay on every layer and break a compiled layer's graph; hidden_states[-1] IS this:
         ref_lp = torch.log_softmax(full.logits[0].float(), dim=-1)  # [L, V] (one short prompt)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
-        opt, hid, nll, _ = self.forward_batch([ids], cand)
+        forward = self.forward_packed if self.batch_invariant else self.forward_batch
+        opt, hid, nll, _ = forward([ids], cand)
         ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
         ref_h = self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1].float().cpu().numpy()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
@@ -337,7 +405,8 @@ class HFBackend:
         # the layer graph for every layer index (and fall back to eager past its recompile limit)
         self.compiled, self.prefix_cache = True, False
         ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
-        self.forward_batch([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
+        forward = self.forward_packed if self.batch_invariant else self.forward_batch
+        forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 
     def close(self) -> None:
         self.model = self.decoder = self.head = None

@@ -30,6 +30,7 @@ import numpy as np
 from transformers import AutoTokenizer
 from walla.extract import device as devices
 from walla.extract.backends import BackendRequest, Progress, ScoreResult
+from walla.extract.backends.hf import explain_dtype
 from walla.extract.gguf_cache import local_weights_dir
 from walla.extract.models import ResolvedModel, pin_revision
 
@@ -253,7 +254,9 @@ class VLLMKind:
         return pin_revision(model)
 
     def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
-        return dtype, None  # recorded as given: vLLM resolves `auto` itself, inside the engine
+        # `auto` is measured here as for hf (the GEMM probe, cached per machine): the fingerprint records the
+        # dtype the engine is then started with, never the literal "auto"
+        return explain_dtype(dtype, device)
 
     def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
         return mode, None  # --compile is the hf backend's; vLLM compiles (or not: --enforce-eager) on its own

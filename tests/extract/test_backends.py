@@ -76,7 +76,12 @@ def test_identities_before_loading():
     }
     assert HF.identity(request(cfg)) == want
     on = ExtractConfig(model="m", dataset="facts", compile="on")
-    assert HF.identity(request(on, dtype="bfloat16")) == {**want, "dtype": "bfloat16", "compile": True}
+    assert HF.identity(request(on, dtype="bfloat16")) == {
+        **want,
+        "dtype": "bfloat16",
+        "compile": True,
+        "batch_invariant": True,  # packed, per-prompt scoring: the default in reduced precision
+    }
 
 
 def test_each_kind_spells_its_own_options_in_the_recorded_command():
@@ -100,7 +105,8 @@ def test_settling_auto_is_the_backends_business():
         raise AssertionError("only hf estimates the job's tokens")
 
     assert VLLM.settle_compile("auto", never, "cpu") == ("auto", None)
-    assert VLLM.settle_dtype("auto", "cpu") == ("auto", None)  # vLLM picks inside its engine
+    # vLLM's `auto` is measured as hf's is: the fingerprint records the dtype the engine is started with
+    assert VLLM.settle_dtype("float32", "cpu") == HF.settle_dtype("float32", "cpu")
     assert DUMMY.settle_dtype("bfloat16", "cpu") == ("bfloat16", None)
     assert HF.settle_dtype("float32", "cpu") == ("float32", "float32: as given, not measured")
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 from tiny_model import tiny_model, tiny_tokenizer
-from walla.extract.backends.hf import HFBackend
+from transformers import Gemma2Config, Gemma2ForCausalLM
+from walla.extract.backends.hf import HFBackend, load_model
+from walla.extract.models import ResolvedModel
 from walla.extract.scoring import renormalize
 
 PROMPTS = [
@@ -140,10 +142,6 @@ def test_shared_prefix_is_cached_with_identical_outputs(model, tok):
 
 def test_gemma2_loads_with_transformers_attention_choice(tmp_path, tok):
     """Gemma-2 refuses attn_implementation="sdpa" (its message never says "sdpa"): load_model must not force it."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-    from walla.extract.backends.hf import load_model
-    from walla.extract.models import ResolvedModel
-
     torch.manual_seed(0)
     cfg = Gemma2Config(
         vocab_size=len(tok),

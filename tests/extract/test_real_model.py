@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +21,10 @@ PQA = Path(__file__).resolve().parents[3] / "shared" / "data" / "pubmedqa" / "or
 @pytest.mark.slow
 @pytest.mark.skipif(not PQA.exists(), reason=f"real PubMedQA file not found at {PQA} (dev machine only)")
 def test_smollm2_pubmedqa_three_variants(tmp_path):
-    # the one-time GGUF -> safetensors conversion (20-60 s on a fresh machine) is not part of the budget
+    # convert the GGUF once first (20-60 s on a fresh machine), so the extraction below runs on the cached copy
     rm = resolve_model(load_models()["smollm2-135m"])
     converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"])
-    t0 = time.perf_counter()
-    # 20 real questions (10 yes, 10 no) with the shortest abstracts, in the release's own format: keeps it < 60 s
+    # 20 real questions (10 yes, 10 no) with the shortest abstracts, in the release's own format (a short test)
     data = json.loads(PQA.read_text())
     by_len = sorted(data, key=lambda k: sum(len(c) for c in data[k]["CONTEXTS"]))
     pick = [k for k in by_len if data[k]["final_decision"] == "yes"][:10]
@@ -64,4 +62,3 @@ def test_smollm2_pubmedqa_three_variants(tmp_path):
     assert all(s != qid and split[s] == split[qid] for s, qid in zip(src, q["question_id"], strict=True))
     # the relevant and none variants see different prompts, so their hidden states differ
     assert not np.allclose(np.asarray(sets["none"].hidden[:]), np.asarray(sets["relevant"].hidden[:]))
-    assert time.perf_counter() - t0 < 60, lines  # ~25 s on an idle 2-core CPU

@@ -1,0 +1,242 @@
+"""Batch-invariant hf scoring (extract/backends/hf_packed.py): right numbers, and the same bits in any batch mix."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_hf_backend import PROMPTS, naive
+from tiny_model import tiny_model, tiny_tokenizer
+from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+from walla.extract.backends import hf_packed
+from walla.extract.backends.hf import HFBackend, hf_identity, load_hf_backend
+from walla.extract.check import render_prompts
+from walla.extract.config import ExtractConfig
+
+OTHERS = [
+    "Question : Is the door of room 7 painted blue ? Answer with YES or NO . Answer :",
+    "oxygen carbon dioxide nitrogen helium water light sun moon star tree leaf root . Answer :",
+    "Fact : the dog ran in the park . Answer :",
+]
+CAND = [5, 6, 7, 9]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tok):
+    return tiny_model(len(tok)).to(torch.bfloat16)
+
+
+def assert_same_bits(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def rows(res, idx):
+    """(option log-probs, hidden, NLL, n_tokens) of the rows `idx` of a ScoreResult."""
+    return res.raw_logprobs[idx], res.hidden[idx], res.prompt_nll[idx], res.n_tokens[idx]
+
+
+def mixes(be: HFBackend, prompts: list[str]) -> list[tuple]:
+    """The rows of `prompts` scored in three batch mixes: together, among other prompts in reverse order with
+    a smaller token budget, and each alone."""
+    n = len(prompts)
+    together = be.score(prompts, CAND)
+    budget = be.batch_tokens
+    be.batch_tokens = 40
+    mixed = be.score(OTHERS + prompts[::-1], CAND)
+    be.batch_tokens, be.max_batch_rows = budget, 1
+    alone = be.score(prompts, CAND)
+    be.max_batch_rows = None
+    back = list(range(len(OTHERS) + n - 1, len(OTHERS) - 1, -1))
+    return [rows(together, list(range(n))), rows(mixed, back), rows(alone, list(range(n)))]
+
+
+def test_packed_scoring_matches_the_naive_full_computation(tok):
+    """float32, packed: option log-probs, hidden state and NLL of each prompt = its own unpadded forward."""
+    model = tiny_model(len(tok))
+    be = HFBackend(model, tok, batch_tokens=10_000, batch_invariant=True, chunk_elems=64, vocab_chunk=16)
+    prompts = PROMPTS + ["Answer"]  # a 2-token prompt (BOS + 1) among long ones
+    res = be.score(prompts, CAND)
+    for i, p in enumerate(prompts):
+        ids = be.encode(p)
+        lp, hid = naive(model, ids)
+        np.testing.assert_allclose(res.raw_logprobs[i], lp[-1, CAND].numpy(), atol=2e-5)
+        np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=2e-5, rtol=1e-4)
+        want_nll = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+        assert res.prompt_nll[i] == pytest.approx(want_nll, abs=2e-5)
+        assert res.n_tokens[i] == len(ids)
+
+
+def test_bf16_prompt_gives_the_same_bits_in_any_batch_mix(tok, bf16_model):
+    be = HFBackend(bf16_model, tok, batch_tokens=120)
+    assert be.batch_invariant and be.identity()["batch_invariant"] is True
+    together, mixed, alone = mixes(be, PROMPTS)
+    assert_same_bits(together, mixed)
+    assert_same_bits(together, alone)
+    assert np.isfinite(together[0]).all() and (together[2] > 0).all()
+    be.self_check()  # and the packed path still agrees with the model's own forward
+
+
+def test_one_token_prompt_alone_is_padded_to_two_rows(bf16_model):
+    tok = tiny_tokenizer(bos=False)
+    be = HFBackend(bf16_model, tok)
+    ids, pos, lengths = hf_packed.pack_inputs([[7]], be.pad_id)
+    assert ids.tolist() == [[7, be.pad_id]] and pos.tolist() == [[0, 0]] and lengths == [1, 1]
+    alone = be.score(["Answer"], CAND)
+    among = be.score(["Answer", "Question : Is the door red ? Answer"], CAND)
+    assert alone.prompt_nll[0] == 0.0 and alone.n_tokens[0] == 1
+    assert_same_bits(rows(alone, [0]), rows(among, [0]))
+
+
+def gemma2(tok, dtype):
+    """A tiny Gemma-2: eager attention, attention soft-capping, an 8-token sliding window on every other layer."""
+    torch.manual_seed(0)
+    cfg = Gemma2Config(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=8,
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    cfg._attn_implementation = "eager"
+    return Gemma2ForCausalLM(cfg).eval().to(dtype)
+
+
+def test_eager_attention_with_sliding_window_packs_correctly(tok):
+    """The eager path (float mask) and the sliding window of prompts longer than the window, vs Gemma-2's own."""
+    model = gemma2(tok, torch.float32)
+    be = HFBackend(model, tok, batch_invariant=True)
+    res = be.score(PROMPTS, CAND)
+    assert max(res.n_tokens) > 2 * model.config.sliding_window
+    for i, p in enumerate(PROMPTS):
+        lp, hid = naive(model, be.encode(p))
+        np.testing.assert_allclose(res.raw_logprobs[i], lp[-1, CAND].numpy(), atol=2e-5)
+        np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=2e-5, rtol=1e-4)
+    bf16 = HFBackend(gemma2(tok, torch.bfloat16), tok, batch_tokens=120)
+    together, mixed, alone = mixes(bf16, PROMPTS)
+    assert_same_bits(together, mixed)
+    assert_same_bits(together, alone)
+
+
+def test_sdpa_with_a_sliding_window_packs_correctly(tok):
+    """SDPA gets a boolean window mask for prompts longer than the window (Mistral: sdpa, window of 8)."""
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=8,
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    cfg._attn_implementation = "sdpa"
+    model = MistralForCausalLM(cfg).eval()
+    be = HFBackend(model, tok, batch_invariant=True)
+    res = be.score(PROMPTS, CAND)
+    assert max(res.n_tokens) > 2 * cfg.sliding_window
+    for i, p in enumerate(PROMPTS):
+        lp, hid = naive(model, be.encode(p))
+        np.testing.assert_allclose(res.raw_logprobs[i], lp[-1, CAND].numpy(), atol=2e-5)
+        np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_bf16_packed_scoring_is_batch_invariant_too(tok):
+    """Compiled layers (graph break at the per-prompt attention, no recompile per pack): same bits in any
+    mix, and close to the eager packed path."""
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    eager = HFBackend(model, tok, batch_tokens=120).score(PROMPTS, CAND)
+    be = HFBackend(copy.deepcopy(model), tok, batch_tokens=120, compiled=True)
+    together, mixed, alone = mixes(be, PROMPTS)
+    assert_same_bits(together, mixed)
+    assert_same_bits(together, alone)
+    np.testing.assert_allclose(together[0], eager.raw_logprobs, atol=0.1)  # fused ops round differently
+
+
+class RowCountLinear(torch.nn.Linear):
+    """A linear layer whose rows depend on how many rows the GEMM has (as split-K kernels can)."""
+
+    def forward(self, x):
+        return super().forward(x) + 0.25 * (x.reshape(-1, x.shape[-1]).shape[0] > 8)
+
+
+def test_gemms_that_are_not_row_invariant_make_each_prompt_run_alone(tok):
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    mlp = model.model.layers[0].mlp
+    down = RowCountLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False)
+    down.weight = mlp.down_proj.weight
+    mlp.down_proj = down
+    ok, why = hf_packed.linear_rows_invariant(model, 120)
+    assert not ok and "64x32 linear layer's rows differ" in why and "each prompt runs alone" in why
+    be = HFBackend(model, tok, batch_tokens=120)
+    seen: list[int] = []
+    be.score(PROMPTS, CAND, progress=lambda n, _tokens: seen.append(n))
+    assert be.rows_invariant is False and seen == [1] * len(PROMPTS)
+    together, mixed, alone = mixes(be, PROMPTS)
+    assert_same_bits(together, mixed)
+    assert_same_bits(together, alone)
+
+
+def test_plan_packs_covers_every_prompt_once_within_the_budget():
+    lengths = [5, 30, 12, 12, 50, 3, 7]
+    packs = hf_packed.plan_packs(lengths, 40)
+    assert sorted(np.concatenate(packs).tolist()) == list(range(len(lengths)))
+    assert [p.tolist() for p in packs] == [[4], [1], [2, 3, 6, 0, 5]]  # longest first; 50 > 40 alone
+    assert [p.tolist() for p in hf_packed.plan_packs(lengths, 40, max_rows=2)][2:] == [[2, 3], [6, 0], [5]]
+    with pytest.raises(ValueError, match="batch_tokens must be >= 1"):
+        hf_packed.plan_packs(lengths, 0)
+
+
+def test_identity_records_batch_invariance_in_reduced_precision_only():
+    assert "batch_invariant" not in hf_identity(torch.float32, False)  # float32 fingerprints unchanged
+    assert hf_identity(torch.bfloat16, False)["batch_invariant"] is True
+    assert hf_identity(torch.float16, False)["batch_invariant"] is True
+    assert hf_identity(torch.float32, False, batch_invariant=True)["batch_invariant"] is True
+
+
+# as the Makefile: $REAL_DATA, else ../shared/data beside the checkout
+REAL_DATA = Path(os.environ.get("REAL_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+ARC = REAL_DATA / "arc" / "ARC-Challenge-Dev.jsonl"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ARC.exists(), reason=f"ARC dev file not found at {ARC} (dev machine only)")
+def test_smollm2_bf16_arc_prompts_same_bits_in_two_batch_mixes():
+    """The embedded SmolLM2-135M in bfloat16 on 12 real ARC prompts: the same bits in two batch mixes and alone."""
+    cfg = ExtractConfig(
+        model="smollm2-135m", dataset="arc-challenge", data_file=ARC, limit=18, progress=False
+    )
+    prompts, _, rm = render_prompts(cfg)
+    be = load_hf_backend(rm, dtype="bfloat16", device="cpu", batch_tokens=1024)
+    texts = [p.text for p in prompts]
+    cand = [be.encode_bare(s)[0] for s in "ABCD"]
+    mine, others = texts[:12], texts[12:]
+    a = be.score(mine, cand)
+    be.batch_tokens = 700
+    b = be.score(others[:3] + mine[::-1] + others[3:], cand)
+    be.max_batch_rows = 1
+    c = be.score(mine, cand)
+    back = list(range(3 + 11, 3 - 1, -1))
+    assert_same_bits(rows(a, list(range(12))), rows(b, back))
+    assert_same_bits(rows(a, list(range(12))), rows(c, list(range(12))))
