@@ -19,6 +19,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
+import xxhash
 from walla.store.atomic import TMP_SUFFIX
 from walla.store.location import as_location, open_binary, walk_files
 
@@ -87,23 +88,13 @@ def fingerprint(inputs: dict) -> str:
 
 def _hasher(algo: str):
     if algo == "xxh3_128":
-        import xxhash
-
         return xxhash.xxh3_128()
     if algo in ("blake2b", "sha256"):
         return hashlib.new(algo)
     raise ValueError(f"unknown checksum algorithm {algo!r} (expected xxh3_128, blake2b or sha256)")
 
 
-def _default_algo() -> str:
-    try:
-        import xxhash  # noqa: F401
-    except ImportError:  # pragma: no cover - xxhash ships with `datasets`
-        return "blake2b"
-    return "xxh3_128"
-
-
-CHECKSUM_ALGO = _default_algo()  # xxh3: ~4 GB/s here vs ~140 MB/s for sha256 (no SHA extensions on this CPU)
+CHECKSUM_ALGO = "xxh3_128"  # a declared dependency (pyproject: xxhash); xxh3: ~4 GB/s here vs ~140 MB/s for sha256 (no SHA extensions on this CPU)
 
 
 def file_checksum(path: str | PurePath, algo: str | None = None, block: int = 1 << 22) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import os
 import shutil
 from dataclasses import dataclass
@@ -58,10 +59,6 @@ def dir_size(root: Path) -> int:
 def _lock_held(lock_path: Path) -> bool:
     """True if a live process holds the flock (a dead writer's lock is released by the kernel)."""
     if is_remote(lock_path) or not lock_path.exists():
-        return False
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
         return False
     with open(lock_path, "a") as f:
         try:

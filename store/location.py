@@ -26,6 +26,12 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 
+import fsspec
+import polars as pl
+import pyarrow.parquet as pq
+from pyarrow.fs import FSSpecHandler, PyFileSystem
+from zarr.storage import FsspecStore
+
 # listings are read fresh: other processes (Ray workers) write shards while a driver lists them
 FS_OPTIONS = {"use_listings_cache": False}
 
@@ -142,8 +148,6 @@ def as_location(where: str | os.PathLike | RemotePath) -> Location:
     protocol = text.split("://", 1)[0]
     if protocol in ("file", "local"):
         return Path(text.split("://", 1)[1])
-    import fsspec  # only for remote stores
-
     try:
         fs, path = fsspec.core.url_to_fs(text, **FS_OPTIONS)
     except ImportError as e:  # e.g. "Install s3fs to access S3": say which store needs it
@@ -226,25 +230,16 @@ def zarr_store(p: Location, read_only: bool = False):
     """What zarr opens: the local path as a string (zarr's LocalStore), or an FsspecStore for a URL."""
     if not is_remote(p):
         return str(p)
-    from zarr.storage import FsspecStore
-
     return FsspecStore.from_url(str(p), storage_options=dict(FS_OPTIONS), read_only=read_only)
 
 
 def read_parquet_remote(p: RemotePath, columns: list[str] | None = None):
     """A remote Parquet file through pyarrow's fsspec filesystem, as a polars DataFrame."""
-    import polars as pl
-    import pyarrow.parquet as pq
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
-
     table = pq.read_table(p.path, filesystem=PyFileSystem(FSSpecHandler(p.fs)), columns=columns)
     return pl.from_arrow(table)
 
 
 def parquet_columns(p: Location) -> list[str]:
-    import polars as pl
-    import pyarrow.parquet as pq
-
     if not is_remote(p):
         return pl.read_parquet_schema(p).names()
     with p.open("rb") as f:

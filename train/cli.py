@@ -22,9 +22,20 @@ import sys
 from pathlib import Path
 
 import typer
+import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from walla.manifests.validate import ConfigError
+from walla.store.location import as_location
+from walla.store.scenario import assemble_scenario
+from walla.train.engine import TrainEnv, resolve_device, resolve_precision
+from walla.train.join import initial_params, joined_plan
+from walla.train.kinds import KINDS, plan_for_kind
+from walla.train.loggers import check_logger
+from walla.train.plan import Overrides, load_plan, plan_yaml, with_spec
+from walla.train.run import run_plan
 
 app = typer.Typer(add_completion=False, help="walla train stage: fit every method x seed of a scenario.")
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -39,8 +50,6 @@ USER_ERRORS = (
 
 
 def _fail(msg: str) -> None:
-    from rich.markup import escape
-
     err.print(f"[bold red]error:[/] {escape(msg)}", markup=True)
     raise typer.Exit(2)
 
@@ -71,8 +80,6 @@ def _parse_seeds(n: int | None, seed_list: str | None) -> tuple[int, ...] | None
 
 def _parse_sets(items: list[str]) -> dict[str, dict]:
     """--set walla.lr=1e-4 --set route-llm.epochs=2 -> {"walla": {"lr": 1e-4}, "route-llm": {"epochs": 2}}."""
-    import yaml
-
     out: dict[str, dict] = {}
     for item in items:
         key, eq, value = item.partition("=")
@@ -168,11 +175,7 @@ def train(
     """Fit every method x seed of a scenario; write runs/<scenario>/<method>/<key-id>/seed=<s>/."""
     console = Console()
     try:
-        from walla.store.location import as_location
-
         store = as_location(store_arg)  # a local Path (the fast path) or a RemotePath over fsspec
-        from walla.manifests.validate import ConfigError
-        from walla.train.plan import Overrides, load_plan, plan_yaml, with_spec
 
         overrides = Overrides(
             methods=_parse_list(methods, "--methods"),
@@ -188,7 +191,6 @@ def train(
             irrelevant=irrelevant,
             eval_dataset=eval_dataset,
         )
-        from walla.train.kinds import KINDS, plan_for_kind
 
         preset_line = None
         if scenario in KINDS:
@@ -202,8 +204,6 @@ def train(
             plan = load_plan(scenario, overrides)
         base_name, origin = plan.spec.name, None
         if add_agent or drop_agent:
-            from walla.train.join import joined_plan
-
             plan, origin = joined_plan(
                 plan, list(add_agent), list(drop_agent), None if from_scratch else join_epochs
             )
@@ -216,10 +216,6 @@ def train(
             return
         if preset_line:
             console.print(preset_line, highlight=False, markup=False)
-        from walla.store.scenario import assemble_scenario
-        from walla.train.engine import TrainEnv, resolve_device, resolve_precision
-        from walla.train.loggers import check_logger
-        from walla.train.run import run_plan
 
         check_logger(logger)
         dev = resolve_device(device)
@@ -235,8 +231,6 @@ def train(
             data = data.limit_rows(limit_rows)
         initial = None
         if origin is not None and not from_scratch:
-            from walla.train.join import initial_params
-
             initial = initial_params(plan, base_name, origin, data, runs)
         console.print(
             f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "

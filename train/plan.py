@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from walla.manifests.scenario import Build, Scenario, ScenarioSpec, parse_scenario
 from walla.manifests.validate import check, collect, config, to_dict
+from walla.train.calibration import CalibrationConfig
 from walla.train.methods import ALL, REGISTRY, MethodInfo, default_methods, method_module
 
 DEFAULT_SEEDS = (18, 19, 20, 21, 22)  # SPEC §4.5: repeat r uses 18 + r
@@ -173,8 +174,6 @@ def build_plan(
     `scenario` is None when the file's `scenario:` section has problems (walla.manifests.parse_scenario):
     the `train:` section is still checked, so that both are reported at once.
     """
-    from walla.train.calibration import CalibrationConfig
-
     where = f"{path}: train"
     section = dict(raw.get("train") or {})
     if overrides.methods is not None:

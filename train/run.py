@@ -37,6 +37,7 @@ from filelock import FileLock, Timeout
 from walla.manifests.validate import to_dict
 from walla.store.scenario_data import ScenarioData
 from walla.train import mechanism
+from walla.train.calibration import apply_calibration, fit_calibration
 from walla.train.engine import TrainEnv, save_checkpoint
 from walla.train.loggers import RunLogger
 from walla.train.methods import MethodOutput, method_module
@@ -204,8 +205,6 @@ def run_plan(
     `initial` (train/join.py): method -> seed -> head parameters to continue from (runs of scenario
     `initial_from`); such runs record it, and their run key includes it.
     """
-    from walla.train.calibration import apply_calibration, fit_calibration
-
     runs = Path(runs_dir)
     if runs.exists() and not runs.is_dir():
         raise ValueError(f"--runs {runs}: is a file, expected a directory for the runs")

@@ -13,7 +13,6 @@ import pytest
 from synthetic import make_private_context_scenario
 from typer.testing import CliRunner
 from walla.evaluate import cli as eval_cli
-from walla.store import scenario as scenario_mod
 from walla.train import cli as train_cli
 
 runner = CliRunner()
@@ -32,7 +31,7 @@ train:
 def synth(tmp_path, monkeypatch):
     """A scenario file and a synthetic assembled scenario (the CLI, plan, runs and report stay real)."""
     data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
-    monkeypatch.setattr(scenario_mod, "assemble_scenario", lambda spec, store: data)
+    monkeypatch.setattr(train_cli, "assemble_scenario", lambda spec, store: data)
     (tmp_path / "store").mkdir()
     path = tmp_path / "synth.yaml"
     path.write_text(SCENARIO)
