@@ -26,7 +26,7 @@ KILL_AFTER = 4  # acknowledged resolutions before the kill: the rest of the burs
 def _serve(database: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     # `walla market serve` from its own command group: the server a user starts, without the seconds the
-    # root CLI spends importing the agent's extraction stack (tests/market/test_cli.py runs the root)
+    # root CLI spends importing the agent's extraction stack (tests/market/test_market_cli.py runs the root)
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVE, "serve", "--db", database, "--port", str(port)],
         env={**os.environ, TOKEN_ENV: OP_TOKEN},
