@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
+from walla.evaluate import plots
 from walla.evaluate.aggregate import summarize
 from walla.evaluate.bootstrap import (
     N_RESAMPLES,
@@ -432,8 +433,6 @@ def _run(cfg: EvalConfig) -> ReportResult:
         result.scenarios.append(ev)
         result.tables += scenario_tables(ev)
         if cfg.plots:
-            from walla.evaluate import plots  # optional heavy import: matplotlib loads only when drawing
-
             prefix = cfg.report.parent / f"{cfg.report.stem}-{name}"
             compute = ev.compute if isinstance(ev.compute, ScenarioCompute) else None
             figures[name] = plots.scenario_plots(data, prefix, compute)

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.fabric import Fabric
 from torch import nn
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -155,9 +156,7 @@ def _quiet_lightning() -> None:
 
 
 def make_fabric(env: TrainEnv, loggers: Any = None):
-    """A single-device Fabric for `env` (imports Lightning on first use)."""
-    from lightning.fabric import Fabric  # heavy (seconds): imported only when a loop starts
-
+    """A single-device Fabric for `env`."""
     _quiet_lightning()
     dev = torch.device(env.device)
     accelerator = {"cuda": "cuda", "mps": "mps"}.get(dev.type, "cpu")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+
 LOGGERS = ("csv", "tensorboard", "wandb")
 _PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
 
@@ -31,15 +33,13 @@ class RunLogger:
     """A method's per-batch LogFn for one run: keeps the rows and feeds Lightning's loggers."""
 
     def __init__(self, run_dir: Path, kind: str = "csv", run_name: str = "") -> None:
-        from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
-
         check_logger(kind)
         self.rows: list[dict] = []
         self.loggers = [CSVLogger(str(run_dir), name="logs", version="")]
         if kind == "tensorboard":
             self.loggers.append(TensorBoardLogger(str(run_dir), name="logs", version="tensorboard"))
         elif kind == "wandb":
-            from lightning.pytorch.loggers import WandbLogger
+            from lightning.pytorch.loggers import WandbLogger  # optional: needs the wandb package
 
             self.loggers.append(WandbLogger(name=run_name, save_dir=str(run_dir)))
 
