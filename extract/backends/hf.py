@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from walla.extract import device as devices
 from walla.extract import dtype_probe, hub
 from walla.extract.backends import Progress, ScoreResult, hf_packed, lm_head
 from walla.extract.backends.hf_compile import compile_layers
@@ -76,10 +77,6 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 def explain_dtype(name: str, device: str) -> tuple[str, str]:
     """(dtype name, why) for a --dtype value; `auto` is measured on `device` and cached under $WALLA_CACHE."""
     return dtype_probe.resolve(name, device, dtype_probe.default_cache_dir())
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def invariant_by_default(dtype: torch.dtype) -> bool:
@@ -424,7 +421,7 @@ def load_hf_backend(
     compiled: bool = False,
 ) -> HFBackend:
     """Load a resolved model and wrap it; runs the self-check once, then compiles when `compiled`."""
-    device = device or default_device()
+    device = device or devices.default_device()
     torch_dtype = resolve_dtype(dtype, device)
     model, tok = load_model(rm, torch_dtype, device)
     backend = HFBackend(

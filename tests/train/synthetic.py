@@ -21,9 +21,12 @@ Two regimes:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from walla.store.scenario import ScenarioData
 from walla.store.schema import VARIANT_CODE
+from walla.train import cli as train_cli
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -173,3 +176,14 @@ def make_private_context_scenario(
         fingerprints={f"synth{i}/mixed": f"{seed:04d}{i:012d}" for i in range(m)},
         meta={"informed": informed, "seed": seed, "regime": regime, "context_rule": "one_relevant"},
     )
+
+
+def synthetic_scenario_file(tmp_path: Path, monkeypatch, text: str) -> Path:
+    """`text` written as <tmp_path>/synth.yaml, its assembly swapped for a synthetic 100-question scenario
+    (walla-train's CLI, plan, runs and report stay real); an empty <tmp_path>/store for --store."""
+    data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
+    monkeypatch.setattr(train_cli, "assemble_scenario", lambda spec, store: data)
+    (tmp_path / "store").mkdir()
+    path = tmp_path / "synth.yaml"
+    path.write_text(text)
+    return path

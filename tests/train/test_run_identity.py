@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import make_private_context_scenario
+from synthetic import synthetic_scenario_file
 from typer.testing import CliRunner
 from walla.evaluate import cli as eval_cli
 from walla.train import cli as train_cli
@@ -30,12 +30,7 @@ train:
 @pytest.fixture
 def synth(tmp_path, monkeypatch):
     """A scenario file and a synthetic assembled scenario (the CLI, plan, runs and report stay real)."""
-    data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
-    monkeypatch.setattr(train_cli, "assemble_scenario", lambda spec, store: data)
-    (tmp_path / "store").mkdir()
-    path = tmp_path / "synth.yaml"
-    path.write_text(SCENARIO)
-    return path
+    return synthetic_scenario_file(tmp_path, monkeypatch, SCENARIO)
 
 
 def train(tmp_path: Path, synth: Path, *args: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from synthetic import make_private_context_scenario
+from synthetic import synthetic_scenario_file
 from typer.testing import CliRunner
 from walla.train import cli
 
@@ -23,12 +23,7 @@ train:
 @pytest.fixture
 def synth(tmp_path, monkeypatch):
     """A scenario file and a synthetic assembled scenario (the CLI and plan logic stay real)."""
-    data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
-    monkeypatch.setattr(cli, "assemble_scenario", lambda spec, store: data)
-    (tmp_path / "store").mkdir()
-    path = tmp_path / "synth.yaml"
-    path.write_text(SCENARIO)
-    return path
+    return synthetic_scenario_file(tmp_path, monkeypatch, SCENARIO)
 
 
 def _run(tmp_path, *args: str):
