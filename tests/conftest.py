@@ -1,5 +1,6 @@
 """Fixtures shared across test folders: the fake backend, and an S3-compatible server in this process.
 
+Tests marked `gpu` run only where CUDA is present (skipped with the reason elsewhere).
 The seeded fake backend (`--backend dummy`, extract/backends/dummy.py) is registered for every test
 (`pytest_configure`); users' walla-extract does not offer it. The S3 server is moto's, loopback only:
 
@@ -19,12 +20,23 @@ import socket
 import uuid
 
 import pytest
+import torch
 from walla.extract.backends.dummy import DUMMY
 from walla.extract.backends.registry import register_backend
 
 
 def pytest_configure(config):
     register_backend(DUMMY)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.gpu` tests run wherever CUDA is present; elsewhere (CI) they are skipped, saying why."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
