@@ -276,7 +276,7 @@ def to_device(array: np.ndarray | torch.Tensor, device: str | torch.device) -> t
     step for batch indices and dropout masks); a pinned staging copy goes asynchronously (torch keeps the
     pinned block until the copy is done). Elsewhere: .to(device).
     """
-    t = torch.as_tensor(array)
+    t = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))  # on the host
     dev = torch.device(device)
     if dev.type != "cuda":
         return t.to(dev)

@@ -24,7 +24,7 @@ from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
 from walla.train.embedding_cache import frozen_features
 from walla.train.encoders import POOLINGS, TRUNCATION_SIDES, EncoderSpec, TextEncoder, router_texts
-from walla.train.engine import TrainEnv, row_batches, seeded
+from walla.train.engine import TrainEnv, row_batches, seeded, to_device
 from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
@@ -127,7 +127,7 @@ def _use_val(data, c: RouterConfig) -> bool:
 def _weights(net: nn.Module, x: torch.Tensor, rows: np.ndarray, c: RouterConfig, m: int) -> torch.Tensor:
     """softmax(net(x[rows]) / temperature), in chunks (small ones through a trainable encoder): [n, M]."""
     step = FROZEN_CHUNK if getattr(net, "encoder", None) is None else FINETUNE_CHUNK
-    out = [net(x[torch.from_numpy(rows[s : s + step])]) for s in range(0, len(rows), step)]  # [b, M]
+    out = [net(x[to_device(rows[s : s + step], x.device)]) for s in range(0, len(rows), step)]  # [b, M]
     logits = torch.cat(out) if out else torch.zeros((0, m), device=x.device)
     return torch.softmax(logits / c.temperature, dim=-1)
 
@@ -155,15 +155,17 @@ def fit_router(
     x, pristine, d_in = router_input(data, c, env)  # pristine: the pretrained encoder, copied per seed
     val_fn = None
     if _use_val(data, c):
-        vp, vt = probs[torch.from_numpy(val_rows)], target[torch.from_numpy(val_rows)]
+        val_idx = to_device(val_rows, probs.device)
+        vp, vt = probs[val_idx], target[val_idx]
         soft = bool(data.soft_target)
 
         def val_fn(module: nn.Module) -> float:
             return float(val_metric(_weights(module, x, val_rows, c, data.n_agents), vp, vt, soft))
 
     def loss_fn(module: nn.Module, rows: np.ndarray):
-        idx = torch.from_numpy(rows)
-        return loss_of(module, module(x[idx]), probs[idx], target[idx])
+        idx = to_device(rows, probs.device)
+        x_idx = idx if x.device == probs.device else torch.from_numpy(rows)  # text ids stay on the host
+        return loss_of(module, module(x[x_idx]), probs[idx], target[idx])
 
     states = []
     for seed, log in zip(seeds, logs, strict=True):
@@ -192,7 +194,7 @@ def fit_router(
         states.append(
             {
                 "config": to_dict(c),
-                "params": {k: v.detach().cpu() for k, v in res.module.state_dict().items()},
+                "params": {k: v.detach() for k, v in res.module.state_dict().items()},  # saved from the host
                 "d_in": d_in,
                 "n_agents": data.n_agents,
                 "best_epoch": res.best_epoch,
