@@ -276,11 +276,14 @@ def to_device(array: np.ndarray | torch.Tensor, device: str | torch.device) -> t
     step for batch indices and dropout masks); a pinned staging copy goes asynchronously (torch keeps the
     pinned block until the copy is done). Elsewhere: .to(device).
     """
-    t = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))  # on the host
+    if isinstance(array, torch.Tensor):
+        t = array
+    else:
+        t = torch.from_numpy(np.asarray(array))  # on the host, whatever torch's default device is
     dev = torch.device(device)
     if dev.type != "cuda":
         return t.to(dev)
-    return t.pin_memory().to(dev, non_blocking=True)
+    return t.contiguous().pin_memory().to(dev, non_blocking=True)  # contiguous: one plain async copy
 
 
 def to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
