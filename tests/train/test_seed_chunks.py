@@ -11,8 +11,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from synthetic import make_private_context_scenario
 from walla.manifests.validate import build
-from walla.train.engine import PARAM_BUDGET_BYTES, free_device_bytes, seeds_per_chunk
+from walla.train.engine import (
+    DEVICE_MEMORY_SHARE,
+    PARAM_BUDGET_BYTES,
+    TrainEnv,
+    free_device_bytes,
+    seeds_per_chunk,
+)
 from walla.train.methods import walla
 
 GIB = 2**30
@@ -60,3 +67,27 @@ def test_free_device_bytes_counts_the_allocator_cache():
     held = free_device_bytes("cuda")
     del x  # back in torch's cache: still free for the next fit
     assert held <= before - 256 * 2**20 + 2**20 and free_device_bytes("cuda") >= before - 2**20
+
+
+@pytest.mark.gpu
+def test_five_paper_sized_seeds_train_as_one_batched_fit_on_a_gpu(monkeypatch):
+    """12 agents x H = 4096 with the reference's 4096 projection: 5 seeds, one train_heads call, and the
+    states it hands back stay on the GPU (saved from the host later)."""
+    need = 5 * walla.seed_bytes(PAPER, CFG, True) / DEVICE_MEMORY_SHARE
+    free = free_device_bytes("cuda")
+    if free < need:
+        pytest.skip(
+            f"needs {need / GIB:.0f} GiB free on the GPU for 5 paper-sized seeds, has {free / GIB:.0f}"
+        )
+    data = make_private_context_scenario(n=200, m=12, k=2, h=4096, seed=0)
+    chunks, real = [], walla.train_heads
+    monkeypatch.setattr(
+        walla,
+        "train_heads",
+        lambda d, c, seeds, *a, **kw: chunks.append(seeds) or real(d, c, seeds, *a, **kw),
+    )
+    cfg = build(walla.Config, {"epochs": 1, "lr": 1e-5}, "test")
+    states = walla.fit(data, cfg, [18, 19, 20, 21, 22], TrainEnv(device="cuda"), [None] * 5)
+    assert chunks == [[18, 19, 20, 21, 22]]
+    assert {t.device.type for st in states for t in st["params"]} == {"cuda"}
+    assert states[4]["params"][0].shape == (12, 4096, 4096)
