@@ -29,7 +29,7 @@ Parameters are initialised where they train (`init_device`, `init_generator`, `l
 default init drawn in place from a generator on that device seeded with the run's seed. Host init then a
 copy cost 2.9 s of a 6 s seed on an H100 (228M parameters drawn by one CPU thread). On the CPU the
 generator is the one `seeded(seed)` would seed, so the values are those of `with seeded(seed):
-nn.Linear(...)`, bit for bit (tests/train/test_engine.py); on CUDA a Philox generator draws other values
+nn.Linear(...)`, bit for bit (tests/train/test_device_init.py); on CUDA a Philox generator draws other values
 from the same seed (the run key records the device kind, train/runs.py). Other devices (MPS) keep the
 host's init, moved by Fabric.
 
