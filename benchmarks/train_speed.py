@@ -457,7 +457,7 @@ def fits_by_precision(
         f"one step, all {data.n_agents * len(seeds)} heads: {flops / 1e9:.1f} GFLOP, {n_params / 1e6:.0f}M "
         f"parameters ({n_params * 4 / 2**30:.2f} GiB float32)"
     )
-    chunks = list(walla._seed_chunks(data, cfg, seeds, device))  # fit trains the seeds in chunks (memory)
+    chunks = list(walla._seed_chunks(data, cfg, seeds, TrainEnv(device=device)))  # fit's seed chunks (memory)
     c_flops, c_params = (v * len(chunks[0]) / len(seeds) for v in (flops, n_params))  # first chunk's heads
     print(
         f"fit trains the seeds in chunks of {[len(c) for c in chunks]} ({budget_text(device)}); step times "
@@ -570,7 +570,7 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
     print(
         f"7. WALLA I fit on {device} ({precision}): M={args.agents} H={args.hidden} N={args.rows} ({train} "
         f"train / {val} val), {cfg.epochs} epochs, batch {cfg.batch_size}, projection {cfg.projection_dim}; "
-        f"seed chunks {[len(c) for c in walla._seed_chunks(data, cfg, seeds, device)]} ({budget_text(device)})"
+        f"seed chunks {[len(c) for c in walla._seed_chunks(data, cfg, seeds, env)]} ({budget_text(device)})"
     )
     warm = build(walla.Config, {**HEADS, "epochs": 1}, "warm-up")
     timed_fit(data, walla.resolve(warm, data), seeds[:1], env)  # Fabric import, kernels, allocator

@@ -48,12 +48,15 @@ def test_seeds_per_chunk_from_free_memory():
 
 def test_chunks_follow_the_free_memory_before_each_chunk(monkeypatch):
     seeds = [18, 19, 20, 21, 22]
-    assert list(walla._seed_chunks(PAPER, CFG, seeds, "cpu")) == [[s] for s in seeds]  # host: as before
+    cpu, cuda = TrainEnv(), TrainEnv(device="cuda")  # (TrainEnv does not check the device)
+    assert list(walla._seed_chunks(PAPER, CFG, seeds, cpu)) == [[s] for s in seeds]  # host: as before
     monkeypatch.setattr(walla, "free_device_bytes", lambda device: 79 * GIB)
-    assert list(walla._seed_chunks(PAPER, CFG, seeds, "cuda")) == [seeds]  # one batched fit
+    assert list(walla._seed_chunks(PAPER, CFG, seeds, cuda)) == [seeds]  # one batched fit
+    double = TrainEnv(device="cuda", precision="64-true")  # 8 bytes a value: 5 seeds per chunk
+    assert list(walla._seed_chunks(PAPER, CFG, seeds + [23], double)) == [seeds, [23]]
     free = iter([20 * GIB, 10 * GIB, 79 * GIB])  # earlier chunks' states hold memory: read again each time
     monkeypatch.setattr(walla, "free_device_bytes", lambda device: next(free))
-    assert list(walla._seed_chunks(PAPER, CFG, seeds, "cuda")) == [[18, 19], [20], [21, 22]]
+    assert list(walla._seed_chunks(PAPER, CFG, seeds, cuda)) == [[18, 19], [20], [21, 22]]
 
 
 def test_free_device_bytes_is_none_off_cuda():

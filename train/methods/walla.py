@@ -104,26 +104,29 @@ def resolve(cfg: Config, data) -> Config:
     return replace(cfg, stop_metric=stop, window=window)
 
 
-def seed_bytes(data, cfg: Config, on_device: bool) -> int:
-    """Memory one seed's heads take in a batched fit: COPIES_PER_PARAM float32 copies of its parameters,
-    plus its activations on a device (the host budget, PARAM_BUDGET_BYTES, is sized for parameters only)."""
+def seed_bytes(data, cfg: Config, on_device: bool, value_bytes: int = 4) -> int:
+    """Memory one seed's heads take in a batched fit: COPIES_PER_PARAM copies of its parameters (float32:
+    `value_bytes` 4), plus its activations on a device (the host budget, PARAM_BUDGET_BYTES, is sized for
+    float32 parameters only)."""
     dims = [max(int(h.shape[1]) for h in data.hidden)]
     dims += ([cfg.projection_dim] if cfg.projection_dim else []) + list(cfg.hidden) + [1]
     per_head = sum(a * b + b for a, b in zip(dims[:-1], dims[1:], strict=True))
     heads = data.n_agents * (3 if cfg.diagnostics else 1)
-    act = cfg.batch_size * sum(dims) * 4 * ACTIVATION_COPIES if on_device else 0
-    return heads * (per_head * 4 * COPIES_PER_PARAM + act)
+    act = cfg.batch_size * sum(dims) * value_bytes * ACTIVATION_COPIES if on_device else 0
+    return heads * (per_head * value_bytes * COPIES_PER_PARAM + act)
 
 
-def _seed_chunks(data, cfg: Config, seeds: list[int], device: str = "cpu") -> Iterator[list[int]]:
+def _seed_chunks(data, cfg: Config, seeds: list[int], env: TrainEnv = TrainEnv()) -> Iterator[list[int]]:
     """Seeds per batched module so that every copy of their heads fits the memory budget (module docstring).
 
-    On a device the free memory is read before each chunk, since the states of earlier chunks stay there.
+    On a device the free memory is read before each chunk, since the states of earlier chunks stay there,
+    and "64-true" counts 8 bytes a value.
     """
     start = 0
     while start < len(seeds):
-        free = free_device_bytes(device)
-        k = seeds_per_chunk(seed_bytes(data, cfg, free is not None), free)
+        free = free_device_bytes(env.device)
+        value_bytes = 8 if free is not None and env.precision == "64-true" else 4
+        k = seeds_per_chunk(seed_bytes(data, cfg, free is not None, value_bytes), free)
         yield seeds[start : start + k]
         start += k
 
@@ -145,7 +148,7 @@ def fit(
     calibration = fit_calibration(data, cfg.calibration, env) if cfg.calibrated else None
     stats = hidden_stats(data, data.split_index("train")) if cfg.standardize else None
     states = []
-    for chunk in _seed_chunks(data, cfg, seeds, env.device):
+    for chunk in _seed_chunks(data, cfg, seeds, env):
         pos = [seeds.index(s) for s in chunk]
         init = [initial[i] for i in pos] if initial is not None else None
         th = train_heads(data, cfg, chunk, env, [logs[i] for i in pos], calibration, initial=init)
