@@ -1,7 +1,11 @@
 """Training speed with the paper's heads on a synthetic 12-agent scenario (N = 1,000, 8:1:1, H = 576, K = 2).
 
-    .venv/bin/python benchmarks/train_speed.py [--seeds 5] [--epochs 2] [--skip-all] [--precision auto]
-    .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone
+    .venv/bin/python benchmarks/train_speed.py [--device cpu|cuda] [--seeds 5] [--epochs 2] [--skip-all]
+    .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone (CPU)
+    .venv/bin/python benchmarks/train_speed.py --device cuda --only-share      # section 7 alone
+    .venv/bin/python benchmarks/train_speed.py --only-share --hidden 256 --agents 4 --rows 400 --share-epochs 2
+
+Every section runs on `--device` (default cpu) except section 2, a CPU comparison with old code.
 
 Configuration (printed): WALLA I heads Linear(576 -> 4096) -> 512 -> 256 -> 1 (projection_dim 4096, the
 reference's parametrization), dropout 0.1, batch 100, lr 5e-5, T 2, clip 1.0, no early stop.
@@ -35,9 +39,17 @@ Prints:
        pass with a fresh forward per agent, per-agent clipping (float32; its training loop only is timed,
        against the whole batched fit call);
     6. every registered method x seeds through its module's fit/predict (the path walla-train takes);
-       a method that cannot run here is excluded and named with the reason.
+       a method that cannot run here is excluded and named with the reason;
+    7. where a WALLA fit's time goes (issue 22's GPU check), on a 12-agent H = 4096 store by default (902 /
+       112 / 112 rows, 5 epochs, the paper's heads; --agents, --hidden, --rows, --share-epochs shrink it for
+       a CPU): the wall time of walla.fit for 1 seed and for --seeds seeds (one batched fit where memory
+       allows, engine.seeds_per_chunk) and their ratio, then the share of the fit's wall time spent in device
+       steps (forward, loss, backward, clipping, optimizer step; the device synchronized before and after
+       each step, so a step's time is the device's, not the launch queue's), for both fits. The rest is
+       initialisation, data staging, stopping bookkeeping and Fabric set-up.
 Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_seeds_s=<x>
-           old_step_speedup_fp32=<x> old_step_speedup_bf16=<x>
+           old_step_speedup_fp32=<x> old_step_speedup_bf16=<x> device_step_share=<x> seeds_over_1=<x>
+(--only-share: RESULT device_step_share=<x> seeds_over_1=<x>; the share is the --seeds fit's)
 """
 
 from __future__ import annotations
@@ -49,7 +61,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -58,12 +71,14 @@ import torch
 from walla.manifests.validate import build
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import VARIANT_CODE
-from walla.train import mechanism
+from walla.train import engine, mechanism, wager_training
 from walla.train.engine import (
     TrainEnv,
     clip_grad_norms_,
+    free_device_bytes,
     gemm_flops,
     make_optimizer,
+    resolve_device,
     resolve_precision,
     seeded,
 )
@@ -138,20 +153,33 @@ def step_flops(dims: list[int], b: int) -> float:
     return 2.0 * b * (2 * sum(macs) + sum(macs[1:]))
 
 
-def mem_bandwidth(n: int = 64 * 2**20) -> float:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously; the CPU needs nothing)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def mem_bandwidth(device: str = "cpu", n: int = 64 * 2**20) -> float:
     """Measured bytes/s that a fused Adam step moves (28 bytes per float32 parameter: reads p, g, m, v,
     writes p, m, v) on n parameters, best of 3: the memory speed the training step's largest pass gets."""
-    p = torch.nn.Parameter(torch.zeros(n))
+    p = torch.nn.Parameter(torch.zeros(n, device=device))
     p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.Adam([p], lr=1e-3, fused=True)
     opt.step()
-    return 28 * n / min(_timed(opt.step) for _ in range(3))
+    return 28 * n / min(_timed(opt.step, device) for _ in range(3))
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: str = "cpu") -> float:
+    sync(device)
     t0 = time.perf_counter()
     fn()
+    sync(device)
     return time.perf_counter() - t0
+
+
+def gemm_peak(dtype: torch.dtype, device: str) -> float:
+    """GEMM peak of `dtype` on `device`: n = 2048 on a CPU, 8192 on a GPU (2048 leaves an H100 idle)."""
+    return gemm_flops.__wrapped__(dtype, device, 8192 if torch.device(device).type == "cuda" else 2048)
 
 
 def roofline(n_params: int, flops: float, peak: float, bw: float, bytes_per_param: int) -> float:
@@ -307,22 +335,24 @@ def before_after(g: int, cfg: walla.Config, reps: int, h: int = 576) -> dict[str
 # ---------------------------------------------------------------------------- 3-6. fits
 
 
-def per_agent_loop(data, cfg: walla.Config, seed: int) -> float:
+def per_agent_loop(data, cfg: walla.Config, seed: int, device: str = "cpu") -> float:
     """The reference's training loop for one seed (no early stopping): returns wall seconds."""
     train = data.split_index("train")
-    x = [torch.from_numpy(np.asarray(h[train], dtype=np.float32)) for h in data.hidden]  # [n, H] each
-    probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float64))  # [n, M, K]
-    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float64))  # [n, K]
+    x = [torch.from_numpy(np.asarray(h[train], dtype=np.float32)).to(device) for h in data.hidden]  # [n, H]
+    probs = torch.from_numpy(np.asarray(data.probs[train], dtype=np.float64)).to(device)  # [n, M, K]
+    target = torch.from_numpy(np.asarray(data.target[train], dtype=np.float64)).to(device)  # [n, K]
     with seeded(seed):
-        heads = [WagerHead(h.shape[1], cfg.hidden, cfg.dropout, cfg.projection_dim) for h in x]
+        heads = [WagerHead(h.shape[1], cfg.hidden, cfg.dropout, cfg.projection_dim, device=device) for h in x]
     opts = [torch.optim.Adam(h.parameters(), lr=cfg.lr) for h in heads]
     order = np.random.default_rng(seed).permutation(len(train))
+    sync(device)
     t0 = time.perf_counter()
-    with seeded(seed):
+    with seeded(seed, device):
         for _epoch in range(cfg.epochs):
             for start in range(0, len(order), cfg.batch_size):
-                rows = torch.from_numpy(order[start : start + cfg.batch_size])
+                rows = torch.from_numpy(order[start : start + cfg.batch_size]).to(device)
                 _reference_batch(heads, opts, [xi[rows] for xi in x], probs[rows], target[rows], cfg)
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -346,15 +376,17 @@ def _reference_batch(heads, opts, xs, p, y, cfg: walla.Config) -> None:
         opt.step()
 
 
-def batched(data, cfg: walla.Config, seeds: list[int], precision: str) -> dict:
+def batched(data, cfg: walla.Config, seeds: list[int], precision: str, device: str = "cpu") -> dict:
     """WALLA I's batched trainer through fit (all seeds in one module) + test predictions per seed.
 
     Returns wall seconds of fit, the per-step durations (between consecutive per-step log calls, which
     happen at the same point of every step) and per-seed test Brier / D-regret of the pooled forecast."""
-    env, stamps = TrainEnv(precision=precision), []
+    env, stamps = TrainEnv(device=device, precision=precision), []
     logs = [lambda _row: stamps.append(time.perf_counter())] + [None] * (len(seeds) - 1)
+    sync(device)
     t0 = time.perf_counter()
     states = walla.fit(data, cfg, seeds, env, logs)
+    sync(device)
     secs = time.perf_counter() - t0
     test = data.split_index("test")
     p, y = (torch.from_numpy(np.asarray(a[test], dtype=np.float64)) for a in (data.probs, data.target))
@@ -386,7 +418,7 @@ def same_within_noise(ref: dict, other: dict) -> bool:
     return ok
 
 
-def all_methods(data, seeds: list[int], epochs: int) -> float:
+def all_methods(data, seeds: list[int], epochs: int, device: str = "cpu") -> float:
     total, excluded = 0.0, []
     for name, info in REGISTRY.items():
         try:
@@ -396,11 +428,13 @@ def all_methods(data, seeds: list[int], epochs: int) -> float:
                 raw.update({**HEADS, "epochs": epochs, "patience": 1500})
             cfg = build(mod.Config, raw, name)
             cfg = mod.resolve(cfg, data) if hasattr(mod, "resolve") else cfg
+            sync(device)
             t0 = time.perf_counter()
-            env = TrainEnv()
+            env = TrainEnv(device=device)
             states = mod.fit(data, cfg, seeds, env, [None] * len(seeds))
             for st in states:
                 mod.predict(st, data, data.split_index("test"), env)
+            sync(device)
             dt = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - report and go on
             excluded.append(f"{name} ({type(e).__name__}: {' '.join(str(e).split())[:120]})")
@@ -413,7 +447,9 @@ def all_methods(data, seeds: list[int], epochs: int) -> float:
     return total
 
 
-def fits_by_precision(data, cfg, seeds, peak: dict, bw: float, dims: list[int]) -> tuple[dict, list]:
+def fits_by_precision(
+    data, cfg, seeds, peak: dict, bw: float, dims: list[int], device: str
+) -> tuple[dict, list]:
     """Section 3: the batched fit at 32-true and bf16-mixed, with step times, MFU and the memory floor."""
     flops = step_flops(dims, cfg.batch_size) * data.n_agents * len(seeds)  # one full-batch step, all heads
     n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
@@ -421,18 +457,18 @@ def fits_by_precision(data, cfg, seeds, peak: dict, bw: float, dims: list[int]) 
         f"one step, all {data.n_agents * len(seeds)} heads: {flops / 1e9:.1f} GFLOP, {n_params / 1e6:.0f}M "
         f"parameters ({n_params * 4 / 2**30:.2f} GiB float32)"
     )
-    chunks = walla._seed_chunks(data, cfg, seeds)  # fit trains the seeds in chunks (memory budget)
+    chunks = list(walla._seed_chunks(data, cfg, seeds, TrainEnv(device=device)))  # fit's seed chunks (memory)
     c_flops, c_params = (v * len(chunks[0]) / len(seeds) for v in (flops, n_params))  # first chunk's heads
     print(
-        f"fit trains the seeds in chunks of {[len(c) for c in chunks]} (walla.PARAM_BUDGET_BYTES "
-        f"{walla.PARAM_BUDGET_BYTES / 2**30:.0f} GiB); step times and MFU below are the first chunk's "
-        f"({len(chunks[0]) * data.n_agents} heads, {c_flops / 1e9:.1f} GFLOP per step)"
+        f"fit trains the seeds in chunks of {[len(c) for c in chunks]} ({budget_text(device)}); step times "
+        f"and MFU below are the first chunk's ({len(chunks[0]) * data.n_agents} heads, {c_flops / 1e9:.1f} "
+        "GFLOP per step)"
     )
     runs = {}
     for prec in dict.fromkeys(["32-true", "bf16-mixed" if peak["bf16-mixed"] > 0 else "32-true"]):
         dtype = torch.bfloat16 if prec == "bf16-mixed" else torch.float32
-        local = gemm_flops.__wrapped__(dtype, "cpu", 2048)  # re-measured next to the run (shared machine)
-        r = runs[prec] = batched(data, cfg, seeds, prec)
+        local = gemm_peak(dtype, device)  # re-measured next to the run (shared machine)
+        r = runs[prec] = batched(data, cfg, seeds, prec, device)
         peak[prec] = max(peak[prec], local)  # MFU against the best peak seen in this run (conservative)
         full = r["steps"][1:]  # every batch is full (800 train rows); the first interval warms up
         r["step_s"] = float(np.mean(full))
@@ -448,11 +484,13 @@ def fits_by_precision(data, cfg, seeds, peak: dict, bw: float, dims: list[int]) 
     return runs, chunks
 
 
-def loop_comparison(data, cfg, seeds, runs: dict, chunks: list, precision: str, peak, bw, dims) -> float:
+def loop_comparison(
+    data, cfg, seeds, runs: dict, chunks: list, precision: str, peak, bw, dims, device
+) -> float:
     """Section 5: the reference's per-agent loop against the batched fit; returns the loop's seconds."""
     flops = step_flops(dims, cfg.batch_size) * data.n_agents * len(seeds)
     n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents * len(seeds)
-    t_loop = sum(per_agent_loop(data, cfg, s) for s in seeds)
+    t_loop = sum(per_agent_loop(data, cfg, s, device) for s in seeds)
     secs, n_steps = runs[precision]["secs"], len(runs[precision]["steps"]) + 1
     fwd = 2.0 * cfg.batch_size * sum(a * c for a, c in zip(dims[:-1], dims[1:], strict=True))  # its 2nd pass
     loop_flops = (flops + fwd * data.n_agents * len(seeds)) * n_steps
@@ -468,8 +506,142 @@ def loop_comparison(data, cfg, seeds, runs: dict, chunks: list, precision: str, 
     return t_loop
 
 
+# ---------------------------------------------------------------------------- 7. device steps' share
+
+
+def budget_text(device: str) -> str:
+    """What sizes the seed chunks on `device` (engine.seeds_per_chunk)."""
+    free = free_device_bytes(device)
+    if free is None:
+        return f"host budget engine.PARAM_BUDGET_BYTES {engine.PARAM_BUDGET_BYTES / 2**30:.0f} GiB"
+    return f"{engine.DEVICE_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free on {device}"
+
+
+class StepTimer:
+    """Seconds spent in WALLA's device steps: each train_heads forward (heads, wagers, loss) and update
+    (backward, per-head clipping, Adam step), the device synchronized before and after each."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.seconds, self.steps = device, 0.0, 0
+
+    def _timed(self, fn):
+        def run(*args, **kwargs):
+            sync(self.device)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            sync(self.device)
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        return run
+
+    @contextmanager
+    def patched(self) -> Iterator[StepTimer]:
+        cls = wager_training._WagerTraining
+        forward, update = cls.forward, cls.update
+        cls.forward, cls.update = self._timed(forward), self._timed(update)
+        try:
+            yield self
+        finally:
+            cls.forward, cls.update = forward, update
+
+
+def timed_fit(
+    data, cfg: walla.Config, seeds: list[int], env: TrainEnv, timer: StepTimer | None = None
+) -> float:
+    """Wall seconds of walla.fit (device synchronized at both ends); with `timer`, its device steps timed."""
+    sync(env.device)
+    t0 = time.perf_counter()
+    if timer is None:
+        walla.fit(data, cfg, seeds, env, [None] * len(seeds))
+    else:
+        with timer.patched():
+            walla.fit(data, cfg, seeds, env, [None] * len(seeds))
+    sync(env.device)
+    return time.perf_counter() - t0
+
+
+def device_share(args, device: str, precision: str) -> tuple[float, float]:
+    """Section 7: fit time of 1 seed vs --seeds seeds and the share of each fit spent in device steps."""
+    data = synthetic_scenario(n=args.rows, m=args.agents, k=2, h=args.hidden, seed=1)
+    cfg = walla.resolve(build(walla.Config, {**HEADS, "epochs": args.share_epochs}, "bench"), data)
+    seeds, env = [18 + r for r in range(args.seeds)], TrainEnv(device=device, precision=precision)
+    train, val = len(data.split_index("train")), len(data.split_index("val"))
+    print(
+        f"7. WALLA I fit on {device} ({precision}): M={args.agents} H={args.hidden} N={args.rows} ({train} "
+        f"train / {val} val), {cfg.epochs} epochs, batch {cfg.batch_size}, projection {cfg.projection_dim}; "
+        f"seed chunks {[len(c) for c in walla._seed_chunks(data, cfg, seeds, env)]} ({budget_text(device)})"
+    )
+    warm = build(walla.Config, {**HEADS, "epochs": 1}, "warm-up")
+    timed_fit(data, walla.resolve(warm, data), seeds[:1], env)  # Fabric import, kernels, allocator
+    one, many = timed_fit(data, cfg, seeds[:1], env), timed_fit(data, cfg, seeds, env)
+    print(f"  fit: 1 seed {one:.2f} s, {len(seeds)} seeds {many:.2f} s: ratio {many / one:.2f}")
+    shares = []
+    for n in (1, len(seeds)):
+        timer = StepTimer(device)
+        wall = timed_fit(data, cfg, seeds[:n], env, timer)
+        shares.append(timer.seconds / wall)
+        print(
+            f"  {n} seed(s), device steps timed: {timer.seconds:.2f} s of the fit's {wall:.2f} s = "
+            f"{shares[-1]:.3f} (rest: init, data staging, stopping bookkeeping, Fabric set-up)"
+        )
+    return shares[-1], many / one
+
+
+def share_precision(requested: str, device: str) -> str:
+    """Section 7's precision: 32-true unless one is named (issue 22 measured bf16-mixed: no gain)."""
+    return "32-true" if requested == "auto" else resolve_precision(requested, device)
+
+
+def full_run(args, device: str) -> None:
+    """Sections 1-7."""
+    cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")
+    seeds = [18 + r for r in range(args.seeds)]
+    data = synthetic_scenario(n=1000, m=12, k=2, h=576, seed=0)
+    cfg = walla.resolve(cfg, data)
+    peak = {"32-true": gemm_peak(torch.float32, device), "bf16-mixed": gemm_peak(torch.bfloat16, device)}
+    bw = mem_bandwidth(device)
+    precision = resolve_precision(args.precision, device)
+    print(
+        f"synthetic scenario N=1000 (8:1:1) M=12 H=576 K=2; {len(seeds)} seeds x {cfg.epochs} epochs on "
+        f"{device}; torch threads {torch.get_num_threads()}\nWALLA I heads: projection_dim "
+        f"{cfg.projection_dim}, hidden {list(cfg.hidden)}, dropout {cfg.dropout}, batch {cfg.batch_size}, lr "
+        f"{cfg.lr}, T {cfg.temperature}"
+    )
+    print(
+        f"measured: GEMM peak float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} "
+        f"GFLOP/s; memory bandwidth (fused Adam step) {bw / 1e9:.1f} GB/s"
+    )
+    print(f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe)")
+    if torch.device(device).type == "cpu":
+        ratios = before_after(args.step_heads, cfg, args.step_reps)
+    else:
+        print("section 2 (before/after against commit 2c38e00's CPU code) skipped: a CPU comparison")
+        ratios = {"fp32": math.nan, "bf16": math.nan}
+    warm = walla.resolve(build(walla.Config, {**HEADS, "epochs": 1}, "w"), data)
+    train_heads(data, warm, seeds[:1], TrainEnv(device=device))
+    dims = [576, cfg.projection_dim, *cfg.hidden, 1]
+    runs, chunks = fits_by_precision(data, cfg, seeds, peak, bw, dims, device)
+    if "bf16-mixed" in runs and precision == "bf16-mixed":
+        if not same_within_noise(runs["32-true"], runs["bf16-mixed"]):
+            print("bf16-mixed results are NOT within seed noise of float32: keeping 32-true")
+            precision = "32-true"
+        else:
+            print("bf16-mixed results are within seed noise of float32")
+    t_loop = loop_comparison(data, cfg, seeds, runs, chunks, precision, peak, bw, dims, device)
+    total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs, device)
+    share, ratio = device_share(args, device, share_precision(args.precision, device))
+    print(
+        f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop="
+        f"{t_loop / runs[precision]['secs']:.2f} all_methods_5_seeds_s={total:.2f} "
+        f"old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f} "
+        f"device_step_share={share:.3f} seeds_over_1={ratio:.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (every section but 2)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--precision", default="auto")
@@ -477,48 +649,22 @@ def main() -> None:
     ap.add_argument("--step-heads", type=int, default=12, help="heads of the before/after step (section 2)")
     ap.add_argument("--step-reps", type=int, default=10, help="timed steps per before/after measurement")
     ap.add_argument("--only-step", action="store_true", help="section 2 alone")
+    ap.add_argument("--only-share", action="store_true", help="section 7 alone")
+    ap.add_argument("--agents", type=int, default=12, help="agents of section 7's store")
+    ap.add_argument("--hidden", type=int, default=4096, help="hidden size H of section 7's store")
+    ap.add_argument("--rows", type=int, default=1126, help="questions of section 7's store (8:1:1)")
+    ap.add_argument("--share-epochs", type=int, default=5, help="epochs of section 7's fits")
     args = ap.parse_args()
-    cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")
+    device = resolve_device(args.device)
     if args.only_step:
+        cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")
         ratios = before_after(args.step_heads, cfg, args.step_reps)
         print(f"RESULT old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f}")
-        return
-    seeds = [18 + r for r in range(args.seeds)]
-    data = synthetic_scenario(n=1000, m=12, k=2, h=576, seed=0)
-    cfg = walla.resolve(cfg, data)
-    peak = {
-        "32-true": gemm_flops(torch.float32, "cpu", 2048),
-        "bf16-mixed": gemm_flops(torch.bfloat16, "cpu", 2048),
-    }
-    bw = mem_bandwidth()
-    precision = resolve_precision(args.precision, "cpu")
-    print(
-        f"synthetic scenario N=1000 (8:1:1) M=12 H=576 K=2; {len(seeds)} seeds x {cfg.epochs} epochs; torch "
-        f"threads {torch.get_num_threads()}\nWALLA I heads: projection_dim {cfg.projection_dim}, hidden "
-        f"{list(cfg.hidden)}, dropout {cfg.dropout}, batch {cfg.batch_size}, lr {cfg.lr}, T {cfg.temperature}"
-    )
-    print(
-        f"measured: GEMM peak float32 {peak['32-true'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16-mixed'] / 1e9:.1f} "
-        f"GFLOP/s; memory bandwidth (fused Adam step) {bw / 1e9:.1f} GB/s"
-    )
-    print(f"precision: {precision} (requested {args.precision}; engine.resolve_precision's GEMM probe)")
-    ratios = before_after(args.step_heads, cfg, args.step_reps)
-    train_heads(data, walla.resolve(build(walla.Config, {**HEADS, "epochs": 1}, "w"), data), seeds[:1])
-    dims = [576, cfg.projection_dim, *cfg.hidden, 1]
-    runs, chunks = fits_by_precision(data, cfg, seeds, peak, bw, dims)
-    if "bf16-mixed" in runs and precision == "bf16-mixed":
-        if not same_within_noise(runs["32-true"], runs["bf16-mixed"]):
-            print("bf16-mixed results are NOT within seed noise of float32: keeping 32-true")
-            precision = "32-true"
-        else:
-            print("bf16-mixed results are within seed noise of float32")
-    t_loop = loop_comparison(data, cfg, seeds, runs, chunks, precision, peak, bw, dims)
-    total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs)
-    print(
-        f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop="
-        f"{t_loop / runs[precision]['secs']:.2f} all_methods_5_seeds_s={total:.2f} "
-        f"old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f}"
-    )
+    elif args.only_share:
+        share, ratio = device_share(args, device, share_precision(args.precision, device))
+        print(f"RESULT device_step_share={share:.3f} seeds_over_1={ratio:.2f}")
+    else:
+        full_run(args, device)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ early-stopped, has its gradients dropped and torch's AdamW leaves it alone (no s
 step count unchanged): each head gets exactly the updates it would get if trained alone. Calibration
 does not depend on the run's seed (the reference fits it once per pipeline too), so WALLA's fit
 computes it once for all seeds. Lightning Fabric (engine.make_fabric) places the heads and data on
-env.device and runs forward/backward under env.precision.
+env.device and runs forward/backward under env.precision; the heads are initialised there (engine.
+init_generator: on the CPU the values of nn.Linear under seeded(seed)), their best states stay there, and
+`temperatures` / `apply_calibration` compute on env.device too, returning host arrays.
 The state is a plain dict (torch.save-able): cfg, agent, role, fitted, params (stacked [G, ...], weights
 then biases), in_dims, holdout_nll.
 """
@@ -34,7 +36,16 @@ import torch
 from torch import nn
 from walla.manifests.validate import check, config, to_dict
 from walla.store.schema import VARIANT_CODE
-from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded
+from walla.train.engine import (
+    TrainEnv,
+    clip_gradients,
+    init_device,
+    init_generator,
+    linear_init_,
+    make_fabric,
+    make_optimizer,
+    to_device,
+)
 from walla.train.heads import stack_hidden
 
 
@@ -76,22 +87,26 @@ class CalibrationConfig:
 
 
 class _TempHead(nn.Module):
-    """One agent's (role's) temperature MLP: weights[j] [d_j, d_j+1] (input rows zero-padded to Hmax)."""
+    """One agent's (role's) temperature MLP: weights[j] [d_j, d_j+1] (input rows zero-padded to Hmax).
 
-    def __init__(self, in_dim: int, h_max: int, cfg: CalibrationConfig, seed: int) -> None:
+    `init`: nn.Linear's default init of the hidden layers (fan_in = the agent's real H) drawn on `device`
+    from a generator seeded with `seed`; False leaves zeros (a state is loaded next).
+    """
+
+    def __init__(
+        self, in_dim: int, h_max: int, cfg: CalibrationConfig, seed: int, device: torch.device, init: bool
+    ) -> None:
         super().__init__()
         dims = [h_max, *cfg.hidden, 1]
         pairs = list(zip(dims[:-1], dims[1:], strict=True))
-        # initialized on the host (seeded CPU RNG: the same init on every device), moved by Fabric
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(a, b, device="cpu")) for a, b in pairs)
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(b, device="cpu")) for _, b in pairs)
-        with seeded(seed):  # nn.Linear default init of the hidden layers, fan_in = the agent's real H
-            hidden = zip([in_dim, *cfg.hidden], cfg.hidden, strict=False)
-            layers = [nn.Linear(a, b, device="cpu") for a, b in hidden]
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(a, b, device=device)) for a, b in pairs)
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(b, device=device)) for _, b in pairs)
+        if not init:
+            return
+        gen = init_generator(seed, device)
         with torch.no_grad():
-            for j, layer in enumerate(layers):
-                self.weights[j][: layer.in_features] = layer.weight.T
-                self.biases[j].copy_(layer.bias)
+            for j, fan_in in enumerate([in_dim, *cfg.hidden[:-1]]):
+                linear_init_(self.weights[j][:fan_in], self.biases[j], gen)
             # last layer: zero weight, bias softplus^-1(t0 - t_min), so T starts at t0
             self.biases[-1].fill_(math.log(math.expm1(cfg.t0 - cfg.t_min)))
 
@@ -99,11 +114,19 @@ class _TempHead(nn.Module):
 class _TempHeads(nn.Module):
     """G temperature MLPs evaluated together: x [G, B, Hmax] -> T [G, B] (head g reads slice g)."""
 
-    def __init__(self, in_dims: list[int], cfg: CalibrationConfig) -> None:
+    def __init__(
+        self,
+        in_dims: list[int],
+        cfg: CalibrationConfig,
+        device: str | torch.device = "cpu",
+        init: bool = True,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        h_max = max(in_dims)
-        self.heads = nn.ModuleList(_TempHead(d, h_max, cfg, cfg.seed + g) for g, d in enumerate(in_dims))
+        h_max, dev = max(in_dims), torch.device(device)
+        self.heads = nn.ModuleList(
+            _TempHead(d, h_max, cfg, cfg.seed + g, dev, init) for g, d in enumerate(in_dims)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x  # [G, B, Hmax]
@@ -216,7 +239,7 @@ class _HeadBatches:
 
     def terms(self, idx_np: np.ndarray) -> tuple[torch.Tensor, ...]:
         """x [G, b, Hmax], log p [G, b, K], target, option mask, valid [G, b] of positions [G, b]."""
-        idx = torch.from_numpy(idx_np).to(self.device)  # [G, b], -1 = padding
+        idx = to_device(idx_np, self.device)  # [G, b], -1 = padding
         valid = idx >= 0
         idx = idx.clamp_min(0)
         x = self.bank[self.agent, idx].float() * valid.unsqueeze(-1)  # [G, b, Hmax]
@@ -323,7 +346,7 @@ def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) ->
     plan = _head_rows(data, cfg, train)
     in_dims = [int(data.hidden[a].shape[1]) for a in plan.agent]
     fabric = make_fabric(env)
-    heads = _TempHeads(in_dims, cfg)
+    heads = _TempHeads(in_dims, cfg, init_device(fabric.device))
     batches = _HeadBatches(data, train, plan.agent, max(in_dims), fabric.device)
     training = _CalibrationTraining(fabric, heads, batches, plan, cfg)
     hold_idx = batches.padded(plan.hold_rows)
@@ -342,20 +365,17 @@ def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) ->
         "agent": plan.agent,  # [G] agent slot of each head
         "role": plan.role,  # [G] 0 = held the relevant context, 1 = everything else, -1 = all rows
         "fitted": plan.fitted,  # [G] False: too few rows, T = t0
-        "params": [p.cpu().clone() for p in heads.stacked()],  # stacked MLP parameters (head g = slice g)
+        "params": heads.stacked(),  # stacked MLP parameters (head g = slice g), new tensors on the device
         "in_dims": in_dims,  # [G] hidden size of each head's agent
         "holdout_nll": [list(pair) for pair in zip(nll_before, after, strict=True)],  # [G] (before, after)
     }
 
 
-def temperatures(
-    state: dict, data, rows: np.ndarray, env: TrainEnv = TrainEnv(), batch: int = 4096
-) -> np.ndarray:
-    """Per-agent temperature [n, M] for the given rows (1.0 for uncalibrated agents / unfitted roles)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    m, dev, cfg = data.n_agents, torch.device(env.device), CalibrationConfig(**state["cfg"])
-    temps = np.ones((len(rows), m), dtype=np.float32)
-    heads = _TempHeads(state["in_dims"], cfg).to(dev)
+def _temperatures(state: dict, data, rows: np.ndarray, dev: torch.device, batch: int) -> torch.Tensor:
+    """Per-agent temperature [n, M] float32 on `dev` (t0 for unfitted roles, 1.0 for uncalibrated agents)."""
+    m, cfg = data.n_agents, CalibrationConfig(**state["cfg"])
+    temps = torch.ones(len(rows), m, dtype=torch.float32, device=dev)
+    heads = _TempHeads(state["in_dims"], cfg, dev, init=False)
     heads.load_stacked(state["params"])
     roles = _roles(data, cfg.by_role) if any(r >= 0 for r in state["role"]) else None
     agent_t = torch.tensor(state["agent"], device=dev)[:, None]  # [G, 1]
@@ -364,23 +384,34 @@ def temperatures(
         bank = stack_hidden(data.hidden, chunk)[:, :, : max(state["in_dims"])].to(dev)  # [M, n, Hmax]
         x = bank[agent_t, torch.arange(len(chunk), device=dev)[None, :]].float()  # [G, n, Hmax]
         with torch.no_grad():
-            t = heads(x).cpu().numpy()  # [G, n]
+            t = heads(x)  # [G, n]
+        out = temps[start : start + len(chunk)]  # [n, M] view
         for g, (a, r) in enumerate(zip(state["agent"], state["role"], strict=True)):
-            if not state["fitted"][g]:
-                t_g = np.full(len(chunk), cfg.t0, dtype=np.float32)
+            t_g = t[g] if state["fitted"][g] else torch.full_like(t[g], cfg.t0)
+            if r < 0:
+                out[:, a] = t_g
             else:
-                t_g = t[g]
-            sel = np.ones(len(chunk), dtype=bool) if r < 0 else roles[chunk, a] == r
-            temps[start : start + len(chunk), a][sel] = t_g[sel]
+                sel = to_device(roles[chunk, a] == r, dev)  # [n] bool
+                out[:, a] = torch.where(sel, t_g, out[:, a])
     return temps
 
 
-def apply_calibration(state: dict, data, rows: np.ndarray, env: TrainEnv = TrainEnv()) -> np.ndarray:
-    """Calibrated agent probs [n, M, K] = softmax(log p / T(x)) for the given rows (float32)."""
+def temperatures(
+    state: dict, data, rows: np.ndarray, env: TrainEnv = TrainEnv(), batch: int = 4096
+) -> np.ndarray:
+    """Per-agent temperature [n, M] for the given rows (1.0 for uncalibrated agents / unfitted roles)."""
     rows = np.asarray(rows, dtype=np.int64)
-    temps = torch.from_numpy(temperatures(state, data, rows, env))  # [n, M]
-    probs = torch.from_numpy(np.asarray(data.probs[rows], dtype=np.float32))  # [n, M, K]
-    mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool))[:, None, :].expand_as(probs)
+    return _temperatures(state, data, rows, torch.device(env.device), batch).cpu().numpy()
+
+
+def apply_calibration(state: dict, data, rows: np.ndarray, env: TrainEnv = TrainEnv()) -> np.ndarray:
+    """Calibrated agent probs [n, M, K] = softmax(log p / T(x)) for the given rows (float32), computed on
+    env.device."""
+    rows, dev = np.asarray(rows, dtype=np.int64), torch.device(env.device)
+    temps = _temperatures(state, data, rows, dev, 4096)  # [n, M]
+    probs = torch.from_numpy(np.asarray(data.probs[rows], dtype=np.float32)).to(dev)  # [n, M, K]
+    mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool)).to(dev)  # [n, K]
+    mask = mask[:, None, :].expand_as(probs)
     with torch.no_grad():
         out = _scaled(_log_probs(probs, mask), temps, mask).exp()  # [n, M, K]
-    return out.numpy().astype(np.float32)
+    return out.cpu().numpy().astype(np.float32)

@@ -19,11 +19,12 @@
 
 Per batch: zero_grad -> loss_fn(module, batch) (the Fabric-wrapped module: its forward runs under the
 precision's autocast / dtype conversion) -> fabric.backward -> engine.clip_gradients in `clip_scope`
--> skip the step if the gradient norm is non-finite or above `skip_grad_norm_above` ->
-optimizer.step -> log -> on_step (may stop).
+-> the loss and the largest gradient norm read back in one transfer (a non-finite loss raises) -> skip the
+step if the gradient norm is non-finite or above `skip_grad_norm_above` -> optimizer.step -> log ->
+on_step (may stop).
 Per epoch (if val_fn): eval mode, no_grad val_fn(module) -> on strict improvement (by more than
-min_delta) the state is checkpointed with fabric.save into a temporary directory -> stop after
-`patience` epochs without one; the best checkpoint is restored with fabric.load at the end.
+min_delta) the module's state is copied (a clone on its own device: no host or disk round trip) -> stop
+after `patience` epochs without one; the best copy is loaded back at the end.
 
 StackedGen (all seeds as one module, clip_scope "slice") and the routers use it; WALLA's batched heads
 and the calibration heads run their own loops on the same engine pieces (wager_training.py,
@@ -33,16 +34,14 @@ calibration.py).
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded
+from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded, to_host
 from walla.train.methods import LogFn
 
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, float]]
@@ -96,12 +95,11 @@ class _Training:
         self.opt.zero_grad(set_to_none=True)
         out = self.loss_fn(self.net, batch)
         loss, metrics = (out, {}) if isinstance(out, torch.Tensor) else out
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"non-finite training loss {loss_value} at step {self.step}")
         self.fabric.backward(loss)
         norms = clip_gradients(self.fabric, self.opt, rules.clip, rules.clip_scope)
-        norm = float(norms.max()) if norms.numel() else 0.0
+        loss_value, norm = _read_back(loss, norms)
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"non-finite training loss {loss_value} at step {self.step}")
         limit = rules.skip_grad_norm_above
         skipped = limit is not None and not (math.isfinite(norm) and norm <= limit)
         if not skipped:
@@ -132,8 +130,17 @@ class _Training:
         return {"epoch": epoch, "train_loss": loss_sum / max(loss_n, 1)}, False
 
 
+def _read_back(loss: torch.Tensor, norms: torch.Tensor) -> tuple[float, float]:
+    """(the loss, the largest pre-clip norm, 0 without any) as floats, in one device-to-host transfer."""
+    back = {"loss": loss.detach()}
+    if norms.numel():
+        back["norm"] = norms.max()
+    back = to_host(back)
+    return float(back["loss"]), float(back["norm"]) if "norm" in back else 0.0
+
+
 class _BestCheckpoint:
-    """Validation after each epoch; the best state checkpointed (fabric.save) and restored at the end."""
+    """Validation after each epoch; the best state kept as a copy on the module's device, loaded at the end."""
 
     def __init__(self, fabric, net: nn.Module, val_fn, patience: int | None, min_delta: float) -> None:
         self.fabric, self.net, self.val_fn = fabric, net, val_fn
@@ -141,8 +148,7 @@ class _BestCheckpoint:
         self.best_val: float | None = None
         self.best_epoch: int | None = None
         self.bad = 0
-        self.dir = tempfile.TemporaryDirectory(prefix="walla-best-")
-        self.path = Path(self.dir.name) / "best.ckpt"
+        self.best_state: dict[str, torch.Tensor] | None = None
 
     def after_epoch(self, epoch: int, hist: dict[str, float]) -> bool:
         """Validate (recorded in `hist`); checkpoint on strict improvement. True: patience ran out."""
@@ -152,17 +158,14 @@ class _BestCheckpoint:
         self.net.train()
         if self.best_val is None or val < self.best_val - self.min_delta:
             self.best_val, self.best_epoch, self.bad = val, epoch, 0
-            self.fabric.save(self.path, {"module": self.net})
+            self.best_state = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
         else:
             self.bad += 1
         return self.patience is not None and self.bad >= self.patience
 
     def restore(self) -> None:
-        if self.best_epoch is not None:
-            self.fabric.load(self.path, {"module": self.net})
-
-    def close(self) -> None:
-        self.dir.cleanup()
+        if self.best_state is not None:
+            self.net.load_state_dict(self.best_state)
 
 
 def _check_fit_args(epochs: int, patience: int | None) -> None:
@@ -238,23 +241,19 @@ def fit_module(
     best = _BestCheckpoint(fabric, net, val_fn, patience, min_delta) if val_fn is not None else None
     batches_for = train_batches if callable(train_batches) else (lambda _epoch: train_batches)
     history, stopped, epochs_run = [], False, 0
-    try:
-        with seeded(seed, env.device):
-            net.train()
-            for epoch in range(epochs):
-                epochs_run = epoch + 1
-                hist, stopped = training.train_epoch(batches_for(epoch), epoch)
-                if stopped:
-                    break
-                history.append(hist)
-                if best is not None and best.after_epoch(epoch, hist):
-                    stopped = True
-                    break
-        if best is not None:
-            best.restore()
-    finally:
-        if best is not None:
-            best.close()
+    with seeded(seed, env.device):
+        net.train()
+        for epoch in range(epochs):
+            epochs_run = epoch + 1
+            hist, stopped = training.train_epoch(batches_for(epoch), epoch)
+            if stopped:
+                break
+            history.append(hist)
+            if best is not None and best.after_epoch(epoch, hist):
+                stopped = True
+                break
+    if best is not None:
+        best.restore()
     module.eval()
     return FitResult(
         module=module,

@@ -22,7 +22,9 @@ alone and 6 H P D through the backward, so it only pays when b > H D / (H + D) =
 
 Heterogeneous ensembles (different H_i) are zero-padded to Hmax: padded input coordinates are
 always 0, so their weights get zero gradient, zero Adam moments and never move or contribute.
-Initialization copies nn.Linear's default per head, with fan_in = the head's real H_i.
+Initialization is nn.Linear's default per head, with fan_in = the head's real H_i: copied from a WagerHead
+(`init=True`, torch's global RNG) or drawn in place on the parameters' device from a seeded generator
+(`init_head_`, engine.linear_init_: the same values on the CPU).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
+from walla.train.engine import linear_init_
 
 
 def _layer_dims(in_dim: int, hidden: Sequence[int], projection_dim: int | None) -> list[int]:
@@ -113,6 +116,16 @@ class StackedHeads(nn.Module):
             self.weights[j][g, : w.shape[0]] = w
             self.weights[j][g, w.shape[0] :].zero_()  # padding rows only
             self.biases[j][g] = layer.bias.detach()
+
+    @torch.no_grad()
+    def init_head_(self, g: int, generator: torch.Generator) -> None:
+        """Head g's default init drawn in place from `generator` (on the parameters' device).
+
+        Layer by layer, weight then bias, as WagerHead(H_g) draws them; the padding rows beyond H_g stay 0.
+        """
+        for j, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            fan_in = self.in_dims[g] if j == 0 else w.shape[1]
+            linear_init_(w[g, :fan_in], b[g], generator)
 
     @torch.no_grad()
     def head(self, g: int) -> WagerHead:

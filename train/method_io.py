@@ -15,9 +15,9 @@ from walla.train.methods import MethodOutput
 
 def scenario_tensors(data, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(probs [N, M, K], target [N, K], option_mask [N, K] bool) as float32 tensors on `device`."""
-    probs = torch.as_tensor(np.asarray(data.probs, dtype=np.float32)).to(device)
-    target = torch.as_tensor(np.asarray(data.target, dtype=np.float32)).to(device)
-    mask = torch.as_tensor(np.asarray(data.option_mask, dtype=bool)).to(device)
+    probs = torch.from_numpy(np.asarray(data.probs, dtype=np.float32)).to(device)
+    target = torch.from_numpy(np.asarray(data.target, dtype=np.float32)).to(device)
+    mask = torch.from_numpy(np.asarray(data.option_mask, dtype=bool)).to(device)
     return probs, target, mask
 
 
@@ -33,13 +33,16 @@ def as_rows(rows: np.ndarray, n: int) -> np.ndarray:
 def pooled_output(data, rows: np.ndarray, weights: torch.Tensor, extras: dict | None = None) -> MethodOutput:
     """Linear pool of the agents' probs on ``rows`` with ``weights [n, M]`` -> MethodOutput (float32).
 
-    The weights may live on any device; the pool is computed on the CPU from the scenario's arrays.
+    The pool is computed where the weights live (the scenario's arrays are moved there); host arrays back.
     """
-    probs = torch.as_tensor(np.asarray(data.probs[rows], dtype=np.float32))  # [n, M, K]
-    mask = torch.as_tensor(np.asarray(data.option_mask[rows], dtype=bool))  # [n, K]
-    w = weights.detach().to("cpu", torch.float32)
+    dev = weights.device
+    probs = torch.from_numpy(np.asarray(data.probs[rows], dtype=np.float32)).to(dev)  # [n, M, K]
+    mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool)).to(dev)  # [n, K]
+    w = weights.detach().to(torch.float32)
     w = w / w.sum(-1, keepdim=True)  # [n, M] rows sum to 1
     agg = pool(probs, w, kind="linear", option_mask=mask)  # [n, K], 0 on absent options
     return MethodOutput(
-        weights=w.numpy().astype(np.float32), agg_probs=agg.numpy().astype(np.float32), extras=extras or {}
+        weights=w.cpu().numpy().astype(np.float32),
+        agg_probs=agg.cpu().numpy().astype(np.float32),
+        extras=extras or {},
     )

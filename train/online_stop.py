@@ -14,12 +14,13 @@ the patience counter; otherwise the counter grows, and the seed stops when it re
 A stopped seed keeps computing in the batched module (cheaper than re-packing) but its best state is frozen
 and its log ends.
 
-The best state is kept lazily: an improvement only marks seed s "pending" (its best state is whatever the
-parameters are after the coming update). The next batch either improves again (the pending state is
-superseded, nothing is copied) or not, and then seed s's rows are copied into the in-memory best copy
-BEFORE that batch's update changes them -- the very state the eager copy would have taken. A pending seed
-at the end takes the last state. Early in training almost every batch improves; copying every time moved
-~2 bytes per parameter per step through memory (0.55 GB of reads and writes per step at the paper's width).
+The best state is kept lazily, on the parameters' device: an improvement only marks seed s "pending" (its
+best state is whatever the parameters are after the coming update). The next batch either improves again
+(the pending state is superseded, nothing is copied) or not, and then seed s's rows are copied into the
+best copy BEFORE that batch's update changes them -- the very state the eager copy would have taken. A
+pending seed at the end takes the last state. Early in training almost every batch improves; copying every
+time moved ~2 bytes per parameter per step through memory (0.55 GB of reads and writes per step at the
+paper's width).
 """
 
 from __future__ import annotations
@@ -120,17 +121,18 @@ class OnlineStop:
         self.logs[s](entry)
 
     def best_or_last(self, last: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The best state per seed on the CPU.
+        """The best state per seed, on the device the parameters trained on (no host round trip).
 
         A seed that is pending or whose window never improved takes its `last` state (the parameters
-        after the final update). Returns `last` itself (no copy) when every seed does, else new tensors.
+        after the final update). Returns `last` itself (no copy) when every seed does, else the best copy
+        with those seeds' rows filled in from `last`.
         """
         kept = [s for s in range(self.s_n) if self.best_step[s] is not None and not self.pending[s]]
         if not kept:
             return last
-        out = [t.detach().cpu().clone() for t in last]
-        for s in kept:
-            rows = slice(s * self.a_n, (s + 1) * self.a_n)
-            for o, bp in zip(out, self.best, strict=True):
-                o[rows] = bp[rows].cpu()
-        return out
+        with torch.no_grad():
+            for s in set(range(self.s_n)) - set(kept):
+                rows = slice(s * self.a_n, (s + 1) * self.a_n)
+                for bp, t in zip(self.best, last, strict=True):
+                    bp[rows] = t.detach()[rows]
+        return self.best

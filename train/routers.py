@@ -10,7 +10,8 @@ encoder at `lr * encoder_lr_mult` (RouterDC's multiplier; 1 for RouteLLM and NIR
 everything at one lr). `encoder_lr_mult: 0` freezes the encoder: its embeddings are computed once per
 (encoder, text set) on env.device, cached in the store (walla.train.embedding_cache) and reused across seeds
 and methods; only the head trains. Gradients are clipped jointly over all trained parameters (`clip`).
-Everything trains and predicts on env.device.
+Everything trains and predicts on env.device; heads are built there too (torch's RNG seeded per seed: on
+the CPU the host init as before, on CUDA the device's generator, no host draw).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
 from walla.train.embedding_cache import frozen_features
 from walla.train.encoders import POOLINGS, TRUNCATION_SIDES, EncoderSpec, TextEncoder, router_texts
-from walla.train.engine import TrainEnv, row_batches, seeded
+from walla.train.engine import TrainEnv, init_device, row_batches, seeded, to_device
 from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
@@ -127,7 +128,7 @@ def _use_val(data, c: RouterConfig) -> bool:
 def _weights(net: nn.Module, x: torch.Tensor, rows: np.ndarray, c: RouterConfig, m: int) -> torch.Tensor:
     """softmax(net(x[rows]) / temperature), in chunks (small ones through a trainable encoder): [n, M]."""
     step = FROZEN_CHUNK if getattr(net, "encoder", None) is None else FINETUNE_CHUNK
-    out = [net(x[torch.from_numpy(rows[s : s + step])]) for s in range(0, len(rows), step)]  # [b, M]
+    out = [net(x[to_device(rows[s : s + step], x.device)]) for s in range(0, len(rows), step)]  # [b, M]
     logits = torch.cat(out) if out else torch.zeros((0, m), device=x.device)
     return torch.softmax(logits / c.temperature, dim=-1)
 
@@ -144,7 +145,7 @@ def fit_router(
 ) -> list[dict]:
     """Train one router per seed on the train split (validation early stopping, SPEC §4.3).
 
-    make_head(cfg, d_in, M) builds the head (under seeded(seed)); loss_of(module, logits [B, M], probs
+    make_head(cfg, d_in, M) builds the head (under seeded(seed), on env.device); loss_of(module, logits [B, M], probs
     [B, M, K], target [B, K]) is the method's loss on a batch. Frozen embeddings are computed once for all
     seeds; with a trainable encoder each seed starts from its own copy of the pretrained one.
     """
@@ -155,19 +156,22 @@ def fit_router(
     x, pristine, d_in = router_input(data, c, env)  # pristine: the pretrained encoder, copied per seed
     val_fn = None
     if _use_val(data, c):
-        vp, vt = probs[torch.from_numpy(val_rows)], target[torch.from_numpy(val_rows)]
+        val_idx = to_device(val_rows, probs.device)
+        vp, vt = probs[val_idx], target[val_idx]
         soft = bool(data.soft_target)
 
         def val_fn(module: nn.Module) -> float:
             return float(val_metric(_weights(module, x, val_rows, c, data.n_agents), vp, vt, soft))
 
     def loss_fn(module: nn.Module, rows: np.ndarray):
-        idx = torch.from_numpy(rows)
-        return loss_of(module, module(x[idx]), probs[idx], target[idx])
+        idx = to_device(rows, probs.device)
+        x_idx = idx if x.device == probs.device else torch.from_numpy(rows)  # text ids stay on the host
+        return loss_of(module, module(x[x_idx]), probs[idx], target[idx])
 
     states = []
     for seed, log in zip(seeds, logs, strict=True):
-        with seeded(seed):
+        dev = init_device(env.device)
+        with seeded(seed, dev), dev:  # torch.device as a context: the default device of the head's tensors
             head = make_head(c, d_in, data.n_agents)
         enc = copy.deepcopy(pristine) if pristine is not None else None
         net = RouterNet(head, enc)
@@ -192,7 +196,7 @@ def fit_router(
         states.append(
             {
                 "config": to_dict(c),
-                "params": {k: v.detach().cpu() for k, v in res.module.state_dict().items()},
+                "params": {k: v.detach() for k, v in res.module.state_dict().items()},  # saved from the host
                 "d_in": d_in,
                 "n_agents": data.n_agents,
                 "best_epoch": res.best_epoch,
@@ -230,7 +234,9 @@ def router_predict(
         raise ValueError(
             f"router input width {d_in} differs from the fitted {state['d_in']} (different encoder or agents)"
         )
-    net = RouterNet(make_head(c, d_in, data.n_agents), encoder)
+    with init_device(env.device):  # built where it predicts; every value is loaded next
+        head = make_head(c, d_in, data.n_agents)
+    net = RouterNet(head, encoder)
     net.load_state_dict(state["params"])
     net.to(env.device).eval()
     with torch.no_grad():

@@ -295,6 +295,8 @@ def run_plan(
                 results.append({"status": "done", **meta})
                 if progress:
                     progress("done", mp.name, seed)
+            # the states live on the training device until saved: freed before the next method sizes its fit
+            del states, state
     return results
 
 

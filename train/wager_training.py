@@ -2,7 +2,7 @@
 
     cfg = walla.resolve(cfg, data)                               # stop_metric and window filled in
     th = train_heads(data, cfg, seeds=[18, 19], env=TrainEnv(), logs=[None, None])
-    th.best, th.last                                             # stacked parameters [G, ...], CPU
+    th.best, th.last                                  # stacked parameters [G, ...] on the training device
 
 The formulas, per training batch of b questions (train mode, dropout on), agent i:
     r_i   = head_i(h_i)                          own last-layer hidden state h_i -> raw score (heads.py)
@@ -28,9 +28,12 @@ and a seed's trajectory does not depend on which seeds share the module.
 Lightning Fabric runs the loop (engine.make_fabric): the module and the engine's optimizer (torch's
 fused Adam) go through fabric.setup, so `env.device` places every parameter and tensor and
 `env.precision` applies (the heads' matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and
-metrics stay float64). The best state is an in-memory copy of the improved seed's rows, taken lazily
-(online_stop.py): stopping is checked after EVERY batch, and a disk checkpoint per improvement would cost
-more than the step itself.
+metrics stay float64). The heads are initialised on the device (engine.init_generator, per seed). The best
+state is a copy of the improved seed's rows on the same device, taken lazily (online_stop.py): stopping is
+checked after EVERY batch, and a disk checkpoint per improvement would cost more than the step itself.
+Per step the host sends the batch's indices and dropout masks (engine.to_device: asynchronous on CUDA) and
+reads back one small tensor of per-seed metrics for stopping and logs (engine.to_host); parameters and
+best states never leave the device.
 
 Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
 dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
@@ -48,8 +51,17 @@ import numpy as np
 import torch
 from walla.train import mechanism
 from walla.train.calibration import apply_calibration
-from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded
-from walla.train.heads import StackedHeads, WagerHead, stack_hidden
+from walla.train.engine import (
+    TrainEnv,
+    clip_gradients,
+    init_device,
+    init_generator,
+    make_fabric,
+    make_optimizer,
+    to_device,
+    to_host,
+)
+from walla.train.heads import StackedHeads, stack_hidden
 from walla.train.methods import LogFn
 from walla.train.online_stop import OnlineStop
 
@@ -65,8 +77,8 @@ class TrainedHeads:
     seeds: list[int]
     in_dims: list[int]  # [M] real hidden size per agent
     n_kinds: int  # 1 (wager) or 3 (wager, own-score, baseline diagnostics)
-    last: list[torch.Tensor]  # StackedHeads parameters after the last step (heads on axis 0), CPU
-    best: list[torch.Tensor]  # restored state (best window metric; last if none), CPU
+    last: list[torch.Tensor]  # StackedHeads parameters after the last step (heads on axis 0), on the device
+    best: list[torch.Tensor]  # restored state (best window metric; last if none), on the device
     best_step: list[int | None]  # per seed
     stop_step: list[int | None]  # per seed: step at which patience ran out (None: ran all epochs)
     steps: int
@@ -116,22 +128,23 @@ def hidden_stats(data, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, std
 
 
-def init_heads(seeds: Sequence[int], in_dims: list[int], cfg: Config, n_kinds: int) -> StackedHeads:
-    """nn.Linear default init per head under seeded(seed).
+def init_heads(
+    seeds: Sequence[int], in_dims: list[int], cfg: Config, n_kinds: int, device: str | torch.device = "cpu"
+) -> StackedHeads:
+    """nn.Linear default init per head, drawn on `device` from a generator seeded with the head's seed.
 
+    On the CPU these are the values `with seeded(seed): WagerHead(...)` draws (engine.init_generator).
     Per seed: the wager heads of agents 0..M-1 first, then the diagnostic heads, so wager-head init does
-    not depend on `diagnostics`.
+    not depend on `diagnostics`; each seed has its own generator, so its init does not depend on the
+    other seeds of the module.
     """
-    m = len(in_dims)
-    heads = StackedHeads(
-        in_dims * (n_kinds * len(seeds)), cfg.hidden, cfg.dropout, cfg.projection_dim, init=False
-    )
+    per_seed = n_kinds * len(in_dims)
+    dims = in_dims * (n_kinds * len(seeds))
+    heads = StackedHeads(dims, cfg.hidden, cfg.dropout, cfg.projection_dim, init=False, device=device)
     for s, seed in enumerate(seeds):
-        with seeded(seed):
-            for k in range(n_kinds):
-                for i, d in enumerate(in_dims):
-                    head = WagerHead(d, cfg.hidden, cfg.dropout, cfg.projection_dim)
-                    heads.load_head((s * n_kinds + k) * m + i, head)
+        gen = init_generator(seed, device)
+        for g in range(s * per_seed, (s + 1) * per_seed):
+            heads.init_head_(g, gen)
     return heads
 
 
@@ -175,7 +188,7 @@ class _Dropout:
                 parts.append(g.random((m, b, w), dtype=np.float32) < self.keep)  # [M, b, w]
                 if n_kinds > 1:
                     parts.append(dg.random(((n_kinds - 1) * m, b, w), dtype=np.float32) < self.keep)
-            out.append(torch.from_numpy(np.concatenate(parts)).to(self.device))  # [G, b, w] bool
+            out.append(to_device(np.concatenate(parts), self.device))  # [G, b, w] bool
         return out
 
 
@@ -201,7 +214,7 @@ class _Order:
             self.orders = self._draw()
         bs = self.batch_size
         for t in range(math.ceil(self.n / bs)):
-            yield torch.from_numpy(self.orders[:, t * bs : (t + 1) * bs]).to(self.device)
+            yield to_device(self.orders[:, t * bs : (t + 1) * bs], self.device)
 
 
 def _stop_metric(kind: str, agg: torch.Tensor, probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -276,9 +289,11 @@ class _WagerTraining:
             "metric": metric,
             "wager": fw.wagers.mean(1),
             "adv": fw.adv.mean(1),
+            "payout": payout.mean(1),
         }
-        summary = {k: v.cpu() for k, v in summary.items() if v is not None}
-        return self.stop.update(step, epoch, idx.shape[1], summary, payout.mean(1).cpu())
+        summary = to_host({k: v for k, v in summary.items() if v is not None})  # one transfer
+        payout_mean = summary.pop("payout")
+        return self.stop.update(step, epoch, idx.shape[1], summary, payout_mean)
 
     def update(self, loss: torch.Tensor) -> None:
         """Backward, per-head clipping, one Adam step over every head."""
@@ -325,7 +340,7 @@ def train_heads(
     dev = fabric.device
     layout = _Layout(len(seeds), 3 if cfg.diagnostics else 1, data.n_agents)
     in_dims = [int(h.shape[1]) for h in data.hidden]
-    heads = init_heads(seeds, in_dims, cfg, layout.n_kinds)
+    heads = init_heads(seeds, in_dims, cfg, layout.n_kinds, init_device(dev))
     for j, params in enumerate(initial or []):  # continue from trained heads, per seed
         if params is not None:
             heads.load_rows(slice(j * layout.per_seed, (j + 1) * layout.per_seed), params)
@@ -350,6 +365,6 @@ def train_heads(
                 break
         if stop.done:
             break
-    last = [p.detach().cpu() for p in heads.parameters()]  # the module is not used again: no copy
+    last = [p.detach() for p in heads.parameters()]  # the module is not used again: no copy
     best = stop.best_or_last(last)
     return TrainedHeads(cfg, seeds, in_dims, layout.n_kinds, last, best, stop.best_step, stop.stop_step, step)

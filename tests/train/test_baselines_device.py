@@ -95,6 +95,7 @@ def test_fit_runs_on_env_device(data, tmp_path, monkeypatch, name, cfg, where):
     assert devices in ([], ["meta"])  # frozen embeddings were computed on env.device
 
 
+@pytest.mark.filterwarnings("ignore:for .* copying from a non-meta parameter")  # loading into "meta"
 @pytest.mark.parametrize("name", ["stacked-gen", "route-llm-ctx", "nirt-router"])
 def test_predict_runs_on_env_device(data, monkeypatch, name):
     cfg = {"projection_dim": None, "hidden": [4], "epochs": 1} if name == "stacked-gen" else HASHING

@@ -18,9 +18,12 @@ from walla.train.engine import (
     row_batches,
     save_checkpoint,
     seeded,
+    to_device,
+    to_host,
 )
 from walla.train.fit_loop import fit_module
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 X = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] > 0).long()
 
@@ -126,6 +129,46 @@ def test_checkpoint_roundtrip(tmp_path):
     torch.testing.assert_close(back["params"][0], state["params"][0])
     assert back["cfg"] == {"lr": 1e-3} and back["rows"].tolist() == [0, 1, 2, 3]
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["state.pt"]  # no temporary left behind
+
+
+@pytest.mark.gpu
+def test_checkpoint_of_a_device_state_reads_back_on_the_host(tmp_path):
+    """States of a CUDA fit live on the device until saved; the file holds host tensors (any machine reads
+    it, market/head.py with a bare torch.load)."""
+    state = {"params": [torch.arange(6.0, device="cuda")], "stats": (torch.ones(2, device="cuda"), None)}
+    save_checkpoint(tmp_path / "state.pt", state)
+    back = torch.load(tmp_path / "state.pt", weights_only=False)
+    assert back["params"][0].device.type == "cpu" and back["params"][0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert back["stats"][0].device.type == "cpu" and back["stats"][1] is None
+    assert state["params"][0].device.type == "cuda"  # the caller's state is left as it was
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_device_and_to_host_keep_every_value(device):
+    orders = np.arange(20).reshape(2, 10)[:, 3:7]  # a strided slice, as a step's batch indices [S, b]
+    idx = to_device(orders, device)
+    assert idx.device.type == device and idx.dtype == torch.int64 and idx.cpu().tolist() == orders.tolist()
+    keep = to_device(np.array([[True, False, True]]), device)
+    assert keep.dtype == torch.bool and keep.cpu().tolist() == [[True, False, True]]
+    tenth = torch.tensor(0.1, dtype=torch.float32)
+    parts = {
+        "mse": torch.tensor([[1.5, 2.25], [3.0, -4.0]], dtype=torch.float64, device=device),
+        "metric": tenth.to(device),
+        "none": torch.zeros(0, device=device),
+    }
+    back = to_host(parts)  # one transfer for all of them
+    assert list(back) == ["mse", "metric", "none"] and {t.device.type for t in back.values()} == {"cpu"}
+    assert back["mse"].tolist() == [[1.5, 2.25], [3.0, -4.0]] and back["none"].shape == (0,)
+    assert back["metric"].shape == () and float(back["metric"]) == float(tenth)  # float32 -> float64 exact
+    assert to_host({}) == {}
+
+
+def test_to_device_reads_arrays_on_the_host_whatever_the_default_device():
+    torch.set_default_device("meta")  # torch.as_tensor would follow it; a batch's indices must not
+    try:
+        assert to_device(np.arange(3), "cpu").tolist() == [0, 1, 2]
+    finally:
+        torch.set_default_device(None)
 
 
 def test_bad_arguments():

@@ -40,7 +40,7 @@ def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | Non
 def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
     c = build(Config, state["config"], "packllm state")
     rows = as_rows(rows, len(data.split))
-    nll = torch.as_tensor(np.asarray(data.prompt_nll[rows], dtype=np.float64))  # [n, M] mean prompt NLL
+    nll = torch.from_numpy(np.asarray(data.prompt_nll[rows], dtype=np.float64))  # [n, M] prompt NLL, host
     if not torch.isfinite(nll).all():
         bad = np.argwhere(~np.isfinite(nll.numpy()))[0]
         raise ValueError(

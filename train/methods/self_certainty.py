@@ -43,8 +43,9 @@ def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | Non
 def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
     c = build(Config, state["config"], "self-certainty state")
     rows = as_rows(rows, len(data.split))
-    probs = torch.as_tensor(np.asarray(data.probs[rows], dtype=np.float64))  # [n, M, K]
-    mask = torch.as_tensor(np.asarray(data.option_mask[rows], dtype=bool))  # [n, K]
+    # host tensors (from_numpy), as every learning-free method: its result cannot depend on --device
+    probs = torch.from_numpy(np.asarray(data.probs[rows], dtype=np.float64))  # [n, M, K]
+    mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool))  # [n, K]
     conf = confidence(probs, mask).clamp_min(0.0) + CONF_OFFSET  # [n, M]
     weights = torch.softmax(conf / c.temperature, dim=-1)  # [n, M]
     return pooled_output(data, rows, weights, extras={"confidence": conf.numpy().astype(np.float32)})

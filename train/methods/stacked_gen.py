@@ -7,10 +7,12 @@
 
 Adam, batch 100, 50 epochs, grad clip 1.0 separately for the MLP and the projections (as the reference),
 validation early stopping (SPEC §4.3). All seeds train as ONE module (`SeedStackedGen`, stacked
-parameters [S, ...], batched matmuls): each seed keeps its own init (nn.Linear defaults under
-seeded(seed)), batch order (row_batches with its seed), dropout masks (its own generator), clipping and
-early stopping (engine.clip_gradients, scope "slice": each seed's slice of each group alone), and Adam
-is elementwise, so each seed's trajectory is that of training it alone. The loop is fit_loop.fit_module.
+parameters [S, ...], batched matmuls): each seed keeps its own init (nn.Linear defaults drawn on the
+training device from a generator seeded with the seed, engine.init_generator: on the CPU the values of
+nn.Linear under seeded(seed)), batch order (row_batches with its seed), dropout masks (its own generator),
+clipping and early stopping (engine.clip_gradients, scope "slice": each seed's slice of each group alone),
+and Adam is elementwise, so each seed's trajectory is that of training it alone. The loop is
+fit_loop.fit_module; best states and the states handed back stay on the training device.
 The SPEC learning rates (1e-7 MMLU/MedMCQA, 5e-7 PubMedQA hetero, 5e-6 homogeneous/BayesX) are set by
 the scenario manifests; the module default is the largest one.
 """
@@ -23,7 +25,15 @@ import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
-from walla.train.engine import TrainEnv, row_batches, seeded
+from walla.train.engine import (
+    TrainEnv,
+    init_device,
+    init_generator,
+    linear_init_,
+    row_batches,
+    to_device,
+    to_host,
+)
 from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
@@ -57,17 +67,24 @@ class Config:
         check((self.projection_dim or 1) >= 1, "projection_dim", ">= 1 or null", self.projection_dim)
 
 
+def layer_shapes(sizes: Sequence[int], c: Config) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(in, out) of one seed's reference network: the MLP's layers, then the per-agent projections."""
+    p = c.projection_dim
+    width = p * len(sizes) if p is not None else sum(sizes)
+    dims = [width, *c.hidden, len(sizes)]
+    proj = [(h, p) for h in sizes] if p is not None else []
+    return list(zip(dims[:-1], dims[1:], strict=True)), proj
+
+
 class StackedNet(nn.Module):
-    """One seed's reference network (plain layers): supplies each seed's default init."""
+    """One seed's reference network (plain nn.Linear layers): what SeedStackedGen's slice s computes."""
 
     def __init__(self, sizes: Sequence[int], c: Config):
         super().__init__()
-        p = c.projection_dim
-        width = p * len(sizes) if p is not None else sum(sizes)
-        dims = [width, *c.hidden, len(sizes)]
-        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        mlp, proj = layer_shapes(sizes, c)
+        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in mlp)
         # created after the MLP, as the reference adds its projections lazily on the first batch
-        self.proj = nn.ModuleList(nn.Linear(h, p) for h in sizes) if p is not None else None
+        self.proj = nn.ModuleList(nn.Linear(a, b) for a, b in proj) if proj else None
 
 
 class SeedStackedGen(nn.Module):
@@ -76,18 +93,18 @@ class SeedStackedGen(nn.Module):
     proj_w[i] [S, H_i, P], proj_b[i] [S, P] (per-agent projections); mlp_w[j] [S, a, b], mlp_b[j] [S, b].
     """
 
-    def __init__(self, sizes: Sequence[int], n_seeds: int, c: Config):
+    def __init__(self, sizes: Sequence[int], n_seeds: int, c: Config, device: str | torch.device = "cpu"):
         super().__init__()
         self.sizes, self.normalize, self.dropout = [int(h) for h in sizes], c.normalize_hidden, c.dropout
-        ref = StackedNet(self.sizes, c)  # shapes only
+        mlp, proj = layer_shapes(self.sizes, c)
 
-        def stacked(layers) -> tuple[nn.ParameterList, nn.ParameterList]:
-            ws = nn.ParameterList(nn.Parameter(torch.zeros(n_seeds, *lin.weight.T.shape)) for lin in layers)
-            bs = nn.ParameterList(nn.Parameter(torch.zeros(n_seeds, lin.out_features)) for lin in layers)
+        def stacked(shapes) -> tuple[nn.ParameterList, nn.ParameterList]:
+            ws = nn.ParameterList(nn.Parameter(torch.zeros(n_seeds, a, b, device=device)) for a, b in shapes)
+            bs = nn.ParameterList(nn.Parameter(torch.zeros(n_seeds, b, device=device)) for _, b in shapes)
             return ws, bs
 
-        self.mlp_w, self.mlp_b = stacked(ref.mlp)
-        self.proj_w, self.proj_b = stacked(ref.proj) if ref.proj is not None else (None, None)
+        self.mlp_w, self.mlp_b = stacked(mlp)
+        self.proj_w, self.proj_b = stacked(proj) if proj else (None, None)
 
     @property
     def widths(self) -> list[int]:
@@ -103,6 +120,7 @@ class SeedStackedGen(nn.Module):
 
     @torch.no_grad()
     def load_seed(self, s: int, net: StackedNet) -> None:
+        """Slice s := a reference network's parameters."""
         pairs = [(self.mlp_w, self.mlp_b, net.mlp)]
         if self.proj_w is not None:
             pairs.append((self.proj_w, self.proj_b, net.proj))
@@ -110,6 +128,15 @@ class SeedStackedGen(nn.Module):
             for w, b, lin in zip(ws, bs, layers, strict=True):
                 w[s] = lin.weight.T
                 b[s] = lin.bias
+
+    @torch.no_grad()
+    def init_seed_(self, s: int, generator: torch.Generator) -> None:
+        """Seed s's nn.Linear default init drawn in place from `generator`: the MLP's layers, then the
+        projections (the reference creates them lazily, after the MLP), each weight then bias."""
+        ws = [*self.mlp_w, *(self.proj_w or [])]
+        bs = [*self.mlp_b, *(self.proj_b or [])]
+        for w, b in zip(ws, bs, strict=True):
+            linear_init_(w[s], b[s], generator)
 
     def forward(
         self, xs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor] | None = None
@@ -162,8 +189,9 @@ class HiddenRows:
 
     def __call__(self, rows: np.ndarray) -> list[torch.Tensor]:
         if self.pos is not None:
-            local = self.pos[torch.from_numpy(rows)]
+            local = self.pos[torch.from_numpy(rows)]  # host lookup: no device synchronization
             if bool((local >= 0).all()):
+                local = to_device(local, self.device)
                 return [m[local] for m in self.mat]
         return [self._gather(h, rows) for h in self.hidden]
 
@@ -232,12 +260,16 @@ class _SeedStopping:
                     p[s] = v
 
 
-def _init_net(sizes: list[int], seeds: list[int], c: Config) -> SeedStackedGen:
-    """Every seed's reference network initialized under seeded(seed), stacked into one module."""
-    net = SeedStackedGen(sizes, len(seeds), c)
+def init_net(
+    sizes: list[int], seeds: list[int], c: Config, device: str | torch.device = "cpu"
+) -> SeedStackedGen:
+    """Every seed's default init drawn on `device` from a generator seeded with the seed, in one module.
+
+    On the CPU slice s equals `with seeded(seed): StackedNet(sizes, c)` (engine.init_generator).
+    """
+    net = SeedStackedGen(sizes, len(seeds), c, device)
     for s, seed in enumerate(seeds):
-        with seeded(seed):
-            net.load_seed(s, StackedNet(sizes, c))
+        net.init_seed_(s, init_generator(seed, device))
     return net
 
 
@@ -259,12 +291,12 @@ class _SeedLoss:
         out = []
         for w in self.net.widths:
             draws = np.stack([g.random((b, w), dtype=np.float32) < keep for g in self.gens])  # [S, b, w]
-            out.append(torch.from_numpy(draws).to(self.x.device, torch.float32))
+            out.append(to_device(draws, self.x.device).to(torch.float32))
         return out
 
     def __call__(self, module: nn.Module, rows: np.ndarray):
         masks = self._masks(rows.shape[1])
-        idx = torch.from_numpy(rows)  # [S, b]
+        idx = to_device(rows, self.x.device)  # [S, b]
         w = torch.softmax(module(self.x(rows), masks) / self.c.temperature, dim=-1)  # [S, b, M]
         per_seed = mixture_nll(w, self.probs[idx], self.target[idx]).mean(-1)  # [S]
         self.last = per_seed.detach()
@@ -278,7 +310,10 @@ def _log_seeds(
 
     losses [S]; grad_norms [n_groups, S]: a seed's norm is the larger of the MLP's and the projections'.
     """
-    losses, norms = losses.tolist(), grad_norms.max(0).values.tolist()
+    if all(log is None for log in logs):
+        return
+    back = to_host({"loss": losses, "norm": grad_norms.max(0).values})  # one transfer
+    losses, norms = back["loss"].tolist(), back["norm"].tolist()
     for s, log in enumerate(logs):
         if log is not None:
             entry = {"step": step, "epoch": row["epoch"], "n_seen": row["n_seen"]}
@@ -291,7 +326,7 @@ def _seed_state(net: SeedStackedGen, s: int, c: Config, sizes: list[int], stoppi
     return {
         "config": to_dict(c),
         "sizes": sizes,
-        "params": {n: p.detach()[s].cpu().clone() for n, p in zip(names, net.parameters(), strict=True)},
+        "params": {n: p.detach()[s].clone() for n, p in zip(names, net.parameters(), strict=True)},
         "best_epoch": stopping.best_epoch[s],
         "epochs_run": stop_epoch + 1 if stop_epoch is not None else epochs_run,
     }
@@ -306,13 +341,14 @@ def fit(data, cfg: Config, seeds: Sequence[int], env: TrainEnv, logs: Sequence[L
         raise ValueError(f"scenario {data.name!r} has no train rows to fit on")
     probs, target, _ = scenario_tensors(data, env.device)
     x = HiddenRows(data.hidden, env.device, np.concatenate([train_rows, val_rows]))
-    net = _init_net(sizes, seeds, c)
+    net = init_net(sizes, seeds, c, init_device(env.device))
     orders = [row_batches(train_rows, c.batch_size, seed) for seed in seeds]
     batches = [np.stack(b) for b in zip(*orders, strict=True)]  # per step [S, b]: each seed its own order
     loss = _SeedLoss(net, x, probs, target, seeds, c)
     use_val = len(val_rows) > 0 and (bool(data.soft_target) or not c.reference_early_stopping)
     soft = bool(data.soft_target)
-    vp, vt = probs[torch.from_numpy(val_rows)], target[torch.from_numpy(val_rows)]
+    val_idx = to_device(val_rows, env.device)
+    vp, vt = probs[val_idx], target[val_idx]
     stopping = _SeedStopping(
         net, lambda: val_metric(_eval_weights(net, x, val_rows, n_s, c), vp, vt, soft), n_s, c.patience
     )
@@ -347,9 +383,8 @@ def predict(state: dict, data, rows: np.ndarray, env: TrainEnv) -> MethodOutput:
         raise ValueError(
             f"scenario {data.name!r}: hidden sizes {sizes} differ from the fitted {state['sizes']}"
         )
-    net = SeedStackedGen(sizes, 1, c)
+    net = SeedStackedGen(sizes, 1, c, env.device)
     net.load_state_dict({k: v.unsqueeze(0) for k, v in state["params"].items()})
-    net.to(env.device)
     with torch.no_grad():
         weights = _eval_weights(net, HiddenRows(data.hidden, env.device), rows, 1, c)[0]  # [n, M]
     return pooled_output(data, rows, weights)

@@ -24,5 +24,6 @@ def fit(data, cfg: Config, seeds: Sequence[int], env, logs: Sequence[LogFn | Non
 def predict(state: dict, data, rows: np.ndarray, env) -> MethodOutput:
     """w_i = 1/M for every question in ``rows``."""
     rows = as_rows(rows, len(data.split))
-    weights = torch.full((len(rows), data.n_agents), 1.0 / data.n_agents)  # [n, M]
+    # host-side like every learning-free method: its result cannot depend on --device (its run key has none)
+    weights = torch.full((len(rows), data.n_agents), 1.0 / data.n_agents, device="cpu")  # [n, M]
     return pooled_output(data, rows, weights)

@@ -6,9 +6,10 @@
 Each agent's head reads only its own last-layer hidden state and learns to wager its hindsight best
 response to its realized advantage over the others; the training loop (all agents of all seeds as one
 batched module, exactly decentralized) is train/wager_training.py. This module is the method's surface:
-its hyper-parameters, the data-dependent ones filled in (`resolve`), seeds chunked to a memory budget,
-one state per seed, and eval-mode predictions (weights = normalized wagers, the pooled forecast,
-payouts and advantages).
+its hyper-parameters, the data-dependent ones filled in (`resolve`), seeds chunked to a memory budget
+(engine.seeds_per_chunk: a share of the free memory on CUDA, so a GPU fits every seed at once; a fixed
+host budget on the CPU), one state per seed (its tensors on the training device until saved), and
+eval-mode predictions (weights = normalized wagers, the pooled forecast, payouts and advantages).
 
 `projection_dim: 4096` (default) is the reference's Linear(H -> 4096) projection; `null` drops it (same
 function class, different Adam dynamics: it learns slower at the reference's learning rates, issue 10).
@@ -16,7 +17,7 @@ function class, different Adam dynamics: it learns slower at the reference's lea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -24,14 +25,17 @@ import torch
 from walla.manifests.validate import check, config, to_dict
 from walla.train import mechanism
 from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration
-from walla.train.engine import TrainEnv
+from walla.train.engine import TrainEnv, free_device_bytes, seeds_per_chunk
 from walla.train.heads import StackedHeads, stack_hidden
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.wager_training import hidden_stats, train_heads
 
-PARAM_BUDGET_BYTES = 3 * 2**30  # memory for the heads of one seed chunk (train/wager_training.py)
 # float32 copies of every parameter a chunk holds: parameter, gradient, two Adam moments, best copy, spare
+# (the states handed back, on the training device)
 COPIES_PER_PARAM = 6
+# on a device, activation bytes per head and batch row: per layer width, the output, its gradient and (after
+# ReLU) the mask and the dropped copy
+ACTIVATION_COPIES = 4
 
 
 @config
@@ -100,14 +104,31 @@ def resolve(cfg: Config, data) -> Config:
     return replace(cfg, stop_metric=stop, window=window)
 
 
-def _seed_chunks(data, cfg: Config, seeds: list[int]) -> list[list[int]]:
-    """Seeds per batched module so that every copy of their heads' parameters fits PARAM_BUDGET_BYTES."""
-    h_max = max(int(h.shape[1]) for h in data.hidden)
-    head = StackedHeads([h_max], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
-    heads_per_seed = data.n_agents * (3 if cfg.diagnostics else 1)
-    per_seed = sum(p.numel() for p in head.parameters()) * heads_per_seed * 4 * COPIES_PER_PARAM
-    k = max(1, int(PARAM_BUDGET_BYTES // per_seed))
-    return [seeds[i : i + k] for i in range(0, len(seeds), k)]
+def seed_bytes(data, cfg: Config, on_device: bool, value_bytes: int = 4) -> int:
+    """Memory one seed's heads take in a batched fit: COPIES_PER_PARAM copies of its parameters (float32:
+    `value_bytes` 4), plus its activations on a device (the host budget, PARAM_BUDGET_BYTES, is sized for
+    float32 parameters only)."""
+    dims = [max(int(h.shape[1]) for h in data.hidden)]
+    dims += ([cfg.projection_dim] if cfg.projection_dim else []) + list(cfg.hidden) + [1]
+    per_head = sum(a * b + b for a, b in zip(dims[:-1], dims[1:], strict=True))
+    heads = data.n_agents * (3 if cfg.diagnostics else 1)
+    act = cfg.batch_size * sum(dims) * value_bytes * ACTIVATION_COPIES if on_device else 0
+    return heads * (per_head * value_bytes * COPIES_PER_PARAM + act)
+
+
+def _seed_chunks(data, cfg: Config, seeds: list[int], env: TrainEnv = TrainEnv()) -> Iterator[list[int]]:
+    """Seeds per batched module so that every copy of their heads fits the memory budget (module docstring).
+
+    On a device the free memory is read before each chunk, since the states of earlier chunks stay there,
+    and "64-true" counts 8 bytes a value.
+    """
+    start = 0
+    while start < len(seeds):
+        free = free_device_bytes(env.device)
+        value_bytes = 8 if free is not None and env.precision == "64-true" else 4
+        k = seeds_per_chunk(seed_bytes(data, cfg, free is not None, value_bytes), free)
+        yield seeds[start : start + k]
+        start += k
 
 
 def fit(
@@ -127,7 +148,7 @@ def fit(
     calibration = fit_calibration(data, cfg.calibration, env) if cfg.calibrated else None
     stats = hidden_stats(data, data.split_index("train")) if cfg.standardize else None
     states = []
-    for chunk in _seed_chunks(data, cfg, seeds):
+    for chunk in _seed_chunks(data, cfg, seeds, env):
         pos = [seeds.index(s) for s in chunk]
         init = [initial[i] for i in pos] if initial is not None else None
         th = train_heads(data, cfg, chunk, env, [logs[i] for i in pos], calibration, initial=init)
@@ -148,6 +169,7 @@ def fit(
                     "hidden_stats": stats,
                 }
             )
+        del th  # the chunk's module and best copy: free before the next chunk measures its memory
     return states
 
 
