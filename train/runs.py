@@ -124,7 +124,7 @@ def run_key(
     `precision` / `device`: None for a method whose result cannot depend on them (it computes nothing
     with torch's device or Lightning's precision); `calibration`: None when the agents are not calibrated.
     """
-    return {
+    key = {
         "schema": TRAIN_SCHEMA,
         "scenario_inputs_id": scenario_inputs_id,
         "method": method,
@@ -134,6 +134,11 @@ def run_key(
         "device": None if device is None else device_kind(device),
         "init": init,
     }
+    if key["device"] == "cuda":
+        # CUDA runs draw their init on the device (engine.init_generator), other values than the host-drawn
+        # init of CUDA runs before it: another key. CPU keys are unchanged (the CPU init is the same).
+        key["init_drawn_on"] = "cuda"
+    return key
 
 
 def key_id(key: dict) -> str:

@@ -163,3 +163,16 @@ def test_limit_rows_keeps_split_shares(data):
     assert {s: len(small.split_index(s)) > 0 for s in ("train", "val", "test")} == dict.fromkeys(
         ("train", "val", "test"), True
     )
+
+
+def test_cuda_runs_get_their_own_key_for_the_device_drawn_init():
+    """Since init is drawn on the device, a CUDA run is keyed apart from earlier (host-init) CUDA runs; CPU
+    keys do not change (the CPU init is the same values)."""
+    cpu = run_key("inputs", "walla-i", {"lr": 1e-3}, precision="32-true", device="cpu")
+    cuda = run_key("inputs", "walla-i", {"lr": 1e-3}, precision="32-true", device="cuda:1")
+    assert "init_drawn_on" not in cpu and cuda["init_drawn_on"] == "cuda"
+    before = {k: v for k, v in cuda.items() if k != "init_drawn_on"}  # the key CUDA runs had before
+    assert key_id(cuda) != key_id(before)
+    assert key_id(cpu) == key_id(
+        run_key("inputs", "walla-i", {"lr": 1e-3}, precision="32-true", device="cpu")
+    )
