@@ -173,6 +173,14 @@ def test_cuda_runs_get_their_own_key_for_the_device_drawn_init():
     assert "init_drawn_on" not in cpu and cuda["init_drawn_on"] == "cuda"
     before = {k: v for k, v in cuda.items() if k != "init_drawn_on"}  # the key CUDA runs had before
     assert key_id(cuda) != key_id(before)
-    assert key_id(cpu) == key_id(
-        run_key("inputs", "walla-i", {"lr": 1e-3}, precision="32-true", device="cpu")
-    )
+    fields = {
+        "schema",
+        "scenario_inputs_id",
+        "method",
+        "config",
+        "calibration",
+        "precision",
+        "device",
+        "init",
+    }
+    assert set(cpu) == fields  # the fields CPU keys always had: their key ids stay
