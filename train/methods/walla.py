@@ -165,6 +165,9 @@ def fit(
                     "best_step": th.best_step[j],
                     "stop_step": th.stop_step[j],
                     "steps": th.steps,
+                    # the seeds batched in this seed's fit: on CUDA the chunking follows the free memory,
+                    # and a seed fit in another batch is equal only to float rounding
+                    "fit_with_seeds": list(chunk),
                     "calibration": calibration,
                     "hidden_stats": stats,
                 }
