@@ -81,7 +81,7 @@ def test_resolve_explicit_and_unknown(tmp_path, monkeypatch):
         dp.resolve("fp8", "cpu", tmp_path)
     name, why = dp.resolve("auto", "cpu", tmp_path)
     assert name == "bfloat16" and why.startswith(
-        "auto -> bfloat16: GEMM probe on cpu bfloat16 130, float32 100"
+        "auto -> bfloat16: GEMM probe on cpu (1024x1024x1024, best of 3) bfloat16 130, float32 100 GFLOP/s"
     )
 
 
