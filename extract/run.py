@@ -259,8 +259,8 @@ def _settle(
     request, why = kind.settle_batching(
         replace(request, dtype=dtype, compile=mode), cfg.batch_tokens, cfg.shard_rows
     )
-    if why:
-        out(why)
+    for line in (why or "").splitlines():
+        out(line)
     return request
 
 
