@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_model import tiny_model, tiny_tokenizer
-from walla.extract.backends import hf_checks, hf_packed
+from walla.extract.backends import hf, hf_checks, hf_packed
 from walla.extract.backends.hf import HFBackend, load_hf_backend
 from walla.extract.models import ResolvedModel
 
@@ -68,7 +68,15 @@ def test_row_invariance_probe_is_cached_per_machine_and_shapes(tmp_path, monkeyp
     assert calls == [120, 64, 120]
 
 
-def test_weights_load_on_the_cpu_without_device_map(local_tiny):
+def test_weights_load_on_the_cpu_without_device_map(local_tiny, monkeypatch):
+    seen: list[dict] = []
+    orig = hf.AutoModelForCausalLM.from_pretrained
+
+    def spy(*a, **k):
+        seen.append(k)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
     be = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
     assert be.device.type == "cpu" and be.dtype == torch.bfloat16
-    assert not hasattr(be.model, "hf_device_map")  # CPU: loaded as before, no accelerate dispatch
+    assert "device_map" not in seen[0] and seen[0]["dtype"] == torch.bfloat16  # CPU: loaded as before
