@@ -200,8 +200,9 @@ def bare_loop(model, tok, prompts: list[str], cand: list[int], batch: int, devic
     return torch.stack(opts).cpu().numpy(), torch.stack(hids).cpu().numpy(), seconds
 
 
-def option_columns(tok, prompts: list[str], n_options: list[int]) -> tuple[list[int], list[list[int]]]:
-    """(token ids of the display letters, each row's columns in them), resolved as walla-extract does."""
+def letter_ids(tok, prompts: list[str], n_options: list[int]) -> list[int]:
+    """Token ids of the display letters A, B, ... (a row with K options scores the first K), resolved as
+    walla-extract resolves option tokens."""
     letters = option_strings(get_template("mc"), max(n_options))
 
     def encode(text: str) -> list[int]:  # as the hf backend encodes without a chat template
@@ -211,7 +212,7 @@ def option_columns(tok, prompts: list[str], n_options: list[int]) -> tuple[list[
         return tok(text, add_special_tokens=False)["input_ids"]
 
     ids = resolve_option_token_ids(encode, encode_bare, prompts[0], letters)
-    return [ids[x] for x in letters], [list(range(k)) for k in n_options]
+    return [ids[x] for x in letters]
 
 
 def compare(
@@ -248,7 +249,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
     prompts = fs.rows["prompt"].to_list()
     r.tokens = int(fs.rows["n_prompt_tokens"].sum())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype], device_map=device).eval()
-    cand, _ = option_columns(tok, prompts, fs.rows["n_options"].to_list())
+    cand = letter_ids(tok, prompts, fs.rows["n_options"].to_list())
     bare_loop(model, tok, prompts[: args.loop_batch], cand, args.loop_batch, device)  # warm-up
     for _ in range(args.repeat):
         lp, hid, seconds = bare_loop(model, tok, prompts, cand, args.loop_batch, device)

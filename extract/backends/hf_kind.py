@@ -58,7 +58,11 @@ def device_figures(
 ) -> tuple[sizing.ModelShape | None, int | None, str]:
     """(model shape, free bytes of `device`, why either is missing) for the CUDA sizing."""
     if not torch.cuda.is_available():
-        return None, None, "CUDA is not visible from this process (the workers size nothing)"
+        return (
+            None,
+            None,
+            "CUDA is not visible from this process; --batch-tokens sizes it for the workers' GPUs",
+        )
     free, _total = torch.cuda.mem_get_info(torch.device(device))
     try:
         return model_shape(rm, dtype), int(free), ""

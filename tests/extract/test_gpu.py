@@ -78,7 +78,7 @@ def dataset(tmp_path, monkeypatch):
     ]
     data = tmp_path / "mine.jsonl"
     data.write_text(
-        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows))
+        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows)) + "\n"
     )
     datasets_ = dict(catalog.load_datasets())
     datasets_["mine"] = catalog.DatasetEntry(
