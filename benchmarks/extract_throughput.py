@@ -427,6 +427,8 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     args.model = args.model or ("1b" if args.device.startswith("cuda") else "smollm2")
     args.loop_batch = args.loop_batch or (64 if args.device.startswith("cuda") else 16)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: no CUDA GPU is usable here (torch {torch.__version__})")
     if args.model == "smollm2" and args.device != "cpu":
         ap.error("--model smollm2 (the detailed CPU run) is CPU-only; on a GPU use --model 1b, 8b or tiny")
     return args
