@@ -1,6 +1,14 @@
-"""Extraction throughput on the embedded SmolLM2-135M: the real CLI vs a bare transformers loop, and MFU.
+"""Extraction throughput: the real CLI vs a bare transformers loop on the same prompts and dtype, and MFU.
 
     .venv/bin/python benchmarks/extract_throughput.py [--n 64] [--ref-n 6] [--other-n 16] [--rss-rows 0]
+    .venv/bin/python benchmarks/extract_throughput.py --device cuda [--model 1b|8b] [--tokens 500000]
+    .venv/bin/python benchmarks/extract_throughput.py --device cpu --model tiny     # the shape flow, small
+
+`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below. `--model
+tiny|1b|8b` (the default on `--device cuda`: 1b) measures a random-weight Llama of that real shape on ARC
+prompts instead (benchmarks/extract_shapes.py: the issue-22 setting): the CLI with default flags vs a bare
+loop, MFU against the GEMM peak measured in the same run, outputs compared; the same RESULT ratios
+(`cli_over_plain_loop`, `cli_mfu`, `plain_loop_mfu`, `outputs_match`) on either device.
 
 Everything below is measured in ONE run, on the same prompts (PubMedQA with abstracts, the
 `relevant` variant, from ../shared/data/pubmedqa/ori_pqal.json). Every speed-up compares two runs in the
@@ -49,6 +57,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import extract_shapes  # benchmarks/extract_shapes.py: the shape flow (this script's folder is on sys.path)
 import numpy as np
 import torch
 from torch.autograd.profiler import record_function
@@ -398,14 +407,49 @@ def result_line(r: Run) -> str:
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument(
+        "--model",
+        choices=("smollm2", *extract_shapes.SHAPES),
+        help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
+    )
     ap.add_argument("--n", type=int, default=64, help="PubMedQA records given to the CLI (maybe rows drop)")
     ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
     ap.add_argument("--other-n", type=int, default=16, help="prompts timed in both dtypes (the dtype factor)")
     ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
     ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
+    ap.add_argument("--tokens", type=int, help="shapes: ARC prompt tokens (default: 1b 500k, 8b 200k)")
+    ap.add_argument("--dtype", default="bfloat16", help="shapes: the dtype of the CLI and the loop")
+    ap.add_argument("--loop-batch", type=int, help="shapes: the bare loop's batch (default: 64 cuda, 16 cpu)")
+    ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
     args = ap.parse_args()
+    args.model = args.model or ("1b" if args.device.startswith("cuda") else "smollm2")
+    args.loop_batch = args.loop_batch or (64 if args.device.startswith("cuda") else 16)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: no CUDA GPU is usable here (torch {torch.__version__})")
+    if args.model == "smollm2" and args.device != "cpu":
+        ap.error("--model smollm2 (the detailed CPU run) is CPU-only; on a GPU use --model 1b, 8b or tiny")
+    return args
+
+
+def main_shapes(args: argparse.Namespace) -> None:
+    """The shape flow (benchmarks/extract_shapes.py) on --device."""
+    arc = REAL_DATA / "arc" / "ARC-Challenge-Dev.jsonl"
+    if not arc.exists():
+        raise SystemExit(f"needs the ARC-Challenge dev file at {arc} (set REAL_DATA)")
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as d:
+        r = extract_shapes.measure(args, Path(d), arc)
+    print(f"benchmark time {time.perf_counter() - t_start:.0f} s")
+    extract_shapes.report(r)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.model != "smollm2":
+        return main_shapes(args)
     if not PUBMEDQA.exists():
         raise SystemExit(f"needs the PubMedQA release file at {PUBMEDQA}")
     t_start = time.perf_counter()

@@ -52,13 +52,28 @@ def extract(
     store: str = typer.Option(
         "walla-store", help="feature store directory, or an fsspec URL (s3://bucket/prefix, file:///dir)"
     ),
-    batch_tokens: int = typer.Option(8192, "--batch-tokens", help="padded tokens per forward pass"),
-    shard_rows: int = typer.Option(256, "--shard-rows", help="rows per durable store shard"),
+    batch_tokens: str = typer.Option(
+        "auto",
+        "--batch-tokens",
+        help="padded tokens per forward pass: auto (8192 on CPU; CUDA: from free memory and model shape) | N",
+    ),
+    shard_rows: str = typer.Option(
+        "auto",
+        "--shard-rows",
+        help="rows per scoring call and durable store shard: auto (256 CPU, 8192 CUDA) | N",
+    ),
     dtype: str = typer.Option(
         None, help="auto | float32 | bfloat16 | float16 (default: the model's manifest)"
     ),
     compile: str = typer.Option(
-        "auto", "--compile", help="hf: torch.compile the decoder layers: auto (large jobs) | on | off"
+        "auto",
+        "--compile",
+        help="hf: torch.compile the decoder layers: auto (by device, job size) | on | off",
+    ),
+    batch_invariant: str = typer.Option(
+        "auto",
+        "--batch-invariant",
+        help="hf: packed per-prompt scoring: auto (on for bf16/fp16 on CPU; off on CUDA and in fp32) | on | off",
     ),
     chat_template: bool = typer.Option(
         None, "--chat-template/--no-chat-template", help="wrap prompts in the chat template"
@@ -99,10 +114,12 @@ def extract(
             limit=limit,
             size=size,
             store=store,
-            batch_tokens=batch_tokens,
-            shard_rows=shard_rows,
+            # `auto` is None; a bad value is one ConfigError line naming the option
+            batch_tokens=None if batch_tokens == "auto" else batch_tokens,
+            shard_rows=None if shard_rows == "auto" else shard_rows,
             dtype=dtype,
             compile=compile,
+            batch_invariant=batch_invariant,
             chat_template=chat_template,
             device=device,
             context_seed=context_seed,

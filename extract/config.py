@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from walla.extract.backends.hf import BATCH_INVARIANT_MODES
 from walla.extract.backends.hf_compile import COMPILE_MODES
 from walla.extract.backends.registry import BACKEND_KINDS
 from walla.manifests.validate import config
@@ -34,10 +35,12 @@ class ExtractConfig:
     )
     size: int | None = None  # generated datasets: number of rows (overrides generator.n)
     store: Path | str = Path("walla-store")  # a directory, or an fsspec URL (s3://bucket/prefix)
-    batch_tokens: int = 8192  # padded tokens per forward pass (rows x longest prompt in the bucket)
-    shard_rows: int = 256  # rows per durable store shard (the resume granularity)
+    # None (auto): 8192 / 256 on a CPU, from the free device memory and the model's shape on CUDA (sizing.py)
+    batch_tokens: int | None = None  # padded tokens per forward pass (rows x longest prompt in the bucket)
+    shard_rows: int | None = None  # rows per scoring call and durable store shard (the resume granularity)
     dtype: str | None = None  # None: the model's manifest dtype
-    compile: str = "auto"  # hf backend: torch.compile the decoder layers (auto: large jobs only)
+    compile: str = "auto"  # hf backend: torch.compile the decoder layers (auto: by device and job size)
+    batch_invariant: str = "auto"  # hf backend: packed per-prompt scoring (auto: reduced precision on CPU)
     chat_template: bool | None = None  # None: the model's manifest setting (the reference: never)
     device: str | None = None  # None: cuda when available, else cpu
     context_seed: int = 0  # seeds the irrelevant-context derangement
@@ -65,6 +68,8 @@ class ExtractConfig:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.compile not in COMPILE_MODES:
             problems.append(f"compile must be auto, on or off, got {self.compile!r}")
+        if self.batch_invariant not in BATCH_INVARIANT_MODES:
+            problems.append(f"batch_invariant must be auto, on or off, got {self.batch_invariant!r}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name in (

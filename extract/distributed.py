@@ -51,6 +51,7 @@ class RangeWorker:
         if check_device:  # on a cluster, each worker checks its own device (the driver's may differ)
             kind.check_device(request.device)
         self.backend = kind.load(request)
+        self.call_rows = request.shard_rows  # score() calls cut at its multiples, as in the single process
         self.prepared: dict[str, PreparedVariant] = {}
 
     def info(self) -> dict:
@@ -79,7 +80,9 @@ class RangeWorker:
         w = attach_writer(store, spec)
         rows = tokens = 0
         for a, b in pieces:
-            df, hidden = score_range(self.backend, self.prepared[spec.fingerprint], a, b)
+            df, hidden = score_range(
+                self.backend, self.prepared[spec.fingerprint], a, b, call_rows=self.call_rows
+            )
             w.write_range(a, df, hidden)
             rows += b - a
             tokens += int(df["n_prompt_tokens"].sum())
@@ -217,7 +220,7 @@ def extract_parallel(
                 n = ray.get(pool.actors[0].prepare.remote(spec, context))
                 h = pool.hidden_size
                 command = reproduce_command(cfg, [variant], kind.name, kind.command_args(request))
-                chunk = min(default_chunk_rows(h, n), cfg.shard_rows)  # ranges never share a chunk
+                chunk = min(default_chunk_rows(h, n), request.shard_rows)  # ranges never share a chunk
                 with open_writer(
                     cfg.store,
                     spec,
@@ -227,7 +230,7 @@ def extract_parallel(
                     command=command,
                     locked=True,
                 ) as w:
-                    block = -(-cfg.shard_rows // w.chunk_rows) * w.chunk_rows
+                    block = -(-request.shard_rows // w.chunk_rows) * w.chunk_rows
                     tasks = w.missing(block)
                     todo_rows = sum(b - a for t in tasks for a, b in t)
                     if todo_rows < n:

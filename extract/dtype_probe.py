@@ -3,11 +3,17 @@
     python -m walla.extract.dtype_probe [--device cpu] [--refresh]
 
 Whether bfloat16 pays off cannot be read from a spec sheet: on CPUs with AMX a bf16 GEMM runs ~10x
-faster than fp32, on CPUs without native bf16 it is emulated and ~4x SLOWER. So `auto` times a short
-square GEMM per candidate dtype on the target device (a few rounds, interleaved, best of each) and
-takes the fastest low-precision dtype when it beats float32 by at least `MARGIN`, else float32.
-The measurement (~1 s) is cached as JSON under `<cache_dir>/<machine key>.json`, keyed by the CPU
-model and flags (or the GPU name), the torch version and the thread count; `--refresh` measures again.
+faster than fp32, on CPUs without native bf16 it is emulated and ~4x SLOWER. So `auto` times a square
+GEMM per candidate dtype on the target device (a few rounds, interleaved, best of each) and takes the
+fastest low-precision dtype when it beats float32 by at least `MARGIN`, else float32.
+
+The GEMM is sized to the device (`probe_shape`): 1024^3 on a CPU (~2 GFLOP, ~1 s in all), 8192^3 on a
+GPU with warm-up and `torch.cuda.synchronize` around the timed calls: a 1024^3 GEMM takes microseconds
+there, so launch overhead dominated and an H100 read "bf16 65 / fp32 30 TFLOP/s" against real peaks of
+~785 / ~52 (issue 22). The line it prints names the shape and the rates it measured.
+The measurement is cached as JSON under `<cache_dir>/<machine key>.json`, keyed by the CPU model and flags
+(or the GPU name), the torch version and the thread count, with the GEMM side it used (a cache of another
+side is measured again); `--refresh` measures again.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from walla.store import atomic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MARGIN = 1.2  # a low-precision dtype must be this much faster than float32 to be worth its rounding
-PROBE_N = 1024  # square GEMM side: ~2 GFLOP, large enough to reach the GEMM kernels' steady state
+PROBE_N = 1024  # square GEMM side on a CPU: ~2 GFLOP, large enough to reach the GEMM kernels' steady state
+PROBE_N_CUDA = 8192  # on a GPU: ~1.1 TFLOP, ~1.4 ms in bf16 on an H100 (compute-bound, not launch-bound)
 ROUNDS = 3  # interleaved rounds per dtype; the best one counts (robust to a noisy neighbour)
 
 Measure = Callable[[str, str], float]  # (dtype name, device) -> GFLOP/s
@@ -46,17 +53,21 @@ class DtypeChoice:
     gflops: dict[str, float]  # measured GEMM GFLOP/s per candidate dtype
     device: str
     cached: str | None = None  # path of the cache file it was read from; None: measured now
+    n: int = PROBE_N  # side of the square GEMM that was timed
 
     def why(self) -> str:
-        """One line: the measured rates and the rule that picked the dtype."""
-        rates = ", ".join(f"{k} {v:.0f}" for k, v in sorted(self.gflops.items(), key=lambda kv: -kv[1]))
+        """One line: the GEMM timed, the rates measured and the rule that picked the dtype."""
+        scale, unit = (1e3, "TFLOP/s") if self.device.startswith("cuda") else (1.0, "GFLOP/s")
+        ranked = sorted(self.gflops.items(), key=lambda kv: -kv[1])
+        rates = ", ".join(f"{k} {v / scale:.{1 if scale > 1 else 0}f}" for k, v in ranked)
         base = self.gflops.get("float32", 0.0)
         if self.dtype == "float32":
             rule = f"no lower-precision dtype is >= {MARGIN}x faster than float32"
         else:
             rule = f"{self.gflops[self.dtype] / max(base, 1e-9):.1f}x float32"
         when = f"cached in {self.cached}" if self.cached else "measured now"
-        return f"{self.dtype}: GEMM probe on {self.device} {rates} GFLOP/s; {rule} ({when})"
+        shape = f"{self.n}x{self.n}x{self.n}, best of {ROUNDS}"
+        return f"{self.dtype}: GEMM probe on {self.device} ({shape}) {rates} {unit}; {rule} ({when})"
 
 
 def candidates(device: str) -> list[str]:
@@ -67,12 +78,26 @@ def candidates(device: str) -> list[str]:
     return ["float32", "bfloat16"]
 
 
-def gemm_gflops(dtype: str, device: str, n: int = PROBE_N, reps: int = 2) -> float:
-    """GFLOP/s of `reps` n x n x n GEMMs in `dtype` on `device` (one timing; the caller takes the best)."""
+def probe_shape(device: str) -> tuple[int, int, int]:
+    """(GEMM side, timed repetitions, warm-up calls) of the probe on `device` (module docstring)."""
+    if device.startswith("cuda"):
+        return PROBE_N_CUDA, 10, 3
+    return PROBE_N, 2, 1
+
+
+def gemm_gflops(dtype: str, device: str, n: int | None = None, reps: int | None = None) -> float:
+    """GFLOP/s of `reps` n x n x n GEMMs in `dtype` on `device` (one timing; the caller takes the best).
+
+    `n` / `reps` default to the device's `probe_shape`; on CUDA the timed calls are bracketed by
+    `torch.cuda.synchronize` (kernels run asynchronously) after warm-up calls (cuBLAS handle, heuristics).
+    """
+    side, default_reps, warmup = probe_shape(device)
+    n, reps = n or side, reps or default_reps
     a = torch.randn(n, n, device=device).to(DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(DTYPES[dtype])
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    a @ b  # warm-up: kernel selection, page faults
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+    for _ in range(warmup):  # kernel selection, page faults, the CUDA context and cuBLAS handle
+        a @ b
     sync()
     t = time.perf_counter()
     for _ in range(reps):
@@ -139,19 +164,22 @@ def probe(
     `measure` (dtype, device) -> GFLOP/s defaults to `gemm_gflops`; tests pass a fake.
     """
     path = cache_dir / f"{machine_key(device)}.json" if cache_dir is not None else None
+    n = probe_shape(device)[0]
     if path is not None and path.exists() and not refresh:
         try:
             data = json.loads(path.read_text())
             gflops = {k: float(v) for k, v in data["gflops"].items()}
-            if set(gflops) == set(candidates(device)):
-                return DtypeChoice(decide(gflops), gflops, device, cached=str(path))
+            # a cache without "n" was measured at PROBE_N (before the side depended on the device)
+            if set(gflops) == set(candidates(device)) and int(data.get("n", PROBE_N)) == n:
+                return DtypeChoice(decide(gflops), gflops, device, cached=str(path), n=n)
         except (ValueError, KeyError, TypeError, AttributeError):
             pass  # unreadable cache: measure again and overwrite it
     gflops = measure_all(device, measure or gemm_gflops)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(path, {"gflops": gflops, "device": device, "torch": torch.__version__}, indent=1)
-    return DtypeChoice(decide(gflops), gflops, device)
+        record = {"gflops": gflops, "device": device, "torch": torch.__version__, "n": n}
+        atomic.write_json(path, record, indent=1)
+    return DtypeChoice(decide(gflops), gflops, device, n=n)
 
 
 def resolve(name: str, device: str, cache_dir: Path | None = None) -> tuple[str, str]:

@@ -8,8 +8,12 @@
 3. For each variant, build the FeatureSetSpec from every resolved input (model id/hash, backend +
    versions + dtype, question-table fingerprint, template text, option tokens, context seed).
    Complete ones are skipped at once ("already complete: <path>"), before any model is loaded.
+   `auto` settings are decided first (dtype, compile, batch invariance, batch tokens and shard rows:
+   extract/sizing.py) and printed with why; where the batch sizes are part of the fingerprint, sizes a
+   store already recorded for the same inputs are reused rather than measured again.
 4. Load the model ONCE, then per remaining variant: render prompts, resolve option tokens, open the
-   store writer, resume after its durable rows, score shard by shard (bounded memory), commit.
+   store writer, resume after its durable rows, score shard by shard (bounded memory), commit. On a GPU
+   the next shard is tokenized and the previous one written while the device runs (extract/variant.py).
    With --workers / --ray-address, step 4 runs in Ray actors over row ranges (extract/distributed.py).
 
 The backend is an object from the registry (extract/backends/registry.py): this recipe asks it, never
@@ -21,14 +25,15 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from walla.extract import hub
-from walla.extract.backends import Backend, BackendKind, BackendRequest
+from walla.extract import hub, sizing
+from walla.extract.backends import BATCHING_KEY, Backend, BackendKind, BackendRequest
 from walla.extract.backends.registry import DEFAULT_BACKEND, backend_kind
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
@@ -39,9 +44,13 @@ from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.progress import Progress
 from walla.extract.prompts import PromptTemplate, build_prompts, get_template
 from walla.extract.splits import SplitProtocol
-from walla.extract.variant import prepare_variant, score_range
+from walla.extract.variant import prepare_variant, score_and_write
 from walla.manifests import catalog  # module attribute: tests swap catalog.load_models / load_datasets
 from walla.store.featureset import FeatureSetSpec, find_complete, open_writer, read_feature_set, writer_lock
+from walla.store.files import read_json
+from walla.store.fingerprint import canonical
+from walla.store.layout import META_FILE, WRITER_FILE, StoreError
+from walla.store.listing import list_feature_sets
 from walla.store.questions import write_question_table
 
 log = logging.getLogger(__name__)
@@ -117,8 +126,10 @@ def backend_request(
         device=device,
         chat_template=chat_template,
         hidden_size=hidden_size,
-        batch_tokens=cfg.batch_tokens,
+        batch_tokens=cfg.batch_tokens or sizing.CPU_BATCH_TOKENS,  # `auto` (None): settled by the kind
+        shard_rows=cfg.shard_rows or sizing.CPU_SHARD_ROWS,
         compile=cfg.compile,
+        batch_invariant=cfg.batch_invariant,
         tensor_parallel_size=cfg.tensor_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         max_model_len=cfg.max_model_len,
@@ -161,9 +172,16 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
     dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
     est_tokens = functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg)
-    request = _settle(kind, request, dtype_from, est_tokens, out)  # `auto` measured; the fingerprint gets it
+    request = _settle(kind, request, cfg, dtype_from, est_tokens, out)  # the fingerprint gets what ran
     ident = {"model": rm.identity, **kind.identity(request)}
     inputs = {v: _inputs(v, qfp, source, ident, d_entry, template, cfg) for v in variants}
+    recorded = _recorded_batching(cfg, model_name, inputs)
+    if recorded is not None:  # the sizes the store's sets of these inputs were made with: their fingerprints
+        batching, why = recorded
+        out(why)
+        request = replace(request, batch_tokens=batching["batch_tokens"], shard_rows=batching["shard_rows"])
+        ident = {"model": rm.identity, **kind.identity(request)}
+        inputs = {v: _inputs(v, qfp, source, ident, d_entry, template, cfg) for v in variants}
     specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]
     with contextlib.ExitStack() as locks:
         paths, todo = _lock_and_skip_complete(locks, cfg.store, specs, out)
@@ -224,16 +242,86 @@ def _load_inputs(kind: BackendKind, rm: ResolvedModel, d_entry, cfg: ExtractConf
 
 
 def _settle(
-    kind: BackendKind, request: BackendRequest, dtype_from: str, est_tokens: Callable[[], int], out
+    kind: BackendKind,
+    request: BackendRequest,
+    cfg: ExtractConfig,
+    dtype_from: str,
+    est_tokens: Callable[[], int],
+    out,
 ) -> BackendRequest:
-    """The request with `--dtype auto` / `--compile auto` decided by the backend, saying why."""
+    """The request with `auto` decided by the backend, saying why: dtype, compile, batch invariance, sizes."""
     dtype, why = kind.settle_dtype(request.dtype, request.device)
     if why:
         out(f"dtype {why} [{dtype_from}]")
     mode, why = kind.settle_compile(request.compile, est_tokens, request.device)
     if why:
         out(why)
-    return replace(request, dtype=dtype, compile=mode)
+    request, why = kind.settle_batching(
+        replace(request, dtype=dtype, compile=mode), cfg.batch_tokens, cfg.shard_rows
+    )
+    for line in (why or "").splitlines():
+        out(line)
+    return request
+
+
+def _recorded_batching(
+    cfg: ExtractConfig, model_name: str, inputs: dict[str, dict]
+) -> tuple[dict, str] | None:
+    """(batching, why) recorded by feature sets in the store whose inputs equal ours but for the `auto` sizes.
+
+    Only where the sizes are in the fingerprint (`BATCHING_KEY`) and one of them is `auto`: re-sizing from
+    the free memory of the moment would silently give a new fingerprint, so a resumed or repeated run would
+    neither resume nor find its complete set.
+
+    Raises:
+        ValueError: feature sets that differ only in those sizes were made with two or more of them.
+    """
+    auto = {k for k in ("batch_tokens", "shard_rows") if getattr(cfg, k) is None}
+    ours_any = next(iter(inputs.values()))
+    if not auto or BATCHING_KEY not in ours_any:
+        return None
+    found: dict[str, list] = {}
+    for variant, ours in inputs.items():
+        mine = canonical(ours)
+        for info in list_feature_sets(cfg.store, model_name, cfg.dataset, variant):
+            theirs = _recorded_inputs(info)
+            if theirs is None or not isinstance(theirs.get(BATCHING_KEY), dict):
+                continue
+            b, want = theirs[BATCHING_KEY], mine[BATCHING_KEY]
+            rest_same = {k: v for k, v in theirs.items() if k != BATCHING_KEY} == {
+                k: v for k, v in mine.items() if k != BATCHING_KEY
+            }
+            fixed_same = set(b) == set(want) and all(b[k] == want[k] for k in want if k not in auto)
+            if rest_same and fixed_same:
+                found.setdefault(json.dumps(b, sort_keys=True), []).append(info)
+    if not found:
+        return None
+    if len(found) > 1:
+        recorded = [json.loads(k) for k in sorted(found)]
+        sizes = " and ".join(f"{b['batch_tokens']} tokens/{b['shard_rows']} rows" for b in recorded)
+        raise ValueError(
+            f"the store {cfg.store} holds feature sets of {model_name}/{cfg.dataset} that differ only in their "
+            f"batch sizes ({sizes}); pass --batch-tokens and --shard-rows to say which to continue"
+        )
+    ((key, infos),) = found.items()
+    b, info = json.loads(key), infos[0]
+    return b, (
+        f"batch tokens {b['batch_tokens']:,}, shard rows {b['shard_rows']:,}: as the {info.status} feature set "
+        f"{info.model}/{info.dataset}/{info.variant} {info.fingerprint} in the store recorded them (auto sizes "
+        "that are part of a fingerprint are reused, not measured again)"
+    )
+
+
+def _recorded_inputs(info) -> dict | None:
+    """The fingerprint inputs a feature-set directory recorded (meta.json, or writer.json of a write in progress)."""
+    if info.status not in ("complete", "incomplete", "writing"):
+        return None  # stale, corrupt: never continued
+    try:
+        data = read_json(info.path / (META_FILE if info.status == "complete" else WRITER_FILE))
+    except StoreError:
+        return None
+    inputs = (data.get("fingerprint_inputs") or {}).get("inputs")
+    return inputs if isinstance(inputs, dict) else None
 
 
 def _inputs(variant: str, qfp: str, source: dict, ident: dict, d_entry, template, cfg: ExtractConfig) -> dict:
@@ -273,9 +361,11 @@ def _extract_here(
     """Step 4 in this process: load the model once, then extract each variant of `todo` [(variant, spec)]."""
     t_load = time.perf_counter()
     backend = kind.load(request)
+    times = getattr(backend, "load_times", None) or {}  # where the seconds went, when the backend says
+    parts = f": {', '.join(f'{k} {v:.1f} s' for k, v in times.items())}" if times else ""
     out(
         f"model {model_name} loaded ({kind.name}, {ident.get('dtype', 'n/a')}"
-        f"{', compiled' if ident.get('compile') else ''}) in {time.perf_counter() - t_load:.1f} s"
+        f"{', compiled' if ident.get('compile') else ''}) in {time.perf_counter() - t_load:.1f} s{parts}"
     )
     paths = []
     try:
@@ -283,7 +373,7 @@ def _extract_here(
             for variant, spec in todo:
                 command = reproduce_command(cfg, [variant], kind.name, kind.command_args(request))
                 paths.append(
-                    _extract_variant(backend, spec, table, template, d_entry, cfg, bar, out, command)
+                    _extract_variant(backend, spec, table, template, d_entry, cfg, request, bar, out, command)
                 )
     finally:
         backend.close()
@@ -291,7 +381,16 @@ def _extract_here(
 
 
 def _extract_variant(
-    backend: Backend, spec, table, template, d_entry, cfg: ExtractConfig, bar, out, command: str
+    backend: Backend,
+    spec,
+    table,
+    template,
+    d_entry,
+    cfg: ExtractConfig,
+    request: BackendRequest,
+    bar,
+    out,
+    command: str,
 ) -> Path:
     """Render, resolve option tokens, then score and store shard by shard (resuming after durable rows)."""
     t0 = time.perf_counter()
@@ -299,16 +398,17 @@ def _extract_variant(
         backend, table, template, spec.variant, d_entry.option_tokens, cfg.context_seed
     )
     n = len(prepared.prompts)
+    rows = request.shard_rows
     with open_writer(
         cfg.store, spec, hidden_size=backend.hidden_size, total_rows=n, command=command, locked=True
     ) as w:
-        pieces = [piece for group in w.missing(cfg.shard_rows) for piece in group]  # rows no shard holds
+        pieces = [piece for group in w.missing(rows) for piece in group]  # rows no shard holds
         start0 = n - sum(b - a for a, b in pieces)
         if start0:
             out(f"resuming {spec.model}/{spec.dataset}/{spec.variant} after {start0} durable rows")
         bar.task(f"{spec.model} {spec.dataset}/{spec.variant}", n, start0)
-        for a, b in pieces:
-            w.write_range(a, *score_range(backend, prepared, a, b, bar.advance))
+        overlap = not request.device.startswith("cpu")  # a CPU computes with every core: nothing to overlap
+        score_and_write(backend, prepared, pieces, w.write_range, bar.advance, rows, overlap)
         w.stats = {
             "n_params_non_embedding": non_embedding_params(getattr(backend, "model", None)),
             "wall_s": time.perf_counter() - t0,

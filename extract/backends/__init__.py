@@ -33,6 +33,9 @@ class ScoreResult:
 
 Progress = Callable[[int, int], None]  # (rows done in this batch, tokens in this batch)
 
+# the identity key holding the batch sizes where outputs depend on batch composition (BackendKind.identity)
+BATCHING_KEY = "batching"
+
 
 @dataclass(frozen=True)
 class BackendRequest:
@@ -43,8 +46,10 @@ class BackendRequest:
     device: str  # cpu | cuda | cuda:N | mps
     chat_template: bool
     hidden_size: int | None  # the manifest's (checked against the loaded model; the fake's width)
-    batch_tokens: int  # padded tokens per forward pass
+    batch_tokens: int  # padded tokens per forward pass (settled: a number, never auto)
     compile: str = "off"  # hf: auto | on | off; `auto` until the kind settles it (settle_compile)
+    shard_rows: int = 256  # rows per scoring call and durable shard (settled)
+    batch_invariant: str = "auto"  # hf: auto | on | off; `auto` until the kind settles it (settle_batching)
     # vllm only (None: vLLM's default)
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
@@ -77,7 +82,11 @@ class Backend(Protocol):
     def score(
         self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
     ) -> ScoreResult:
-        """One forward pass per prompt; rows come back in input order."""
+        """One forward pass per prompt; rows come back in input order.
+
+        A backend with `encode_batch(texts) -> ids` also takes `enc=` (those ids, computed ahead by
+        extract/variant.py's background thread while the device runs the previous call).
+        """
         ...
 
     def close(self) -> None: ...
@@ -116,8 +125,19 @@ class BackendKind(Protocol):
         """(the --compile mode the run uses, why; None when the backend does not compile)."""
         ...
 
+    def settle_batching(
+        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
+    ) -> tuple[BackendRequest, str | None]:
+        """The request with its batch invariance and sizes decided (`None` sizes: auto, extract/sizing.py),
+        and why; None when there is nothing to say."""
+        ...
+
     def identity(self, request: BackendRequest) -> dict:
-        """Fingerprint inputs of the backend for this request (the model's own identity is added by run.py)."""
+        """Fingerprint inputs of the backend for this request (the model's own identity is added by run.py).
+
+        A `batching` key (batch tokens, shard rows, order) is present exactly when the outputs depend on
+        which prompts share a forward pass: run.py then reuses the sizes a store already recorded.
+        """
         ...
 
     def command_args(self, request: BackendRequest) -> list[str]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
+from walla.extract import sizing
 from walla.extract.backends import BackendRequest, Progress, ScoreResult
 from walla.extract.device import check_device_name
 from walla.extract.models import ResolvedModel
@@ -100,6 +102,12 @@ class DummyKind:
 
     def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
         return mode, None
+
+    def settle_batching(
+        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
+    ) -> tuple[BackendRequest, str | None]:
+        bt = batch_tokens or sizing.CPU_BATCH_TOKENS  # every row is a function of its prompt: no batching key
+        return replace(request, batch_tokens=bt, shard_rows=shard_rows or sizing.CPU_SHARD_ROWS), None
 
     def identity(self, request: BackendRequest) -> dict:
         return DummyBackend(request.hidden_size).identity()

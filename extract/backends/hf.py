@@ -22,18 +22,24 @@ transformers' own choice (SDPA where the architecture supports it, else eager).
 fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, residuals), which in eager
 mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
 
-In reduced precision (bfloat16, float16) the backend is batch-invariant (`batch_invariant`, default: on
-unless float32): prompts are packed without padding and attend and are scored one by one
-(extract/backends/hf_packed.py), so a prompt's option log-probs, hidden state and NLL are the same bits in
-any batch mix (padded bf16 batches moved an option log-prob by up to 0.6 nats). The fingerprint records it
-(`batch_invariant: true`). float32 keeps the padded batches and the prefix cache: there batch composition
-moves results by ~1e-5 (float32 GEMM rounding), far below anything a feature is used for.
+Batch composition (`--batch-invariant auto|on|off`, `explain_batch_invariant`): on a CPU, reduced precision
+(bfloat16, float16) is scored batch-invariantly: prompts are packed without padding and attend and are
+scored one by one (extract/backends/hf_packed.py), so a prompt's option log-probs, hidden state and NLL are
+the same bits in any batch mix (padded bf16 batches moved an option log-prob by up to 0.6 nats); the
+fingerprint records `batch_invariant: true`. On a CUDA device `auto` keeps the padded batches of a bare
+loop: packed scoring runs attention prompt by prompt, and cuBLAS picks its kernels by row count, so the
+row-invariance probe fails and each prompt would run alone, far below the bare loop's speed. Its outputs
+then depend on which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch
+tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix cache without either
+key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below anything a
+feature is used for.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +48,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from walla.extract import device as devices
 from walla.extract import dtype_probe, hub
-from walla.extract.backends import Progress, ScoreResult, hf_packed, lm_head
+from walla.extract.backends import BATCHING_KEY, Progress, ScoreResult, hf_checks, hf_packed, lm_head
 from walla.extract.backends.hf_compile import compile_layers
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
     cache_root,
@@ -79,24 +85,66 @@ def explain_dtype(name: str, device: str) -> tuple[str, str]:
     return dtype_probe.resolve(name, device, dtype_probe.default_cache_dir())
 
 
-def invariant_by_default(dtype: torch.dtype) -> bool:
-    """Batch-invariant scoring is on in reduced precision, where batch composition moves results visibly."""
-    return dtype != torch.float32
+BATCH_INVARIANT_MODES = ("auto", "on", "off")
+# how rows are grouped into forward passes (recorded with the sizes where outputs depend on it)
+BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sorted longest first"
+
+
+def invariant_by_default(dtype: torch.dtype, device: str = "cpu") -> bool:
+    """`--batch-invariant auto`: on in reduced precision on a CPU, where batch composition moves results
+    visibly and packing costs little; off on CUDA (see explain_batch_invariant) and in float32."""
+    return dtype != torch.float32 and not str(device).startswith("cuda")
+
+
+def explain_batch_invariant(mode: str, dtype: torch.dtype, device: str) -> tuple[bool, str]:
+    """(batch-invariant scoring?, why) for --batch-invariant auto|on|off, a dtype and a device."""
+    if mode in ("on", "off"):
+        return mode == "on", f"batch-invariant {mode} [--batch-invariant]"
+    if mode != "auto":
+        raise ValueError(f"--batch-invariant must be auto, on or off, got {mode!r}")
+    on = invariant_by_default(dtype, device)
+    if dtype == torch.float32:
+        why = "float32: padded batches (batch composition moves results by ~1e-5 there)"
+    elif on:
+        why = (
+            f"packed prompts, attention and LM head per prompt on {device}: a prompt's numbers do not depend "
+            "on its batch"
+        )
+    else:
+        why = (
+            f"padded batches on {device}, as a bare loop runs them (packed scoring runs attention prompt by "
+            "prompt, and one prompt per pass where cuBLAS picks kernels by row count); outputs then depend on "
+            "the batch composition, so the fingerprint records batch tokens, shard rows and order"
+        )
+    return on, f"batch-invariant auto -> {'on' if on else 'off'}: {why}"
+
+
+def batching_identity(dtype: torch.dtype, invariant: bool, batch_tokens: int, shard_rows: int) -> dict | None:
+    """What fixes the batch composition, where it changes the outputs (reduced precision, not invariant)."""
+    if invariant or dtype == torch.float32:
+        return None
+    return {"batch_tokens": int(batch_tokens), "shard_rows": int(shard_rows), "order": BATCH_ORDER}
 
 
 def hf_identity(
-    dtype: torch.dtype, chat_template: bool, compiled: bool = False, batch_invariant: bool | None = None
+    dtype: torch.dtype,
+    chat_template: bool,
+    compiled: bool = False,
+    batch_invariant: bool | None = None,
+    batching: dict | None = None,
 ) -> dict:
     """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once).
 
     A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; so is
-    batch-invariant scoring (other numbers than padded batches in reduced precision). Each key is absent when
-    off, so feature sets extracted before the option existed keep their fingerprint.
+    batch-invariant scoring (other numbers than padded batches in reduced precision), and, in reduced
+    precision without it, the batching that fixes which prompts share a pass. Each key is absent when off,
+    so feature sets extracted before the option existed keep their fingerprint.
     """
     invariant = invariant_by_default(dtype) if batch_invariant is None else batch_invariant
     return {
         **({"compile": True} if compiled else {}),
         **({"batch_invariant": True} if invariant else {}),
+        **({BATCHING_KEY: batching} if batching else {}),
         "backend": "hf",
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
@@ -106,8 +154,13 @@ def hf_identity(
     }  # prompt NLL over real tokens only (not the reference's pad/BOS quirk)
 
 
-def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
-    """(model, tokenizer) for a resolved model; hub failures become one-line HubUnavailableError."""
+def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str, times: dict | None = None):
+    """(model, tokenizer) for a resolved model; hub failures become one-line HubUnavailableError.
+
+    The weights are read straight onto the device in `dtype` (device_map): no float32 copy on the host,
+    no second copy to the GPU. `times` gets the seconds of the tokenizer and the weights.
+    """
+    times = {} if times is None else times
     kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
     is_hub = rm.identity.get("source") == "hub"
     src = local_weights_dir(rm)
@@ -117,18 +170,24 @@ def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str):
         if rm.revision:
             kwargs["revision"] = rm.revision
     why = hub.prepare_hub_access() if is_hub else ""
+    placement = {} if device == "cpu" else {"device_map": device}  # cpu: as before (no accelerate dispatch)
     try:
         with quiet_transformers():
+            t = time.perf_counter()
             tok = AutoTokenizer.from_pretrained(src, **kwargs)
+            times["tokenizer"] = time.perf_counter() - t
             # no attn_implementation: transformers picks SDPA where the architecture has it, else eager
             # (forcing "sdpa" made e.g. Gemma-2 refuse to load with a message that never says "sdpa")
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
+            t = time.perf_counter()
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **placement, **kwargs)
+            model = model.to(device).eval()  # a no-op where device_map placed it
+            times["weights"] = time.perf_counter() - t
     except (OSError, ValueError, RuntimeError) as e:
         if not is_hub or isinstance(e, hub.HubUnavailableError):
             raise
         reason = (why + " and it is not in the local cache") if why else hub.describe_failure(e)
         raise hub.unavailable("model", rm.load_from, reason, hub.EMBEDDED_HINT) from e
-    return model.to(device).eval(), tok
+    return model, tok
 
 
 class HFBackend:
@@ -151,6 +210,7 @@ class HFBackend:
         prefix_cache: bool = True,
         compiled: bool = False,
         batch_invariant: bool | None = None,
+        shard_rows: int | None = None,
     ):
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -176,10 +236,11 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._identity = identity or {}
-        # None: on in reduced precision (module docstring); packed prompts, attention and head per prompt
+        # None: `--batch-invariant auto` for this dtype and device (module docstring)
         self.batch_invariant = (
-            invariant_by_default(self.dtype) if batch_invariant is None else batch_invariant
+            invariant_by_default(self.dtype, self.device.type) if batch_invariant is None else batch_invariant
         )
+        self.shard_rows = shard_rows  # rows per score() call of the run: part of `batching` in identity()
         self._attention = None  # the model's own attention function, found at the first packed forward
         self.rows_invariant: bool | None = None  # measured at the first packed score() (hf_packed.py)
         self.compiled = False
@@ -189,7 +250,10 @@ class HFBackend:
     # -- text -> ids ------------------------------------------------------------------------------------
 
     def identity(self) -> dict:
-        ident = hf_identity(self.dtype, self.chat_template, self.compiled, self.batch_invariant)
+        batching = None
+        if self.shard_rows is not None:
+            batching = batching_identity(self.dtype, self.batch_invariant, self.batch_tokens, self.shard_rows)
+        ident = hf_identity(self.dtype, self.chat_template, self.compiled, self.batch_invariant, batching)
         return {**self._identity, **ident}
 
     def format_prompt(self, text: str) -> str:
@@ -214,6 +278,14 @@ class HFBackend:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head on selected positions only: [n, d] -> [n, V] float32."""
         return lm_head.cap(self.head(h).float(), self.softcap)
+
+    def _option_logprobs(self, h_last: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary log-probs of the candidate tokens: [n, d] -> [n, U]. Rows go through the head
+        `lm_head.HEAD_ROWS` at a time, so a batch of many short prompts never holds more [rows, V] floats."""
+        if h_last.shape[0] <= lm_head.HEAD_ROWS:
+            return torch.log_softmax(self._logits(h_last), dim=-1)[:, cand]
+        parts = [torch.log_softmax(self._logits(h), dim=-1)[:, cand] for h in h_last.split(lm_head.HEAD_ROWS)]
+        return torch.cat(parts)
 
     def _token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """-log p(target | position) for T positions without materializing [T, V]: [T, d], [T] -> [T]."""
@@ -267,8 +339,7 @@ class HFBackend:
             last = torch.full((n,), width - 1, device=self.device)
         h = out.last_hidden_state  # [n, L, d], after the final norm
         h_last = h[torch.arange(n, device=self.device), last]  # [n, d]
-        logp = torch.log_softmax(self._logits(h_last), dim=-1)  # [n, V] last position only
-        opt = logp[:, cand.to(self.device)]  # [n, U]
+        opt = self._option_logprobs(h_last, cand.to(self.device))  # [n, U] last position only
         # prompt NLL: position t predicts token t+1; both must be real tokens
         pred = real[:, :-1] & real[:, 1:]  # [n, L-1]
         row_of = torch.arange(n, device=self.device).unsqueeze(1).expand(n, width - 1)[pred]  # [T]
@@ -326,14 +397,19 @@ class HFBackend:
         return p
 
     def score(
-        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
+        self,
+        prompts: list[str],
+        token_ids: list[int],
+        progress: Progress | None = None,
+        enc: list[list[int]] | None = None,
     ) -> ScoreResult:
         """Score prompts (already formatted) in length buckets; results in input order.
 
+        `enc`: the prompts' ids from `encode_batch`, when the caller tokenized them ahead (in a thread).
         A token prefix shared by all prompts (e.g. few-shot examples, an instruction) is run once and
         its KV cache reused: the same outputs, without recomputing the prefix for every prompt.
         """
-        enc = self.encode_batch(prompts)
+        enc = self.encode_batch(prompts) if enc is None else enc
         lengths = np.array([len(e) for e in enc])
         if self.batch_invariant:
             return self._score_packed(enc, lengths, token_ids, progress)
@@ -353,7 +429,7 @@ class HFBackend:
         """score() when batch-invariant: packs of prompts (one prompt per pack where the GEMMs are not
         row-invariant; both give the same bits)."""
         if self.rows_invariant is None:
-            self.rows_invariant, why = hf_packed.linear_rows_invariant(self.model, max(self.batch_tokens, 2))
+            self.rows_invariant, why = hf_checks.rows_invariant(self.model, max(self.batch_tokens, 2))
             log.info("batch-invariant scoring: %s", why)
         rows = self.max_batch_rows if self.rows_invariant else 1
         packs = hf_packed.plan_packs(lengths, self.batch_tokens, rows)
@@ -375,14 +451,21 @@ class HFBackend:
         """
         ids = self.encode(text)
         x = torch.tensor([ids], device=self.device)
-        full = self.model(input_ids=x, use_cache=False)  # no output_hidden_states: its capture hooks, once
-        # installed, stay on every layer and break a compiled layer's graph; hidden_states[-1] IS this:
+        # the decoder's output as the model's own forward computes it (= hidden_states[-1]), caught by a hook
+        # removed at once: output_hidden_states' capture hooks would stay on every layer and break a compiled
+        # layer's graph, and a second decoder forward would cost one more pass at load
+        seen: list = []
+        hook = self.decoder.register_forward_hook(lambda _m, _a, out: seen.append(_last_hidden(out)))
+        try:
+            full = self.model(input_ids=x, use_cache=False)
+        finally:
+            hook.remove()
         ref_lp = torch.log_softmax(full.logits[0].float(), dim=-1)  # [L, V] (one short prompt)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
         forward = self.forward_packed if self.batch_invariant else self.forward_batch
         opt, hid, nll, _ = forward([ids], cand)
         ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
-        ref_h = self.decoder(input_ids=x, use_cache=False).last_hidden_state[0, -1].float().cpu().numpy()
+        ref_h = seen[0][0, -1].float().cpu().numpy()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         err = max(float(np.abs(opt[0] - ref_lp[-1, cand].cpu().numpy()).max()), abs(float(nll[0]) - ref_nll))
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
@@ -411,6 +494,11 @@ class HFBackend:
             torch.cuda.empty_cache()
 
 
+def _last_hidden(out) -> torch.Tensor:
+    """The decoder's final hidden states from its output (a ModelOutput, or a tuple when return_dict is off)."""
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
 def load_hf_backend(
     rm: ResolvedModel,
     *,
@@ -419,24 +507,39 @@ def load_hf_backend(
     batch_tokens: int = 4096,
     chat_template: bool = False,
     compiled: bool = False,
+    batch_invariant: bool | None = None,
+    shard_rows: int | None = None,
 ) -> HFBackend:
-    """Load a resolved model and wrap it; runs the self-check once, then compiles when `compiled`."""
+    """Load a resolved model and wrap it; runs the self-check (once per model and machine: cached), then
+    compiles when `compiled`. `backend.load_times` says where the seconds went."""
     device = device or devices.default_device()
-    torch_dtype = resolve_dtype(dtype, device)
-    model, tok = load_model(rm, torch_dtype, device)
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+    torch_dtype = resolve_dtype(dtype, device)  # measured once per machine, then read from its cache
+    times["dtype"] = time.perf_counter() - t
+    model, tok = load_model(rm, torch_dtype, device, times)
+    cuda = device.startswith("cuda")
     backend = HFBackend(
         model,
         tok,
         batch_tokens=batch_tokens,
         chat_template=chat_template,
         identity={"model": rm.identity},
+        chunk_elems=lm_head.CHUNK_ELEMS_CUDA if cuda else lm_head.CHUNK_ELEMS,
+        batch_invariant=batch_invariant,
+        shard_rows=shard_rows,
     )
     if rm.hidden_size and rm.hidden_size != backend.hidden_size:
         raise ValueError(
             f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
             f"{backend.hidden_size}; fix manifests/models.yaml"
         )
-    backend.self_check()  # eager, before compiling: checks the architecture, not the compiler
+    t = time.perf_counter()
+    cached = hf_checks.self_check_once(backend, rm.identity)  # eager, before compiling: the architecture
+    times["self-check (cached)" if cached else "self-check"] = time.perf_counter() - t
     if compiled:
+        t = time.perf_counter()
         backend.compile()
+        times["compile"] = time.perf_counter() - t
+    backend.load_times = times
     return backend

@@ -9,6 +9,12 @@ import torch.nn.functional as F
 # logits per NLL chunk: 64 MiB in bf16, ~680 tokens of a 49k vocabulary (on the 2-core CPU the head GEMM +
 # cross-entropy of 170-token chunks ran at ~0.8x the speed of 512-token ones; 2^23 was the old value)
 CHUNK_ELEMS = 1 << 25
+# on CUDA: 4x larger chunks (256 MiB of bf16 logits): the head GEMM gets >= 1,000 rows even for a 128k
+# vocabulary, and the chunk loop runs fewer, larger kernels
+CHUNK_ELEMS_CUDA = 1 << 27
+# prompts whose last-position logits ([rows, V] float32) are computed at once: bounds that buffer when a
+# batch holds many short prompts (extract/sizing.py counts it as a fixed cost)
+HEAD_ROWS = 1024
 # vocabulary rows per NLL chunk: the whole vocabulary of today's models, so each token chunk is ONE logsumexp
 # pass (measured 2x faster on CPU than 4096-row slices with a running logaddexp, which stays for smaller values)
 VOCAB_CHUNK = 1 << 18

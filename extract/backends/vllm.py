@@ -23,12 +23,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 from transformers import AutoTokenizer
 from walla.extract import device as devices
+from walla.extract import sizing
 from walla.extract.backends import BackendRequest, Progress, ScoreResult
 from walla.extract.backends.hf import explain_dtype
 from walla.extract.gguf_cache import local_weights_dir
@@ -260,6 +262,14 @@ class VLLMKind:
 
     def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
         return mode, None  # --compile is the hf backend's; vLLM compiles (or not: --enforce-eager) on its own
+
+    def settle_batching(
+        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
+    ) -> tuple[BackendRequest, str | None]:
+        # vLLM schedules its own batches inside each score() call (not batch-invariant, and nothing walla sets
+        # fixes its composition, so no `batching` key); only the rows per call are ours: larger on a GPU
+        rows, why = sizing.settle_shard_rows(request.device, shard_rows, request.hidden_size)
+        return replace(request, shard_rows=rows), f"{why} (vLLM batches within each call itself)"
 
     def identity(self, request: BackendRequest) -> dict:
         return vllm_identity(request.dtype, request.chat_template)

@@ -95,3 +95,17 @@ def test_dummy_run_prints_paths(tmp_path):
         ],
     )
     assert "already complete: " in r2.output
+
+
+def test_size_and_batching_options_take_auto_or_a_number(tmp_path):
+    base = ["--model", "smollm2-135m", "--dataset", "facts", "--store", str(tmp_path)]
+    r = runner.invoke(app, [*base, "--batch-tokens", "lots"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "batch_tokens: Input should be a valid integer" in r.output
+    r = runner.invoke(app, [*base, "--shard-rows", "0"])
+    assert r.exit_code == 2 and "shard_rows must be >= 1, got 0" in r.output
+    r = runner.invoke(app, [*base, "--batch-invariant", "maybe"])
+    assert r.exit_code == 2 and "batch_invariant must be auto, on or off, got 'maybe'" in r.output
+    ok = [*base, "--backend", "dummy", "--size", "20", "--variants", "none", "--no-progress"]
+    r = runner.invoke(app, [*ok, "--batch-tokens", "auto", "--shard-rows", "7"])
+    assert r.exit_code == 0, r.output

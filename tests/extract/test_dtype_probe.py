@@ -81,9 +81,29 @@ def test_resolve_explicit_and_unknown(tmp_path, monkeypatch):
         dp.resolve("fp8", "cpu", tmp_path)
     name, why = dp.resolve("auto", "cpu", tmp_path)
     assert name == "bfloat16" and why.startswith(
-        "auto -> bfloat16: GEMM probe on cpu bfloat16 130, float32 100"
+        "auto -> bfloat16: GEMM probe on cpu (1024x1024x1024, best of 3) bfloat16 130, float32 100 GFLOP/s"
     )
 
 
 def test_real_gemm_probe_returns_a_positive_rate():
     assert dp.gemm_gflops("float32", "cpu", n=64, reps=1) > 0
+
+
+def test_the_probe_is_sized_to_the_device_and_says_what_it_measured():
+    assert dp.probe_shape("cpu") == (1024, 2, 1)  # unchanged on a CPU: ~1 s in all
+    assert dp.probe_shape("cuda:0") == (8192, 10, 3)  # compute-bound on a GPU, with warm-up
+    h100 = dp.DtypeChoice("bfloat16", {"float32": 52_000.0, "bfloat16": 785_000.0}, "cuda", n=8192)
+    assert h100.why() == (
+        "bfloat16: GEMM probe on cuda (8192x8192x8192, best of 3) bfloat16 785.0, float32 52.0 TFLOP/s; "
+        "15.1x float32 (measured now)"
+    )
+
+
+def test_a_cache_of_another_gemm_side_is_measured_again(tmp_path):
+    path = tmp_path / f"{dp.machine_key('cpu')}.json"
+    path.write_text(json.dumps({"gflops": {"float32": 100.0, "bfloat16": 900.0}}))  # before "n": PROBE_N
+    assert dp.probe("cpu", tmp_path, measure=fake({"float32": 1.0, "bfloat16": 1.0})).cached == str(path)
+    path.write_text(json.dumps({"gflops": {"float32": 100.0, "bfloat16": 900.0}, "n": 2048}))
+    again = dp.probe("cpu", tmp_path, measure=fake({"float32": 100.0, "bfloat16": 20.0}))
+    assert again.cached is None and again.dtype == "float32"
+    assert json.loads(path.read_text())["n"] == 1024

@@ -7,6 +7,7 @@ import pytest
 import torch
 from tiny_model import tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM
+from walla.extract.backends import lm_head
 from walla.extract.backends.hf import HFBackend, load_model
 from walla.extract.models import ResolvedModel
 from walla.extract.scoring import renormalize
@@ -164,3 +165,16 @@ def test_gemma2_loads_with_transformers_attention_choice(tmp_path, tok):
     assert model.config._attn_implementation in ("eager", "sdpa")  # eager on transformers 5.23
     backend = HFBackend(model, tok)
     assert backend.self_check() < 1e-3  # soft-capped Gemma-2 logits reproduced by the head path
+
+
+def test_last_position_head_in_row_chunks_and_ids_given_ahead(model, tok, monkeypatch):
+    """Many short prompts: the [rows, V] head runs HEAD_ROWS rows at a time, with the same numbers; ids
+    tokenized ahead (the GPU pipeline's background thread) give the same result as score() tokenizing."""
+    be = HFBackend(model, tok, batch_tokens=10_000, prefix_cache=False)
+    cand = [tok.convert_tokens_to_ids(t) for t in ["A", "B", "YES"]]
+    whole = be.score(PROMPTS, cand)
+    monkeypatch.setattr(lm_head, "HEAD_ROWS", 2)  # 5 prompts in one batch -> head chunks of 2, 2, 1
+    chunked = be.score(PROMPTS, cand, enc=be.encode_batch(PROMPTS))
+    np.testing.assert_allclose(chunked.raw_logprobs, whole.raw_logprobs, atol=1e-6)
+    np.testing.assert_array_equal(chunked.hidden, whole.hidden)
+    np.testing.assert_array_equal(chunked.prompt_nll, whole.prompt_nll)

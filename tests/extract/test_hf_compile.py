@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from walla.extract.backends.hf import HFBackend
-from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, explain_compile
+from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, explain_compile
 from walla.extract.backends.hf_kind import HF
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
@@ -39,6 +39,16 @@ def test_auto_compiles_large_jobs_only():
     assert explain_compile("on", 0, "cpu")[0] is True and explain_compile("off", 10**9, "cpu")[0] is False
     with pytest.raises(ValueError, match="--compile must be auto, on or off"):
         explain_compile("yes", 0, "cpu")
+
+
+def test_auto_compiles_earlier_on_cuda():
+    job = 150_000  # a few seconds of eager work on an H100, minutes on the 2-core CPU
+    assert COMPILE_MIN_TOKENS_CUDA < job < COMPILE_MIN_TOKENS
+    on, why = explain_compile("auto", job, "cuda:0")
+    assert on is True and why.startswith("compile auto -> on: ~150,000 prompt tokens >= 100,000 on cuda:0")
+    assert "was not timed on a GPU" in why  # says what is not known
+    assert explain_compile("auto", job, "cpu")[0] is False  # the CPU rule is unchanged
+    assert explain_compile("auto", COMPILE_MIN_TOKENS_CUDA - 1, "cuda")[0] is False
 
 
 def test_bad_compile_value_and_reproduce_command():

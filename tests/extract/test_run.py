@@ -223,7 +223,10 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
     paths = run_mod.run(cfg, out=out)
     assert len(paths) == 3
     assert any(
-        x.startswith("dtype auto -> float32: GEMM probe on cpu float32 100, bfloat16 25") for x in lines
+        x.startswith(
+            "dtype auto -> float32: GEMM probe on cpu (1024x1024x1024, best of 3) float32 100, bfloat16 25"
+        )
+        for x in lines
     )
     fs = read_feature_set(paths[0])  # none
     assert fs.meta["inputs"]["dtype"] == "float32"  # the fingerprint records the dtype actually used

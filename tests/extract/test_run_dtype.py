@@ -46,7 +46,7 @@ def test_vllm_auto_dtype_is_resolved_before_the_fingerprint(tmp_path, monkeypatc
     lines: list[str] = []
     (path,) = run_mod.run(cfg, out=lines.append)
     assert loaded == [("vllm", "bfloat16")]
-    assert any(x.startswith("dtype auto -> bfloat16: GEMM probe on cpu") for x in lines)
+    assert any(x.startswith("dtype auto -> bfloat16: GEMM probe on cpu (1024x1024x1024") for x in lines)
     fs = read_feature_set(path)
     assert fs.meta["inputs"]["backend"] == "vllm" and fs.meta["inputs"]["dtype"] == "bfloat16"
     assert "--dtype bfloat16" in fs.meta["command"]

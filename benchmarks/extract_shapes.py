@@ -1,0 +1,302 @@
+"""Extraction throughput at real model shapes: `walla-extract` with default flags vs a bare loop, on any device.
+
+    .venv/bin/python benchmarks/extract_throughput.py --device cuda --model 8b      # an H100: the issue's 8B row
+    .venv/bin/python benchmarks/extract_throughput.py --device cpu --model tiny     # this code path on a CPU
+
+Throughput depends on a model's shape, not its weights, so the model is a random-weight Llama of a real
+shape (`SHAPES`: Llama-3.2-1B's and Llama-3.1-8B's decoders) with the SmolLM2 tokenizer (49,152 tokens, the
+embedded model's), initialised on the device in the benchmark dtype and saved to a scratch directory that
+the CLI loads like any local model. The prompts are ARC-Challenge dev questions repeated (new ids) to about
+`--tokens` prompt tokens, as in issue 22. Measured in ONE run, same prompts, same dtype:
+
+- `walla-extract` as a subprocess with default flags (batch sizes, compile, batch invariance all `auto`;
+  its own lines saying what it chose are printed): whole-command wall time, and extraction time as it
+  prints it (prompts, forward passes, prompt NLL, store writes; not the model load or the compile);
+- a bare loop: prompts sorted by length, batches of `--loop-batch` (64 on CUDA), left padding with the
+  attention mask, `logits_to_keep=1`, last-layer hidden state, no prompt NLL; device synchronised;
+- the GEMM peak of the dtype on the device (dtype_probe.gemm_gflops at the probe's device size, best of 3);
+- MFU = 2 x non-embedding parameters x prompt tokens / seconds / that peak;
+- outputs: the CLI's stored option log-probs and hidden states vs the bare loop's (bf16 tolerance below:
+  the two batch differently, so reduced precision rounds differently).
+Last line: `RESULT device=.. model=.. cli_over_plain_loop=.. cli_wall_over_plain_loop=.. cli_mfu=..
+plain_loop_mfu=.. outputs_match=.. tokens=.. dtype=..`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from walla.extract import dtype_probe
+from walla.extract.backends.hf import DTYPES
+from walla.extract.gguf_cache import converted_gguf_dir
+from walla.extract.models import resolve_model
+from walla.extract.prompts import get_template, option_strings
+from walla.extract.scoring import resolve_option_token_ids
+from walla.manifests.catalog import load_models
+from walla.store.featureset import read_feature_set
+
+# decoder shapes (layers, hidden, heads, kv heads, MLP, tied embeddings); the vocabulary is the tokenizer's
+SHAPES = {
+    "tiny": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "mlp": 128, "tied": True},
+    "1b": {
+        "layers": 16,
+        "hidden": 2048,
+        "heads": 32,
+        "kv_heads": 8,
+        "mlp": 8192,
+        "tied": True,
+    },  # Llama-3.2-1B
+    "8b": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "mlp": 14336, "tied": False},  # 3.1-8B
+}
+DEFAULT_TOKENS = {"tiny": 3_000, "1b": 500_000, "8b": 200_000}  # the issue's 501k / 201k-token jobs
+TEMPLATE_TOKENS = 30  # the mc template's own tokens around a question (estimate; the real count is printed)
+TOL = {"logprob": 0.1, "hidden": 0.05}  # bf16: max |d option log-prob| (nats), max |d hidden| / max |hidden|
+
+
+@dataclass
+class ShapeRun:
+    """What one run measured (seconds are the best of --repeat)."""
+
+    device: str
+    model: str
+    dtype: str
+    peak: float = 0.0  # GEMM GFLOP/s of the dtype on the device
+    tokens: int = 0
+    n_prompts: int = 0
+    non_emb: int = 0
+    cli_wall: float = math.inf
+    cli: float = math.inf  # extraction as the CLI prints it
+    loop: float = math.inf
+    cli_lines: tuple[str, ...] = ()
+    outputs: dict | None = None
+
+    def tps(self, seconds: float) -> float:
+        return self.tokens / seconds
+
+    def mfu(self, seconds: float) -> float:
+        return 2 * self.non_emb * self.tps(seconds) / (self.peak * 1e9)
+
+
+def smollm2_tokenizer():
+    """The embedded SmolLM2-135M's tokenizer (its GGUF converted once into the walla cache)."""
+    rm = resolve_model(load_models()["smollm2-135m"])
+    src = converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"])
+    return AutoTokenizer.from_pretrained(src)
+
+
+def save_random_model(shape: str, tok, dtype: torch.dtype, device: str, out: Path) -> int:
+    """A random-weight Llama of `shape`, initialised on `device` in `dtype`, saved with `tok` to `out`.
+    Returns its non-embedding parameter count."""
+    s = SHAPES[shape]
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=s["hidden"],
+        intermediate_size=s["mlp"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        tie_word_embeddings=s["tied"],
+        max_position_embeddings=8192,
+        rope_theta=500_000.0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    n = sum(p.numel() for p in model.parameters())
+    non_emb = n - model.get_input_embeddings().weight.numel()
+    if not cfg.tie_word_embeddings:
+        non_emb -= model.get_output_embeddings().weight.numel()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    return non_emb
+
+
+def repeated_arc(src: Path, tok, tokens: int, out: Path) -> int:
+    """ARC dev records repeated (ids suffixed -r<k>) to ~`tokens` prompt tokens, as JSON lines; returns rows."""
+    records = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    texts = [
+        r["question"]["stem"] + " " + " ".join(c["text"] for c in r["question"]["choices"]) for r in records
+    ]
+    per = np.mean([len(ids) for ids in tok(texts)["input_ids"]]) + TEMPLATE_TOKENS
+    n = max(1, math.ceil(tokens / per))
+    rows = [
+        dict(records[i % len(records)], id=f"{records[i % len(records)]['id']}-r{i // len(records)}")
+        for i in range(n)
+    ]
+    out.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return n
+
+
+def cli_argv() -> list[str]:
+    return [sys.executable, "-m", "walla.extract.cli"]
+
+
+def run_cli(
+    model_dir: Path, data: Path, store: Path, dtype: str, device: str
+) -> tuple[float, float, list[str]]:
+    """walla-extract with default flags: (whole wall s, extraction s as printed, its stdout lines)."""
+    cmd = [*cli_argv(), "--model", str(model_dir), "--dataset", "arc-challenge", "--data-file", str(data)]
+    cmd += [
+        "--variants",
+        "none",
+        "--store",
+        str(store),
+        "--dtype",
+        dtype,
+        "--device",
+        device,
+        "--no-progress",
+    ]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"walla-extract failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    lines = proc.stdout.splitlines()
+    m = next(re.search(r"rows in ([0-9.]+) s", x) for x in lines if x.startswith("wrote "))
+    return wall, float(m.group(1)), lines
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def bare_loop(model, tok, prompts: list[str], cand: list[int], batch: int, device: str):
+    """The bare loop of the issue. Returns (option log-probs [N, U], hidden [N, d], seconds)."""
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    opts, hids = [None] * len(prompts), [None] * len(prompts)
+    sync(device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for s in range(0, len(order), batch):
+            idx = order[s : s + batch]
+            enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True).to(device)
+            out = model(**enc, logits_to_keep=1, output_hidden_states=True)
+            lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[:, cand]  # [B, U]
+            hid = out.hidden_states[-1][:, -1].float()  # [B, d]
+            for j, i in enumerate(idx):
+                opts[i], hids[i] = lp[j], hid[j]
+    sync(device)
+    seconds = time.perf_counter() - t
+    return torch.stack(opts).cpu().numpy(), torch.stack(hids).cpu().numpy(), seconds
+
+
+def letter_ids(tok, prompts: list[str], n_options: list[int]) -> list[int]:
+    """Token ids of the display letters A, B, ... (a row with K options scores the first K), resolved as
+    walla-extract resolves option tokens."""
+    letters = option_strings(get_template("mc"), max(n_options))
+
+    def encode(text: str) -> list[int]:  # as the hf backend encodes without a chat template
+        return tok(text)["input_ids"]
+
+    def encode_bare(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    ids = resolve_option_token_ids(encode, encode_bare, prompts[0], letters)
+    return [ids[x] for x in letters]
+
+
+def compare(
+    cli_raw: list[list[float]], cli_hidden: np.ndarray, loop_lp: np.ndarray, loop_hidden: np.ndarray
+) -> dict:
+    """max |d option log-prob|, max |d hidden| / max |hidden|, min row cosine of the hidden states."""
+    d_lp = max(float(np.abs(np.asarray(r) - loop_lp[i, : len(r)]).max()) for i, r in enumerate(cli_raw))
+    d_h = float(np.abs(cli_hidden - loop_hidden).max() / (np.abs(loop_hidden).max() + 1e-6))
+    cos = (cli_hidden * loop_hidden).sum(1) / (
+        np.linalg.norm(cli_hidden, axis=1) * np.linalg.norm(loop_hidden, axis=1) + 1e-12
+    )
+    ok = d_lp <= TOL["logprob"] and d_h <= TOL["hidden"]
+    return {"logprob": d_lp, "hidden": d_h, "cos_min": float(cos.min()), "ok": ok}
+
+
+def measure(args, work: Path, arc_file: Path) -> ShapeRun:
+    """Everything of one run, in the order that keeps one model in device memory at a time."""
+    device, dtype = args.device, args.dtype
+    r = ShapeRun(device=device, model=args.model, dtype=dtype)
+    tok = smollm2_tokenizer()
+    model_dir, data = work / f"random-{args.model}", work / "arc-repeated.jsonl"
+    r.non_emb = save_random_model(args.model, tok, DTYPES[dtype], device, model_dir)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the CLI sizes its batches from the memory free now
+    r.n_prompts = repeated_arc(arc_file, tok, args.tokens or DEFAULT_TOKENS[args.model], data)
+    for i in range(args.repeat):
+        store = work / f"store{i}"
+        wall, extraction, lines = run_cli(model_dir, data, store, dtype, device)
+        r.cli_wall, r.cli, r.cli_lines = min(r.cli_wall, wall), min(r.cli, extraction), tuple(lines)
+        path = Path(lines[-1].strip())
+        if i + 1 < args.repeat:
+            shutil.rmtree(store)
+    fs = read_feature_set(path)
+    prompts = fs.rows["prompt"].to_list()
+    r.tokens = int(fs.rows["n_prompt_tokens"].sum())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype], device_map=device).eval()
+    cand = letter_ids(tok, prompts, fs.rows["n_options"].to_list())
+    bare_loop(model, tok, prompts[: args.loop_batch], cand, args.loop_batch, device)  # warm-up
+    for _ in range(args.repeat):
+        lp, hid, seconds = bare_loop(model, tok, prompts, cand, args.loop_batch, device)
+        r.loop = min(r.loop, seconds)
+    cli_hidden = np.asarray(fs.hidden[:]).astype(np.float32)
+    r.outputs = compare(fs.rows["raw_option_logprobs"].to_list(), cli_hidden, lp, hid)
+    del model
+    r.peak = max(dtype_probe.gemm_gflops(dtype, device) for _ in range(3))
+    return r
+
+
+def report(r: ShapeRun) -> None:
+    unit, scale = ("TFLOP/s", 1e3) if r.device.startswith("cuda") else ("GFLOP/s", 1.0)
+    where = (
+        torch.cuda.get_device_name(r.device)
+        if r.device.startswith("cuda")
+        else f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"model: random-weight Llama, {r.model} shape {SHAPES[r.model]}, {r.non_emb / 1e6:.1f}M non-embedding "
+        f"params, SmolLM2 tokenizer; {r.dtype} on {r.device} ({where}), torch {torch.__version__}"
+    )
+    print(f"prompts: {r.n_prompts} ARC-Challenge dev questions (repeated), {r.tokens:,} prompt tokens")
+    n = dtype_probe.probe_shape(r.device)[0]
+    print(f"GEMM peak ({n}x{n}x{n} {r.dtype} on {r.device}, this run): {r.peak / scale:.1f} {unit}")
+    print(
+        "walla-extract said: " + " | ".join(x for x in r.cli_lines if not x.startswith(("questions:", "  ")))
+    )
+    print(f"{'what':<52} {'seconds':>8} {'tok/s':>9} {'MFU':>6}")
+    for what, s in (
+        ("walla-extract, default flags, whole command", r.cli_wall),
+        ("walla-extract, default flags, extraction as printed", r.cli),
+        ("bare loop (no prompt NLL)", r.loop),
+    ):
+        print(f"{what:<52} {s:8.2f} {r.tps(s):9.0f} {r.mfu(s):6.3f}")
+    print(
+        f"CLI vs bare loop ({r.dtype} both): extraction {r.loop / r.cli:.2f}x; whole command incl. start-up, "
+        f"model load and compile {r.loop / r.cli_wall:.2f}x"
+    )
+    o = r.outputs
+    print(
+        f"outputs, CLI vs bare loop: max |d option log-prob| {o['logprob']:.2e} (tolerance {TOL['logprob']}), "
+        f"max |d hidden| / max |hidden| {o['hidden']:.2e} (tolerance {TOL['hidden']}), min cosine "
+        f"{o['cos_min']:.5f}: {'OK' if o['ok'] else 'MISMATCH'}"
+    )
+    print(
+        f"RESULT device={r.device} model={r.model} cli_over_plain_loop={r.loop / r.cli:.2f} "
+        f"cli_wall_over_plain_loop={r.loop / r.cli_wall:.2f} cli_mfu={r.mfu(r.cli):.3f} "
+        f"plain_loop_mfu={r.mfu(r.loop):.3f} outputs_match={o['ok']} tokens={r.tokens} dtype={r.dtype}"
+    )

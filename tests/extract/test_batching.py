@@ -1,0 +1,234 @@
+"""Batch composition, sizes and the fingerprint; the overlapped shard pipeline; what a resumed run reuses.
+
+A tiny local HF model in bf16 on the CPU stands in for a GPU run: `--batch-invariant off` gives the padded
+batches CUDA runs by default, so the same fingerprint rules apply.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_model import tiny_model, tiny_tokenizer
+from walla.extract import run as run_mod
+from walla.extract.backends import BackendRequest, hf_kind
+from walla.extract.backends.dummy import DummyBackend
+from walla.extract.backends.hf import BATCH_ORDER, explain_batch_invariant
+from walla.extract.backends.hf_kind import HF
+from walla.extract.config import ExtractConfig
+from walla.extract.models import ResolvedModel
+from walla.extract.variant import call_ranges
+from walla.manifests import catalog
+from walla.store import feature_writer
+from walla.store.featureset import read_feature_set
+
+QUESTIONS = [
+    ("Which gas do plants take in ?", "the sun"),
+    ("Is the door red ?", "the moon"),
+    ("Is the cat on the mat ?", "a tree"),
+    ("Which star ?", "root"),
+    ("Is the door of room 42 painted blue ?", "leaf"),
+    ("Which gas ?", "water light"),
+    ("Is the dog in the park with a ball ?", "the sun"),
+]
+
+
+@pytest.fixture
+def tiny_setup(tmp_path, monkeypatch):
+    """A local tiny Llama checkpoint as model `tiny` and a 7-question jsonl dataset `mine`; returns the data file."""
+    tok = tiny_tokenizer()
+    mdir = tmp_path / "tiny"
+    tiny_model(len(tok), seed=3).save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    models = dict(catalog.load_models())
+    models["tiny"] = catalog.ModelEntry(name="tiny", source="local", path=str(mdir), hidden_size=32)
+    monkeypatch.setattr(catalog, "load_models", lambda: models)
+    rows = [
+        {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3, "context": c}
+        for i, (q, c) in enumerate(QUESTIONS)
+    ]
+    data = tmp_path / "mine.jsonl"
+    data.write_text(
+        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows)) + "\n"
+    )
+    datasets_ = dict(catalog.load_datasets())
+    datasets_["mine"] = catalog.DatasetEntry(
+        name="mine", loader="jsonl", split_protocol={"mode": "given"}, prompt="mc"
+    )
+    monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    return data
+
+
+def _cfg(tmp_path: Path, data: Path, store: str = "s", **kw) -> ExtractConfig:
+    base = dict(model="tiny", dataset="mine", backend="hf", data_file=data, progress=False, device="cpu")
+    return ExtractConfig(**{**base, "store": tmp_path / store, **kw})
+
+
+def _run(cfg: ExtractConfig) -> tuple[Path, list[str]]:
+    lines: list[str] = []
+    (path,) = run_mod.run(cfg, out=lines.append)
+    return path, lines
+
+
+def test_batch_invariance_auto_by_dtype_and_device():
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert explain_batch_invariant("auto", bf16, "cpu")[0] is True
+    on_cuda, why = explain_batch_invariant("auto", bf16, "cuda:0")
+    assert on_cuda is False and why.startswith("batch-invariant auto -> off: padded batches on cuda:0")
+    assert "the fingerprint records batch tokens, shard rows and order" in why
+    assert explain_batch_invariant("auto", fp32, "cuda")[0] is False
+    assert explain_batch_invariant("on", fp32, "cuda") == (True, "batch-invariant on [--batch-invariant]")
+    with pytest.raises(ValueError, match="--batch-invariant must be auto, on or off, got 'yes'"):
+        explain_batch_invariant("yes", bf16, "cpu")
+
+
+def test_the_fingerprint_holds_the_batching_only_where_outputs_depend_on_it(tmp_path, tiny_setup):
+    padded, lines = _run(
+        _cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", batch_tokens=64, shard_rows=3)
+    )
+    meta = read_feature_set(padded).meta
+    assert meta["inputs"]["batching"] == {"batch_tokens": 64, "shard_rows": 3, "order": BATCH_ORDER}
+    assert "batch_invariant" not in meta["inputs"]
+    assert "--dtype bfloat16 --batch-invariant off --batch-tokens 64 --shard-rows 3" in meta["command"]
+    assert "batch-invariant off [--batch-invariant]" in lines
+    assert "batch tokens 64 [--batch-tokens]; shard rows 3 [--shard-rows]" in lines
+    # invariant (the CPU's bf16 default): sizes stay out, so other sizes give the same feature set
+    packed, _ = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_tokens=64, shard_rows=3))
+    again, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_tokens=4096, shard_rows=5))
+    inputs = read_feature_set(packed).meta["inputs"]
+    assert inputs["batch_invariant"] is True and "batching" not in inputs and again == packed
+    assert any(x.startswith("batch-invariant auto -> on: packed prompts") for x in lines)
+    assert "--batch-invariant on" in read_feature_set(packed).meta["command"]
+    # float32: neither key (as before the option existed)
+    fp32, _ = _run(_cfg(tmp_path, tiny_setup, dtype="float32", batch_invariant="off", batch_tokens=64))
+    inputs = read_feature_set(fp32).meta["inputs"]
+    assert "batching" not in inputs and "batch_invariant" not in inputs
+    assert len({padded, packed, fp32}) == 3
+
+
+def test_a_resumed_run_reuses_the_recorded_sizes_instead_of_sizing_again(tmp_path, tiny_setup, monkeypatch):
+    explicit = dict(dtype="bfloat16", batch_invariant="off", batch_tokens=64, shard_rows=2)
+    calls = {"n": 0}
+    orig = run_mod.score_and_write.__globals__["score_range"]
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return orig(*a, **k)
+
+    monkeypatch.setitem(run_mod.score_and_write.__globals__, "score_range", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        _run(_cfg(tmp_path, tiny_setup, **explicit))
+    monkeypatch.setitem(run_mod.score_and_write.__globals__, "score_range", orig)
+    # auto sizes (8,192 / 256 on this CPU) would be another fingerprint: the recorded ones are reused
+    path, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off"))
+    assert any(
+        x.startswith("batch tokens 64, shard rows 2: as the incomplete feature set tiny/mine/none")
+        for x in lines
+    )
+    assert any("resuming tiny/mine/none after 4 durable rows" in x for x in lines)
+    fresh, _ = _run(_cfg(tmp_path, tiny_setup, store="fresh", **explicit))
+    assert path.name == fresh.name  # the same fingerprint as the uninterrupted run with those sizes
+    a, b = read_feature_set(path), read_feature_set(fresh)
+    assert a.rows.equals(b.rows)
+    np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
+    # complete now: found again without sizing, and not extracted twice
+    _, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off"))
+    assert lines[-1] == f"already complete: {path}"
+    # an explicit size that differs is another feature set: nothing is reused
+    _, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", shard_rows=3))
+    assert not any("as the complete feature set" in x for x in lines)
+    _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", batch_tokens=64, shard_rows=3))
+    # now two sets with 64 batch tokens differ only in their shard rows: an auto run must be told which one
+    with pytest.raises(
+        ValueError, match=r"differ only in their batch sizes \(64 tokens/2 rows and 64 tokens/3 rows"
+    ):
+        _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", batch_tokens=64))
+
+
+def test_overlapped_pipeline_keeps_order_and_durability(tmp_path):
+    """`--device cuda` turns on the background tokenize/write thread; the fake backend runs it on a CPU."""
+    base = dict(model="smollm2-135m", dataset="facts", backend="dummy", size=40, variants=("relevant",))
+    cfg = ExtractConfig(**base, store=tmp_path / "s", progress=False, shard_rows=10, device="cuda")
+    calls = {"n": 0}
+    orig = DummyBackend.score
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the write of shard 2 is in flight in the background thread now
+            raise KeyboardInterrupt
+        return orig(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DummyBackend, "score", flaky)
+        with pytest.raises(KeyboardInterrupt):
+            run_mod.run(cfg, out=lambda s: None)
+    lines: list[str] = []
+    (path,) = run_mod.run(cfg, out=lines.append)
+    assert any("after 20 durable rows" in s for s in lines)  # both finished shards were written
+    serial = ExtractConfig(**base, store=tmp_path / "serial", progress=False, shard_rows=10, device="cpu")
+    (path2,) = run_mod.run(serial, out=lambda s: None)
+    a, b = read_feature_set(path), read_feature_set(path2)
+    assert a.rows.equals(b.rows)
+    np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
+
+
+def test_a_failed_background_write_fails_the_run(tmp_path, monkeypatch):
+    cfg = ExtractConfig(
+        model="smollm2-135m",
+        dataset="facts",
+        backend="dummy",
+        size=30,
+        variants=("none",),
+        store=tmp_path / "s",
+        progress=False,
+        shard_rows=10,
+        device="cuda",
+    )
+    orig, seen = feature_writer._write_hidden, []
+
+    def disk_full(arr, start, hidden):
+        seen.append(start)
+        if start == 10:
+            raise OSError(28, "No space left on device")
+        return orig(arr, start, hidden)
+
+    monkeypatch.setattr(feature_writer, "_write_hidden", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        run_mod.run(cfg, out=lambda s: None)
+    assert seen == [0, 10]  # nothing after the failed write was written
+    monkeypatch.setattr(feature_writer, "_write_hidden", orig)
+    lines: list[str] = []
+    run_mod.run(cfg, out=lines.append)
+    assert any("after 10 durable rows" in s for s in lines)
+
+
+def test_score_calls_are_cut_at_multiples_of_the_shard_rows():
+    assert call_ranges(0, 10, None) == [(0, 10)]
+    assert call_ranges(0, 10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert call_ranges(6, 13, 4) == [(6, 8), (8, 12), (12, 13)]  # a Ray range of whole zarr chunks
+    assert call_ranges(8, 12, 4) == [(8, 12)]
+
+
+def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny_setup, monkeypatch):
+    """The glue around extract/sizing.py, with the CUDA figures faked: config read without weights."""
+    rm = ResolvedModel("tiny", str(tmp_path / "tiny"), None, None, {"source": "local"})
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 32, batch_tokens=8192)
+    # no CUDA in this process: the fallback, and why
+    settled, why = HF.settle_batching(req, None, None)
+    assert (settled.batch_tokens, settled.shard_rows, settled.batch_invariant) == (16_384, 8192, "off")
+    assert "CUDA is not visible from this process" in why
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 8 << 30))
+    settled, why = HF.settle_batching(req, None, None)
+    assert settled.batch_tokens == 65_536 and "3.0 GiB free" in why and "2 layers, hidden 32" in why
+    assert hf_kind.model_shape(rm, "bfloat16").intermediate == 64
+    kept, _ = HF.settle_batching(req, 1024, 16)
+    assert (kept.batch_tokens, kept.shard_rows) == (1024, 16)
+    ident = HF.identity(settled)
+    assert ident["batching"] == {"batch_tokens": 65_536, "shard_rows": 8192, "order": BATCH_ORDER}

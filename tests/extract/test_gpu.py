@@ -1,0 +1,187 @@
+"""CUDA paths of the extraction: they run wherever a GPU is present and are skipped, saying why, elsewhere.
+
+A tiny random Llama with the default initialisation (small logits, as a real model's) stands in for a real
+one: what is checked is the device path (placement, sizing, batching, compile, the overlapped pipeline),
+not the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from tiny_model import CORPUS, tiny_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+from walla.extract import dtype_probe, sizing
+from walla.extract import run as run_mod
+from walla.extract.backends import BackendRequest, hf
+from walla.extract.backends.hf import HFBackend, load_hf_backend
+from walla.extract.backends.hf_compile import explain_compile
+from walla.extract.backends.hf_kind import HF
+from walla.extract.config import ExtractConfig
+from walla.extract.models import ResolvedModel
+from walla.manifests import catalog
+from walla.store.featureset import read_feature_set
+
+pytestmark = pytest.mark.gpu
+
+TOL_LOGPROB = 0.05  # bf16, padded batches vs a left-padded bare loop: max |d option log-prob| (nats)
+TOL_HIDDEN = 0.05  # max |d hidden| / max |hidden|
+QUESTIONS = [
+    "Which gas do plants take in ?",
+    "Is the door red ?",
+    "Is the cat on the mat and the dog in the park with a ball ?",
+    "Which star ?",
+    "Is the door of room 42 painted blue ?",
+    "Which gas ?",
+]
+
+
+def _model(vocab: int) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def local_model(tmp_path, monkeypatch):
+    """(model `gputiny` in the catalog, its directory); WALLA_CACHE in tmp_path."""
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    tok = tiny_tokenizer()
+    mdir = tmp_path / "gputiny"
+    _model(len(tok)).save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    models = dict(catalog.load_models())
+    models["gputiny"] = catalog.ModelEntry(name="gputiny", source="local", path=str(mdir), hidden_size=64)
+    monkeypatch.setattr(catalog, "load_models", lambda: models)
+    return mdir
+
+
+@pytest.fixture
+def dataset(tmp_path, monkeypatch):
+    rows = [
+        {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3}
+        for i, q in enumerate(QUESTIONS)
+    ]
+    data = tmp_path / "mine.jsonl"
+    data.write_text(
+        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows)) + "\n"
+    )
+    datasets_ = dict(catalog.load_datasets())
+    datasets_["mine"] = catalog.DatasetEntry(
+        name="mine", loader="jsonl", split_protocol={"mode": "given"}, prompt="mc"
+    )
+    monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
+    return data
+
+
+def bare_loop(model, tok, prompts: list[str], cand: list[int]):
+    """Left padding with the attention mask, logits_to_keep=1: (option log-probs [N, U], hidden [N, d])."""
+    tok.padding_side = "left"
+    with torch.inference_mode():
+        enc = tok(prompts, return_tensors="pt", padding=True).to("cuda")
+        out = model(**enc, logits_to_keep=1, output_hidden_states=True)
+    lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[:, cand]
+    return lp.cpu().numpy(), out.hidden_states[-1][:, -1].float().cpu().numpy()
+
+
+def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset):
+    cfg = ExtractConfig(
+        model="gputiny",
+        dataset="mine",
+        data_file=dataset,
+        store=tmp_path / "s",
+        dtype="bfloat16",
+        progress=False,
+    )
+    assert cfg.device is None  # the default device: cuda here
+    lines: list[str] = []
+    (path,) = run_mod.run(cfg, out=lines.append)
+    assert any(x.startswith("batch-invariant auto -> off: padded batches on cuda") for x in lines)
+    assert any(x.startswith("batch tokens auto -> 65,536 on cuda: ") and "GiB free" in x for x in lines)
+    assert any(x.startswith("compile auto -> off") for x in lines)  # a few hundred tokens
+    fs = read_feature_set(path)
+    assert fs.meta["inputs"]["batching"]["batch_tokens"] == 65_536
+    assert fs.meta["inputs"]["batching"]["shard_rows"] == 8192
+    assert fs.meta["compute"]["device"].startswith("cuda")
+    tok = tiny_tokenizer()
+    model = LlamaForCausalLM.from_pretrained(local_model, dtype=torch.bfloat16, device_map="cuda").eval()
+    letters = [tok.convert_tokens_to_ids(x) for x in "ABC"]
+    lp, hid = bare_loop(model, tok, fs.rows["prompt"].to_list(), letters)
+    raw = np.array(fs.rows["raw_option_logprobs"].to_list(), dtype=np.float32)
+    assert np.abs(raw - lp).max() <= TOL_LOGPROB
+    stored = np.asarray(fs.hidden[:]).astype(np.float32)
+    assert np.abs(stored - hid).max() / np.abs(hid).max() <= TOL_HIDDEN
+
+
+def test_sizing_reads_the_real_free_memory_and_the_config(local_model):
+    rm = ResolvedModel("gputiny", str(local_model), None, None, {"source": "local"})
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 64, batch_tokens=8192)
+    free = torch.cuda.mem_get_info()[0]
+    settled, why = HF.settle_batching(req, None, None)
+    shape = sizing.ModelShape.from_config(LlamaConfig.from_pretrained(local_model), "bfloat16")
+    want = sizing.settle_sizes("cuda", None, None, shape, free, fixed_bytes=0)
+    assert settled.batch_tokens == want.batch_tokens == 65_536  # a tiny model: the cap
+    assert settled.shard_rows == 8192 and settled.batch_invariant == "off"
+    assert "GiB free" in why and "2 layers, hidden 64" in why
+
+
+def test_weights_load_straight_onto_the_gpu(local_model, monkeypatch):
+    rm = ResolvedModel("gputiny", str(local_model), None, None, {"source": "local", "files_sha256": "x"})
+    seen: list[dict] = []
+    orig = hf.AutoModelForCausalLM.from_pretrained
+
+    def spy(*a, **k):
+        seen.append(k)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
+    be = load_hf_backend(rm, dtype="bfloat16", device="cuda", batch_tokens=1024)
+    assert seen[0]["device_map"] == "cuda" and seen[0]["dtype"] == torch.bfloat16  # read onto the device
+    assert {p.device.type for p in be.model.parameters()} == {"cuda"}
+    assert {p.dtype for p in be.model.parameters()} == {torch.bfloat16}
+    assert list(be.load_times)[:3] == ["dtype", "tokenizer", "weights"]
+
+
+def test_compile_auto_on_cuda_and_compiled_equals_eager():
+    assert explain_compile("auto", 200_000, "cuda")[0] is True
+    tok = tiny_tokenizer()
+    model = _model(len(tok)).to("cuda", torch.bfloat16)
+    eager = HFBackend(model, tok, batch_tokens=256, batch_invariant=False)
+    fast = HFBackend(copy.deepcopy(model), tok, batch_tokens=256, batch_invariant=False, compiled=True)
+    prompts = [CORPUS[0] + " " + c for c in CORPUS[1:]] * 3
+    a, b = eager.score(prompts, [5, 6, 7]), fast.score(prompts, [5, 6, 7])
+    np.testing.assert_allclose(b.raw_logprobs, a.raw_logprobs, atol=TOL_LOGPROB)
+    np.testing.assert_allclose(b.prompt_nll, a.prompt_nll, atol=TOL_LOGPROB)
+    assert np.abs(b.hidden - a.hidden).max() / np.abs(a.hidden).max() <= TOL_HIDDEN
+
+
+def test_batch_invariant_on_gives_the_same_bits_in_any_mix_on_cuda(tmp_path, monkeypatch):
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))  # the row-invariance probe's cache
+    tok = tiny_tokenizer()
+    be = HFBackend(_model(len(tok)).to("cuda", torch.bfloat16), tok, batch_tokens=512, batch_invariant=True)
+    mix = [CORPUS[i % len(CORPUS)] for i in range(9)]
+    together, alone = be.score(mix, [5, 6]), be.score(mix[3:4], [5, 6])
+    np.testing.assert_array_equal(together.raw_logprobs[3], alone.raw_logprobs[0])
+    np.testing.assert_array_equal(together.hidden[3], alone.hidden[0])
+    np.testing.assert_array_equal(together.prompt_nll[3], alone.prompt_nll[0])
+
+
+def test_dtype_probe_measures_a_realistic_gemm_on_cuda(tmp_path):
+    choice = dtype_probe.probe("cuda", tmp_path, refresh=True)
+    assert choice.n == 8192 and "(8192x8192x8192, best of 3)" in choice.why() and "TFLOP/s" in choice.why()
+    low = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    assert choice.gflops[low] > choice.gflops["float32"] > 0  # tensor cores vs plain fp32 (no TF32)

@@ -1,0 +1,82 @@
+"""A model load reads weights: the self-check and the GEMM row probe run once per model/machine, then are cached."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_model import tiny_model, tiny_tokenizer
+from walla.extract.backends import hf, hf_checks, hf_packed
+from walla.extract.backends.hf import HFBackend, load_hf_backend
+from walla.extract.models import ResolvedModel
+
+
+@pytest.fixture
+def local_tiny(tmp_path, monkeypatch) -> ResolvedModel:
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    tok = tiny_tokenizer()
+    mdir = tmp_path / "tiny"
+    tiny_model(len(tok), seed=5).save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    return ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
+
+
+def test_self_check_runs_once_per_model_and_load_times_say_where_time_went(local_tiny, monkeypatch):
+    first = load_hf_backend(local_tiny, dtype="float32", device="cpu", batch_tokens=64)
+    assert list(first.load_times) == ["dtype", "tokenizer", "weights", "self-check"]
+    assert all(v >= 0 for v in first.load_times.values())
+
+    def never(self, *a, **k):
+        raise AssertionError("a model that passed its self-check here is not checked again")
+
+    monkeypatch.setattr(HFBackend, "self_check", never)
+    second = load_hf_backend(local_tiny, dtype="float32", device="cpu", batch_tokens=64)
+    assert "self-check (cached)" in second.load_times
+    # another dtype (or model, device, torch/transformers version) is another check
+    with pytest.raises(AssertionError, match="not checked again"):
+        load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
+
+
+def test_a_failed_self_check_is_never_cached(local_tiny, monkeypatch):
+    def broken(self, *a, **k):
+        raise RuntimeError("self-check failed: option log-probs differ")
+
+    monkeypatch.setattr(HFBackend, "self_check", broken)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="self-check failed"):
+            load_hf_backend(local_tiny, dtype="float32", device="cpu", batch_tokens=64)
+    assert not list(hf_checks.cache_dir().glob("self-check-*.json"))
+
+
+def test_row_invariance_probe_is_cached_per_machine_and_shapes(tmp_path, monkeypatch):
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    calls = []
+    orig = hf_packed.linear_rows_invariant
+
+    def counted(m, rows):
+        calls.append(rows)
+        return orig(m, rows)
+
+    monkeypatch.setattr(hf_packed, "linear_rows_invariant", counted)
+    ok, why = hf_checks.rows_invariant(model, 120, tmp_path)
+    again, why2 = hf_checks.rows_invariant(model, 120, tmp_path)
+    assert (
+        calls == [120] and again == ok and why2 == f"{why} (cached in {next(tmp_path.glob('rows-*.json'))})"
+    )
+    hf_checks.rows_invariant(model, 64, tmp_path)  # another row count: measured
+    hf_checks.rows_invariant(model.float(), 120, tmp_path)  # another dtype: measured
+    assert calls == [120, 64, 120]
+
+
+def test_weights_load_on_the_cpu_without_device_map(local_tiny, monkeypatch):
+    seen: list[dict] = []
+    orig = hf.AutoModelForCausalLM.from_pretrained
+
+    def spy(*a, **k):
+        seen.append(k)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
+    be = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
+    assert be.device.type == "cpu" and be.dtype == torch.bfloat16
+    assert "device_map" not in seen[0] and seen[0]["dtype"] == torch.bfloat16  # CPU: loaded as before
