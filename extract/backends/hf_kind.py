@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
+from transformers import AutoConfig
 from walla.extract import device as devices
 from walla.extract import sizing
 from walla.extract.backends import BATCHING_KEY, BackendRequest, lm_head
@@ -36,8 +37,6 @@ def model_shape(rm: ResolvedModel, dtype: str) -> sizing.ModelShape:
     Raises:
         OSError, ValueError: the config cannot be read, or lacks a field the sizing needs.
     """
-    from transformers import AutoConfig
-
     kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
     if rm.identity.get("source") == "hub":
         kwargs |= {k: v for k, v in (("gguf_file", rm.gguf_file), ("revision", rm.revision)) if v}
