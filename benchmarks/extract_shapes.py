@@ -162,6 +162,11 @@ def run_cli(
         device,
         "--no-progress",
     ]
+    return timed_cli(cmd)
+
+
+def timed_cli(cmd: list[str]) -> tuple[float, float, list[str]]:
+    """Run a walla-extract command line: (whole wall s, extraction s as printed, its stdout lines)."""
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -177,8 +182,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_loop(model, tok, prompts: list[str], cand: list[int], batch: int, device: str):
-    """The bare loop of the issue. Returns (option log-probs [N, U], hidden [N, d], seconds)."""
+def bare_loop(model, tok, prompts: list[str], cand: list[int], batch: int = 16, device: str = "cpu"):
+    """The bare loop a user would write (the issue's): longest prompts first, left padding, `logits_to_keep=1`,
+    last-layer hidden state. Returns (option log-probs [N, U], hidden [N, d], seconds)."""
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

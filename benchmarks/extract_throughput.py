@@ -18,7 +18,7 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
   per-machine cache the CLI reads, so the CLI below makes exactly this decision;
 - `walla-extract --dtype auto` as a subprocess (whole command wall time, and its extraction time as it
   prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and `--compile on`;
-- a bare 15-line transformers loop (`plain_loop`: batches of 16 sorted by length, left padding,
+- a bare 15-line transformers loop (`extract_shapes.bare_loop`: batches of 16 sorted by length, left padding,
   `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype;
 - our hf backend in-process (the extraction fast path without the CLI around it): as the CLI runs it
   (batch-invariant packing in reduced precision, extract/backends/hf_packed.py), with padded batches
@@ -46,7 +46,6 @@ import argparse
 import copy
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -82,23 +81,6 @@ BATCH_TOKENS = 8192  # our backend in-process
 def gemm_peak(dtype: str) -> float:
     """Best GFLOP/s of square GEMMs (1024 and 2048, 3 tries each) in `dtype`: the machine's GEMM peak."""
     return max(dtype_probe.gemm_gflops(dtype, "cpu", n=n, reps=3) for n in (1024, 2048) for _ in range(3))
-
-
-def plain_loop(model, tok, prompts: list[str], cand: list[int], batch: int = 16):
-    """The bare loop a user would write. Returns (option log-probs [N, U], hidden [N, d], seconds)."""
-    tok.padding_side = "left"
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-    opts, hids = [None] * len(prompts), [None] * len(prompts)
-    t = time.perf_counter()
-    with torch.inference_mode():
-        for s in range(0, len(order), batch):
-            idx = order[s : s + batch]
-            enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True)
-            out = model(**enc, logits_to_keep=1, output_hidden_states=True)
-            lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)[:, cand]  # [B, U]
-            for j, i in enumerate(idx):
-                opts[i], hids[i] = lp[j], out.hidden_states[-1][j, -1].float()
-    return torch.stack(opts).numpy(), torch.stack(hids).numpy(), time.perf_counter() - t
 
 
 def reference_loop(model, tok, prompts: list[str], cand: list[int], batch: int = 5):
@@ -196,14 +178,7 @@ def run_cli(data_file: Path, store: Path, compile_: str = "auto") -> tuple[float
     ]
     cmd += ["--variants", "relevant", "--store", str(store), "--dtype", "auto", "--no-progress"]
     cmd += ["--compile", compile_]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"walla-extract failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    lines = proc.stdout.splitlines()
-    m = next(re.search(r"rows in ([0-9.]+) s", x) for x in lines if x.startswith("wrote "))
-    return wall, float(m.group(1)), lines
+    return extract_shapes.timed_cli(cmd)
 
 
 def rss_run(rows: int) -> None:
@@ -268,7 +243,7 @@ def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat:
     cand = [ours.encode_bare(o)[0] for o in OPTIONS]
     for warm in (ours, padded):
         warm.score(prompts[:2], cand)
-    plain_loop(model, tok, prompts[:2], cand)
+    extract_shapes.bare_loop(model, tok, prompts[:2], cand)
     t = time.perf_counter()
     bec = HFBackend(m_compiled, tok, batch_tokens=BATCH_TOKENS, compiled=True)  # compiles and traces once
     bec.score(prompts[:2], cand)
@@ -279,7 +254,7 @@ def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat:
         cli = run_cli(subset, tmp / f"store{i}")[:2] if i else first_cli
         got = dict(zip(("cli_wall", "cli"), cli, strict=True))
         got |= dict(zip(("cli_c_wall", "cli_c"), run_cli(subset, tmp / f"store-c{i}", "on")[:2], strict=True))
-        loop_out = plain_loop(model, tok, prompts, cand)
+        loop_out = extract_shapes.bare_loop(model, tok, prompts, cand)
         got["loop"] = loop_out[2]
         got["ours"] = _timed(lambda: ours.score(prompts, cand))
         got["padded"] = _timed(lambda: padded.score(prompts, cand))
@@ -298,7 +273,7 @@ def time_dtypes(r: Run, src: Path, prompts: list[str], token_counts: list[int], 
         be = HFBackend(model, tok, batch_tokens=BATCH_TOKENS)
         be.score(prompts[:2], cand)
         r.sub[f"ours {name}"] = tokens / _timed(lambda be=be: be.score(prompts, cand))
-        r.sub[f"loop {name}"] = tokens / plain_loop(model, tok, prompts, cand)[2]
+        r.sub[f"loop {name}"] = tokens / extract_shapes.bare_loop(model, tok, prompts, cand)[2]
         del model, be
 
 
