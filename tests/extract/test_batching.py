@@ -6,13 +6,12 @@ batches CUDA runs by default, so the same fingerprint rules apply.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tiny_model import tiny_model, tiny_tokenizer
+from tiny_model import register_jsonl_dataset, register_local_model, save_tiny_checkpoint
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, hf_kind
 from walla.extract.backends.dummy import DummyBackend
@@ -21,7 +20,6 @@ from walla.extract.backends.hf_kind import HF
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
 from walla.extract.variant import call_ranges
-from walla.manifests import catalog
 from walla.store import feature_writer
 from walla.store.featureset import read_feature_set
 
@@ -39,26 +37,12 @@ QUESTIONS = [
 @pytest.fixture
 def tiny_setup(tmp_path, monkeypatch):
     """A local tiny Llama checkpoint as model `tiny` and a 7-question jsonl dataset `mine`; returns the data file."""
-    tok = tiny_tokenizer()
-    mdir = tmp_path / "tiny"
-    tiny_model(len(tok), seed=3).save_pretrained(mdir)
-    tok.save_pretrained(mdir)
-    models = dict(catalog.load_models())
-    models["tiny"] = catalog.ModelEntry(name="tiny", source="local", path=str(mdir), hidden_size=32)
-    monkeypatch.setattr(catalog, "load_models", lambda: models)
+    register_local_model(monkeypatch, "tiny", save_tiny_checkpoint(tmp_path / "tiny", seed=3), hidden_size=32)
     rows = [
         {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3, "context": c}
         for i, (q, c) in enumerate(QUESTIONS)
     ]
-    data = tmp_path / "mine.jsonl"
-    data.write_text(
-        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows)) + "\n"
-    )
-    datasets_ = dict(catalog.load_datasets())
-    datasets_["mine"] = catalog.DatasetEntry(
-        name="mine", loader="jsonl", split_protocol={"mode": "given"}, prompt="mc"
-    )
-    monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
+    data = register_jsonl_dataset(monkeypatch, tmp_path / "mine.jsonl", rows)
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
     return data
 

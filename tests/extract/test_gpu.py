@@ -8,26 +8,33 @@ not the weights.
 from __future__ import annotations
 
 import copy
-import json
 
 import numpy as np
 import pytest
 import torch
-from tiny_model import CORPUS, tiny_tokenizer
+from tiny_model import (
+    CORPUS,
+    register_jsonl_dataset,
+    register_local_model,
+    save_tiny_checkpoint,
+    spy_from_pretrained,
+    tiny_model,
+    tiny_tokenizer,
+)
 from transformers import LlamaConfig, LlamaForCausalLM
 from walla.extract import dtype_probe, sizing
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest, hf
+from walla.extract.backends import BackendRequest
 from walla.extract.backends.hf import HFBackend, load_hf_backend
 from walla.extract.backends.hf_compile import explain_compile
 from walla.extract.backends.hf_kind import HF
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
-from walla.manifests import catalog
 from walla.store.featureset import read_feature_set
 
 pytestmark = pytest.mark.gpu
 
+GPU_MODEL = {"hidden_size": 64, "weight_scale": 1.0}  # default init: small logits, as a real model's
 TOL_LOGPROB = 0.05  # bf16, padded batches vs a left-padded bare loop: max |d option log-prob| (nats)
 TOL_HIDDEN = 0.05  # max |d hidden| / max |hidden|
 QUESTIONS = [
@@ -40,33 +47,13 @@ QUESTIONS = [
 ]
 
 
-def _model(vocab: int) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=1,
-        bos_token_id=2,
-        eos_token_id=3,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture
 def local_model(tmp_path, monkeypatch):
-    """(model `gputiny` in the catalog, its directory); WALLA_CACHE in tmp_path."""
+    """(model `gputiny` in the catalog, its directory); WALLA_CACHE in tmp_path. The default init (small
+    logits, as a real model's), hidden size 64."""
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
-    tok = tiny_tokenizer()
-    mdir = tmp_path / "gputiny"
-    _model(len(tok)).save_pretrained(mdir)
-    tok.save_pretrained(mdir)
-    models = dict(catalog.load_models())
-    models["gputiny"] = catalog.ModelEntry(name="gputiny", source="local", path=str(mdir), hidden_size=64)
-    monkeypatch.setattr(catalog, "load_models", lambda: models)
+    mdir = save_tiny_checkpoint(tmp_path / "gputiny", **GPU_MODEL)
+    register_local_model(monkeypatch, "gputiny", mdir, hidden_size=64)
     return mdir
 
 
@@ -76,16 +63,7 @@ def dataset(tmp_path, monkeypatch):
         {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3}
         for i, q in enumerate(QUESTIONS)
     ]
-    data = tmp_path / "mine.jsonl"
-    data.write_text(
-        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows)) + "\n"
-    )
-    datasets_ = dict(catalog.load_datasets())
-    datasets_["mine"] = catalog.DatasetEntry(
-        name="mine", loader="jsonl", split_protocol={"mode": "given"}, prompt="mc"
-    )
-    monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
-    return data
+    return register_jsonl_dataset(monkeypatch, tmp_path / "mine.jsonl", rows)
 
 
 def bare_loop(model, tok, prompts: list[str], cand: list[int]):
@@ -141,14 +119,7 @@ def test_sizing_reads_the_real_free_memory_and_the_config(local_model):
 
 def test_weights_load_straight_onto_the_gpu(local_model, monkeypatch):
     rm = ResolvedModel("gputiny", str(local_model), None, None, {"source": "local", "files_sha256": "x"})
-    seen: list[dict] = []
-    orig = hf.AutoModelForCausalLM.from_pretrained
-
-    def spy(*a, **k):
-        seen.append(k)
-        return orig(*a, **k)
-
-    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
+    seen = spy_from_pretrained(monkeypatch)
     be = load_hf_backend(rm, dtype="bfloat16", device="cuda", batch_tokens=1024)
     assert seen[0]["device_map"] == "cuda" and seen[0]["dtype"] == torch.bfloat16  # read onto the device
     assert {p.device.type for p in be.model.parameters()} == {"cuda"}
@@ -159,7 +130,7 @@ def test_weights_load_straight_onto_the_gpu(local_model, monkeypatch):
 def test_compile_auto_on_cuda_and_compiled_equals_eager():
     assert explain_compile("auto", 200_000, "cuda")[0] is True
     tok = tiny_tokenizer()
-    model = _model(len(tok)).to("cuda", torch.bfloat16)
+    model = tiny_model(len(tok), **GPU_MODEL).to("cuda", torch.bfloat16)
     eager = HFBackend(model, tok, batch_tokens=256, batch_invariant=False)
     fast = HFBackend(copy.deepcopy(model), tok, batch_tokens=256, batch_invariant=False, compiled=True)
     prompts = [CORPUS[0] + " " + c for c in CORPUS[1:]] * 3
@@ -172,7 +143,12 @@ def test_compile_auto_on_cuda_and_compiled_equals_eager():
 def test_batch_invariant_on_gives_the_same_bits_in_any_mix_on_cuda(tmp_path, monkeypatch):
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path))  # the row-invariance probe's cache
     tok = tiny_tokenizer()
-    be = HFBackend(_model(len(tok)).to("cuda", torch.bfloat16), tok, batch_tokens=512, batch_invariant=True)
+    be = HFBackend(
+        tiny_model(len(tok), **GPU_MODEL).to("cuda", torch.bfloat16),
+        tok,
+        batch_tokens=512,
+        batch_invariant=True,
+    )
     mix = [CORPUS[i % len(CORPUS)] for i in range(9)]
     together, alone = be.score(mix, [5, 6]), be.score(mix[3:4], [5, 6])
     np.testing.assert_array_equal(together.raw_logprobs[3], alone.raw_logprobs[0])

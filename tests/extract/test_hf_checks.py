@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_model import tiny_model, tiny_tokenizer
-from walla.extract.backends import hf, hf_checks, hf_packed
+from tiny_model import save_tiny_checkpoint, spy_from_pretrained, tiny_model, tiny_tokenizer
+from walla.extract.backends import hf_checks, hf_packed
 from walla.extract.backends.hf import HFBackend, load_hf_backend
 from walla.extract.models import ResolvedModel
 
@@ -13,10 +13,7 @@ from walla.extract.models import ResolvedModel
 @pytest.fixture
 def local_tiny(tmp_path, monkeypatch) -> ResolvedModel:
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
-    tok = tiny_tokenizer()
-    mdir = tmp_path / "tiny"
-    tiny_model(len(tok), seed=5).save_pretrained(mdir)
-    tok.save_pretrained(mdir)
+    mdir = save_tiny_checkpoint(tmp_path / "tiny", seed=5)
     return ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
 
 
@@ -69,14 +66,7 @@ def test_row_invariance_probe_is_cached_per_machine_and_shapes(tmp_path, monkeyp
 
 
 def test_weights_load_on_the_cpu_without_device_map(local_tiny, monkeypatch):
-    seen: list[dict] = []
-    orig = hf.AutoModelForCausalLM.from_pretrained
-
-    def spy(*a, **k):
-        seen.append(k)
-        return orig(*a, **k)
-
-    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
+    seen = spy_from_pretrained(monkeypatch)
     be = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
     assert be.device.type == "cpu" and be.dtype == torch.bfloat16
     assert "device_map" not in seen[0] and seen[0]["dtype"] == torch.bfloat16  # CPU: loaded as before

@@ -1,10 +1,16 @@
-"""A tiny random-weight Llama-style model and a word-level tokenizer, built in memory (no download)."""
+"""A tiny random-weight Llama-style model and a word-level tokenizer, built in memory (no download), and
+the steps tests take to use one as a catalog model over a local jsonl dataset."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from walla.extract.backends import hf
+from walla.manifests import catalog
 
 CORPUS = [
     "Return the label of the correct answer for the question below .",
@@ -32,12 +38,15 @@ def tiny_tokenizer(bos: bool = True) -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_model(vocab_size: int, seed: int = 0, tie: bool = False) -> LlamaForCausalLM:
+def tiny_model(
+    vocab_size: int, seed: int = 0, tie: bool = False, hidden_size: int = 32, weight_scale: float = 8.0
+) -> LlamaForCausalLM:
+    """`weight_scale` multiplies the default init of every matrix (1.0: small logits, as a real model's)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -52,5 +61,47 @@ def tiny_model(vocab_size: int, seed: int = 0, tie: bool = False) -> LlamaForCau
     with torch.no_grad():  # larger weights than the default init: sharper, more distinct outputs per position
         for p in model.parameters():
             if p.dim() == 2:
-                p.mul_(8.0)
+                p.mul_(weight_scale)
     return model
+
+
+def save_tiny_checkpoint(mdir: Path, **model_kw) -> Path:
+    """tiny_model(**model_kw) and tiny_tokenizer() saved as a local transformers checkpoint in `mdir`."""
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), **model_kw).save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    return mdir
+
+
+def register_local_model(monkeypatch, name: str, mdir: Path, hidden_size: int) -> None:
+    """Model `name` (a local checkpoint in `mdir`) added to the catalog for this test."""
+    models = dict(catalog.load_models())
+    models[name] = catalog.ModelEntry(name=name, source="local", path=str(mdir), hidden_size=hidden_size)
+    monkeypatch.setattr(catalog, "load_models", lambda: models)
+
+
+def register_jsonl_dataset(monkeypatch, path: Path, rows: list[dict], name: str = "mine") -> Path:
+    """`rows` written to `path` as jsonl (the first two in val, the rest in test) and added to the catalog as
+    multiple-choice dataset `name` with the splits given."""
+    path.write_text(
+        "\n".join(json.dumps(dict(r, split="val" if i < 2 else "test")) for i, r in enumerate(rows)) + "\n"
+    )
+    datasets_ = dict(catalog.load_datasets())
+    datasets_[name] = catalog.DatasetEntry(
+        name=name, loader="jsonl", split_protocol={"mode": "given"}, prompt="mc"
+    )
+    monkeypatch.setattr(catalog, "load_datasets", lambda: datasets_)
+    return path
+
+
+def spy_from_pretrained(monkeypatch) -> list[dict]:
+    """The keyword arguments of every AutoModelForCausalLM.from_pretrained call the hf backend makes."""
+    seen: list[dict] = []
+    orig = hf.AutoModelForCausalLM.from_pretrained
+
+    def spy(*a, **k):
+        seen.append(k)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
+    return seen
