@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import nn
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -303,13 +304,7 @@ def to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def state_to_host(obj: Any) -> Any:
     """A state (nested dicts/lists/tuples of tensors and plain values) with every tensor on the host."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: state_to_host(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(state_to_host(v) for v in obj)
-    return obj
+    return apply_to_collection(obj, torch.Tensor, lambda t: t.detach().cpu())
 
 
 # ---------------------------------------------------------------------------- optimizer and clipping
