@@ -35,6 +35,7 @@ from walla.train.runs import (
     read_key_file,
     read_run,
     read_scenario_table,
+    stale_reason,
 )
 
 Run = RunRecord  # evaluation reads RunRecords; the alias keeps plots/report signatures short
@@ -105,13 +106,8 @@ def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRec
         problems.append(Problem("unreadable", name, d.method, d.seed, str(e)))
         return None
     key = run.run_key
-    if key is None:
-        problems.append(_stale(name, d, "run.json has no run key", retrain))
-    elif key.get("scenario_inputs_id") != table.meta.get("inputs_id"):
-        why = "trained from other inputs than the scenario's current ones (other feature sets, questions or spec)"
-        problems.append(_stale(name, d, why, retrain))
-    elif key.get("schema") != TRAIN_SCHEMA:
-        why = f"trained by walla-train schema {key.get('schema')!r}, this one is {TRAIN_SCHEMA}"
+    why = stale_reason(key, table.meta.get("inputs_id"))  # the one staleness rule (train/runs.py)
+    if why is not None:
         problems.append(_stale(name, d, why, retrain))
     elif key_id(key) != d.key_id or key.get("method") != d.method:
         why = f"its run key is not the one of directory {d.method}/{d.key_id} (moved or edited by hand)"

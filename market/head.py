@@ -27,7 +27,7 @@ from walla.train.engine import make_optimizer
 from walla.train.heads import StackedHeads
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
-from walla.train.runs import STATE, read_run_meta
+from walla.train.runs import STATE, read_current_run_meta
 
 
 class HeadError(ValueError):
@@ -70,9 +70,11 @@ class AgentHead:
 
     @classmethod
     def from_run(cls, run: str | Path, slot: int) -> AgentHead:
-        """The head of agent `slot` in a complete WALLA run directory (run.json + state.pt)."""
+        """The head of agent `slot` in a complete, current WALLA run directory (run.json + state.pt): a
+        stale run (other inputs, another walla-train schema) or one moved out of its key directory is
+        refused, as walla-eval and joining refuse it (train/runs.py read_current_run_meta)."""
         run = Path(run)
-        meta = read_run_meta(run)  # RunFormatError when missing or unreadable
+        meta = read_current_run_meta(run)  # RunFormatError when missing, unreadable or stale
         method = str(meta.get("method", "?"))
         try:
             family = get_method(method)[0].family

@@ -202,7 +202,7 @@ def train(
             )
         else:
             plan = load_plan(scenario, overrides)
-        base_name, origin = plan.spec.name, None
+        base_plan, origin = plan, None
         if add_agent or drop_agent:
             plan, origin = joined_plan(
                 plan, list(add_agent), list(drop_agent), None if from_scratch else join_epochs
@@ -230,8 +230,11 @@ def train(
                 raise ValueError(f"--limit-rows must be >= 3, got {limit_rows}")
             data = data.limit_rows(limit_rows)
         initial = None
-        if origin is not None and not from_scratch:
-            initial = initial_params(plan, base_name, origin, data, runs)
+        if origin is not None and not from_scratch:  # continue the base runs of this command's key
+            base_data = assemble_scenario(base_plan.scenario, store)
+            if limit_rows is not None:
+                base_data = base_data.limit_rows(limit_rows)
+            initial = initial_params(base_plan, plan, origin, base_data, data, runs, env)
         console.print(
             f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
             f"{len(plan.methods)} methods x {len(plan.seeds)} seeds on {env.device} ({env.precision}) -> {runs}"
@@ -261,7 +264,6 @@ def train(
                 progress=progress,
                 note=lambda s: console.print(f"note: {s}", highlight=False),
                 initial=initial,
-                initial_from=base_name,
             )
         _summary(results, data.name, runs, console)
     except typer.Exit:

@@ -10,6 +10,14 @@ them keep learning online over ONE pass of the training stream (`--join-epochs`,
 own payouts -- still decentralized, since no head ever sees another agent's features. Methods without per-agent heads (the baselines) are trained
 on the joined scenario as usual. `--from-scratch` trains the joined scenario's WALLA heads from their
 default init instead (the comparison the README reports).
+
+Which base run a joined run continues is computed, not searched (the base-key rule, also the market's:
+market/head.py takes only current runs): the run key the base scenario's plan gives the method under this
+command's settings (train/run.py plan_key, on the base scenario as assembled now), one key for every seed.
+A seed whose base run is missing or of another key (another lr, precision, device or calibration), or whose
+base run is stale (other inputs, another TRAIN_SCHEMA), stops the join with one line naming the keys and
+what differs. The joined runs' key names that base key (`init: {continued_from, base_key_id}`), and each
+seed's inputs id covers its base run's: a joined run of another base is another row, never averaged in.
 """
 
 from __future__ import annotations
@@ -18,11 +26,24 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from walla.manifests.validate import replace, to_dict
+from walla.manifests.validate import replace
 from walla.train.engine import load_checkpoint
-from walla.train.methods import method_module
-from walla.train.plan import MethodPlan, TrainPlan, with_spec
-from walla.train.runs import STATE, is_complete, list_run_dirs, read_run_meta
+from walla.train.plan import TrainPlan, with_spec
+from walla.train.run import Continued, plan_key
+from walla.train.runs import (
+    STATE,
+    VALIDITY,
+    RunFormatError,
+    is_complete,
+    jsonable,
+    key_dir,
+    key_id,
+    list_run_dirs,
+    read_key_file,
+    read_run_meta,
+    run_dir,
+    stale_reason,
+)
 from walla.train.wager_training import init_heads
 
 
@@ -67,57 +88,103 @@ def _fit_rows(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _without_epochs(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k != "epochs"}
+def _differences(want: dict, have: dict) -> str:
+    """'config.lr 0.05 (not 0.0005), precision bf16-mixed (not 32-true)': where run key `have` differs from
+    `want` (both flattened to dotted paths)."""
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+        return out
+
+    a, b = flat(want), flat(have)
+    return ", ".join(f"{k} {b.get(k)!r} (not {a.get(k)!r})" for k in sorted({*a, *b}) if a.get(k) != b.get(k))
 
 
-def base_state(runs: Path, base_name: str, mp: MethodPlan, seed: int, data) -> Path:
-    """The state.pt of the base scenario's run to continue: its only trained configuration of this method
-    and seed, or, when it has several (run keys), the one whose config is the joined plan's (epochs
-    aside: joining sets its own).
+def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
+    """(run directory, run.json) of the base scenario's run of run key `key` and `seed`: the run a joined
+    run continues. The key is the one the base plan gives under this command's settings (run.plan_key),
+    so a base run of another config, precision, device or calibration is never taken instead.
 
     Raises:
-        FileNotFoundError: no such run (train the base scenario first). ValueError: several match.
+        FileNotFoundError: no complete run of that key and seed (names the keys the seed has instead and
+            what differs, and the command that trains it).
+        ValueError: the run is stale (trained from other inputs or by another schema) or has no state.pt.
     """
-    found = [
-        d.path
-        for d in list_run_dirs(runs, base_name)
-        if d.method == mp.name and d.seed == seed and d.key_id is not None
-        if is_complete(d.path) and (d.path / STATE).exists()
-    ]
-    if len(found) > 1:
-        module = method_module(mp.name)
-        cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
-        want = _without_epochs(to_dict(cfg))
-        found = [p for p in found if _without_epochs(read_run_meta(p).get("config") or {}) == want]
-    if not found:
+    method, kid = key["method"], key_id(key)
+    path = run_dir(runs, base, method, kid, seed)
+    retrain = (
+        f"walla-train --scenario {base} --methods {method} --seed-list {seed} with this command's "
+        "--set / --precision / --device / --calibrated"
+    )
+    if not is_complete(path):
+        have = _other_keys(runs, base, key, seed) or f"no trained {method} run of seed {seed}"
         raise FileNotFoundError(
-            f"{runs / base_name / mp.name}: no trained heads of seed {seed} to continue; train the base "
-            f"scenario first: walla-train --scenario {base_name} --methods {mp.name} --seed-list {seed}"
+            f"{runs / base / method}: no base run of key {kid} (this command's settings) and seed {seed} to "
+            f"continue ({have}); train the base scenario first: {retrain}"
         )
-    if len(found) > 1:
-        raise ValueError(
-            f"{base_name}: {len(found)} trained runs of {mp.name} seed {seed} with this config "
-            f"({', '.join(str(p) for p in found)}); they differ in precision, device or calibration: move "
-            "the ones not to continue out of the runs directory, or train the joined scenario --from-scratch"
-        )
-    return found[0] / STATE
+    meta = read_run_meta(path)
+    have = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
+    why = stale_reason(have, key["scenario_inputs_id"])
+    if why is None and have != jsonable(key):
+        why = f"its run key differs from its directory's: {_differences(key, have)}"
+    if why is not None:
+        raise ValueError(f"{path}: stale base run ({why}); not continued: retrain it: {retrain} --force")
+    if not (path / STATE).exists():
+        raise ValueError(f"{path}: no {STATE} to continue; retrain it: {retrain} --force")
+    return path, meta
 
 
-def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, runs: Path) -> dict:
-    """method -> seed -> stacked head parameters for the joined scenario, continued from the base runs.
+def _other_keys(runs: Path, base: str, key: dict, seed: int) -> str:
+    """'seed 19 is trained only under key 0a1b2c3d4e (config.lr 0.05 (not 0.0005))': the other run keys of
+    the base scenario holding a complete run of this method and seed, and what differs; '' if none."""
+    method, kid = key["method"], key_id(key)
+    others = sorted(
+        {
+            d.key_id
+            for d in list_run_dirs(runs, base)
+            if d.method == method and d.seed == seed and d.key_id not in (None, kid) and is_complete(d.path)
+        }
+    )
+    want = {k: v for k, v in jsonable(key).items() if k not in VALIDITY}
+    parts = []
+    for other in others:
+        try:
+            have = read_key_file(key_dir(runs, base, method, other)).get("run_key") or {}
+        except RunFormatError:
+            have = {}
+        diff = _differences(want, {k: v for k, v in have.items() if k not in VALIDITY}) if have else ""
+        parts.append(f"key {other}" + (f": {diff}" if diff else ""))
+    return f"seed {seed} is trained only under {'; '.join(parts)}" if parts else ""
+
+
+def initial_params(
+    base_plan: TrainPlan, plan: TrainPlan, origin: list[int], base_data, data, runs: Path, env
+) -> dict[str, Continued]:
+    """method -> the base runs its joined runs continue from (run.Continued), with each seed's stacked
+    head parameters for the joined scenario.
+
+    Every seed continues the base run of ONE run key: the key `base_plan` gives the method on `base_data`
+    (the base scenario as assembled now) under `env` -- the runs `walla-train --scenario <base>` with this
+    command's settings trains. A seed whose base run is missing, of another key, or stale stops the join
+    with one line naming the keys (base_run).
 
     Raises:
-        FileNotFoundError: a base WALLA run has no state.pt (train the base scenario first).
-        ValueError: several base runs could be meant (base_state).
+        FileNotFoundError: a base run is missing (named, with the keys the seed has instead).
+        ValueError: a base run is stale or has no state.pt.
     """
     in_dims = [int(h.shape[1]) for h in data.hidden]
-    out: dict[str, dict[int, list[torch.Tensor]]] = {}
+    out: dict[str, Continued] = {}
     for mp in plan.methods:
         if mp.info.family != "walla":
             continue
+        _, key = plan_key(base_plan, base_plan.method(mp.name), base_data, env)
+        ids, by_seed = {}, {}
         for seed in plan.seeds:
-            old = load_checkpoint(base_state(runs, base_name, mp, seed, data))
+            path, meta = base_run(runs, base_plan.spec.name, key, seed)
+            ids[seed] = str(meta.get("inputs_id"))
+            old = load_checkpoint(path / STATE)
             n_kinds, m_old = old["n_kinds"], len(old["in_dims"])
             fresh = list(init_heads([seed], in_dims, mp.config, n_kinds).parameters())
             params = [p.detach().clone() for p in fresh]  # [n_kinds * M_new, ...] each
@@ -130,5 +197,6 @@ def initial_params(plan: TrainPlan, base_name: str, origin: list[int], data, run
                         p_new[k * m_new + i_new] = _fit_rows(
                             p_old[k * m_old + i_old], p_new[k * m_new + i_new]
                         )
-            out.setdefault(mp.name, {})[seed] = params
+            by_seed[seed] = params
+        out[mp.name] = Continued(base_plan.spec.name, key, ids, by_seed)
     return out

@@ -48,6 +48,7 @@ from walla.train.runs import (
     RUN_META,
     STATE,
     RunFormatError,
+    data_inputs_id,
     inputs_id,
     key_id,
     list_run_dirs,
@@ -166,22 +167,46 @@ def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
     return notes
 
 
-def method_key(
-    mp: MethodPlan, cfg_dict: dict, scenario_inputs_id: str, calibration, env: TrainEnv, init: str
-) -> dict:
-    """The run key of a method's runs in this plan. A learning-free method never computes with the
-    device or precision (only calibration does), so neither is part of its identity: a bf16 rerun of
-    WALLA does not make UniformAvg's runs a second row."""
+@dataclasses.dataclass(frozen=True)
+class Continued:
+    """What one method's runs continue from (train/join.py): the base scenario's runs of ONE run key.
+
+    The runs' key names the base key (`init`), so joined runs of different bases never share a row, and
+    each seed's inputs id covers its base run's, so a joined run is redone when its base run changed."""
+
+    scenario: str  # the base scenario
+    base_key: dict  # the base runs' run key (validity fields included)
+    base_ids: dict[int, str]  # seed -> the base run's inputs_id (its run.json)
+    params: dict[int, list]  # seed -> the stacked head parameters to start from
+
+    @property
+    def init(self) -> dict:
+        return {"continued_from": self.scenario, "base_key_id": key_id(self.base_key)}
+
+
+def plan_key(
+    plan: TrainPlan, mp: MethodPlan, data: ScenarioData, env: TrainEnv, init: str | dict = "default init"
+):
+    """(resolved config, run key) of method `mp`'s runs of `plan` on `data`: the one place a run key is
+    made (run_plan, and train/join.py for the base runs a joined run must continue).
+
+    A learning-free method never computes with the device or precision (only calibration does), so
+    neither is part of its identity: a bf16 rerun of WALLA does not make UniformAvg's runs a second row.
+    """
+    module = method_module(mp.name)
+    cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
+    calibration = to_dict(plan.calibration) if plan.calibrated else None
     uses_env = mp.info.group != "learning_free" or calibration is not None
-    return run_key(
-        scenario_inputs_id,
+    key = run_key(
+        data_inputs_id(data, to_dict(plan.spec)),
         mp.name,
-        cfg_dict,
+        to_dict(cfg),
         calibration=calibration,
         precision=env.precision if uses_env else None,
         device=env.device if uses_env else None,
         init=init,
     )
+    return cfg, key
 
 
 def run_plan(
@@ -194,16 +219,15 @@ def run_plan(
     logger: str = "csv",
     progress: ProgressFn | None = None,
     note: Callable[[str], None] = print,
-    initial: dict[str, dict[int, list]] | None = None,
-    initial_from: str | None = None,
+    initial: dict[str, Continued] | None = None,
 ) -> list[dict]:
     """Train and predict every (method, seed) of a plan; returns the run.json of every run, in order.
 
     Raises:
         RunsLockedError: another walla-train holds the scenario. ValueError: data too small, bad output.
 
-    `initial` (train/join.py): method -> seed -> head parameters to continue from (runs of scenario
-    `initial_from`); such runs record it, and their run key includes it.
+    `initial` (train/join.py): method -> the base runs its runs continue from; their run key names the
+    base key, and each seed's inputs id its base run's.
     """
     runs = Path(runs_dir)
     if runs.exists() and not runs.is_dir():
@@ -223,13 +247,12 @@ def run_plan(
         all_rows = np.arange(len(data.split))
         for mp in plan.methods:
             module = method_module(mp.name)
-            cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
+            cont = (initial or {}).get(mp.name)
+            cfg, key = plan_key(plan, mp, raw, env, cont.init if cont else "default init")
             cfg_dict = to_dict(cfg)
-            init = (initial or {}).get(mp.name)
-            origin = f"continued from {initial_from}" if init else "default init"
-            key = method_key(mp, cfg_dict, scen["inputs_id"], calibration, env, origin)
+            assert key["scenario_inputs_id"] == scen["inputs_id"]  # the key's inputs are the table's
             kid = key_id(key)
-            ids = {s: inputs_id(key, s) for s in plan.seeds}
+            ids = {s: inputs_id(key, s, *([cont.base_ids[s]] if cont else [])) for s in plan.seeds}
             write_key_file(runs, data.name, key, plan.seeds)
             pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force)
             notes += _beside(runs, data.name, mp.name, kid)
@@ -254,7 +277,7 @@ def run_plan(
             ]
             t0 = time.perf_counter()
             with seeded_globals(pending[0]):
-                extra = {"initial": [init.get(s) for s in pending]} if init else {}
+                extra = {"initial": [cont.params[s] for s in pending]} if cont else {}
                 states = module.fit(data, cfg, pending, env, logs, **extra)
             fit_s = (time.perf_counter() - t0) / len(pending)
             for seed, state, log in zip(pending, states, logs, strict=True):
@@ -280,7 +303,7 @@ def run_plan(
                     "run_key": key,
                     "key_id": kid,
                     "inputs_id": ids[seed],
-                    "initialized": origin,
+                    "initialized": cont.init if cont else "default init",
                     "scenario_inputs_id": scen["inputs_id"],
                     "fingerprints": dict(data.fingerprints),
                     "wall_time_s": fit_s + time.perf_counter() - t1,

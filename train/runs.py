@@ -464,6 +464,41 @@ def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
     return RunRecord(method, seed, path, meta, weights, agg, probs, extras, log)
 
 
+def stale_reason(key: dict | None, current_inputs_id: str | None) -> str | None:
+    """Why a run of run key `key` is stale for a scenario whose current inputs id is `current_inputs_id`
+    (None: it is current): the one rule of walla-eval, joining (--add-agent) and the market's live heads."""
+    if key is None:
+        return "run.json has no run key"
+    if key.get("scenario_inputs_id") != current_inputs_id:
+        return "trained from other inputs than the scenario's current ones (other feature sets, questions or spec)"
+    if key.get("schema") != TRAIN_SCHEMA:
+        return f"trained by walla-train schema {key.get('schema')!r}, this one is {TRAIN_SCHEMA}"
+    return None
+
+
+def read_current_run_meta(path: str | Path) -> dict:
+    """run.json of a run another run may start from (a live market head): complete, its run key that of
+    its directory <runs>/<scenario>/<method>/<key-id>/seed=<s>, and current (stale_reason) for the
+    scenario's scenario.json -- the runs walla-eval counts.
+
+    Raises:
+        RunFormatError: one line naming the run, why it does not count and the fix.
+    """
+    path = Path(path)
+    meta = read_run_meta(path)
+    key = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
+    kdir = path.parent
+    scenario = kdir.parent.parent
+    retrain = f"rerun walla-train --scenario {scenario.name} --methods {kdir.parent.name}"
+    current = _read_json(scenario / SCENARIO_META).get("inputs_id")
+    why = stale_reason(key, current)
+    if why is None and (key_id(key) != kdir.name or key.get("method") != kdir.parent.name):
+        why = f"its run key is not the one of directory {kdir.parent.name}/{kdir.name} (moved or edited by hand)"
+    if why is not None:
+        raise RunFormatError(f"{path}: stale run: {why}; not used: {retrain}")
+    return meta
+
+
 def read_key_file(path: str | Path) -> dict:
     """A key directory's key.json (see write_key_file)."""
     return _read_json(Path(path) / KEY_FILE)

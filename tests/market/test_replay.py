@@ -6,6 +6,7 @@ features are walla-extract's; a head update is one step of the run's loss and op
 
 from __future__ import annotations
 
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from walla.market.local import LocalServer
 from walla.market.replay import ReplayConfig, _compare, replay, scenario_data
 from walla.market.run_choice import choose_runs
 from walla.store.schema import VARIANTS
-from walla.train.runs import read_scenario_table
+from walla.train.runs import RUN_META, TRAIN_SCHEMA, RunFormatError, read_scenario_table
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,28 @@ def test_replay_learning_changes_heads(trained):
     (seed,) = replay(cfg, out=lambda s: None).seeds
     assert seed.updates == 3 * seed.n_rounds  # one step per agent per resolved round
     assert seed.max_diff["wagers"] > 1e-6  # the heads moved: later wagers differ from the frozen run's
+
+
+def test_a_live_head_comes_only_from_a_current_run(trained, tmp_path):
+    """The base-key rule of joining holds for live agents too (issue 28): a stale run (another walla-train
+    schema, other inputs) or one moved out of its key directory gives no head, as walla-eval counts none."""
+    runs = tmp_path / "runs"
+    shutil.copytree(trained["runs"], runs)
+    run = choose_runs(runs, trained["scenario"]).seeds[18].path
+    AgentHead.from_run(run, slot=0)  # current: taken
+    meta = json.loads((run / RUN_META).read_text())
+    for field, value, why in (
+        ("schema", TRAIN_SCHEMA - 1, f"trained by walla-train schema {TRAIN_SCHEMA - 1}"),
+        ("scenario_inputs_id", "0" * 16, "trained from other inputs"),
+    ):
+        (run / RUN_META).write_text(json.dumps({**meta, "run_key": {**meta["run_key"], field: value}}))
+        with pytest.raises(RunFormatError, match=f"{run}: stale run: {why}"):
+            AgentHead.from_run(run, slot=0)
+    (run / RUN_META).write_text(json.dumps(meta))
+    moved = run.parent.parent / "0123456789" / run.name
+    shutil.move(run.parent, moved.parent)
+    with pytest.raises(RunFormatError, match="not the one of directory walla-i/0123456789"):
+        AgentHead.from_run(moved, slot=0)
 
 
 def test_head_update_is_the_runs_step(trained):

@@ -21,6 +21,7 @@ Two regimes:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,22 @@ def make_private_context_scenario(
         hidden=hidden,
         fingerprints={f"synth{i}/mixed": f"{seed:04d}{i:012d}" for i in range(m)},
         meta={"informed": informed, "seed": seed, "regime": regime, "context_rule": "one_relevant"},
+    )
+
+
+def with_agents(data: ScenarioData, slots: list[int], name: str) -> ScenarioData:
+    """The scenario restricted to some agent slots (in that order), named `name`."""
+    kept = {data.agents[i] for i in slots}
+    return dataclasses.replace(
+        data,
+        name=name,
+        agents=[data.agents[i] for i in slots],
+        probs=data.probs[:, slots],
+        prompt_nll=data.prompt_nll[:, slots],
+        variant=data.variant[:, slots],
+        hidden=[data.hidden[i] for i in slots],
+        prompts=None if data.prompts is None else [data.prompts[i] for i in slots],
+        fingerprints={k: v for k, v in data.fingerprints.items() if k.split("/")[0] in kept},
     )
 
 

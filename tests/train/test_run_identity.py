@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import synthetic_scenario_file
+from synthetic import make_private_context_scenario, synthetic_scenario_file, with_agents
 from typer.testing import CliRunner
 from walla.evaluate import cli as eval_cli
 from walla.train import cli as train_cli
@@ -105,3 +105,72 @@ def test_another_precision_is_a_row_of_its_own(tmp_path, synth):
     full, bf16 = rows["WALLA I (precision=32-true)"], rows["WALLA I (precision=bf16-mixed)"]
     assert (full["n_seeds"], bf16["n_seeds"]) == ("5", "1")
     assert rows["UniformAvg"]["n_seeds"] == "5"  # nothing of it depends on the precision
+
+
+@pytest.fixture
+def joinable(tmp_path, monkeypatch):
+    """synth.yaml (3 agents) whose assembly gives the first len(agents) slots of one 4-agent synthetic
+    scenario, so `--add-agent gemma3-270m` assembles the base's 3 agents plus a fourth."""
+    full = make_private_context_scenario(n=100, m=4, k=2, h=6, seed=2, name="synth")
+    path = synthetic_scenario_file(tmp_path, monkeypatch, SCENARIO)
+    monkeypatch.setattr(
+        train_cli,
+        "assemble_scenario",
+        lambda sc, store: with_agents(full, list(range(len(sc.spec.agents))), sc.spec.name),
+    )
+    return path
+
+
+def test_joining_seeds_of_different_base_keys_stops_naming_both(tmp_path, joinable):
+    """Finding 1 (issue 28): base seed 18 at lr 5e-4 and seed 19 at lr 0.05, then both seeds joined at lr
+    5e-4. The old walla-train continued seed 19 from the lr-0.05 heads under one joined key: ONE `WALLA I`
+    row averaging seeds continued from differently trained heads. Now the join stops with one line naming
+    both base keys; trained properly, joins of different base keys are rows of their own."""
+    walla = ("--methods", "walla-i")
+    train(tmp_path, joinable, *walla, "--seed-list", "18", "--set", "walla.lr=5e-4")
+    train(tmp_path, joinable, *walla, "--seed-list", "19", "--set", "walla.lr=0.05")
+    keys = {lr: kid for lr, kid in base_keys(tmp_path).items()}
+    assert set(keys) == {5e-4, 0.05}
+    join = ("--add-agent", "gemma3-270m", "--seed-list", "18,19")
+    argv = ["--scenario", str(joinable), "--store", str(tmp_path / "store"), "--runs", str(tmp_path / "runs")]
+    res = runner.invoke(train_cli.app, [*argv, *walla, *join, "--set", "walla.lr=5e-4"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert f"no base run of key {keys[5e-4]}" in lines[0] and "seed 19" in lines[0]
+    assert f"seed 19 is trained only under key {keys[0.05]}: config.lr 0.05 (not 0.0005)" in lines[0]
+    assert not (tmp_path / "runs" / "synth+gemma3-270m" / "walla-i").exists()  # nothing trained
+    # seed 19 of the lr-5e-4 key trained too: both seeds continue that key, one row of two seeds ...
+    train(tmp_path, joinable, *walla, "--seed-list", "19", "--set", "walla.lr=5e-4")
+    train(tmp_path, joinable, *walla, *join, "--set", "walla.lr=5e-4")
+    # ... and seed 19 joined at lr 0.05 continues the lr-0.05 base key: another key, another row
+    train(
+        tmp_path,
+        joinable,
+        *walla,
+        "--add-agent",
+        "gemma3-270m",
+        "--seed-list",
+        "19",
+        "--set",
+        "walla.lr=0.05",
+    )
+    joined = {}
+    for path in (tmp_path / "runs" / "synth+gemma3-270m" / "walla-i").rglob("run.json"):
+        meta = json.loads(path.read_text())
+        assert meta["run_key"]["init"] == meta["initialized"]
+        joined.setdefault(meta["initialized"]["base_key_id"], []).append(meta["seed"])
+    assert {k: sorted(v) for k, v in joined.items()} == {keys[5e-4]: [18, 19], keys[0.05]: [19]}
+    rows = {r: v for r, v in report(tmp_path).items() if v["scenario"] == "synth+gemma3-270m"}
+    assert "WALLA I" not in rows  # never one row over both bases
+    assert rows["WALLA I (lr=0.0005, init.base_key_id=" + keys[5e-4] + ")"]["n_seeds"] == "2"
+    assert rows["WALLA I (lr=0.05, init.base_key_id=" + keys[0.05] + ")"]["n_seeds"] == "1"
+
+
+def base_keys(tmp_path: Path) -> dict[float, str]:
+    """lr -> key id of the base scenario's walla-i runs."""
+    out = {}
+    for path in (tmp_path / "runs" / "synth" / "walla-i").rglob("run.json"):
+        meta = json.loads(path.read_text())
+        out[meta["config"]["lr"]] = meta["key_id"]
+    return out
