@@ -55,7 +55,10 @@ METHOD_GROUPS = ("individual", "learning_free", "learning_based", "walla")
 EXTRAS = ("wagers", "payouts", "advantage", "pred_score", "pred_baseline")  # optional [M] columns
 SEED_DIR = re.compile(r"^seed=(-?\d+)$")
 KEY_DIR = re.compile(r"^[0-9a-f]{10}$")  # key_id(): 10 hex digits
-TRAIN_SCHEMA = 1  # bump when training semantics change: runs of another schema are stale, never counted
+# The training code's version: runs of another schema are stale, never counted. Bump it whenever training
+# numbers change -- tests/train/test_golden.py fails until you do (train/golden.py, train/golden.json).
+# 2: one optimizer path through the engine (f370f1e: MasterAdam C kernel and hand-written backward removed)
+TRAIN_SCHEMA = 2
 VALIDITY = ("schema", "scenario_inputs_id")  # run-key fields whose change makes a run stale (same key_id)
 
 
