@@ -31,7 +31,7 @@ def _moved(digests: dict, method: str, by: float) -> dict:
 
 
 def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
-    stored = {"schema": TRAIN_SCHEMA, "methods": current}
+    stored = {"schema": TRAIN_SCHEMA, "setup": golden.setup_id(), "methods": current}
     assert golden.check(stored, _moved(current, "walla-ii", 0.1 * golden.TOLERANCE)) == []  # noise passes
     (line,) = golden.check(stored, _moved(current, "walla-ii", 10 * golden.TOLERANCE))
     assert line.startswith(
@@ -42,7 +42,9 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     )
     (line,) = golden.check(stored, current, schema=TRAIN_SCHEMA + 1)  # bumped: the digests are regenerated
     assert f"holds digests of TRAIN_SCHEMA {TRAIN_SCHEMA}, the code is schema {TRAIN_SCHEMA + 1}" in line
-    fewer = {"schema": TRAIN_SCHEMA, "methods": {k: v for k, v in current.items() if k != "uniform"}}
+    (line,) = golden.check(stored, current, setup="another")  # golden.py trains something else: regenerate
+    assert line.startswith("golden.json holds digests of another golden setup") and "bump" not in line.lower()
+    fewer = {**stored, "methods": {k: v for k, v in current.items() if k != "uniform"}}
     (line,) = golden.check(fewer, current)  # a new method: its digest is added, no bump needed
     assert line.startswith("golden digests missing for ['uniform']")
 
@@ -63,10 +65,13 @@ def test_the_sketch_passes_float_noise_and_catches_a_change():
 
 def test_write_refuses_moved_digests_under_the_same_schema(current, tmp_path):
     path = tmp_path / "golden.json"
-    golden.write(current, path, schema=7)
-    golden.write(current, path, schema=7)  # unchanged: fine
+    golden.write(current, path, schema=7, setup="s")
+    golden.write(current, path, schema=7, setup="s")  # unchanged: fine
     with pytest.raises(ValueError, match="digests of TRAIN_SCHEMA 7 moved .walla-i: .*bump TRAIN_SCHEMA"):
-        golden.write(_moved(current, "walla-i", 1e-2), path, schema=7)
+        golden.write(_moved(current, "walla-i", 1e-2), path, schema=7, setup="s")
     assert golden.read_golden(path)["methods"] == current
-    golden.write(_moved(current, "walla-i", 1e-2), path, schema=8)
+    golden.write(_moved(current, "walla-i", 1e-2), path, schema=8, setup="s")  # bumped: stored
     assert golden.read_golden(path)["schema"] == 8
+    golden.write(current, path, schema=8, setup="t")  # another golden setup: stored
+    assert golden.read_golden(path)["setup"] == "t"
+    assert golden.setup_id() == golden.setup_id() == golden.read_golden()["setup"]
