@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 from walla.manifests.validate import replace
-from walla.train.engine import load_checkpoint
+from walla.store.scenario_data import ScenarioData
+from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
 from walla.train.run import Continued, plan_key
 from walla.train.runs import (
@@ -160,7 +161,13 @@ def _other_keys(runs: Path, base: str, key: dict, seed: int) -> str:
 
 
 def initial_params(
-    base_plan: TrainPlan, plan: TrainPlan, origin: list[int], base_data, data, runs: Path, env
+    base_plan: TrainPlan,
+    plan: TrainPlan,
+    origin: list[int],
+    base_data: ScenarioData,
+    data: ScenarioData,
+    runs: Path,
+    env: TrainEnv,
 ) -> dict[str, Continued]:
     """method -> the base runs its joined runs continue from (run.Continued), with each seed's stacked
     head parameters for the joined scenario.
