@@ -131,7 +131,7 @@ def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
     if why is None and have != jsonable(key):
         why = f"its run key differs from its directory's: {_differences(key, have)}"
     if why is not None:
-        raise ValueError(f"{path}: stale base run ({why}); not continued: retrain it: {retrain} --force")
+        raise ValueError(f"{path}: stale base run ({why}); not continued: retrain it: {retrain}")
     if not (path / STATE).exists():
         raise ValueError(f"{path}: no {STATE} to continue; retrain it: {retrain} --force")
     return path, meta
