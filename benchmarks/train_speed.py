@@ -101,9 +101,13 @@ MIN_BYTES = {"32-true": 40, "bf16-mixed": 50}
 def synthetic_scenario(n: int, m: int, k: int, h: int, seed: int) -> ScenarioData:
     """Private-context questions: per question one random agent holds the evidence (confident and mostly
     right), the others guess; a fixed direction of each agent's hidden space marks whether it holds it,
-    so the wager heads have something to learn. Split 8:1:1 at random."""
+    so the wager heads have something to learn. Split 8:1:1 at random: val and test int(n / 10) rows each,
+    train the rest (n = 1000: 800 / 100 / 100; 1126: 902 / 112 / 112), exactly n rows for any n >= 10."""
+    if n < 10:
+        raise ValueError(f"synthetic_scenario: n must be >= 10 questions (an 8:1:1 split), got {n}")
     rng = np.random.default_rng(seed)
-    split = np.array(["train"] * int(0.8 * n) + ["val"] * int(0.1 * n) + ["test"] * (n - int(0.9 * n)))
+    n_eval = n // 10
+    split = np.array(["train"] * (n - 2 * n_eval) + ["val"] * n_eval + ["test"] * n_eval)
     split = split[rng.permutation(n)]
     informed = rng.integers(0, m, size=n)
     is_inf = np.arange(m)[None, :] == informed[:, None]  # [N, M]
@@ -639,7 +643,7 @@ def full_run(args, device: str) -> None:
     )
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (every section but 2)")
     ap.add_argument("--seeds", type=int, default=5)
@@ -654,7 +658,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096, help="hidden size H of section 7's store")
     ap.add_argument("--rows", type=int, default=1126, help="questions of section 7's store (8:1:1)")
     ap.add_argument("--share-epochs", type=int, default=5, help="epochs of section 7's fits")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     device = resolve_device(args.device)
     if args.only_step:
         cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")
