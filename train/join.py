@@ -92,8 +92,9 @@ def base_state(runs: Path, base_name: str, mp: MethodPlan, seed: int, data) -> P
         found = [p for p in found if _without_epochs(read_run_meta(p).get("config") or {}) == want]
     if not found:
         raise FileNotFoundError(
-            f"{runs / base_name / mp.name}: no trained heads of seed {seed} to continue; train the base "
-            f"scenario first: walla-train --scenario {base_name} --methods {mp.name} --seed-list {seed}"
+            f"{runs / base_name / mp.name}: no trained heads (state.pt) of seed {seed} to continue; train "
+            f"the base scenario with its states first: walla-train --scenario {base_name} --methods "
+            f"{mp.name} --seed-list {seed} --save-states {mp.name}"
         )
     if len(found) > 1:
         raise ValueError(

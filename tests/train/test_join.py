@@ -49,7 +49,7 @@ def trained(tmp_path_factory):
     plan = build_plan({"train": train}, Path("x.yaml"), Scenario(spec, {}, {}), Overrides(), problems)
     assert not problems
     runs = tmp_path_factory.mktemp("runs")
-    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None)
+    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None, save_states={"walla-i"})
     return full, plan, runs
 
 
@@ -84,7 +84,7 @@ def test_dropping_an_agent_and_missing_base_runs(trained):
         joined_plan(plan, [], ["zzz"])
     data = _agents(full, [0, 1], "base-a")
     other = dataclasses.replace(plan, seeds=(77,))
-    with pytest.raises(FileNotFoundError, match="train the base scenario first"):
+    with pytest.raises(FileNotFoundError, match="--seed-list 77 --save-states walla-i"):
         initial_params(other, "base", origin, data, runs)
     np.testing.assert_array_equal(data.hidden[0], full.hidden[0])
 
@@ -96,7 +96,7 @@ def test_the_base_run_continued_is_the_one_of_the_joined_config(trained, tmp_pat
     base = _agents(full, [0, 1, 2], "base")
     other = dataclasses.replace(plan, seeds=(18,))
     other = with_method_config(other, "walla-i", lr=1.0e-3)
-    run_plan(other, base, runs, TrainEnv(), note=lambda s: None)  # a second run key of base, beside
+    run_plan(other, base, runs, TrainEnv(), note=lambda s: None, save_states={"walla-i"})  # a second key
     data = _agents(full, [0, 1, 2, 3], "base+b")
     states = {
         read_run_meta(d.path)["config"]["lr"]: load_checkpoint(d.path / STATE)["params"]
@@ -109,7 +109,9 @@ def test_the_base_run_continued_is_the_one_of_the_joined_config(trained, tmp_pat
         new = initial_params(joined, "base", origin, data, runs)["walla-i"][18]
         torch.testing.assert_close(new[0][:3, : states[lr][0].shape[1]], states[lr][0])
     # the same config trained again in bf16: two base runs could be meant, and the error names both
-    run_plan(other, base, runs, TrainEnv(precision="bf16-mixed"), note=lambda s: None)
+    run_plan(
+        other, base, runs, TrainEnv(precision="bf16-mixed"), note=lambda s: None, save_states={"walla-i"}
+    )
     joined, origin = joined_plan(other, ["b"], [], epochs=1)
     with pytest.raises(ValueError, match="2 trained runs of walla-i seed 18 with this config"):
         initial_params(joined, "base", origin, data, runs)
@@ -123,3 +125,17 @@ def with_method_config(plan, name: str, **changes):
         for m in plan.methods
     )
     return dataclasses.replace(plan, methods=methods)
+
+
+def test_a_base_run_trained_without_its_state_names_the_flag(trained, tmp_path):
+    """Runs write state.pt only with --save-states: joining a base trained without says how to get it."""
+    full, plan, base_runs = trained
+    runs = tmp_path / "runs"
+    shutil.copytree(base_runs, runs)
+    base = _agents(full, [0, 1, 2], "base")
+    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None, force=True)  # no save_states: no state
+    assert not any((d.path / STATE).exists() for d in list_run_dirs(runs, "base"))
+    joined, origin = joined_plan(plan, ["b"], [], epochs=1)
+    data = _agents(full, [0, 1, 2, 3], "base+b")
+    with pytest.raises(FileNotFoundError, match="--seed-list 18 --save-states walla-i"):
+        initial_params(joined, "base", origin, data, runs)
