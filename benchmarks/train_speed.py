@@ -72,6 +72,7 @@ from walla.manifests.validate import build
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import VARIANT_CODE
 from walla.train import engine, mechanism, wager_training
+from walla.train.dropout_masks import DropoutMasks
 from walla.train.engine import (
     TrainEnv,
     clip_grad_norms_,
@@ -580,6 +581,14 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
     timed_fit(data, walla.resolve(warm, data), seeds[:1], env)  # Fabric import, kernels, allocator
     one, many = timed_fit(data, cfg, seeds[:1], env), timed_fit(data, cfg, seeds, env)
     print(f"  fit: 1 seed {one:.2f} s, {len(seeds)} seeds {many:.2f} s: ratio {many / one:.2f}")
+    steps = cfg.epochs * math.ceil(train / cfg.batch_size)
+    for n in (1, len(seeds)):
+        before, after = mask_draws(args.agents, n, cfg, device)
+        print(
+            f"  dropout masks of {n} seed(s), host time per step: formula {before * 1e3:.1f} ms, "
+            f"DropoutMasks {after * 1e3:.1f} ms ({before / after:.2f}x; x {steps} steps = {after * steps:.2f} s "
+            "a fit, drawn while the device computes)"
+        )
     shares = []
     for n in (1, len(seeds)):
         timer = StepTimer(device)
@@ -590,6 +599,26 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
             f"{shares[-1]:.3f} (rest: init, data staging, stopping bookkeeping, Fabric set-up)"
         )
     return shares[-1], many / one
+
+
+def mask_draws(agents: int, seeds: int, cfg: walla.Config, device: str, reps: int = 5) -> tuple[float, float]:
+    """Host seconds per step to draw one step's dropout masks of `seeds` x `agents` heads: the formula
+    drawn one generator after another (the code before issue 31) vs train/dropout_masks.py (raw stream, a
+    thread per generator; `take` also overlaps it with the device step, which this does not count)."""
+    b, keep = cfg.batch_size, 1 - cfg.dropout
+    gens = [np.random.default_rng([18 + s, 1]) for s in range(seeds)]
+
+    def formula() -> None:
+        for w in cfg.hidden:
+            np.concatenate([g.random((agents, b, w), dtype=np.float32) < keep for g in gens])
+
+    rows = [slice(s * agents, (s + 1) * agents) for s in range(seeds)]
+    masks = DropoutMasks(gens, rows, cfg.hidden, keep, "cpu")
+    try:
+        times = [min(_timed(fn) for _ in range(reps)) for fn in (formula, lambda: masks.take(b, None))]
+    finally:
+        masks.close()
+    return times[0], times[1]
 
 
 def share_precision(requested: str, device: str) -> str:
