@@ -130,10 +130,9 @@ def test_checkpoint_roundtrip(tmp_path):
     torch.testing.assert_close(back["params"][0], state["params"][0])
     assert back["cfg"] == {"lr": 1e-3} and back["rows"].tolist() == [0, 1, 2, 3]
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["state.pt"]  # no temporary left behind
-    # what a Fabric writes and reads is the same file: either reads the other's
+    # the very bytes a single-device Fabric's save writes (it buffers them in memory first); it reads them
     make_fabric(TrainEnv()).save(tmp_path / "fabric.pt", state)
-    for path in (tmp_path / "ckpt" / "state.pt", tmp_path / "fabric.pt"):
-        torch.testing.assert_close(torch.load(path, weights_only=False)["params"][0], state["params"][0])
+    assert (tmp_path / "fabric.pt").read_bytes() == (tmp_path / "ckpt" / "state.pt").read_bytes()
     fab = load_checkpoint(tmp_path / "fabric.pt")
     assert fab["cfg"] == back["cfg"] and fab["rows"].tolist() == back["rows"].tolist()
 
