@@ -108,6 +108,10 @@ DEMO_OUT ?= demo-out
 DEMO_FACTS ?= 400
 DEMO_SCENARIOS ?= demo-homo-facts demo-hetero-nocontext demo-hetero-facts
 DEMO_STORE = $(DEMO_OUT)/store
+# Runs keep a head state (state.pt) only where something reads it: the demo keeps WALLA I's heads of
+# demo-homo-facts, which `walla market replay --scenario demo-homo-facts` plays (docs/market.md); ~34 MB of
+# the runs' ~45 MB. Joining (--add-agent) needs --save-states walla on the base scenario (docs/joining.md).
+DEMO_STATES ?= demo-homo-facts:walla-i
 
 demo: setup
 	@start=$$(date +%s); set -e; \
@@ -115,7 +119,8 @@ demo: setup
 	  $(BIN)/walla-extract --model $$m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
 	done; \
 	for s in $(DEMO_SCENARIOS); do \
-	  $(BIN)/walla-train --scenario $$s --store $(DEMO_STORE) --runs $(DEMO_OUT)/runs --seeds $(SEEDS); \
+	  states=$$(for d in $(DEMO_STATES); do [ "$${d%%:*}" != $$s ] || echo "--save-states $${d#*:}"; done); \
+	  $(BIN)/walla-train --scenario $$s --store $(DEMO_STORE) --runs $(DEMO_OUT)/runs --seeds $(SEEDS) $$states; \
 	done; \
 	$(BIN)/walla-eval --report $(DEMO_OUT)/tables.md --runs $(DEMO_OUT)/runs; \
 	echo "walla demo: done in $$(( $$(date +%s) - start )) s -> $(DEMO_OUT)/tables.md"

@@ -72,6 +72,7 @@ from walla.manifests.validate import build
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import VARIANT_CODE
 from walla.train import engine, mechanism, wager_training
+from walla.train.dropout_masks import DropoutMasks
 from walla.train.engine import (
     TrainEnv,
     clip_grad_norms_,
@@ -101,9 +102,13 @@ MIN_BYTES = {"32-true": 40, "bf16-mixed": 50}
 def synthetic_scenario(n: int, m: int, k: int, h: int, seed: int) -> ScenarioData:
     """Private-context questions: per question one random agent holds the evidence (confident and mostly
     right), the others guess; a fixed direction of each agent's hidden space marks whether it holds it,
-    so the wager heads have something to learn. Split 8:1:1 at random."""
+    so the wager heads have something to learn. Split 8:1:1 at random: val and test int(n / 10) rows each,
+    train the rest (n = 1000: 800 / 100 / 100; 1126: 902 / 112 / 112), exactly n rows for any n >= 10."""
+    if n < 10:
+        raise ValueError(f"synthetic_scenario: n must be >= 10 questions (an 8:1:1 split), got {n}")
     rng = np.random.default_rng(seed)
-    split = np.array(["train"] * int(0.8 * n) + ["val"] * int(0.1 * n) + ["test"] * (n - int(0.9 * n)))
+    n_eval = n // 10
+    split = np.array(["train"] * (n - 2 * n_eval) + ["val"] * n_eval + ["test"] * n_eval)
     split = split[rng.permutation(n)]
     informed = rng.integers(0, m, size=n)
     is_inf = np.arange(m)[None, :] == informed[:, None]  # [N, M]
@@ -576,6 +581,14 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
     timed_fit(data, walla.resolve(warm, data), seeds[:1], env)  # Fabric import, kernels, allocator
     one, many = timed_fit(data, cfg, seeds[:1], env), timed_fit(data, cfg, seeds, env)
     print(f"  fit: 1 seed {one:.2f} s, {len(seeds)} seeds {many:.2f} s: ratio {many / one:.2f}")
+    steps = cfg.epochs * math.ceil(train / cfg.batch_size)
+    for n in (1, len(seeds)):
+        before, after = mask_draws(args.agents, n, cfg, device)
+        print(
+            f"  dropout masks of {n} seed(s), host time per step: formula {before * 1e3:.1f} ms, "
+            f"DropoutMasks {after * 1e3:.1f} ms ({before / after:.2f}x; x {steps} steps = {after * steps:.2f} s "
+            "a fit, drawn while the device computes)"
+        )
     shares = []
     for n in (1, len(seeds)):
         timer = StepTimer(device)
@@ -586,6 +599,26 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
             f"{shares[-1]:.3f} (rest: init, data staging, stopping bookkeeping, Fabric set-up)"
         )
     return shares[-1], many / one
+
+
+def mask_draws(agents: int, seeds: int, cfg: walla.Config, device: str, reps: int = 5) -> tuple[float, float]:
+    """Host seconds per step to draw one step's dropout masks of `seeds` x `agents` heads: the formula
+    drawn one generator after another (the code before issue 31) vs train/dropout_masks.py (raw stream, a
+    thread per generator; `take` also overlaps it with the device step, which this does not count)."""
+    b, keep = cfg.batch_size, 1 - cfg.dropout
+    gens = [np.random.default_rng([18 + s, 1]) for s in range(seeds)]
+
+    def formula() -> None:
+        for w in cfg.hidden:
+            np.concatenate([g.random((agents, b, w), dtype=np.float32) < keep for g in gens])
+
+    rows = [slice(s * agents, (s + 1) * agents) for s in range(seeds)]
+    masks = DropoutMasks(gens, rows, cfg.hidden, keep, "cpu")
+    try:
+        times = [min(_timed(fn) for _ in range(reps)) for fn in (formula, lambda: masks.take(b, None))]
+    finally:
+        masks.close()
+    return times[0], times[1]
 
 
 def share_precision(requested: str, device: str) -> str:
@@ -639,7 +672,7 @@ def full_run(args, device: str) -> None:
     )
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (every section but 2)")
     ap.add_argument("--seeds", type=int, default=5)
@@ -654,7 +687,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096, help="hidden size H of section 7's store")
     ap.add_argument("--rows", type=int, default=1126, help="questions of section 7's store (8:1:1)")
     ap.add_argument("--share-epochs", type=int, default=5, help="epochs of section 7's fits")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     device = resolve_device(args.device)
     if args.only_step:
         cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")

@@ -85,7 +85,10 @@ class AgentHead:
                 f"{run}: a {method} run; live agents need a WALLA run (walla-i, walla-ii, walla-i-log)"
             )
         if not (run / STATE).exists():
-            raise HeadError(f"{run}: no {STATE} (rerun walla-train for this method and seed)")
+            raise HeadError(
+                f"{run}: no {STATE}: walla-train writes one only with --save-states; rerun walla-train "
+                f"--scenario {meta.get('scenario', '<scenario>')} --methods {method} --save-states {method}"
+            )
         # engine.save_checkpoint wrote it with a single-device Fabric, i.e. torch.save of this dict: read it
         # with torch.load (engine.load_checkpoint would import Lightning, seconds per agent process)
         state = torch.load(run / STATE, map_location="cpu", weights_only=False)

@@ -3,7 +3,7 @@
     walla-train --scenario demo-hetero-facts [--methods walla-i,uniform] [--seeds 5 | --seed-list 18,19]
                 [--set walla.lr=1e-4] [--store walla-store] [--runs runs] [--device cpu|cuda|mps|auto]
                 [--precision 32-true|bf16-mixed|auto] [--logger csv|tensorboard|wandb] [--force]
-                [--calibrated] [--limit-rows N] [--show-plan]
+                [--calibrated] [--limit-rows N] [--show-plan] [--save-states all|METHODS|FAMILIES]
     walla-train --scenario hetero [--dataset D] [--models a,b]          # every model extracted for D
                 [--preset demo|paper]                                   # default: demo iff all embedded
     walla-train --scenario homo --model M --agents N [--dataset D]      # N copies, one sees the context
@@ -35,7 +35,7 @@ from walla.train.join import initial_params, joined_plan
 from walla.train.kinds import KINDS, plan_for_kind
 from walla.train.loggers import check_logger
 from walla.train.plan import Overrides, load_plan, plan_yaml, with_spec
-from walla.train.run import run_plan
+from walla.train.run import run_plan, states_to_save
 
 app = typer.Typer(add_completion=False, help="walla train stage: fit every method x seed of a scenario.")
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -165,6 +165,12 @@ def train(
     ),
     logger: str = typer.Option("csv", "--logger", help="csv (always written) | tensorboard | wandb"),
     force: bool = typer.Option(False, "--force", help="rerun finished runs"),
+    save_states: str = typer.Option(
+        None,
+        "--save-states",
+        help="methods whose runs write state.pt (for --add-agent and walla market): all, or names or "
+        "families, e.g. walla-i or walla (default: none; predictions are always written)",
+    ),
     calibrated: bool = typer.Option(
         None, "--calibrated/--uncalibrated", help="calibrate every agent first (SPEC §9)"
     ),
@@ -211,6 +217,7 @@ def train(
                 plan = with_spec(plan, dataclasses.replace(plan.spec, name=f"{plan.spec.name}-scratch"))
         elif from_scratch:
             raise ValueError("--from-scratch goes with --add-agent / --drop-agent")
+        states = states_to_save(save_states, plan)
         if show_plan:
             sys.stdout.write((f"# {preset_line}\n" if preset_line else "") + plan_yaml(plan))
             return
@@ -264,6 +271,7 @@ def train(
                 progress=progress,
                 note=lambda s: console.print(f"note: {s}", highlight=False),
                 initial=initial,
+                save_states=states,
             )
         _summary(results, data.name, runs, console)
     except typer.Exit:

@@ -402,18 +402,24 @@ def clip_gradients(fabric, optimizer, max_norm: float | None, scope: str = "grou
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any], fabric: Any = None) -> None:
-    """Write `state` (tensors, arrays, json-able values) with fabric.save, atomically (tmp + rename).
+    """Write `state` (tensors, arrays, json-able values) atomically (tmp + rename): torch.save, or fabric.save
+    when a `fabric` is given.
 
     Tensors are written from the host (states of a CUDA fit live on the device until saved), so a checkpoint
-    reads back on any machine.
+    reads back on any machine. A single-device Fabric's save writes the same bytes after buffering the whole
+    file in memory: 3-6x the time for a demo state (0.03 vs 0.01 s), the file's size again in memory for a
+    paper one (~0.9 GB a seed); fabric.load and torch.load read it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fabric = fabric if fabric is not None else make_fabric(TrainEnv())
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        fabric.save(tmp, state_to_host(state))
+        if fabric is None:
+            with open(tmp, "wb") as f:  # a file object: the archive inside is named "archive", as Fabric's
+                torch.save(state_to_host(state), f)
+        else:
+            fabric.save(tmp, state_to_host(state))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

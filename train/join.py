@@ -116,14 +116,14 @@ def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
     method, kid = key["method"], key_id(key)
     path = run_dir(runs, base, method, kid, seed)
     retrain = (
-        f"walla-train --scenario {base} --methods {method} --seed-list {seed} with this command's "
-        "--set / --precision / --device / --calibrated"
+        f"walla-train --scenario {base} --methods {method} --seed-list {seed} --save-states {method} with "
+        "this command's --set / --precision / --device / --calibrated"
     )
     if not is_complete(path):
         have = _other_keys(runs, base, key, seed) or f"no trained {method} run of seed {seed}"
         raise FileNotFoundError(
             f"{runs / base / method}: no base run of key {kid} (this command's settings) and seed {seed} to "
-            f"continue ({have}); train the base scenario first: {retrain}"
+            f"continue ({have}); train the base scenario with its states first: {retrain}"
         )
     meta = read_run_meta(path)
     have = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
@@ -133,7 +133,7 @@ def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
     if why is not None:
         raise ValueError(f"{path}: stale base run ({why}); not continued: retrain it: {retrain}")
     if not (path / STATE).exists():
-        raise ValueError(f"{path}: no {STATE} to continue; retrain it: {retrain} --force")
+        raise ValueError(f"{path}: no trained heads ({STATE}) to continue; write them: {retrain}")
     return path, meta
 
 

@@ -13,8 +13,12 @@ Read top to bottom:
        scenario's inputs) names the directory <method>/<key-id>/, so another configuration trains beside
        the first; the runs still to do are the seeds with no complete run there, or whose run was trained
        from other inputs or by another schema (stale), or all with force; fit them (seeds batched where
-       the method can), predict every row of every split, write logs/, state.pt, predictions.parquet and
-       run.json (last).
+       the method can), predict every row of every split, write logs/, predictions.parquet and run.json
+       (last), and state.pt only for the methods named by `save_states` (--save-states).
+States are written only where something uses them: joining (train/join.py continues the base runs' WALLA
+heads) and the live market (market/head.py) read them; the tables need only the predictions. A demo seed's
+WALLA state is ~7 MB and a paper one's ~0.9 GB against a few hundred kB of predictions, so by default no
+run writes one; a complete run of a method in `save_states` that has none is trained again to write it.
 Every fit runs with torch's and numpy's global RNGs seeded by the first pending seed (restored
 afterwards), on top of the method's own seeding, so a run never depends on what ran before it.
 """
@@ -25,7 +29,7 @@ import dataclasses
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,6 +66,32 @@ from walla.train.runs import (
 )
 
 ProgressFn = Callable[[str, str, int | None], None]  # (event, method, seed): start | done | skipped
+ALL_STATES = "all"  # --save-states all: every method of the plan
+
+
+def states_to_save(text: str | None, plan: TrainPlan) -> frozenset[str]:
+    """--save-states: the methods of `plan` whose runs write state.pt (module docstring).
+
+    `text`: None (no state), "all", or comma-separated method names or families ("walla": every WALLA
+    method of the plan). Raises ValueError naming a name that is neither.
+    """
+    if text is None:
+        return frozenset()
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise ValueError("--save-states: empty list (give methods or families, or all)")
+    out: set[str] = set()
+    for name in names:
+        found = [m.name for m in plan.methods if name in (ALL_STATES, m.name, m.info.family)]
+        if not found:
+            known = sorted(
+                {ALL_STATES, *(m.name for m in plan.methods), *(m.info.family for m in plan.methods)}
+            )
+            raise ValueError(
+                f"--save-states {name!r}: not a method or family of this plan (one of {', '.join(known)})"
+            )
+        out.update(found)
+    return frozenset(out)
 
 
 class RunsLockedError(RuntimeError):
@@ -123,9 +153,19 @@ def check_data(plan: TrainPlan, data: ScenarioData) -> None:
         )
 
 
-def _pending(runs: Path, data: ScenarioData, name: str, kid: str, seeds, ids: dict[int, str], force: bool):
+def _pending(
+    runs: Path,
+    data: ScenarioData,
+    name: str,
+    kid: str,
+    seeds,
+    ids: dict[int, str],
+    force: bool,
+    need_state: bool = False,
+):
     """(seeds to train, {seed: run.json} of the runs kept, notes): missing, incomplete or stale runs (inputs
-    or schema changed) of run key `kid` are trained again, or all with force."""
+    or schema changed) of run key `kid` are trained again, or all with force; with `need_state`, so are the
+    complete runs without a state.pt."""
     todo, kept, notes = [], {}, []
     for s in seeds:
         path = run_dir(runs, data.name, name, kid, s)
@@ -138,6 +178,10 @@ def _pending(runs: Path, data: ScenarioData, name: str, kid: str, seeds, ids: di
         except (RunFormatError, OSError, pa.ArrowException) as e:
             meta = {}
             notes.append(f"{name} seed {s}: {str(e).splitlines()[0]}; retraining")
+        if meta.get("inputs_id") == ids[s] and need_state and not (path / STATE).exists():
+            todo.append(s)
+            notes.append(f"{name} seed {s}: trained without its state; retraining to write {STATE}")
+            continue
         if meta.get("inputs_id") == ids[s]:
             kept[s] = meta
             continue
@@ -220,6 +264,7 @@ def run_plan(
     progress: ProgressFn | None = None,
     note: Callable[[str], None] = print,
     initial: dict[str, Continued] | None = None,
+    save_states: Collection[str] = (),
 ) -> list[dict]:
     """Train and predict every (method, seed) of a plan; returns the run.json of every run, in order.
 
@@ -227,7 +272,8 @@ def run_plan(
         RunsLockedError: another walla-train holds the scenario. ValueError: data too small, bad output.
 
     `initial` (train/join.py): method -> the base runs its runs continue from; their run key names the
-    base key, and each seed's inputs id its base run's.
+    base key, and each seed's inputs id its base run's. `save_states`: the methods whose runs write
+    state.pt (states_to_save); the others write none.
     """
     runs = Path(runs_dir)
     if runs.exists() and not runs.is_dir():
@@ -254,7 +300,8 @@ def run_plan(
             kid = key_id(key)
             ids = {s: inputs_id(key, s, *([cont.base_ids[s]] if cont else [])) for s in plan.seeds}
             write_key_file(runs, data.name, key, plan.seeds)
-            pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force)
+            keep_state = mp.name in save_states
+            pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force, keep_state)
             notes += _beside(runs, data.name, mp.name, kid)
             for line in notes:
                 note(line)
@@ -266,8 +313,9 @@ def run_plan(
                 continue
             if progress:
                 progress("start", mp.name, None)
-            for s in pending:  # a run being redone is incomplete from now on, its old curve gone
+            for s in pending:  # a run being redone is incomplete from now on, its old curve and state gone
                 (run_dir(runs, data.name, mp.name, kid, s) / RUN_META).unlink(missing_ok=True)
+                (run_dir(runs, data.name, mp.name, kid, s) / STATE).unlink(missing_ok=True)
                 shutil.rmtree(run_dir(runs, data.name, mp.name, kid, s) / "logs", ignore_errors=True)
             logs = [
                 RunLogger(
@@ -290,7 +338,7 @@ def run_plan(
                 brier, acc = test_scores(raw, out.agg_probs)
                 path = run_dir(runs, data.name, mp.name, kid, seed)
                 log.finish()
-                if state is not None:
+                if state is not None and keep_state:
                     save_checkpoint(path / STATE, state)
                 meta = {
                     "scenario": data.name,

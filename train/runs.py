@@ -14,7 +14,8 @@
         logs/metrics.csv     the training curve, one row per training batch: step, epoch, n_seen, metric
                              columns (Lightning's CSVLogger, train/loggers.py; absent for methods without
                              training); logs/tensorboard/ with --logger tensorboard
-        state.pt             the trained state (e.g. WALLA heads; continued by --add-agent)
+        state.pt             the trained state, only for the methods of --save-states (train/run.py): WALLA
+                             heads continued by --add-agent and played by walla market
         run.json             method, display_name, group, seed, run_key, key_id, config (resolved),
                              inputs_id, fingerprints, device, precision, wall_time_s, test_brier, test_acc;
                              written LAST: marks the run complete

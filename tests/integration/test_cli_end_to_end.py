@@ -1,7 +1,8 @@
 """The user's three commands through the real CLIs on a tiny random model (built here, no download):
 
     walla-extract --model <dir> --dataset facts --size 60 --store S
-    walla-train --scenario homo --model <dir> --agents 3 --methods uniform,walla-i --seed-list 18,19
+    walla-train --scenario homo --model <dir> --agents 3 --methods uniform,walla-i --seed-list 18,19 \
+        --save-states walla-i
     walla-eval --report R/tables.md --runs R
 
 and the report's numbers checked against a direct computation from the run files.
@@ -41,7 +42,7 @@ def pipeline(tmp_path_factory):
         train_cli.app,
         ["--scenario", "homo", "--model", str(mdir), "--agents", "3", "--store", str(store), "--runs", str(runs),
          "--methods", "uniform,walla-i", "--seed-list", "18,19", "--set", "walla.epochs=2",
-         "--set", "walla.projection_dim=null", "--set", "walla.hidden=[8]"],
+         "--set", "walla.projection_dim=null", "--set", "walla.hidden=[8]", "--save-states", "walla-i"],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     report = runs / "tables.md"
@@ -83,7 +84,8 @@ def test_report_rows_match_run_files(pipeline):
             accs.append((agg.argmax(1) == label).mean())
         assert _cell(text, row, acc_col) == pytest.approx(100 * np.mean(accs), abs=0.006)
     assert (run_path(scenario, "walla-i", 18) / "logs" / "metrics.csv").exists()
-    assert (run_path(scenario, "walla-i", 18) / "state.pt").exists()
+    assert (run_path(scenario, "walla-i", 18) / "state.pt").exists()  # --save-states walla-i
+    assert not (run_path(scenario, "uniform", 18) / "state.pt").exists()
 
 
 def test_rerun_skips_finished_runs(pipeline):

@@ -1,7 +1,7 @@
 """A tiny trained market for the replay and agent tests (a random tiny LLM built here; no download):
 
 walla-extract --model <dir> --dataset facts --size 60 --variants none,relevant
-walla-train --scenario homo --model <dir> --agents 3 --methods walla-i,walla-ii --seed-list 18
+walla-train --scenario homo --model <dir> --agents 3 --methods walla-i,walla-ii --seed-list 18 --save-states walla
 
 market = train_tiny_market(tmp)              # {"model", "store", "runs", "scenario"}
 train_more(market, runs, "walla-i", "walla.lr=0.003")   # another run key of walla-i in `runs`
@@ -26,7 +26,7 @@ HEAD_SETTINGS = ("walla.epochs=3", "walla.projection_dim=null", "walla.hidden=[8
 
 def _train(model: Path, store: Path, runs: Path, methods: str, settings: tuple[str, ...]) -> None:
     args = ["--scenario", "homo", "--model", str(model), "--agents", "3", "--store", str(store)]
-    args += ["--runs", str(runs), "--methods", methods, "--seed-list", "18"]
+    args += ["--runs", str(runs), "--methods", methods, "--seed-list", "18", "--save-states", "walla"]
     for s in settings:
         args += ["--set", s]
     res = CliRunner().invoke(train_cli.app, args)

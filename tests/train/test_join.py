@@ -50,7 +50,7 @@ def trained(tmp_path_factory):
     plan = build_plan({"train": train}, Path("x.yaml"), Scenario(spec, {}, {}), Overrides(), problems)
     assert not problems
     runs = tmp_path_factory.mktemp("runs")
-    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None)
+    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None, save_states={"walla-i"})
     return full, plan, runs
 
 
@@ -145,7 +145,7 @@ def test_a_stale_base_run_is_refused(trained, tmp_path):
     with pytest.raises(ValueError, match="stale base run .trained from other inputs"):
         join(plan, runs, changed)
     (run18 / STATE).unlink()
-    with pytest.raises(ValueError, match=f"{run18}: no state.pt to continue"):
+    with pytest.raises(ValueError, match=f"{run18}: no trained heads .state.pt. to continue"):
         join(plan, runs, full)
 
 
@@ -156,7 +156,7 @@ def test_the_base_run_continued_is_the_one_of_the_joined_config(trained, tmp_pat
     base = _agents(full, [0, 1, 2], "base")
     other = dataclasses.replace(plan, seeds=(18,))
     other = with_method_config(other, "walla-i", lr=1.0e-3)
-    run_plan(other, base, runs, TrainEnv(), note=lambda s: None)  # a second run key of base, beside
+    run_plan(other, base, runs, TrainEnv(), note=lambda s: None, save_states={"walla-i"})  # a second key
     states = {
         read_run_meta(d.path)["config"]["lr"]: load_checkpoint(d.path / STATE)["params"]
         for d in list_run_dirs(runs, "base")
@@ -167,7 +167,9 @@ def test_the_base_run_continued_is_the_one_of_the_joined_config(trained, tmp_pat
         new = join(p, runs, full)[2]["walla-i"].params[18]
         torch.testing.assert_close(new[0][:3, : states[lr][0].shape[1]], states[lr][0])
     # the same config trained again in bf16 beside it: each precision continues its own base run
-    run_plan(other, base, runs, TrainEnv(precision="bf16-mixed"), note=lambda s: None)
+    run_plan(
+        other, base, runs, TrainEnv(precision="bf16-mixed"), note=lambda s: None, save_states={"walla-i"}
+    )
     bf16 = [d.path for d in list_run_dirs(runs, "base") if read_run_meta(d.path)["precision"] == "bf16-mixed"]
     cont = join(other, runs, full, env=TrainEnv(precision="bf16-mixed"))[2]["walla-i"]
     assert (
@@ -186,3 +188,15 @@ def with_method_config(plan, name: str, **changes):
         for m in plan.methods
     )
     return dataclasses.replace(plan, methods=methods)
+
+
+def test_a_base_run_trained_without_its_state_names_the_flag(trained, tmp_path):
+    """Runs write state.pt only with --save-states: joining a base trained without says how to get it."""
+    full, plan, base_runs = trained
+    runs = tmp_path / "runs"
+    shutil.copytree(base_runs, runs)
+    base = _agents(full, [0, 1, 2], "base")
+    run_plan(plan, base, runs, TrainEnv(), note=lambda s: None, force=True)  # no save_states: no state
+    assert not any((d.path / STATE).exists() for d in list_run_dirs(runs, "base"))
+    with pytest.raises(ValueError, match="no trained heads .state.pt.*--seed-list 18 --save-states walla-i"):
+        join(plan, runs, full)

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from synthetic import make_private_context_scenario
 from walla.manifests.scenario import Scenario, ScenarioSpec
-from walla.train.engine import TrainEnv
-from walla.train.methods import MethodOutput
+from walla.train.engine import TrainEnv, load_checkpoint
+from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import Overrides, build_plan
-from walla.train.run import RunsLockedError, run_plan, runs_lock
+from walla.train.run import RunsLockedError, run_plan, runs_lock, states_to_save
 from walla.train.runs import (
+    PREDICTIONS,
     RUN_META,
+    STATE,
     RunDir,
     RunFormatError,
     is_complete,
@@ -111,7 +113,7 @@ def test_write_run_refuses_non_finite(tmp_path, data):
 def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
     plan = _plan(data)
     env = TrainEnv()
-    res = run_plan(plan, data, tmp_path, env, note=lambda s: None)
+    res = run_plan(plan, data, tmp_path, env, note=lambda s: None, save_states={"walla-i"})
     assert [(r["method"], r["seed"], r["status"]) for r in res] == [
         ("uniform", 18, "done"),
         ("uniform", 19, "done"),
@@ -120,6 +122,7 @@ def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
     ]
     wpath = run_dir(tmp_path, data.name, "walla-i", res[2]["key_id"], 18)
     assert (wpath / "state.pt").exists() and (wpath / "logs" / "metrics.csv").exists()
+    assert not (run_dir(tmp_path, data.name, "uniform", res[0]["key_id"], 18) / "state.pt").exists()
     table = read_scenario_table(tmp_path, data.name)
     rec = read_run(wpath, table)
     assert rec.train_log.height > 0 and {"step", "loss"} <= set(rec.train_log.columns)
@@ -143,6 +146,50 @@ def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
     assert {r["status"] for r in again} == {"done"}
     assert [r["key_id"] for r in again] == [r["key_id"] for r in res]
     assert sum("trained from other inputs or by another walla-train; retraining" in s for s in notes) == 4
+
+
+def test_states_are_written_only_where_asked_and_reproduce_the_predictions(tmp_path, data):
+    """No run writes state.pt by default; --save-states retrains a complete run that has none (the same
+    predictions, byte for byte, on the CPU) and its state predicts exactly what the run stored."""
+    plan, env = _plan(data), TrainEnv()
+    first = run_plan(plan, data, tmp_path, env, note=lambda s: None)
+    paths = [run_dir(tmp_path, data.name, r["method"], r["key_id"], r["seed"]) for r in first]
+    assert all(is_complete(p) for p in paths) and not any((p / STATE).exists() for p in paths)
+    before = {p: (p / PREDICTIONS).read_bytes() for p in paths}
+    notes: list[str] = []
+    again = run_plan(plan, data, tmp_path, env, note=notes.append, save_states={"walla-i"})
+    assert [(r["method"], r["status"]) for r in again] == [("uniform", "skipped")] * 2 + [
+        ("walla-i", "done")
+    ] * 2
+    assert sum("trained without its state; retraining to write state.pt" in n for n in notes) == 2
+    assert [(p / STATE).exists() for p in paths] == [False, False, True, True]
+    assert all((p / PREDICTIONS).read_bytes() == before[p] for p in paths)
+    table = read_scenario_table(tmp_path, data.name, split="train")
+    for path in paths[2:]:
+        rec = read_run(path, table)
+        out = method_module("walla-i").predict(
+            load_checkpoint(path / STATE), data, data.split_index("train"), env
+        )
+        np.testing.assert_array_equal(rec.weights, out.weights.astype(np.float32))
+        np.testing.assert_array_equal(rec.extras["wagers"], out.extras["wagers"].astype(np.float32))
+    assert {
+        r["status"] for r in run_plan(plan, data, tmp_path, env, note=notes.append, save_states={"walla-i"})
+    } == {"skipped"}
+    # a run redone without states loses its old state (it would not match the new predictions)
+    run_plan(plan, data, tmp_path, env, note=lambda s: None, force=True)
+    assert not any((p / STATE).exists() for p in paths)
+
+
+def test_states_to_save_names_methods_and_families(data):
+    plan = _plan(data)
+    assert states_to_save(None, plan) == frozenset()
+    assert states_to_save("all", plan) == {"uniform", "walla-i"}
+    assert states_to_save("walla", plan) == states_to_save(" walla-i ", plan) == {"walla-i"}
+    assert states_to_save("uniform,walla", plan) == {"uniform", "walla-i"}
+    with pytest.raises(ValueError, match=r"--save-states 'walla-ii': not a method or family of this plan"):
+        states_to_save("walla-ii", plan)
+    with pytest.raises(ValueError, match="--save-states: empty list"):
+        states_to_save(",", plan)
 
 
 def test_one_writer_per_scenario(tmp_path, data):

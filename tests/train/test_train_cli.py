@@ -57,6 +57,7 @@ def test_show_plan_prints_the_resolved_plan(tmp_path, synth):
         (["--seed-list", "18,x"], "--seed-list: expected comma-separated integers, got '18,x'"),
         (["--set", "walla.lr=fast"], "walla-i.lr: Input should be a valid number"),
         (["--set", "lr=1"], "expected METHOD_OR_FAMILY.KEY=VALUE"),
+        (["--save-states", "walla-ii"], "--save-states 'walla-ii': not a method or family of this plan"),
         (["--device", "cuda:7"], "cuda"),
         (["--device", "tpu"], "tpu"),
         (["--logger", "tensorboard"], "pip install tensorboard"),

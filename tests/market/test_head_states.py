@@ -1,0 +1,21 @@
+"""A live head needs the run's state.pt, which walla-train writes only with --save-states: a run trained
+without one is refused with the command that writes it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from walla.market.head import AgentHead, HeadError
+from walla.market.run_choice import choose_runs
+from walla.train.runs import STATE
+
+
+def test_a_run_without_its_state_names_the_flag(trained, tmp_path):
+    run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
+    assert AgentHead.from_run(run, slot=0).in_dim > 0  # trained with --save-states walla
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    (copy / STATE).unlink()
+    with pytest.raises(HeadError, match=r"--methods walla-i --save-states walla-i"):
+        AgentHead.from_run(copy, slot=0)

@@ -1,0 +1,66 @@
+"""benchmarks/train_speed.py: its synthetic scenario has exactly n rows for any n (its default 1,126 rows
+crashed, issue 31), and section 7 (--only-share) runs end to end at a tiny size on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "train_speed.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("train_speed", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("n", [10, 11, 19, 999, 1000, 1120, 1126, 1127])
+def test_synthetic_scenario_any_row_count(bench, n):
+    data = bench.synthetic_scenario(n=n, m=3, k=2, h=8, seed=1)
+    sizes = {s: int((data.split == s).sum()) for s in ("train", "val", "test")}
+    assert sizes == {"train": n - 2 * (n // 10), "val": n // 10, "test": n // 10}
+    assert len(data.split) == len(data.question_id) == len(data.label) == n
+    assert data.probs.shape == (n, 3, 2) and data.variant.shape == (n, 3)
+    assert [h.shape for h in data.hidden] == [(n, 8)] * 3 and len(data.prompts[0]) == n
+    # exactly one informed agent per question, and it is the one whose prompt carries the evidence
+    assert ((data.variant != 0).sum(1) == 1).all()
+    assert np.isclose(data.probs.sum(-1), 1.0, atol=1e-5).all()
+
+
+def test_synthetic_scenario_default_rows(bench):
+    """The --rows default of --only-share (the size that crashed), 902 / 112 / 112 as documented."""
+    default = bench.parser().get_default("rows")
+    data = bench.synthetic_scenario(n=default, m=2, k=2, h=4, seed=1)
+    assert len(data.split) == default
+    assert [int((data.split == s).sum()) for s in ("train", "val", "test")] == [902, 112, 112]
+
+
+def test_synthetic_scenario_too_small(bench):
+    with pytest.raises(ValueError, match="n must be >= 10"):
+        bench.synthetic_scenario(n=9, m=2, k=2, h=4, seed=0)
+
+
+def test_only_share_runs_tiny(bench, capsys):
+    bench.main(
+        [
+            "--only-share",
+            "--agents",
+            "2",
+            "--hidden",
+            "8",
+            "--rows",
+            "37",
+            "--share-epochs",
+            "1",
+            "--seeds",
+            "2",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "fit: 1 seed" in out and "RESULT device_step_share=" in out
