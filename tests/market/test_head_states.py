@@ -14,8 +14,9 @@ from walla.train.runs import STATE
 def test_a_run_without_its_state_names_the_flag(trained, tmp_path):
     run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
     assert AgentHead.from_run(run, slot=0).in_dim > 0  # trained with --save-states walla
-    copy = tmp_path / run.name
-    shutil.copytree(run, copy)
+    runs = tmp_path / "runs"  # the whole runs folder: a live head comes only from a run in its key directory
+    shutil.copytree(trained["runs"], runs)
+    copy = runs / run.relative_to(trained["runs"])
     (copy / STATE).unlink()
     with pytest.raises(HeadError, match=r"--methods walla-i --save-states walla-i"):
         AgentHead.from_run(copy, slot=0)

@@ -126,7 +126,7 @@ def test_joining_seeds_of_different_base_keys_stops_naming_both(tmp_path, joinab
     5e-4. The old walla-train continued seed 19 from the lr-0.05 heads under one joined key: ONE `WALLA I`
     row averaging seeds continued from differently trained heads. Now the join stops with one line naming
     both base keys; trained properly, joins of different base keys are rows of their own."""
-    walla = ("--methods", "walla-i")
+    walla = ("--methods", "walla-i", "--save-states", "walla-i")
     train(tmp_path, joinable, *walla, "--seed-list", "18", "--set", "walla.lr=5e-4")
     train(tmp_path, joinable, *walla, "--seed-list", "19", "--set", "walla.lr=0.05")
     keys = {lr: kid for lr, kid in base_keys(tmp_path).items()}
