@@ -22,7 +22,7 @@ from walla.market.cli_common import fail
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger
 from walla.market.server import MAX_BODY, create_app
-from walla.market.validation import agent_name
+from walla.market.models import agent_name
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
@@ -43,7 +43,9 @@ def open_ledger(db: str) -> Ledger:
         raise fail(f"--db {db}: directory {path.parent} does not exist")
     try:
         return Ledger.open(db)
-    except (ArgumentError, NoSuchModuleError) as e:
+    except ValueError as e:  # a URL of a database the ledger does not support (db.database_url)
+        raise fail(f"--db {db}: {e}") from None
+    except (ArgumentError, NoSuchModuleError, ImportError) as e:
         raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})") from None
     except SQLAlchemyError as e:
         raise fail(f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})") from None
@@ -66,7 +68,11 @@ def _operator_token(token_file: Path | None) -> str | None:
 
 def _setup_operator(ledger: Ledger, token_file: Path | None) -> None:
     token = _operator_token(token_file)
-    made = ledger.ensure_operator(token)
+    try:
+        made = ledger.ensure_operator(token)
+    except ClientError as e:
+        where = f"--operator-token-file {token_file}" if token_file is not None else TOKEN_ENV
+        raise fail(f"{where}: {e.message}") from None
     if made is not None and token is None:
         typer.echo(f"operator token (shown once, store it): {made}")
 
@@ -86,6 +92,9 @@ def add_agent(
     """Register an agent; prints its token once (only a hash is stored)."""
     try:
         name = agent_name(name)
+    except ValueError as e:
+        raise fail(e) from None
+    try:
         ledger = open_ledger(db)
         token = ledger.add_agent(name)
     except ClientError as e:

@@ -11,12 +11,13 @@ row locks (ledger.py takes the round's row FOR UPDATE to resolve and FOR SHARE t
 
 Floats are DOUBLE PRECISION; probability vectors are JSON text written with Python's repr (round-trips
 every float exactly). Tables: agents, rounds, reports (one current report per agent and round),
-resolutions (one per round: the uniqueness that makes a resolution happen once), payouts (one per
+report_history (every submission, append-only), resolutions (one per round: the uniqueness that makes a resolution happen once), payouts (one per
 report of a resolved round).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sqlalchemy import (
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Double,
     Engine,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -32,6 +34,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    func,
 )
 
 BUSY_TIMEOUT_S = 30.0  # SQLite: how long a writer waits for the lock before failing
@@ -47,7 +50,12 @@ agents = Table(
     Column("token_hash", String(64), nullable=False, unique=True),  # sha256 hex; the token is never stored
     Column("role", String(16), nullable=False),  # agent | operator
     Column("created_at", Double, nullable=False),
+    Column("max_wager", Double),  # the largest wager this agent may stake on one round (None: MAX_WAGER)
+    Column("floor", Double),  # its balance may not fall below this in the worst case (None: no floor)
+    Column("revoked_at", Double),  # a revoked agent's token is refused; its rows stay
 )
+# names are unique case-folded: `ALICE` is refused beside `alice` (names are ASCII, so lower() = casefold())
+Index("agents_name_folded", func.lower(agents.c.name), unique=True)
 
 rounds = Table(
     "rounds",
@@ -65,6 +73,11 @@ rounds = Table(
     Column("close_at", Double),  # unix seconds; submissions after it are refused
     Column("created_at", Double, nullable=False),
     Column("closed_at", Double),
+    Column("publish_pool", String(12), nullable=False),  # never | close | resolution: when agents see the pool
+    Column("max_wager", Double),  # the largest wager a report of this round may stake (None: MAX_WAGER)
+    Column("criteria", Text),  # how the answer will be decided
+    Column("source", Text),  # where it will come from
+    Column("walla_version", String(32), nullable=False),  # the walla that opened it (mechanism settings above)
 )
 
 reports = Table(
@@ -80,6 +93,19 @@ reports = Table(
     UniqueConstraint("round_id", "agent_id", name="one_report_per_agent"),
 )
 
+report_history = Table(  # append-only: every submission and replacement, with its time
+    "report_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("round_id", Integer, ForeignKey("rounds.id"), nullable=False, index=True),
+    Column("agent_id", Integer, ForeignKey("agents.id"), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("probabilities", Text, nullable=False),
+    Column("wager", Double, nullable=False),
+    Column("submitted_at", Double, nullable=False),
+    UniqueConstraint("round_id", "agent_id", "version", name="one_row_per_version"),
+)
+
 resolutions = Table(
     "resolutions",
     metadata,
@@ -90,6 +116,7 @@ resolutions = Table(
     Column("total_payout", Double, nullable=False),  # the round's net outlay (deficit when > 0)
     Column("deficit_bound", Double, nullable=False),  # c2^2 / c3
     Column("resolved_at", Double, nullable=False),
+    Column("note", Text),  # the operator's note at resolution
 )
 
 payouts = Table(
@@ -108,14 +135,34 @@ payouts = Table(
 )
 
 
+SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")  # the databases the ledger supports
+
+
 def database_url(db: str | Path) -> str:
-    """A path (SQLite file) or a SQLAlchemy URL; `postgresql://` means psycopg 3."""
+    """A path (SQLite file) or a SQLAlchemy URL; `postgresql://` means psycopg 3.
+
+    Raises:
+        ValueError: a URL of a database the ledger does not support (e.g. mysql://), naming the ones it does.
+    """
     text = str(db)
     if "://" not in text:
         return f"sqlite:///{Path(text).expanduser().resolve()}"
-    if text.startswith(("postgresql://", "postgres://")):
+    scheme = text.split("://", 1)[0]
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"{scheme}:// is not a supported database (expected a SQLite file path, sqlite:///PATH or "
+            "postgresql://USER@HOST/DB)"
+        )
+    if scheme in ("postgresql", "postgres"):
         return "postgresql+psycopg://" + text.split("://", 1)[1]
     return text
+
+
+def _create_private(url: str) -> None:
+    """Create a new SQLite file readable by its owner only (0600): it holds the market's money and token hashes."""
+    path = url.split(":///", 1)[1] if ":///" in url else ""
+    if path and not path.startswith(":memory:") and not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 def _sqlite_events(engine: Engine) -> None:
@@ -143,6 +190,7 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
     """An engine on the ledger at `db` (path or URL), its tables created if missing."""
     url = database_url(db)
     if url.startswith("sqlite"):
+        _create_private(url)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},

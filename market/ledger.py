@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import secrets
 import threading
 import time
@@ -36,12 +37,34 @@ from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from walla.market import db
 from walla.market.errors import ClientError, bad
-from walla.market.payouts import pooled_forecast, round_payouts
-from walla.market.validation import RoundSettings
+from walla.market.models import RoundSettings
+from walla.market.payouts import pooled_forecast, round_payouts, worst_payout
 
 OPERATOR = "operator"
+OPEN_STATES = ("open", "closed")  # a round whose reports are not yet paid (or voided)
 RETRIES = 5  # a write that lost a race (unique key, deadlock, serialization) is retried from scratch
 SAME_ANSWER_ATOL = 1e-12
+
+
+class LedgerInvariantError(RuntimeError):
+    """A write that would break a money invariant (a non-finite score, payout or bound): refused and rolled
+    back. The API's types make it unreachable from a client; reaching it is a bug, answered 500."""
+
+
+def check_finite(what: str, values) -> None:
+    """Raise LedgerInvariantError unless every value is a finite float (called inside the writing txn)."""
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise LedgerInvariantError(f"{what}[{i}]: {v} is not finite; nothing was written")
+
+
+def walla_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("walla")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "unknown"
 
 
 def hash_token(token: str) -> str:
@@ -59,6 +82,8 @@ class Principal:
     id: int
     name: str
     role: str
+    max_wager: float | None = None
+    floor: float | None = None
 
     @property
     def is_operator(self) -> bool:
@@ -70,7 +95,9 @@ def _dumps(values: list) -> str:
 
 
 def _settings(row) -> RoundSettings:
-    return RoundSettings(row.variant, row.c1, row.c2, row.c3, row.pooling)
+    return RoundSettings.model_construct(  # stored values: checked when they were written
+        variant=row.variant, c1=row.c1, c2=row.c2, c3=row.c3, pooling=row.pooling
+    )
 
 
 class Ledger:
@@ -80,6 +107,7 @@ class Ledger:
         self.engine = engine
         self.writer = engine.execution_options(**db.WRITE)
         self.clock = clock
+        self.version = walla_version()
         # SQLite has one writer at a time and makes waiters poll (sleeps of up to 100 ms: p99 spikes of ~1 s
         # under 16 concurrent writers); queueing this process's writers on a lock instead keeps waits short.
         # Other processes (the CLI) still meet SQLite's busy timeout. PostgreSQL: row locks, no queue.
@@ -107,16 +135,34 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------------ agents
 
-    def add_agent(self, name: str, role: str = "agent", token: str | None = None) -> str:
-        """Register an agent; returns its token (only the hash is stored). 409 when the name is taken."""
+    def add_agent(
+        self,
+        name: str,
+        role: str = "agent",
+        token: str | None = None,
+        max_wager: float | None = None,
+        floor: float | None = None,
+    ) -> str:
+        """Register an agent; returns its token (only the hash is stored). 409 when the name is taken, compared
+        case-folded (the database's unique index on lower(name) is the guarantee, this the clear message)."""
+        if role != OPERATOR and name.lower() == OPERATOR:
+            raise bad("name", f"{name!r} is reserved for the market's operator", 409)
         token = token or new_token()
+        check_finite("agent limits", [v for v in (max_wager, floor) if v is not None])
 
         def txn(conn: Connection) -> None:
-            if conn.execute(select(db.agents.c.id).where(db.agents.c.name == name)).first() is not None:
-                raise bad("name", f"an agent named {name!r} already exists", 409)
+            a = db.agents.c
+            taken = conn.execute(select(a.name).where(func.lower(a.name) == name.lower())).first()
+            if taken is not None:
+                raise bad("name", f"an agent named {taken.name!r} already exists", 409)
             conn.execute(
                 insert(db.agents).values(
-                    name=name, token_hash=hash_token(token), role=role, created_at=self.clock()
+                    name=name,
+                    token_hash=hash_token(token),
+                    role=role,
+                    created_at=self.clock(),
+                    max_wager=max_wager,
+                    floor=floor,
                 )
             )
 
@@ -134,6 +180,18 @@ class Ledger:
             if token is None and row is not None:
                 return None
             new = token or new_token()
+            owner = conn.execute(select(db.agents).where(db.agents.c.token_hash == hash_token(new))).first()
+            if owner is not None and owner.role != OPERATOR:
+                raise bad("operator token", f"is agent {owner.name!r}'s token; choose another", 409)
+            if row is None:
+                taken = conn.execute(select(db.agents).where(func.lower(db.agents.c.name) == OPERATOR)).first()
+                if taken is not None:
+                    raise bad(
+                        "operator",
+                        f"an agent named {taken.name!r} holds the operator's name; this ledger cannot get an "
+                        "operator (start a new one with `walla market init` before add-agent)",
+                        409,
+                    )
             if row is None:
                 conn.execute(
                     insert(db.agents).values(
@@ -149,9 +207,12 @@ class Ledger:
         return self._write(txn)
 
     def authenticate(self, token: str) -> Principal | None:
+        """Who holds `token`; None for an unknown or revoked token."""
         with self.engine.connect() as conn:
             row = conn.execute(select(db.agents).where(db.agents.c.token_hash == hash_token(token))).first()
-        return None if row is None else Principal(row.id, row.name, row.role)
+        if row is None or row.revoked_at is not None:
+            return None
+        return Principal(row.id, row.name, row.role, row.max_wager, row.floor)
 
     # ------------------------------------------------------------------------------------------ rounds
 
@@ -182,6 +243,11 @@ class Ledger:
             "created_at": row.created_at,
             "closed_at": row.closed_at,
             "n_reports": int(n),
+            "publish_pool": row.publish_pool,
+            "max_wager": row.max_wager,
+            "criteria": row.criteria,
+            "source": row.source,
+            "walla_version": row.walla_version,
             "resolution": None,
         }
         if row.status == "resolved":
@@ -198,12 +264,30 @@ class Ledger:
             "total_payout": res.total_payout,
             "deficit_bound": res.deficit_bound,
             "resolved_at": res.resolved_at,
+            "note": res.note,
         }
 
     def open_round(
-        self, question: str, options: list[str], settings: RoundSettings, close_at: float | None = None
+        self,
+        question: str,
+        options: list[str],
+        settings: RoundSettings,
+        close_at: float | None = None,
+        *,
+        publish_pool: str = "resolution",
+        max_wager: float | None = None,
+        criteria: str | None = None,
+        source: str | None = None,
     ) -> dict:
+        """Open a round with its mechanism settings, stamped with walla's version. 400 when close_at is past."""
+        now = self.clock()
+        if close_at is not None and close_at <= now:
+            raise bad("close_at", f"must be in the future (unix seconds > {now:.0f}), got {close_at}")
+        values = settings.as_dict()
+        check_finite("round settings", [values["c1"], values["c2"], values["c3"]])
+
         def txn(conn: Connection) -> dict:
+            check_finite("deficit bound", [settings.deficit_bound])
             rid = conn.execute(
                 insert(db.rounds).values(
                     question=question,
@@ -211,8 +295,13 @@ class Ledger:
                     n_options=len(options),
                     status="open",
                     close_at=close_at,
-                    created_at=self.clock(),
-                    **settings.as_dict(),
+                    created_at=now,
+                    publish_pool=publish_pool,
+                    max_wager=max_wager,
+                    criteria=criteria,
+                    source=source,
+                    walla_version=self.version,
+                    **values,
                 )
             ).inserted_primary_key[0]
             return self._round_dict(conn, self._round_row(conn, rid))
@@ -279,6 +368,8 @@ class Ledger:
                 raise bad(
                     "probabilities", f"expected {row.n_options} numbers (one per option), got {len(probs)}"
                 )
+            check_finite("report", [*probs, wager])
+            self._check_limits(conn, row, agent, wager)
             r = db.reports.c
             old = conn.execute(
                 select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))
@@ -290,6 +381,9 @@ class Ledger:
             else:
                 version = old.version + 1
                 conn.execute(update(db.reports).where(r.id == old.id).values(version=version, **values))
+            conn.execute(
+                insert(db.report_history).values(round_id=rid, agent_id=agent.id, version=version, **values)
+            )
             return {
                 "round": rid,
                 "agent": agent.name,
@@ -299,6 +393,43 @@ class Ledger:
             }
 
         return self._write(txn)
+
+    def _check_limits(self, conn: Connection, row, agent: Principal, wager: float) -> None:
+        """The round's and the agent's maximum wager, and the agent's floor: its balance minus the worst-case
+        loss of every unpaid report (this one instead of its old report) may not go below it (409)."""
+        for who, cap in (("round", row.max_wager), ("agent", agent.max_wager)):
+            if cap is not None and wager > cap:
+                raise bad("wager", f"{wager:g} is over the {who}'s maximum wager {cap:g}", 409)
+        if agent.floor is None:
+            return
+        p, r, rd = db.payouts.c, db.reports.c, db.rounds.c
+        balance = conn.execute(select(func.coalesce(func.sum(p.payout), 0.0)).where(p.agent_id == agent.id))
+        unpaid = conn.execute(
+            select(r.wager, rd.c2, rd.c3)
+            .join(db.rounds, rd.id == r.round_id)
+            .where((r.agent_id == agent.id) & rd.status.in_(OPEN_STATES) & (r.round_id != row.id))
+        )
+        worst = float(balance.scalar_one()) + sum(worst_payout(u.wager, u.c2, u.c3) for u in unpaid)
+        worst += worst_payout(wager, row.c2, row.c3)
+        if worst < agent.floor:
+            raise bad(
+                "wager",
+                f"{wager:g} could take {agent.name}'s balance to {worst:.6g}, below its floor {agent.floor:g}",
+                409,
+            )
+
+    def report_history(self, rid: int) -> list[dict]:
+        """Every submission of a round, replacements included, in the order they were made (operator)."""
+        h, a = db.report_history.c, db.agents.c
+        q = (
+            select(db.report_history, a.name)
+            .join(db.agents, a.id == h.agent_id)
+            .where(h.round_id == rid)
+            .order_by(h.id)
+        )
+        with self.engine.connect() as conn:
+            self._round_row(conn, rid)
+            return [self._report_dict(row, row.name) for row in conn.execute(q)]
 
     def get_report(self, rid: int, agent: Principal) -> dict:
         with self.engine.connect() as conn:
@@ -342,18 +473,36 @@ class Ledger:
         with self.engine.connect() as conn:
             return self._round_row(conn, rid).status == "resolved"
 
-    def pooled(self, rid: int) -> dict:
-        """The wager-weighted pool of the round's current reports (payouts.pooled_forecast)."""
+    def pooled(self, rid: int, viewer: Principal) -> dict:
+        """The wager-weighted pool of the round's current reports (payouts.pooled_forecast).
+
+        The operator's at any time, with the per-report weights. An agent's only once the round's
+        `publish_pool` allows (at close or after resolution; 403 before, or never), and without the weights:
+        with the pool, the weights and its own report an agent could solve for another's open report.
+        """
         with self.engine.connect() as conn:
             row = self._round_row(conn, rid)
+            if not viewer.is_operator:
+                status = self._status(row)
+                published = (row.publish_pool == "close" and status in ("closed", "resolved")) or (
+                    row.publish_pool == "resolution" and status == "resolved"
+                )
+                if not published:
+                    when = {"close": "it closes", "resolution": "it is resolved"}.get(row.publish_pool)
+                    what = f"private until {when}" if when else "not published to agents"
+                    raise ClientError(403, f"round: the pooled forecast of round {rid} is {what}")
             reps = self._reports(conn, rid)
         probs = [json.loads(r.probabilities) for r in reps]
-        return {"round": rid, **pooled_forecast(probs, [r.wager for r in reps], row.pooling, row.n_options)}
+        out = {"round": rid, **pooled_forecast(probs, [r.wager for r in reps], row.pooling, row.n_options)}
+        if not viewer.is_operator:
+            out["weights"] = None
+        return out
 
     # ------------------------------------------------------------------------------------------ resolution
 
-    def resolve(self, rid: int, label: int | None, target: list[float]) -> dict:
-        """Resolve a round with its answer and pay every report, in one transaction (see module docstring)."""
+    def resolve(self, rid: int, label: int | None, target: list[float], note: str | None = None) -> dict:
+        """Resolve a round with its answer and pay every report, in one transaction (see module docstring).
+        Every score, payout and the bound must be finite, or nothing is written (LedgerInvariantError)."""
 
         def txn(conn: Connection) -> dict:
             row = self._round_row(conn, rid, lock="update")
@@ -365,6 +514,9 @@ class Ledger:
             probs = [json.loads(r.probabilities) for r in reps]
             s = _settings(row)
             pay = round_payouts(probs, [r.wager for r in reps], target, s)
+            for what, values in vars(pay).items():
+                check_finite(what, values)
+            check_finite("total and bound", [pay.total, s.deficit_bound])
             now = self.clock()
             conn.execute(
                 insert(db.resolutions).values(
@@ -375,6 +527,7 @@ class Ledger:
                     total_payout=pay.total,
                     deficit_bound=s.deficit_bound,
                     resolved_at=now,
+                    note=note,
                 )
             )
             if reps:
