@@ -9,8 +9,6 @@ import json
 import httpx
 import pytest
 from market_fixtures import snapshot
-from walla.market.ledger import LedgerInvariantError
-from walla.market.models import RoundSettings
 
 
 def _raw(market, method: str, path: str, body: str | None = None, token: str | None = None) -> httpx.Response:
@@ -42,6 +40,9 @@ def test_overflowing_settings_refused(market, settings, field):
 def test_ledger_refuses_non_finite_inside_its_transaction(market):
     """Finding 3: settings that slip past the types (constructed unchecked) cannot commit a non-finite bound or
     payout: the ledger checks inside the transaction and writes nothing."""
+    from walla.market.ledger import LedgerInvariantError  # here: the test file still runs on ed1cac5
+    from walla.market.models import RoundSettings
+
     ledger = market.ledger
     before = snapshot(ledger)
     with pytest.raises(LedgerInvariantError, match="not finite"):
