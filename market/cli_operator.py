@@ -21,8 +21,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from walla.market.cli_common import fail
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger
-from walla.market.server import MAX_BODY, create_app
 from walla.market.models import agent_name
+from walla.market.server import MAX_BODY, create_app
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 

@@ -73,11 +73,15 @@ rounds = Table(
     Column("close_at", Double),  # unix seconds; submissions after it are refused
     Column("created_at", Double, nullable=False),
     Column("closed_at", Double),
-    Column("publish_pool", String(12), nullable=False),  # never | close | resolution: when agents see the pool
+    Column(
+        "publish_pool", String(12), nullable=False
+    ),  # never | close | resolution: when agents see the pool
     Column("max_wager", Double),  # the largest wager a report of this round may stake (None: MAX_WAGER)
     Column("criteria", Text),  # how the answer will be decided
     Column("source", Text),  # where it will come from
-    Column("walla_version", String(32), nullable=False),  # the walla that opened it (mechanism settings above)
+    Column(
+        "walla_version", String(32), nullable=False
+    ),  # the walla that opened it (mechanism settings above)
 )
 
 reports = Table(

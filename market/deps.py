@@ -46,7 +46,9 @@ class RateLimit:
             left = min(float(self.burst), left + (now - last) * self.rate)
             if left < 1.0:
                 self.buckets[key] = (left, now)
-                raise ClientError(429, f"authorization: over this token's rate limit of {self.rate:g} requests/s")
+                raise ClientError(
+                    429, f"authorization: over this token's rate limit of {self.rate:g} requests/s"
+                )
             self.buckets[key] = (left - 1.0, now)
             if len(self.buckets) > MAX_BUCKETS:  # random tokens must not grow memory: forget refilled buckets
                 full = now - self.burst / self.rate

@@ -184,7 +184,9 @@ class Ledger:
             if owner is not None and owner.role != OPERATOR:
                 raise bad("operator token", f"is agent {owner.name!r}'s token; choose another", 409)
             if row is None:
-                taken = conn.execute(select(db.agents).where(func.lower(db.agents.c.name) == OPERATOR)).first()
+                taken = conn.execute(
+                    select(db.agents).where(func.lower(db.agents.c.name) == OPERATOR)
+                ).first()
                 if taken is not None:
                     raise bad(
                         "operator",

@@ -68,7 +68,9 @@ Line = Annotated[str, Field(min_length=1, max_length=MAX_OPTION_TEXT), AfterVali
 Note = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_question)]
 AgentName = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=64)]
 Wager = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0, le=MAX_WAGER)]
-Probability = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-SIMPLEX_ATOL, le=1.0 + SIMPLEX_ATOL)]
+Probability = Annotated[
+    float, Field(strict=True, allow_inf_nan=False, ge=-SIMPLEX_ATOL, le=1.0 + SIMPLEX_ATOL)
+]
 Distribution = Annotated[list[Probability], Field(min_length=2, max_length=MAX_OPTIONS)]
 
 
@@ -156,7 +158,9 @@ class ResolutionIn(_In):
     @model_validator(mode="after")
     def _one(self) -> ResolutionIn:
         if (self.label is None) == (self.target is None):
-            raise ValueError("label: give exactly one of 'label' (an option index) or 'target' (a distribution)")
+            raise ValueError(
+                "label: give exactly one of 'label' (an option index) or 'target' (a distribution)"
+            )
         if self.target is not None:
             check_simplex(self.target, "target")
         return self

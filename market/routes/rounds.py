@@ -1,11 +1,11 @@
 """Rounds: list, open, read, close, resolve, and the pooled forecast (the operator's while the round is open).
 
-    GET  /rounds?status=open|closed|resolved&after=ID&limit=N     everyone
-    POST /rounds                  operator   RoundIn -> RoundOut
-    GET  /rounds/{id}                        one round (its resolution once resolved)
-    POST /rounds/{id}/close       operator
-    POST /rounds/{id}/resolve     operator   ResolutionIn: pays once, idempotent
-    GET  /rounds/{id}/pool                   operator; agents once the round's publish_pool allows, no weights
+GET  /rounds?status=open|closed|resolved&after=ID&limit=N     everyone
+POST /rounds                  operator   RoundIn -> RoundOut
+GET  /rounds/{id}                        one round (its resolution once resolved)
+POST /rounds/{id}/close       operator
+POST /rounds/{id}/resolve     operator   ResolutionIn: pays once, idempotent
+GET  /rounds/{id}/pool                   operator; agents once the round's publish_pool allows, no weights
 """
 
 from __future__ import annotations

@@ -273,7 +273,13 @@ def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[
         ("db is a directory", ["init", "--db", str(busy)], {}, 1, "is a directory"),
         ("db URL of no driver", ["init", "--db", "nosuchdb://x/y"], {}, 1, "not a supported database"),
         # issue 29 finding 6: these three were tracebacks
-        ("mysql URL", ["init", "--db", "mysql://u@127.0.0.1/m"], {}, 1, "mysql:// is not a supported database"),
+        (
+            "mysql URL",
+            ["init", "--db", "mysql://u@127.0.0.1/m"],
+            {},
+            1,
+            "mysql:// is not a supported database",
+        ),
         ("operator token = an agent's", ["init", "--db", db_arg], {TOKEN_ENV: agent_token}, 1, TOKEN_ENV),
         ("agent named operator", ["add-agent", "OPERATOR", "--db", db_arg], {}, 1, "reserved"),
         ("port out of range", ["serve", "--db", db_arg, "--port", "70000"], {}, 1, "--port"),

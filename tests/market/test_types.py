@@ -26,7 +26,12 @@ def _one_line(r: httpx.Response, status: int, field: str) -> None:
 
 @pytest.mark.parametrize(
     "settings, field",
-    [({"c3": 1e-309}, "c3"), ({"c2": 1e200, "c3": 1e-200}, "c2"), ({"c3": 1e303}, "c3"), ({"c1": 1e300}, "c1")],
+    [
+        ({"c3": 1e-309}, "c3"),
+        ({"c2": 1e200, "c3": 1e-200}, "c2"),
+        ({"c3": 1e303}, "c3"),
+        ({"c1": 1e300}, "c1"),
+    ],
 )
 def test_overflowing_settings_refused(market, settings, field):
     """Finding 2: the round used to be committed with an infinite deficit bound; GET /rounds then answered 500."""
@@ -80,9 +85,27 @@ def test_largest_settings_pay_finitely(market):
         ("POST", "/rounds", '{"question": "a\\ud800b", "options": ["x", "y"]}', 400, "question"),
         ("POST", "/rounds", '{"question": "q", "options": ["x", "y\\u0007"]}', 400, "options[1]"),
         ("POST", "/rounds", '{"question": "q", "options": ["x", "y"], "c1": 1' + "0" * 400 + "}", 400, "c1"),
-        ("POST", "/rounds", '{"question": "q", "options": ["x", "y"], "close_at": 1' + "0" * 400 + "}", 400, "close_at"),  # fmt: skip
-        ("PUT", "/rounds/{rid}/report", '{"probabilities": [1' + "0" * 400 + ', 0], "wager": 0.1}', 400, "probabilities[0]"),  # fmt: skip
-        ("PUT", "/rounds/{rid}/report", '{"probabilities": [0.5, 0.5], "wager": 1' + "0" * 400 + "}", 400, "wager"),
+        (
+            "POST",
+            "/rounds",
+            '{"question": "q", "options": ["x", "y"], "close_at": 1' + "0" * 400 + "}",
+            400,
+            "close_at",
+        ),  # fmt: skip
+        (
+            "PUT",
+            "/rounds/{rid}/report",
+            '{"probabilities": [1' + "0" * 400 + ', 0], "wager": 0.1}',
+            400,
+            "probabilities[0]",
+        ),  # fmt: skip
+        (
+            "PUT",
+            "/rounds/{rid}/report",
+            '{"probabilities": [0.5, 0.5], "wager": 1' + "0" * 400 + "}",
+            400,
+            "wager",
+        ),
     ],
 )
 def test_client_input_that_was_a_500(market, method, path, body, status, field):
