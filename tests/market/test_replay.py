@@ -195,6 +195,18 @@ def test_dashboard_in_a_browser(replayed, tmp_path):
         assert page.locator("#chart-wagers polyline").count() == 3
         assert page.locator("#chart-payouts polyline").count() == 3
         page.screenshot(path=str(shot), full_page=True)
+        # issue 29: no token left in the address bar; sign-out clears the stored token and the page
+        assert OP_TOKEN not in page.url and "token" not in page.url
+        assert page.evaluate("sessionStorage.getItem('walla-market-token')") == OP_TOKEN
+        assert page.evaluate("localStorage.getItem('walla-market-token')") is None
+        page.click("#signout")
+        assert page.evaluate("sessionStorage.getItem('walla-market-token')") is None
+        assert page.inner_text("#error") == "Signed out." and page.locator("tr[data-agent]").count() == 0
+        page.reload()
+        page.wait_for_timeout(300)
+        assert page.get_attribute("body", "data-loaded") is None and "operator token" in page.inner_text(
+            "#error"
+        )
         browser.close()
     ledger.close()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
