@@ -11,8 +11,10 @@ row locks (ledger.py takes the round's row FOR UPDATE to resolve and FOR SHARE t
 
 Floats are DOUBLE PRECISION; probability vectors are JSON text written with Python's repr (round-trips
 every float exactly). Tables: agents, rounds, reports (one current report per agent and round),
-report_history (every submission, append-only), resolutions (one per round: the uniqueness that makes a resolution happen once), payouts (one per
-report of a resolved round).
+report_history (every submission, append-only), resolutions (per round: the first, then corrections or a
+void; (round_id, seq) is the key that makes each happen once), payouts (append-only: a pay row per report
+and entry; a correction or void adds reversing rows), events (the hash-chained log of every write) and
+chain_head (the chain's last link).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy import (
     Double,
     Engine,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -110,32 +113,60 @@ report_history = Table(  # append-only: every submission and replacement, with i
     UniqueConstraint("round_id", "agent_id", "version", name="one_row_per_version"),
 )
 
-resolutions = Table(
+resolutions = Table(  # append-only: a round's first resolution, then each correction or its voiding
     "resolutions",
     metadata,
-    Column("round_id", Integer, ForeignKey("rounds.id"), primary_key=True),  # at most one per round
-    Column("label", Integer),  # the answer as an option index, or null for a gold distribution
-    Column("target", Text, nullable=False),  # JSON [K]: one-hot(label) or the gold distribution
+    Column("round_id", Integer, ForeignKey("rounds.id"), primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),  # 1 = the resolution; 2.. = corrections
+    Column("kind", String(8), nullable=False),  # resolve | correct | void
+    Column("label", Integer),  # the answer as an option index, or null for a gold distribution (or a void)
+    Column(
+        "target", Text, nullable=False
+    ),  # JSON [K]: one-hot(label) or the gold distribution; [] for a void
     Column("n_reports", Integer, nullable=False),
-    Column("total_payout", Double, nullable=False),  # the round's net outlay (deficit when > 0)
+    Column("total_payout", Double, nullable=False),  # the round's net outlay under this entry (0 for a void)
     Column("deficit_bound", Double, nullable=False),  # c2^2 / c3
     Column("resolved_at", Double, nullable=False),
-    Column("note", Text),  # the operator's note at resolution
+    Column("note", Text),  # the operator's note at resolution; a void's reason
 )
 
-payouts = Table(
+payouts = Table(  # append-only: a correction or a void reverses the paid rows with new rows, never an edit
     "payouts",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("round_id", Integer, ForeignKey("resolutions.round_id"), nullable=False, index=True),
+    Column("round_id", Integer, ForeignKey("rounds.id"), nullable=False, index=True),
+    Column("seq", Integer, nullable=False),  # the resolutions entry it belongs to
+    Column("kind", String(8), nullable=False),  # pay | reverse (of the previous entry's pay row)
     Column("agent_id", Integer, ForeignKey("agents.id"), nullable=False, index=True),
-    Column("report_id", Integer, ForeignKey("reports.id"), nullable=False, unique=True),
+    Column("report_id", Integer, ForeignKey("reports.id"), nullable=False),
     Column("wager", Double, nullable=False),
     Column("score", Double, nullable=False),
     Column("baseline", Double, nullable=False),
     Column("advantage", Double, nullable=False),
     Column("payout", Double, nullable=False),
-    UniqueConstraint("round_id", "agent_id", name="one_payout_per_agent"),
+    ForeignKeyConstraint(["round_id", "seq"], ["resolutions.round_id", "resolutions.seq"]),
+    UniqueConstraint("round_id", "seq", "agent_id", "kind", name="one_payout_per_agent_and_entry"),
+)
+
+events = Table(  # append-only, hash-chained: hash = sha256(prev_hash + canonical JSON of the entry)
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # 1, 2, ...: the chain's order
+    Column("at", Double, nullable=False),
+    Column("kind", String(24), nullable=False),
+    Column("round_id", Integer),
+    Column("agent_id", Integer),
+    Column("data", Text, nullable=False),  # canonical JSON (sorted keys, floats as repr)
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False, unique=True),
+)
+
+chain_head = Table(  # one row: the last event's id and hash; writers lock it to append in order
+    "chain_head",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("last_id", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
 )
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
-from walla.market import db
+from walla.market import db, events
 from walla.market.errors import ClientError, bad
 from walla.market.models import RoundSettings
 from walla.market.payouts import pooled_forecast, round_payouts, worst_payout
@@ -44,6 +44,9 @@ OPERATOR = "operator"
 OPEN_STATES = ("open", "closed")  # a round whose reports are not yet paid (or voided)
 RETRIES = 5  # a write that lost a race (unique key, deadlock, serialization) is retried from scratch
 SAME_ANSWER_ATOL = 1e-12
+# what every round's opening event records: its question and the mechanism's settings, walla's version
+ROUND_STAMP = ("question", "options", "settings", "deficit_bound", "close_at", "publish_pool", "max_wager",
+               "criteria", "source", "walla_version")  # fmt: skip
 
 
 class LedgerInvariantError(RuntimeError):
@@ -92,6 +95,10 @@ class Principal:
 
 def _dumps(values: list) -> str:
     return json.dumps(values, separators=(",", ":"))  # floats as repr: exact round trip
+
+
+def _same(old: list[float], new: list[float]) -> bool:
+    return len(old) == len(new) and all(abs(a - b) <= SAME_ANSWER_ATOL for a, b in zip(old, new, strict=True))
 
 
 def _settings(row) -> RoundSettings:
@@ -155,16 +162,19 @@ class Ledger:
             taken = conn.execute(select(a.name).where(func.lower(a.name) == name.lower())).first()
             if taken is not None:
                 raise bad("name", f"an agent named {taken.name!r} already exists", 409)
-            conn.execute(
+            now = self.clock()
+            aid = conn.execute(
                 insert(db.agents).values(
                     name=name,
                     token_hash=hash_token(token),
                     role=role,
-                    created_at=self.clock(),
+                    created_at=now,
                     max_wager=max_wager,
                     floor=floor,
                 )
-            )
+            ).inserted_primary_key[0]
+            limits = {"name": name, "role": role, "max_wager": max_wager, "floor": floor}
+            events.append(conn, "agent_added", now, agent_id=aid, data=limits)
 
         self._write(txn)
         return token
@@ -194,19 +204,60 @@ class Ledger:
                         "operator (start a new one with `walla market init` before add-agent)",
                         409,
                     )
+            now = self.clock()
             if row is None:
-                conn.execute(
+                aid = conn.execute(
                     insert(db.agents).values(
-                        name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=self.clock()
+                        name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=now
                     )
-                )
+                ).inserted_primary_key[0]
+                events.append(conn, "operator_added", now, agent_id=aid)
             elif row.token_hash != hash_token(new):
                 conn.execute(
                     update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new))
                 )
+                events.append(conn, "operator_token_set", now, agent_id=row.id)
             return new
 
         return self._write(txn)
+
+    def revoke(self, name: str) -> dict:
+        """Refuse the agent's token from now on (its rows stay); 404 unknown, 409 already revoked."""
+
+        def txn(conn: Connection) -> dict:
+            row = self._agent_row(conn, name)
+            if row.revoked_at is not None:
+                raise ClientError(409, f"name: {row.name}'s token is already revoked")
+            now = self.clock()
+            conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(revoked_at=now))
+            events.append(conn, "token_revoked", now, agent_id=row.id)
+            return {"name": row.name, "revoked_at": now}
+
+        return self._write(txn)
+
+    def rotate(self, name: str) -> str:
+        """A new token for the agent (the old one stops working at once; a revoked agent is reinstated)."""
+        token = new_token()
+
+        def txn(conn: Connection) -> None:
+            row = self._agent_row(conn, name)
+            values = {"token_hash": hash_token(token), "revoked_at": None}
+            conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
+            events.append(conn, "token_rotated", self.clock(), agent_id=row.id)
+
+        self._write(txn)
+        return token
+
+    def _agent_row(self, conn: Connection, name: str):
+        a = db.agents.c
+        row = conn.execute(
+            select(db.agents)
+            .where((func.lower(a.name) == name.lower()) & (a.role != OPERATOR))
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise ClientError(404, f"name: no agent named {name!r}")
+        return row
 
     def authenticate(self, token: str) -> Principal | None:
         """Who holds `token`; None for an unknown or revoked token."""
@@ -252,14 +303,15 @@ class Ledger:
             "walla_version": row.walla_version,
             "resolution": None,
         }
-        if row.status == "resolved":
-            res = conn.execute(select(db.resolutions).where(db.resolutions.c.round_id == row.id)).first()
-            out["resolution"] = self._resolution_dict(res)
+        if row.status in ("resolved", "void"):
+            out["resolution"] = self._resolution_dict(self._current(conn, row.id))
         return out
 
     @staticmethod
     def _resolution_dict(res) -> dict:
         return {
+            "kind": res.kind,
+            "seq": res.seq,
             "label": res.label,
             "target": json.loads(res.target),
             "n_reports": res.n_reports,
@@ -306,7 +358,10 @@ class Ledger:
                     **values,
                 )
             ).inserted_primary_key[0]
-            return self._round_dict(conn, self._round_row(conn, rid))
+            rnd = self._round_dict(conn, self._round_row(conn, rid))
+            stamped = {k: rnd[k] for k in ROUND_STAMP}
+            events.append(conn, "round_opened", now, round_id=rid, data=stamped)
+            return rnd
 
         return self._write(txn)
 
@@ -328,24 +383,25 @@ class Ledger:
             q = q.where((c.status == "open") & before_close)
         elif status == "closed":
             q = q.where((c.status == "closed") | ((c.status == "open") & ~before_close))
-        elif status == "resolved":
-            q = q.where(c.status == "resolved")
+        elif status in ("resolved", "void"):
+            q = q.where(c.status == status)
         elif status is not None:
-            raise bad("status", f"expected open, closed or resolved, got {status!r}")
+            raise bad("status", f"expected open, closed, resolved or void, got {status!r}")
         with self.engine.connect() as conn:
             return [self._round_dict(conn, row) for row in conn.execute(q)]
 
     def close_round(self, rid: int) -> dict:
         def txn(conn: Connection) -> dict:
             row = self._round_row(conn, rid, lock="update")
-            if row.status == "resolved":
-                raise ClientError(409, f"round: round {rid} is already resolved")
+            if row.status in ("resolved", "void"):
+                raise ClientError(409, f"round: round {rid} is already {row.status}")
             if row.status == "open":
                 now = self.clock()
                 closed = min(now, row.close_at) if row.close_at is not None else now
                 conn.execute(
                     update(db.rounds).where(db.rounds.c.id == rid).values(status="closed", closed_at=closed)
                 )
+                events.append(conn, "round_closed", now, round_id=rid, data={"closed_at": closed})
             return self._round_dict(conn, self._round_row(conn, rid))
 
         return self._write(txn)
@@ -385,6 +441,14 @@ class Ledger:
                 conn.execute(update(db.reports).where(r.id == old.id).values(version=version, **values))
             conn.execute(
                 insert(db.report_history).values(round_id=rid, agent_id=agent.id, version=version, **values)
+            )
+            events.append(
+                conn,
+                "report",
+                values["submitted_at"],
+                round_id=rid,
+                agent_id=agent.id,
+                data={"probabilities": probs, "wager": wager, "version": version},
             )
             return {
                 "round": rid,
@@ -510,77 +574,158 @@ class Ledger:
             row = self._round_row(conn, rid, lock="update")
             if len(target) != row.n_options:
                 raise bad("target", f"expected {row.n_options} numbers (one per option), got {len(target)}")
+            if row.status == "void":
+                raise ClientError(409, f"round: round {rid} is void ({self._current(conn, rid).note})")
             if row.status == "resolved":
                 return self._already_resolved(conn, rid, label, target)
-            reps = self._reports(conn, rid)
-            probs = [json.loads(r.probabilities) for r in reps]
-            s = _settings(row)
-            pay = round_payouts(probs, [r.wager for r in reps], target, s)
-            for what, values in vars(pay).items():
-                check_finite(what, values)
-            check_finite("total and bound", [pay.total, s.deficit_bound])
-            now = self.clock()
-            conn.execute(
-                insert(db.resolutions).values(
-                    round_id=rid,
-                    label=label,
-                    target=_dumps(target),
-                    n_reports=len(reps),
-                    total_payout=pay.total,
-                    deficit_bound=s.deficit_bound,
-                    resolved_at=now,
-                    note=note,
-                )
-            )
-            if reps:
-                conn.execute(
-                    insert(db.payouts),
-                    [
-                        {
-                            "round_id": rid,
-                            "agent_id": r.agent_id,
-                            "report_id": r.id,
-                            "wager": r.wager,
-                            "score": pay.score[i],
-                            "baseline": pay.baseline[i],
-                            "advantage": pay.advantage[i],
-                            "payout": pay.payout[i],
-                        }
-                        for i, r in enumerate(reps)
-                    ],
-                )
+            out = self._entry(conn, row, "resolve", 1, label, target, note, reverse=[])
+            at = out.pop("at")
             conn.execute(
                 update(db.rounds)
                 .where(db.rounds.c.id == rid)
-                .values(status="resolved", closed_at=row.closed_at or now)
+                .values(status="resolved", closed_at=row.closed_at or at)
             )
-            return {
-                "round": rid,
-                "resolved_now": True,
-                "total_payout": pay.total,
-                "deficit_bound": s.deficit_bound,
-                "n_reports": len(reps),
-                "payouts": {r.name: pay.payout[i] for i, r in enumerate(reps)},
-            }
+            return out
 
         return self._write(txn)
 
+    def correct(self, rid: int, label: int | None, target: list[float], note: str | None = None) -> dict:
+        """Correct a resolved round's answer: append rows reversing every payout of the current resolution, a new
+        resolution entry and its payouts from the stored reports -- never an edit or a delete. 409 when the
+        round is not resolved or the answer is the current one."""
+
+        def txn(conn: Connection) -> dict:
+            row = self._round_row(conn, rid, lock="update")
+            if len(target) != row.n_options:
+                raise bad("target", f"expected {row.n_options} numbers (one per option), got {len(target)}")
+            if row.status != "resolved":
+                raise ClientError(
+                    409, f"round: round {rid} is {self._status(row)}; only a resolved round is corrected"
+                )
+            cur = self._current(conn, rid)
+            if _same(json.loads(cur.target), target):
+                raise bad(
+                    "label" if label is not None else "target", f"round {rid} is already resolved so", 409
+                )
+            out = self._entry(
+                conn, row, "correct", cur.seq + 1, label, target, note, self._paid(conn, rid, cur.seq)
+            )
+            out.pop("at")
+            return out
+
+        return self._write(txn)
+
+    def void(self, rid: int, reason: str) -> dict:
+        """Void a round: no payouts (a resolved round's are reversed by appended rows), the reason recorded,
+        reports refused from then on. 409 when it is void already."""
+
+        def txn(conn: Connection) -> dict:
+            row = self._round_row(conn, rid, lock="update")
+            if row.status == "void":
+                raise ClientError(409, f"round: round {rid} is already void")
+            cur = self._current(conn, rid) if row.status == "resolved" else None
+            seq = cur.seq + 1 if cur is not None else 1
+            paid = self._paid(conn, rid, cur.seq) if cur is not None else []
+            at = self._entry(conn, row, "void", seq, None, [], reason, paid)["at"]
+            conn.execute(
+                update(db.rounds)
+                .where(db.rounds.c.id == rid)
+                .values(status="void", closed_at=row.closed_at or at)
+            )
+            return self._round_dict(conn, self._round_row(conn, rid))
+
+        return self._write(txn)
+
+    def _current(self, conn: Connection, rid: int):
+        """The round's latest resolutions entry (None before any)."""
+        r = db.resolutions.c
+        return conn.execute(
+            select(db.resolutions).where(r.round_id == rid).order_by(r.seq.desc()).limit(1)
+        ).first()
+
+    def _paid(self, conn: Connection, rid: int, seq: int) -> list:
+        """The pay rows of entry `seq` (what a correction or a void reverses), in agent-id order."""
+        p = db.payouts.c
+        q = select(db.payouts).where((p.round_id == rid) & (p.seq == seq) & (p.kind == "pay"))
+        return list(conn.execute(q.order_by(p.agent_id)))
+
+    def _entry(
+        self, conn: Connection, row, kind: str, seq: int, label, target: list[float], note, reverse: list
+    ) -> dict:
+        """One resolutions entry with its payout rows: `reverse` rows negated, then (unless a void) a pay row per
+        report computed from the stored reports. Every number is checked finite before anything is written."""
+        rid = row.id
+        reps = self._reports(conn, rid) if kind != "void" else []
+        s = _settings(row)
+        pay = round_payouts([json.loads(r.probabilities) for r in reps], [r.wager for r in reps], target, s)
+        for what, values in vars(pay).items():
+            check_finite(what, values)
+        check_finite("total and bound", [pay.total, s.deficit_bound])
+        total = pay.total  # the round's outlay under this entry: its rows net of the reversals sum to it
+        now = self.clock()
+        conn.execute(
+            insert(db.resolutions).values(
+                round_id=rid,
+                seq=seq,
+                kind=kind,
+                label=label,
+                target=_dumps(target),
+                n_reports=len(reps),
+                total_payout=total,
+                deficit_bound=s.deficit_bound,
+                resolved_at=now,
+                note=note,
+            )
+        )
+        rows = [
+            {"round_id": rid, "seq": seq, "kind": "reverse", "agent_id": p.agent_id, "report_id": p.report_id,
+             "wager": p.wager, "score": p.score, "baseline": p.baseline, "advantage": p.advantage,
+             "payout": -p.payout}
+            for p in reverse
+        ] + [
+            {"round_id": rid, "seq": seq, "kind": "pay", "agent_id": r.agent_id, "report_id": r.id,
+             "wager": r.wager, "score": pay.score[i], "baseline": pay.baseline[i], "advantage": pay.advantage[i],
+             "payout": pay.payout[i]}
+            for i, r in enumerate(reps)
+        ]  # fmt: skip
+        if rows:
+            conn.execute(insert(db.payouts), rows)
+        paid = {r.name: pay.payout[i] for i, r in enumerate(reps)}
+        events.append(
+            conn,
+            {"resolve": "resolved", "correct": "resolution_corrected", "void": "round_voided"}[kind],
+            now,
+            round_id=rid,
+            data={"seq": seq, "label": label, "target": target, "note": note, "total_payout": total,
+                  "payouts": {str(r["agent_id"]): r["payout"] for r in rows if r["kind"] == "pay"},
+                  "reversed": {str(r["agent_id"]): r["payout"] for r in rows if r["kind"] == "reverse"}},
+        )  # fmt: skip
+        return {
+            "round": rid,
+            "resolved_now": True,
+            "total_payout": total,
+            "deficit_bound": s.deficit_bound,
+            "n_reports": len(reps),
+            "payouts": paid,
+            "at": now,
+        }
+
     def _already_resolved(self, conn: Connection, rid: int, label: int | None, target: list[float]) -> dict:
-        res = conn.execute(select(db.resolutions).where(db.resolutions.c.round_id == rid)).first()
+        res = self._current(conn, rid)
         old = json.loads(res.target)
-        same = all(abs(a - b) <= SAME_ANSWER_ATOL for a, b in zip(old, target, strict=True))
-        if not same:
+        if not _same(old, target):
             answer = f"label {res.label}" if res.label is not None else f"target {old}"
             raise ClientError(
                 409,
                 f"{'label' if label is not None else 'target'}: round {rid} was already "
-                f"resolved with another answer ({answer})",
+                f"resolved with another answer ({answer}; POST /rounds/{rid}/correct changes it)",
             )
+        p = db.payouts.c
         q = (
-            select(db.payouts.c.payout, db.agents.c.name)
-            .join(db.agents, db.agents.c.id == db.payouts.c.agent_id)
-            .where(db.payouts.c.round_id == rid)
-            .order_by(db.payouts.c.agent_id)
+            select(p.payout, db.agents.c.name)
+            .join(db.agents, db.agents.c.id == p.agent_id)
+            .where((p.round_id == rid) & (p.seq == res.seq) & (p.kind == "pay"))
+            .order_by(p.agent_id)
         )
         paid = {r.name: r.payout for r in conn.execute(q)}
         return {
@@ -618,7 +763,7 @@ class Ledger:
         q = (
             select(db.payouts)
             .where((p.agent_id == agent.id) & (p.round_id > after))
-            .order_by(p.round_id)
+            .order_by(p.round_id, p.id)
             .limit(limit)
         )
         with self.engine.connect() as conn:
@@ -628,6 +773,8 @@ class Ledger:
     def _payout_dict(row) -> dict:
         return {
             "round": row.round_id,
+            "seq": row.seq,
+            "kind": row.kind,
             "wager": row.wager,
             "score": row.score,
             "baseline": row.baseline,

@@ -176,6 +176,12 @@ class ResolutionIn(_In):
         return list(self.target)
 
 
+class VoidIn(_In):
+    """POST /rounds/{id}/void."""
+
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_question)]
+
+
 class AgentIn(_In):
     """POST /agents."""
 
@@ -237,6 +243,8 @@ class ResolutionOut(BaseModel):
 
 class PayoutOut(BaseModel):
     round: int
+    seq: int  # the resolution entry: 1, then corrections
+    kind: str  # pay | reverse
     wager: float
     score: float
     baseline: float

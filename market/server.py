@@ -135,7 +135,11 @@ def validation_message(errors: list[dict]) -> tuple[int, str]:
     msg = str(e.get("msg", "invalid"))
     msg = msg.removeprefix("Value error, ")
     if loc[0] == "path":
-        return 404, f"round: no such id {ascii(str(e.get('input', '')))[:60]}"
+        what = "round" if loc[-1] == "rid" else "name"
+        return (
+            404,
+            f"{what}: no such {'id' if what == 'round' else 'agent'} {ascii(str(e.get('input', '')))[:60]}",
+        )
     if e.get("type") == "json_invalid":
         return 400, f"body: not valid JSON ({(e.get('ctx') or {}).get('error', 'decode error')})"
     if loc == ("body",) and e.get("type") in ("model_attributes_type", "dict_type"):

@@ -4,6 +4,8 @@ the dashboard's statistics.
     GET  /me, GET /me/payouts?after=ID&limit=N   own balance and payouts
     POST /agents                  operator   AgentIn -> {name, token} (the token is shown once)
     GET  /agents                  operator   balances
+POST /agents/{name}/revoke    operator   the agent's token is refused from now on
+POST /agents/{name}/rotate    operator   -> {name, token}: a new token, the old one refused
     GET  /market                  operator   statistics for the dashboard (stats.py)
 """
 
@@ -11,9 +13,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from walla.market.deps import CurrentPrincipal, LedgerDep, Operator
-from walla.market.models import MAX_ID, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
+from walla.market.models import MAX_ID, NAME_PATTERN, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
 from walla.market.stats import market_stats
 
 router = APIRouter(tags=["agents"])
@@ -38,6 +40,19 @@ def my_payouts(
 def add_agent(body: AgentIn, ledger: LedgerDep, _: Operator) -> AgentToken:
     token = ledger.add_agent(body.name, max_wager=body.max_wager, floor=body.floor)
     return AgentToken(name=body.name, token=token)
+
+
+AgentPath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64)]
+
+
+@router.post("/agents/{name}/revoke")
+def revoke(name: AgentPath, ledger: LedgerDep, _: Operator) -> dict:
+    return ledger.revoke(name)
+
+
+@router.post("/agents/{name}/rotate")
+def rotate(name: AgentPath, ledger: LedgerDep, _: Operator) -> AgentToken:
+    return AgentToken(name=name, token=ledger.rotate(name))
 
 
 @router.get("/agents")

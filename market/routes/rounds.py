@@ -5,6 +5,8 @@ POST /rounds                  operator   RoundIn -> RoundOut
 GET  /rounds/{id}                        one round (its resolution once resolved)
 POST /rounds/{id}/close       operator
 POST /rounds/{id}/resolve     operator   ResolutionIn: pays once, idempotent
+POST /rounds/{id}/correct     operator   ResolutionIn: reverses the paid rows, pays the new answer
+POST /rounds/{id}/void        operator   VoidIn {reason}: no payouts (paid ones reversed)
 GET  /rounds/{id}/pool                   operator; agents once the round's publish_pool allows, no weights
 """
 
@@ -16,7 +18,7 @@ from fastapi import APIRouter, Query
 from walla.market.deps import CurrentPrincipal, LedgerDep, Operator, RoundId
 from walla.market.errors import bad
 from walla.market.ledger import Principal
-from walla.market.models import MAX_ID, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut
+from walla.market.models import MAX_ID, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut, VoidIn
 
 router = APIRouter(prefix="/rounds", tags=["rounds"])
 
@@ -32,7 +34,7 @@ def for_viewer(rnd: dict, who: Principal) -> dict:
 def list_rounds(
     ledger: LedgerDep,
     who: CurrentPrincipal,
-    status: Literal["open", "closed", "resolved"] | None = None,
+    status: Literal["open", "closed", "resolved", "void"] | None = None,
     after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[RoundOut]:
@@ -63,14 +65,27 @@ def close_round(rid: RoundId, ledger: LedgerDep, _: Operator) -> RoundOut:
     return ledger.close_round(rid)
 
 
-@router.post("/{rid}/resolve")
-def resolve(rid: RoundId, body: ResolutionIn, ledger: LedgerDep, _: Operator) -> ResolutionOut:
+def _target(ledger, rid: int, body: ResolutionIn) -> list[float]:
     try:
-        target = body.target_for(ledger.round_options(rid))
+        return body.target_for(ledger.round_options(rid))
     except ValueError as e:
         field, _, what = str(e).partition(": ")
         raise bad(field, what) from None
-    return ledger.resolve(rid, body.label, target, body.note)
+
+
+@router.post("/{rid}/resolve")
+def resolve(rid: RoundId, body: ResolutionIn, ledger: LedgerDep, _: Operator) -> ResolutionOut:
+    return ledger.resolve(rid, body.label, _target(ledger, rid, body), body.note)
+
+
+@router.post("/{rid}/correct")
+def correct(rid: RoundId, body: ResolutionIn, ledger: LedgerDep, _: Operator) -> ResolutionOut:
+    return ledger.correct(rid, body.label, _target(ledger, rid, body), body.note)
+
+
+@router.post("/{rid}/void")
+def void(rid: RoundId, body: VoidIn, ledger: LedgerDep, _: Operator) -> RoundOut:
+    return ledger.void(rid, body.reason)
 
 
 @router.get("/{rid}/pool", response_model_exclude_none=True)
