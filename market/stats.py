@@ -55,7 +55,7 @@ def market_stats(ledger: Ledger) -> dict:
             select(res, db.rounds.c.pooling)
             .join(current, (current.c.round_id == res.c.round_id) & (current.c.seq == res.c.seq))
             .join(db.rounds, db.rounds.c.id == res.c.round_id)
-            .where(db.rounds.c.status == "resolved")  # the current answer of each resolved round; voids left out
+            .where(db.rounds.c.status == "resolved")  # each resolved round's current answer; no voids
             .order_by(res.c.round_id.desc())
             .limit(MAX_ROUNDS)
         )
