@@ -235,3 +235,10 @@ def test_live_metrics_see_offline_ties():
     assert diff["pool"] == pytest.approx(1e-8, rel=1e-3)
     np.testing.assert_equal(live_metrics, offline_metrics)  # NaN == NaN (AUC of a tiny table)
     assert live_metrics["accuracy"] == 1.0  # ties go to the first option (label 0), as in walla-eval
+
+
+def test_audit_of_a_replayed_market(replayed, capfd):
+    """`walla market audit` on the ledger a replay wrote: the chain verifies, every payout recomputes (exit 0)."""
+    assert run_market(["audit", "--db", replayed[1]], "walla market") == 0
+    out = capfd.readouterr().out
+    assert "walla market audit: OK" in out and "max |stored - recomputed| 0.00e+00" in out, out
