@@ -4,7 +4,8 @@ net payout recomputed from the stored reports, the round's settings and the reso
     problem, summary = audit(ledger)        # problem: None, or one line naming the first mismatching row
 
 Checked, in this order (the first failure is reported):
-    events       the hash chain links (events.first_break): no event edited, deleted or inserted
+    events       the hash chain links (events.first_break): no event edited, deleted or inserted; every agent,
+                 round and resolution entry has its event (a log cut short at the end)
     reports      every current report equals its last `report` event (no report edited after the fact)
     entries      per round, resolution entries 1..n; the round's status matches its last entry; every entry's
                  deficit bound is mechanism.deficit_bound(c2, c3) of the round and its total is within it
@@ -31,7 +32,7 @@ def _tables(ledger: Ledger) -> dict[str, list]:
     with ledger.engine.connect() as conn:
         order = {"events": db.events.c.id, "payouts": db.payouts.c.id, "resolutions": None}
         out = {}
-        for t in (db.agents, db.rounds, db.reports, db.resolutions, db.payouts, db.events, db.chain_head):
+        for t in (db.agents, db.rounds, db.reports, db.resolutions, db.payouts, db.events):
             q = select(t)
             if order.get(t.name) is not None:
                 q = q.order_by(order[t.name])
@@ -44,6 +45,23 @@ def _recompute(rnd, reps: list, target: list[float]) -> list[float]:
     w = torch.tensor([r.wager for r in reps], dtype=torch.float64)  # [M]
     q = torch.tensor(target, dtype=torch.float64)  # [K]
     return mechanism.net_payout(p, w, q, rnd.variant, rnd.c1, rnd.c2, rnd.c3).tolist()
+
+
+def _check_tail(t: dict) -> str | None:
+    """Every agent, round and resolution entry has its event: a log cut short at its end is caught too."""
+    seen = {(e.kind, e.agent_id if e.kind.endswith("_added") else e.round_id) for e in t["events"]}
+    for a in t["agents"]:
+        if ("agent_added", a.id) not in seen and ("operator_added", a.id) not in seen:
+            return f"agents: row id {a.id} ({a.name}) has no event (the event log was cut short?)"
+    for r in t["rounds"]:
+        if ("round_opened", r.id) not in seen:
+            return f"rounds: row id {r.id} has no round_opened event (the event log was cut short?)"
+    kinds = {"resolve": "resolved", "correct": "resolution_corrected", "void": "round_voided"}
+    logged = {(e.round_id, json.loads(e.data).get("seq")) for e in t["events"] if e.kind in kinds.values()}
+    for e in t["resolutions"]:
+        if (e.round_id, e.seq) not in logged:
+            return f"resolutions: round {e.round_id} seq {e.seq} has no event (the event log was cut short?)"
+    return None
 
 
 def _check_reports(t: dict) -> str | None:
@@ -134,9 +152,9 @@ def audit(ledger: Ledger) -> tuple[str | None, dict]:
         "rounds": len(t["rounds"]),
         "max_diff": 0.0,
     }
-    problem = events.first_break(t["events"], t["chain_head"][0] if t["chain_head"] else None)
+    problem = events.first_break(t["events"])
     if problem is None:
-        problem = _check_reports(t)
+        problem = _check_tail(t) or _check_reports(t)
     if problem is not None:
         return problem, summary
     names = {a.id: a.name for a in t["agents"]}

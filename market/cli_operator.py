@@ -22,7 +22,7 @@ from walla.market.cli_common import fail
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger
 from walla.market.models import agent_name
-from walla.market.server import MAX_BODY, create_app
+from walla.market.server import MAX_BODY, RATE, READ_TIMEOUT_S, create_app
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
@@ -120,12 +120,23 @@ def serve(
     port: int = typer.Option(8765, "--port", help="TCP port"),
     operator_token_file: Path = TOKEN_FILE,
     max_body: int = typer.Option(MAX_BODY, "--max-body", help="largest request body in bytes"),
+    rate: float = typer.Option(
+        RATE, "--rate", help="requests per second per token, bursts of 200 (0: no limit)"
+    ),
+    read_timeout: float = typer.Option(
+        READ_TIMEOUT_S, "--read-timeout", help="seconds a request body may take to arrive"
+    ),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
     if max_body < 1024:
         raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
+    if not 0 <= rate < float("inf"):
+        raise fail(f"--rate: expected a number >= 0, got {rate}")
+    if not 0 < read_timeout <= 3600:
+        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}")
     _check_port(host, port)
     ledger = open_ledger(db)
     _setup_operator(ledger, operator_token_file)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
-    uvicorn.run(create_app(ledger, max_body), host=host, port=port, log_level="warning", access_log=False)
+    app = create_app(ledger, max_body, rate=rate, read_timeout=read_timeout)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -11,10 +11,10 @@ row locks (ledger.py takes the round's row FOR UPDATE to resolve and FOR SHARE t
 
 Floats are DOUBLE PRECISION; probability vectors are JSON text written with Python's repr (round-trips
 every float exactly). Tables: agents, rounds, reports (one current report per agent and round),
-report_history (every submission, append-only), resolutions (per round: the first, then corrections or a
+resolutions (per round: the first, then corrections or a
 void; (round_id, seq) is the key that makes each happen once), payouts (append-only: a pay row per report
-and entry; a correction or void adds reversing rows), events (the hash-chained log of every write) and
-chain_head (the chain's last link).
+and entry; a correction or void adds reversing rows) and events (the hash-chained log of every write,
+every report submission and replacement included, with its time).
 """
 
 from __future__ import annotations
@@ -100,19 +100,6 @@ reports = Table(
     UniqueConstraint("round_id", "agent_id", name="one_report_per_agent"),
 )
 
-report_history = Table(  # append-only: every submission and replacement, with its time
-    "report_history",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("round_id", Integer, ForeignKey("rounds.id"), nullable=False, index=True),
-    Column("agent_id", Integer, ForeignKey("agents.id"), nullable=False),
-    Column("version", Integer, nullable=False),
-    Column("probabilities", Text, nullable=False),
-    Column("wager", Double, nullable=False),
-    Column("submitted_at", Double, nullable=False),
-    UniqueConstraint("round_id", "agent_id", "version", name="one_row_per_version"),
-)
-
 resolutions = Table(  # append-only: a round's first resolution, then each correction or its voiding
     "resolutions",
     metadata,
@@ -160,15 +147,6 @@ events = Table(  # append-only, hash-chained: hash = sha256(prev_hash + canonica
     Column("prev_hash", String(64), nullable=False),
     Column("hash", String(64), nullable=False, unique=True),
 )
-
-chain_head = Table(  # one row: the last event's id and hash; writers lock it to append in order
-    "chain_head",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=False),
-    Column("last_id", Integer, nullable=False),
-    Column("last_hash", String(64), nullable=False),
-)
-
 
 SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")  # the databases the ledger supports
 

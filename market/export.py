@@ -1,6 +1,6 @@
 """Bulk export of a ledger as Parquet: one file per table, for analysis and for keeping outside the database.
 
-    written = export(ledger, Path("out"))      # out/{agents,rounds,reports,report_history,resolutions,payouts,events}.parquet
+    written = export(ledger, Path("out"))      # out/{agents,rounds,reports,resolutions,payouts,events}.parquet
 
 Agents are written without their token hashes. Each file is written to a temporary name in the same
 directory and renamed into place (a reader never sees half a file); the column types are the database's
@@ -19,7 +19,14 @@ from sqlalchemy import select
 from walla.market import db
 from walla.market.ledger import Ledger
 
-TABLES = ("agents", "rounds", "reports", "report_history", "resolutions", "payouts", "events")
+TABLES = (
+    "agents",
+    "rounds",
+    "reports",
+    "resolutions",
+    "payouts",
+    "events",
+)  # events hold every report version
 SECRET = {"agents": ("token_hash",)}  # never leaves the database
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from walla.market import db, events
 from walla.market.errors import ClientError, bad
@@ -97,6 +97,11 @@ def _dumps(values: list) -> str:
     return json.dumps(values, separators=(",", ":"))  # floats as repr: exact round trip
 
 
+# the hot path (a report per agent per round) runs prebuilt statements with parameter dicts
+REPORT_INSERT = insert(db.reports)
+REPORT_UPDATE = update(db.reports).where(db.reports.c.id == bindparam("report_id"))
+
+
 def _same(old: list[float], new: list[float]) -> bool:
     return len(old) == len(new) and all(abs(a - b) <= SAME_ANSWER_ATOL for a, b in zip(old, new, strict=True))
 
@@ -120,6 +125,12 @@ class Ledger:
         # Other processes (the CLI) still meet SQLite's busy timeout. PostgreSQL: row locks, no queue.
         sqlite = engine.dialect.name == "sqlite"
         self._queue = threading.Lock() if sqlite else contextlib.nullcontext()
+        # SQLite: this process's writers run one at a time (the lock above), so the event chain's last link
+        # is kept here and an append is one INSERT; another process's append makes it stale, and the insert
+        # then fails on the events' primary key and the transaction is retried with the link read afresh.
+        self._sqlite = sqlite
+        self._head: tuple[int, str] | None = None
+        self._pending: tuple[int, str] | None = None
 
     @classmethod
     def open(cls, database: str | Path) -> Ledger:
@@ -132,13 +143,29 @@ class Ledger:
         """fn(conn) in one write transaction, retried when it lost a race to another writer."""
         for attempt in range(RETRIES):
             try:
-                with self._queue, self.writer.begin() as conn:
-                    return fn(conn)
+                with self._queue:
+                    self._pending = None
+                    try:
+                        with self.writer.begin() as conn:
+                            out = fn(conn)
+                    except (IntegrityError, OperationalError):
+                        self._head = None  # maybe a stale link (another process appended): read it again
+                        raise
+                    if self._pending is not None:
+                        self._head = self._pending
+                    return out
             except (IntegrityError, OperationalError):
                 if attempt == RETRIES - 1:
                     raise
                 time.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
+
+    def _append(self, conn: Connection, kind: str, at: float, **kw) -> None:
+        """Append one event to the hash chain inside the caller's write transaction (events.py)."""
+        head = (self._pending or self._head) if self._sqlite else None
+        link = events.append(conn, kind, at, head=head, **kw)
+        if self._sqlite:
+            self._pending = link
 
     # ------------------------------------------------------------------------------------------ agents
 
@@ -174,7 +201,7 @@ class Ledger:
                 )
             ).inserted_primary_key[0]
             limits = {"name": name, "role": role, "max_wager": max_wager, "floor": floor}
-            events.append(conn, "agent_added", now, agent_id=aid, data=limits)
+            self._append(conn, "agent_added", now, agent_id=aid, data=limits)
 
         self._write(txn)
         return token
@@ -211,12 +238,12 @@ class Ledger:
                         name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=now
                     )
                 ).inserted_primary_key[0]
-                events.append(conn, "operator_added", now, agent_id=aid)
+                self._append(conn, "operator_added", now, agent_id=aid)
             elif row.token_hash != hash_token(new):
                 conn.execute(
                     update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new))
                 )
-                events.append(conn, "operator_token_set", now, agent_id=row.id)
+                self._append(conn, "operator_token_set", now, agent_id=row.id)
             return new
 
         return self._write(txn)
@@ -230,7 +257,7 @@ class Ledger:
                 raise ClientError(409, f"name: {row.name}'s token is already revoked")
             now = self.clock()
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(revoked_at=now))
-            events.append(conn, "token_revoked", now, agent_id=row.id)
+            self._append(conn, "token_revoked", now, agent_id=row.id)
             return {"name": row.name, "revoked_at": now}
 
         return self._write(txn)
@@ -243,7 +270,7 @@ class Ledger:
             row = self._agent_row(conn, name)
             values = {"token_hash": hash_token(token), "revoked_at": None}
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
-            events.append(conn, "token_rotated", self.clock(), agent_id=row.id)
+            self._append(conn, "token_rotated", self.clock(), agent_id=row.id)
 
         self._write(txn)
         return token
@@ -360,7 +387,7 @@ class Ledger:
             ).inserted_primary_key[0]
             rnd = self._round_dict(conn, self._round_row(conn, rid))
             stamped = {k: rnd[k] for k in ROUND_STAMP}
-            events.append(conn, "round_opened", now, round_id=rid, data=stamped)
+            self._append(conn, "round_opened", now, round_id=rid, data=stamped)
             return rnd
 
         return self._write(txn)
@@ -401,7 +428,7 @@ class Ledger:
                 conn.execute(
                     update(db.rounds).where(db.rounds.c.id == rid).values(status="closed", closed_at=closed)
                 )
-                events.append(conn, "round_closed", now, round_id=rid, data={"closed_at": closed})
+                self._append(conn, "round_closed", now, round_id=rid, data={"closed_at": closed})
             return self._round_dict(conn, self._round_row(conn, rid))
 
         return self._write(txn)
@@ -434,15 +461,12 @@ class Ledger:
             ).first()
             values = {"probabilities": _dumps(probs), "wager": wager, "submitted_at": self.clock()}
             if old is None:
-                conn.execute(insert(db.reports).values(round_id=rid, agent_id=agent.id, version=1, **values))
                 version = 1
+                conn.execute(REPORT_INSERT, {"round_id": rid, "agent_id": agent.id, "version": 1, **values})
             else:
                 version = old.version + 1
-                conn.execute(update(db.reports).where(r.id == old.id).values(version=version, **values))
-            conn.execute(
-                insert(db.report_history).values(round_id=rid, agent_id=agent.id, version=version, **values)
-            )
-            events.append(
+                conn.execute(REPORT_UPDATE, {"report_id": old.id, "version": version, **values})
+            self._append(
                 conn,
                 "report",
                 values["submitted_at"],
@@ -485,17 +509,21 @@ class Ledger:
             )
 
     def report_history(self, rid: int) -> list[dict]:
-        """Every submission of a round, replacements included, in the order they were made (operator)."""
-        h, a = db.report_history.c, db.agents.c
+        """Every submission of a round, replacements included, in the order they were made (operator): the
+        round's report events."""
+        e, a = db.events.c, db.agents.c
         q = (
-            select(db.report_history, a.name)
-            .join(db.agents, a.id == h.agent_id)
-            .where(h.round_id == rid)
-            .order_by(h.id)
+            select(e.at, e.agent_id, e.data, a.name)
+            .join(db.agents, a.id == e.agent_id)
+            .where((e.round_id == rid) & (e.kind == "report"))
+            .order_by(e.id)
         )
         with self.engine.connect() as conn:
             self._round_row(conn, rid)
-            return [self._report_dict(row, row.name) for row in conn.execute(q)]
+            return [
+                {"round": rid, "agent": row.name, **json.loads(row.data), "submitted_at": row.at}
+                for row in conn.execute(q)
+            ]
 
     def get_report(self, rid: int, agent: Principal) -> dict:
         with self.engine.connect() as conn:
@@ -691,7 +719,7 @@ class Ledger:
         if rows:
             conn.execute(insert(db.payouts), rows)
         paid = {r.name: pay.payout[i] for i, r in enumerate(reps)}
-        events.append(
+        self._append(
             conn,
             {"resolve": "resolved", "correct": "resolution_corrected", "void": "round_voided"}[kind],
             now,

@@ -291,6 +291,14 @@ def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[
             1,
             "--max-body",
         ),
+        ("negative rate", ["serve", "--db", db_arg, "--port", "1", "--rate", "-1"], {}, 1, "--rate"),
+        (
+            "zero read timeout",
+            ["serve", "--db", db_arg, "--port", "1", "--read-timeout", "0"],
+            {},
+            1,
+            "--read-timeout",
+        ),
         ("short operator token", ["init", "--db", db_arg], {TOKEN_ENV: "short"}, 1, TOKEN_ENV),
         (
             "missing token file",
