@@ -4,8 +4,8 @@ per-token rate limit.
     @router.post("/rounds")
     def open_round(body: RoundIn, ledger: LedgerDep, op: Operator) -> RoundOut: ...
 
-FastAPI runs these plain functions in its threadpool (the ledger blocks) and documents the bearer scheme
-in the OpenAPI schema. Every refusal is a ClientError: 401 no or unknown token, 403 not the operator,
+FastAPI runs the plain function that reads the ledger (current_principal) in its threadpool; the others are
+async (no I/O, no threadpool hop). The bearer scheme is documented in the OpenAPI schema. Every refusal is a ClientError: 401 no or unknown token, 403 not the operator,
 429 over the token's rate.
 """
 
@@ -55,7 +55,8 @@ class RateLimit:
                 self.buckets = {k: v for k, v in self.buckets.items() if v[1] > full}
 
 
-def get_ledger(request: Request) -> Ledger:
+async def get_ledger(request: Request) -> Ledger:
+    """async: no threadpool hop for what needs no I/O (each hop costs a submission ~0.3 ms under load)."""
     return request.app.state.ledger
 
 
@@ -84,7 +85,7 @@ def current_principal(
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
 
 
-def require_operator(who: CurrentPrincipal) -> Principal:
+async def require_operator(who: CurrentPrincipal) -> Principal:
     if not who.is_operator:
         raise ClientError(403, "authorization: this endpoint needs the operator's token")
     return who

@@ -20,11 +20,11 @@ over a limit), 413 body over MAX_BODY, 429 over the token's rate. A server-side 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
@@ -69,8 +69,9 @@ class BodyLimit:
         async def limited() -> dict:
             nonlocal seen
             try:
-                message = await asyncio.wait_for(receive(), self.timeout)
-            except asyncio.TimeoutError:
+                with anyio.fail_after(self.timeout):  # a cancel scope: no task per chunk (asyncio.wait_for's)
+                    message = await receive()
+            except TimeoutError:
                 raise HTTPException(408, f"body: not received within {self.timeout:g} s") from None
             seen += len(message.get("body", b""))
             if seen > self.limit:

@@ -30,6 +30,8 @@ ENDPOINTS = [  # (method, path with {id}, takes a body)
     ("GET", "/rounds/{id}", False),
     ("POST", "/rounds/{id}/close", False),
     ("POST", "/rounds/{id}/resolve", "resolve"),
+    ("POST", "/rounds/{id}/correct", "resolve"),
+    ("POST", "/rounds/{id}/void", "void"),
     ("PUT", "/rounds/{id}/report", "report"),
     ("GET", "/rounds/{id}/report", False),
     ("GET", "/rounds/{id}/reports", False),
@@ -39,6 +41,8 @@ ENDPOINTS = [  # (method, path with {id}, takes a body)
     ("GET", "/me/payouts", False),
     ("POST", "/agents", "agent"),
     ("GET", "/agents", False),
+    ("POST", "/agents/{id}/revoke", False),
+    ("POST", "/agents/{id}/rotate", False),
     ("GET", "/market", False),
     ("GET", "/", False),
     ("DELETE", "/rounds/{id}", False),
@@ -95,6 +99,7 @@ valid_ish = {  # per endpoint, well-formed bodies with some fields off: they rea
     "report": st.fixed_dictionaries({"probabilities": st.one_of(pair, distributions), "wager": small}),
     "resolve": st.fixed_dictionaries({}, optional={"label": st.one_of(st.integers(0, 3), big_ints),
                                                     "target": st.one_of(pair, distributions), "note": texts}),
+    "void": st.fixed_dictionaries({"reason": texts}),
     "agent": st.fixed_dictionaries({"name": texts}, optional={"max_wager": small, "floor": small}),
 }  # fmt: skip
 bodies = st.one_of(
@@ -103,7 +108,11 @@ bodies = st.one_of(
     st.binary(max_size=40),
     st.just("[" * 5000),
 )
-ids = st.one_of(st.sampled_from(["1", "1", "2", "3", "4", "5"]), big_ints.map(str), st.text(max_size=12))
+ids = st.one_of(
+    st.sampled_from(["1", "1", "2", "3", "4", "5", "alice", "BOB", "operator"]),
+    big_ints.map(str),
+    st.text(max_size=12),
+)
 queries = st.dictionaries(st.sampled_from(["status", "after", "limit", "x"]), st.one_of(big_ints.map(str), texts),
                           max_size=3)  # fmt: skip
 tokens = st.sampled_from(["op", "op", "alice", "bob", "none", "garbage", "basic"])

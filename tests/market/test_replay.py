@@ -242,3 +242,20 @@ def test_audit_of_a_replayed_market(replayed, capfd):
     assert run_market(["audit", "--db", replayed[1]], "walla market") == 0
     out = capfd.readouterr().out
     assert "walla market audit: OK" in out and "max |stored - recomputed| 0.00e+00" in out, out
+
+
+def test_head_update_calls_the_training_step(trained, monkeypatch):
+    """One implementation of the step: AgentHead.update runs walla-train's wager_loss and optimizer_step."""
+    from walla.market import head as head_module
+    from walla.train import wager_training
+
+    calls = []
+    for name in ("wager_loss", "optimizer_step"):
+        real = getattr(wager_training, name)
+        monkeypatch.setattr(
+            head_module, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k)
+        )
+    run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
+    h = AgentHead.from_run(run, slot=0)
+    h.update([(np.zeros(h.in_dim, dtype=np.float32), 0.2)])
+    assert calls == ["wager_loss", "optimizer_step"]
