@@ -4,9 +4,9 @@ per-token rate limit.
     @router.post("/rounds")
     def open_round(body: RoundIn, ledger: LedgerDep, op: Operator) -> RoundOut: ...
 
-FastAPI runs the plain function that reads the ledger (current_principal) in its threadpool; the others are
-async (no I/O, no threadpool hop). The bearer scheme is documented in the OpenAPI schema. Every refusal is a ClientError: 401 no or unknown token, 403 not the operator,
-429 over the token's rate.
+The dependencies are async: current_principal reads the ledger in the threadpool only for a token it has
+not seen in the last AUTH_TTL_S (ledger.py). The bearer scheme is documented in the OpenAPI schema. Every
+refusal is a ClientError: 401 no or unknown token, 403 not the operator, 429 over the token's rate.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger, Principal, hash_token
 from walla.market.models import MAX_ID
@@ -63,12 +64,13 @@ async def get_ledger(request: Request) -> Ledger:
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
 
 
-def current_principal(
+async def current_principal(
     request: Request,
     ledger: LedgerDep,
     cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """The agent or operator whose bearer token the request carries (401 otherwise)."""
+    """The agent or operator whose bearer token the request carries (401 otherwise). A token seen in the
+    last AUTH_TTL_S needs no database read and no threadpool hop (Ledger.cached_principal)."""
     if cred is None:
         if request.headers.get("authorization"):
             raise ClientError(401, "authorization: expected 'Bearer <token>'")
@@ -76,7 +78,7 @@ def current_principal(
     token = cred.credentials.strip()
     key = hash_token(token)
     request.app.state.rate_limit.take(key)
-    who = ledger.authenticate(token)
+    who = ledger.cached_principal(key) or await run_in_threadpool(ledger.authenticate, token)
     if who is None:
         raise ClientError(401, "authorization: unknown or revoked token")
     return who

@@ -44,6 +44,9 @@ OPERATOR = "operator"
 OPEN_STATES = ("open", "closed")  # a round whose reports are not yet paid (or voided)
 RETRIES = 5  # a write that lost a race (unique key, deadlock, serialization) is retried from scratch
 SAME_ANSWER_ATOL = 1e-12
+# how long a token found valid is trusted without a database read; a revoke or rotation by this process
+# takes effect at once, one by another process (a second server on the same database) within this long
+AUTH_TTL_S = 2.0
 # what every round's opening event records: its question and the mechanism's settings, walla's version
 ROUND_STAMP = ("question", "options", "settings", "deficit_bound", "close_at", "publish_pool", "max_wager",
                "criteria", "source", "walla_version")  # fmt: skip
@@ -129,6 +132,7 @@ class Ledger:
         # is kept here and an append is one INSERT; another process's append makes it stale, and the insert
         # then fails on the events' primary key and the transaction is retried with the link read afresh.
         self._sqlite = sqlite
+        self._auth: dict[str, tuple[Principal, float]] = {}  # token hash -> (principal, expiry): authenticate
         self._head: tuple[int, str] | None = None
         self._pending: tuple[int, str] | None = None
 
@@ -257,6 +261,7 @@ class Ledger:
                 raise ClientError(409, f"name: {row.name}'s token is already revoked")
             now = self.clock()
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(revoked_at=now))
+            self._auth.clear()
             self._append(conn, "token_revoked", now, agent_id=row.id)
             return {"name": row.name, "revoked_at": now}
 
@@ -270,6 +275,7 @@ class Ledger:
             row = self._agent_row(conn, name)
             values = {"token_hash": hash_token(token), "revoked_at": None}
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
+            self._auth.clear()
             self._append(conn, "token_rotated", self.clock(), agent_id=row.id)
 
         self._write(txn)
@@ -287,12 +293,24 @@ class Ledger:
         return row
 
     def authenticate(self, token: str) -> Principal | None:
-        """Who holds `token`; None for an unknown or revoked token."""
+        """Who holds `token`; None for an unknown or revoked token. A known token is remembered for
+        AUTH_TTL_S (cached_principal); this process's revoke/rotate forget it at once."""
+        key = hash_token(token)
         with self.engine.connect() as conn:
-            row = conn.execute(select(db.agents).where(db.agents.c.token_hash == hash_token(token))).first()
+            row = conn.execute(select(db.agents).where(db.agents.c.token_hash == key)).first()
         if row is None or row.revoked_at is not None:
             return None
-        return Principal(row.id, row.name, row.role, row.max_wager, row.floor)
+        who = Principal(row.id, row.name, row.role, row.max_wager, row.floor)
+        if len(self._auth) > 10_000:
+            self._auth.clear()
+        self._auth[key] = (who, time.monotonic() + AUTH_TTL_S)
+        return who
+
+    def cached_principal(self, token_hash: str) -> Principal | None:
+        """The principal authenticate found for this token hash less than AUTH_TTL_S ago (no database read:
+        the API's hot path), else None."""
+        hit = self._auth.get(token_hash)
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
 
     # ------------------------------------------------------------------------------------------ rounds
 

@@ -149,3 +149,4 @@ def reset_ledger(ledger: Ledger) -> None:
             for t in reversed(tables):
                 conn.execute(t.delete())
     ledger._head = None  # the event chain's last link this process keeps (ledger.py): the log is gone
+    ledger._auth.clear()  # and the tokens it has seen
