@@ -38,6 +38,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
 )
 
 BUSY_TIMEOUT_S = 30.0  # SQLite: how long a writer waits for the lock before failing
@@ -217,4 +218,19 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
         )  # no pre-ping: it doubled the round trips; a dropped connection fails one transaction, which _write retries
     if create:
         metadata.create_all(engine)
+        _check_schema(engine)
     return engine
+
+
+def _check_schema(engine: Engine) -> None:
+    """Refuse a ledger whose tables lack this walla's columns (made by an older walla: no migrations yet)."""
+    found = inspect(engine)
+    for table in metadata.sorted_tables:
+        have = {c["name"] for c in found.get_columns(table.name)}
+        missing = [c.name for c in table.columns if c.name not in have]
+        if missing:
+            engine.dispose()
+            raise ValueError(
+                f"table {table.name} lacks column {missing[0]}: the ledger was made by an older walla "
+                "(`walla market export` it with that version and start a new ledger)"
+            )

@@ -101,3 +101,16 @@ def test_agent_token_sources(tmp_path, monkeypatch, capfd):
         agent_token(None, tmp_path / "missing")
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 2 and AGENT_ENV in err[0] and "--token-file" in err[1]
+
+
+def test_ledger_of_an_older_walla_is_refused(tmp_path, capfd, monkeypatch):
+    """A ledger whose tables lack this version's columns is one line and exit 1, not 500s later."""
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE rounds (id INTEGER PRIMARY KEY, question TEXT)")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert run_market(["init", "--db", str(db)], "walla market") == 1
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older walla" in err[0] and "table rounds lacks column" in err[0], err
