@@ -2,8 +2,10 @@
 
     ledger.py      the database (SQLAlchemy Core): agents, rounds, reports, resolutions, payouts
     payouts.py     a round's payouts and pooled forecast, through walla.train.mechanism (never re-derived)
-    validation.py  request bodies -> checked values, or one ClientError naming the field
-    server.py      the FastAPI app (HTTP API + the operator's dashboard)
+    models.py      the API's pydantic request/response types: every constraint in the types
+    deps.py        FastAPI dependencies: the ledger, the bearer token's principal, the operator check
+    routes/        one APIRouter per resource: rounds, reports, agents
+    server.py      the FastAPI app (routers, one-line JSON errors, body limits, the operator's dashboard)
     cli.py         the `walla` / `walla market` root: mounts cli_operator (init, serve, add-agent),
                    cli_agent (agent) and cli_replay (replay); `walla check` from walla.extract
     client.py      a small httpx client of the API (agents, replay, load test)

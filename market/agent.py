@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import httpx
 import numpy as np
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
@@ -88,6 +89,7 @@ class Agent:
     batch_size: int = 1
     hidden: dict[int, np.ndarray] = field(default_factory=dict)  # round -> the hidden state it reported on
     reported: set[int] = field(default_factory=set)
+    skipped: set[int] = field(default_factory=set)  # rounds it could not report on (logged once)
     last_payout_round: int = 0
     pending: list[tuple[np.ndarray, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -102,21 +104,37 @@ class Agent:
         return out
 
     def report_open_rounds(self) -> int:
-        """Report on every open round not yet reported on; returns how many."""
+        """Report on every open round not yet reported on; returns how many.
+
+        A round the agent cannot handle (the market refuses its report, its features or head fail on the
+        question) is logged once and skipped; the agent goes on with the other rounds.
+        """
         n, after = 0, 0
         while True:
             page = self.client.rounds("open", after=after, limit=100)
             for rnd in page:
-                if rnd["id"] not in self.reported:
-                    try:
-                        self.report(rnd)
-                        n += 1
-                    except MarketError as e:
-                        if e.status != 409:  # closed meanwhile: fine
-                            raise
+                if rnd["id"] in self.reported or rnd["id"] in self.skipped:
+                    continue
+                try:
+                    self.report(rnd)
+                    n += 1
+                except MarketError as e:
+                    if (
+                        e.status >= 500 or e.status == 429
+                    ):  # the market's trouble, not the round's: retry later
+                        log.warning("round %s: %s; retrying at the next poll", rnd["id"], e)
+                        return n
+                    self.skip(rnd["id"], str(e))  # closed meanwhile (409), over a limit, ...
+                except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+                    self.skip(rnd["id"], f"{type(e).__name__}: {e}")
             if len(page) < 100:
                 return n
             after = page[-1]["id"]
+
+    def skip(self, rid: int, why: str) -> None:
+        self.skipped.add(rid)
+        self.hidden.pop(rid, None)
+        log.warning("round %s skipped: %s", rid, " ".join(why.split())[:300])
 
     def collect_payouts(self) -> list[dict]:
         """The agent's new payouts; with `learn`, a head update per `batch_size` resolved rounds."""
@@ -136,15 +154,22 @@ class Agent:
     ) -> None:
         """Poll until `stop()` (or `max_rounds` reports and their payouts): report, then learn."""
         while not (stop and stop()):
-            n = self.report_open_rounds()
-            paid = self.collect_payouts()
-            if n or paid:
-                log.info(
-                    "reported on %d rounds, %d new payouts (balance %.4f)",
-                    n,
-                    len(paid),
-                    self.client.me()["balance"],
-                )
+            try:
+                n = self.report_open_rounds()
+                paid = self.collect_payouts()
+                if n or paid:
+                    log.info(
+                        "reported on %d rounds, %d new payouts (balance %.4f)",
+                        n,
+                        len(paid),
+                        self.client.me()["balance"],
+                    )
+            except MarketError as e:
+                if e.status in (401, 403):  # revoked or wrong token: nothing later polls can fix
+                    raise
+                log.warning("poll failed (%s); retrying in %.0f s", e, poll)
+            except httpx.TransportError as e:
+                log.warning("market unreachable (%s); retrying in %.0f s", e, poll)
             if max_rounds is not None and len(self.reported) >= max_rounds and not self.hidden:
                 return
             time.sleep(poll)

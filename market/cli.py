@@ -3,6 +3,7 @@
     walla market init | serve | add-agent      walla.market.cli_operator (the ledger and its server)
     walla market agent                         walla.market.cli_agent (one live agent)
     walla market replay                        walla.market.cli_replay (a trained scenario, live)
+    walla market audit | export                walla.market.cli_audit (verify a ledger; write it as Parquet)
     walla check                                walla.extract.check (unchanged)
 
 `walla-market ...` is `walla market ...`. Every error is one line on stderr and exit 1; bad usage
@@ -16,12 +17,12 @@ import sys
 import typer
 from typer.exceptions import TyperException
 from walla.extract import check
-from walla.market import cli_agent, cli_operator, cli_replay
+from walla.market import cli_agent, cli_audit, cli_operator, cli_replay
 
 market_app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="walla market: a live wagering market"
 )
-for _group in (cli_operator.app, cli_agent.app, cli_replay.app):
+for _group in (cli_operator.app, cli_agent.app, cli_replay.app, cli_audit.app):
     market_app.add_typer(_group)  # no name: the group's commands join `walla market` directly
 
 walla_app = typer.Typer(

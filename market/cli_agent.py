@@ -1,12 +1,16 @@
 """`walla market agent`: one live agent -- its LLM's forecast, its trained head's wager, learning from payouts.
 
-    walla market agent --url http://127.0.0.1:8765 --token wm_... --model smollm2-135m --dataset facts \
-        --head runs/<scenario>/walla-i/<key-id>/seed=18 --slot 0
+    WALLA_MARKET_AGENT_TOKEN=wm_... walla market agent --url http://127.0.0.1:8765 --model smollm2-135m \
+        --dataset facts --head runs/<scenario>/walla-i/<key-id>/seed=18 --slot 0
+
+The token: --token-file FILE (its first word) or the environment variable WALLA_MARKET_AGENT_TOKEN; --token
+on the command line still works but shows in `ps` and shell history.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import httpx
@@ -18,12 +22,32 @@ from walla.market.head import AgentHead
 from walla.train.runs import RunFormatError
 
 app = typer.Typer(add_completion=False)
+TOKEN_ENV = "WALLA_MARKET_AGENT_TOKEN"
+
+
+def agent_token(token: str | None, token_file: Path | None) -> str:
+    """The agent's token from --token-file, --token or $WALLA_MARKET_AGENT_TOKEN (in that order)."""
+    if token_file is not None:
+        try:
+            lines = token_file.read_text(encoding="utf-8").split()
+        except OSError as e:
+            raise fail(f"--token-file {token_file}: {e.strerror or e}") from None
+        if not lines:
+            raise fail(f"--token-file {token_file}: empty, expected the agent's token")
+        return lines[0]
+    token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise fail(f"no token: pass --token-file FILE or set {TOKEN_ENV} (walla market add-agent prints it)")
+    return token
 
 
 @app.command()
 def agent(
     url: str = typer.Option(..., "--url", help="the market, e.g. http://127.0.0.1:8765"),
-    token: str = typer.Option(..., "--token", help="this agent's token (walla market add-agent)"),
+    token: str = typer.Option(
+        None, "--token", help=f"this agent's token (visible in ps: prefer --token-file or ${TOKEN_ENV})"
+    ),
+    token_file: Path = typer.Option(None, "--token-file", help="a file holding this agent's token"),
     model: str = typer.Option(
         ..., "--model", help="model name from manifests/models.yaml (or hf:org/name, a dir)"
     ),
@@ -50,6 +74,7 @@ def agent(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
     if batch_size < 1 or poll <= 0:
         raise fail("--batch-size must be >= 1 and --poll > 0")
+    token = agent_token(token, token_file)
     try:
         h = AgentHead.from_run(head, slot)
         client = MarketClient(url, token)

@@ -21,8 +21,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from walla.market.cli_common import fail
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger
-from walla.market.server import MAX_BODY, create_app
-from walla.market.validation import agent_name
+from walla.market.models import agent_name
+from walla.market.server import MAX_BODY, RATE, READ_TIMEOUT_S, create_app
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
@@ -43,7 +43,9 @@ def open_ledger(db: str) -> Ledger:
         raise fail(f"--db {db}: directory {path.parent} does not exist")
     try:
         return Ledger.open(db)
-    except (ArgumentError, NoSuchModuleError) as e:
+    except ValueError as e:  # a URL of a database the ledger does not support (db.database_url)
+        raise fail(f"--db {db}: {e}") from None
+    except (ArgumentError, NoSuchModuleError, ImportError) as e:
         raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})") from None
     except SQLAlchemyError as e:
         raise fail(f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})") from None
@@ -66,7 +68,11 @@ def _operator_token(token_file: Path | None) -> str | None:
 
 def _setup_operator(ledger: Ledger, token_file: Path | None) -> None:
     token = _operator_token(token_file)
-    made = ledger.ensure_operator(token)
+    try:
+        made = ledger.ensure_operator(token)
+    except ClientError as e:
+        where = f"--operator-token-file {token_file}" if token_file is not None else TOKEN_ENV
+        raise fail(f"{where}: {e.message}") from None
     if made is not None and token is None:
         typer.echo(f"operator token (shown once, store it): {made}")
 
@@ -86,6 +92,9 @@ def add_agent(
     """Register an agent; prints its token once (only a hash is stored)."""
     try:
         name = agent_name(name)
+    except ValueError as e:
+        raise fail(e) from None
+    try:
         ledger = open_ledger(db)
         token = ledger.add_agent(name)
     except ClientError as e:
@@ -111,12 +120,23 @@ def serve(
     port: int = typer.Option(8765, "--port", help="TCP port"),
     operator_token_file: Path = TOKEN_FILE,
     max_body: int = typer.Option(MAX_BODY, "--max-body", help="largest request body in bytes"),
+    rate: float = typer.Option(
+        RATE, "--rate", help="requests per second per token, bursts of 200 (0: no limit)"
+    ),
+    read_timeout: float = typer.Option(
+        READ_TIMEOUT_S, "--read-timeout", help="seconds a request body may take to arrive"
+    ),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
     if max_body < 1024:
         raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
+    if not 0 <= rate < float("inf"):
+        raise fail(f"--rate: expected a number >= 0, got {rate}")
+    if not 0 < read_timeout <= 3600:
+        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}")
     _check_port(host, port)
     ledger = open_ledger(db)
     _setup_operator(ledger, operator_token_file)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
-    uvicorn.run(create_app(ledger, max_body), host=host, port=port, log_level="warning", access_log=False)
+    app = create_app(ledger, max_body, rate=rate, read_timeout=read_timeout)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -41,6 +41,9 @@ def replay_command(
     learn: bool = typer.Option(False, "--learn", help="heads keep learning from their payouts"),
     batch_size: int = typer.Option(1, "--batch-size", help="with --learn: resolved rounds per head update"),
     limit: int = typer.Option(None, "--limit", help="first N test questions only"),
+    db: str = typer.Option(
+        None, "--db", help="keep the replay's ledger in this new SQLite file (one seed), e.g. to audit it"
+    ),
 ) -> None:
     """Stream a trained scenario's test split through a live market; check it against walla-train's predictions."""
     if limit is not None and limit < 1:
@@ -53,6 +56,10 @@ def replay_command(
         raise fail(f"--runs {runs}: no such directory (run walla-train first)")
     if not store.is_dir():
         raise fail(f"--store {store}: no such directory")
+    if db is not None and ("://" in db or Path(db).exists() or len(_parse_seeds(seeds) or []) != 1):
+        raise fail(
+            f"--db {db}: expected a new SQLite file and one seed (--seeds S): each seed is its own market"
+        )
     cfg = ReplayConfig(
         scenario,
         None if run is not None else runs,
@@ -62,6 +69,7 @@ def replay_command(
         learn,
         batch_size,
         limit,
+        db=db,
         key=key,
         run=run,
     )

@@ -11,12 +11,15 @@ row locks (ledger.py takes the round's row FOR UPDATE to resolve and FOR SHARE t
 
 Floats are DOUBLE PRECISION; probability vectors are JSON text written with Python's repr (round-trips
 every float exactly). Tables: agents, rounds, reports (one current report per agent and round),
-resolutions (one per round: the uniqueness that makes a resolution happen once), payouts (one per
-report of a resolved round).
+resolutions (per round: the first, then corrections or a
+void; (round_id, seq) is the key that makes each happen once), payouts (append-only: a pay row per report
+and entry; a correction or void adds reversing rows) and events (the hash-chained log of every write,
+every report submission and replacement included, with its time).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sqlalchemy import (
@@ -24,6 +27,8 @@ from sqlalchemy import (
     Double,
     Engine,
     ForeignKey,
+    ForeignKeyConstraint,
+    Index,
     Integer,
     MetaData,
     String,
@@ -32,6 +37,8 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    func,
+    inspect,
 )
 
 BUSY_TIMEOUT_S = 30.0  # SQLite: how long a writer waits for the lock before failing
@@ -47,7 +54,12 @@ agents = Table(
     Column("token_hash", String(64), nullable=False, unique=True),  # sha256 hex; the token is never stored
     Column("role", String(16), nullable=False),  # agent | operator
     Column("created_at", Double, nullable=False),
+    Column("max_wager", Double),  # the largest wager this agent may stake on one round (None: MAX_WAGER)
+    Column("floor", Double),  # its balance may not fall below this in the worst case (None: no floor)
+    Column("revoked_at", Double),  # a revoked agent's token is refused; its rows stay
 )
+# names are unique case-folded: `ALICE` is refused beside `alice` (names are ASCII, so lower() = casefold())
+Index("agents_name_folded", func.lower(agents.c.name), unique=True)
 
 rounds = Table(
     "rounds",
@@ -65,6 +77,15 @@ rounds = Table(
     Column("close_at", Double),  # unix seconds; submissions after it are refused
     Column("created_at", Double, nullable=False),
     Column("closed_at", Double),
+    Column(
+        "publish_pool", String(12), nullable=False
+    ),  # never | close | resolution: when agents see the pool
+    Column("max_wager", Double),  # the largest wager a report of this round may stake (None: MAX_WAGER)
+    Column("criteria", Text),  # how the answer will be decided
+    Column("source", Text),  # where it will come from
+    Column(
+        "walla_version", String(32), nullable=False
+    ),  # the walla that opened it (mechanism settings above)
 )
 
 reports = Table(
@@ -80,42 +101,82 @@ reports = Table(
     UniqueConstraint("round_id", "agent_id", name="one_report_per_agent"),
 )
 
-resolutions = Table(
+resolutions = Table(  # append-only: a round's first resolution, then each correction or its voiding
     "resolutions",
     metadata,
-    Column("round_id", Integer, ForeignKey("rounds.id"), primary_key=True),  # at most one per round
-    Column("label", Integer),  # the answer as an option index, or null for a gold distribution
-    Column("target", Text, nullable=False),  # JSON [K]: one-hot(label) or the gold distribution
+    Column("round_id", Integer, ForeignKey("rounds.id"), primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),  # 1 = the resolution; 2.. = corrections
+    Column("kind", String(8), nullable=False),  # resolve | correct | void
+    Column("label", Integer),  # the answer as an option index, or null for a gold distribution (or a void)
+    Column(
+        "target", Text, nullable=False
+    ),  # JSON [K]: one-hot(label) or the gold distribution; [] for a void
     Column("n_reports", Integer, nullable=False),
-    Column("total_payout", Double, nullable=False),  # the round's net outlay (deficit when > 0)
+    Column("total_payout", Double, nullable=False),  # the round's net outlay under this entry (0 for a void)
     Column("deficit_bound", Double, nullable=False),  # c2^2 / c3
     Column("resolved_at", Double, nullable=False),
+    Column("note", Text),  # the operator's note at resolution; a void's reason
 )
 
-payouts = Table(
+payouts = Table(  # append-only: a correction or a void reverses the paid rows with new rows, never an edit
     "payouts",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("round_id", Integer, ForeignKey("resolutions.round_id"), nullable=False, index=True),
+    Column("round_id", Integer, ForeignKey("rounds.id"), nullable=False, index=True),
+    Column("seq", Integer, nullable=False),  # the resolutions entry it belongs to
+    Column("kind", String(8), nullable=False),  # pay | reverse (of the previous entry's pay row)
     Column("agent_id", Integer, ForeignKey("agents.id"), nullable=False, index=True),
-    Column("report_id", Integer, ForeignKey("reports.id"), nullable=False, unique=True),
+    Column("report_id", Integer, ForeignKey("reports.id"), nullable=False),
     Column("wager", Double, nullable=False),
     Column("score", Double, nullable=False),
     Column("baseline", Double, nullable=False),
     Column("advantage", Double, nullable=False),
     Column("payout", Double, nullable=False),
-    UniqueConstraint("round_id", "agent_id", name="one_payout_per_agent"),
+    ForeignKeyConstraint(["round_id", "seq"], ["resolutions.round_id", "resolutions.seq"]),
+    UniqueConstraint("round_id", "seq", "agent_id", "kind", name="one_payout_per_agent_and_entry"),
 )
+
+events = Table(  # append-only, hash-chained: hash = sha256(prev_hash + canonical JSON of the entry)
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # 1, 2, ...: the chain's order
+    Column("at", Double, nullable=False),
+    Column("kind", String(24), nullable=False),
+    Column("round_id", Integer),
+    Column("agent_id", Integer),
+    Column("data", Text, nullable=False),  # canonical JSON (sorted keys, floats as repr)
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False, unique=True),
+)
+
+SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")  # the databases the ledger supports
 
 
 def database_url(db: str | Path) -> str:
-    """A path (SQLite file) or a SQLAlchemy URL; `postgresql://` means psycopg 3."""
+    """A path (SQLite file) or a SQLAlchemy URL; `postgresql://` means psycopg 3.
+
+    Raises:
+        ValueError: a URL of a database the ledger does not support (e.g. mysql://), naming the ones it does.
+    """
     text = str(db)
     if "://" not in text:
         return f"sqlite:///{Path(text).expanduser().resolve()}"
-    if text.startswith(("postgresql://", "postgres://")):
+    scheme = text.split("://", 1)[0]
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"{scheme}:// is not a supported database (expected a SQLite file path, sqlite:///PATH or "
+            "postgresql://USER@HOST/DB)"
+        )
+    if scheme in ("postgresql", "postgres"):
         return "postgresql+psycopg://" + text.split("://", 1)[1]
     return text
+
+
+def _create_private(url: str) -> None:
+    """Create a new SQLite file readable by its owner only (0600): it holds the market's money and token hashes."""
+    path = url.split(":///", 1)[1] if ":///" in url else ""
+    if path and not path.startswith(":memory:") and not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 def _sqlite_events(engine: Engine) -> None:
@@ -143,6 +204,7 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
     """An engine on the ledger at `db` (path or URL), its tables created if missing."""
     url = database_url(db)
     if url.startswith("sqlite"):
+        _create_private(url)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
@@ -156,4 +218,19 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
         )  # no pre-ping: it doubled the round trips; a dropped connection fails one transaction, which _write retries
     if create:
         metadata.create_all(engine)
+        _check_schema(engine)
     return engine
+
+
+def _check_schema(engine: Engine) -> None:
+    """Refuse a ledger whose tables lack this walla's columns (made by an older walla: no migrations yet)."""
+    found = inspect(engine)
+    for table in metadata.sorted_tables:
+        have = {c["name"] for c in found.get_columns(table.name)}
+        missing = [c.name for c in table.columns if c.name not in have]
+        if missing:
+            engine.dispose()
+            raise ValueError(
+                f"table {table.name} lacks column {missing[0]}: the ledger was made by an older walla "
+                "(`walla market export` it with that version and start a new ledger)"
+            )

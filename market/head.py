@@ -8,10 +8,11 @@ Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's h
 (standardized with the agent's own train statistics when the run did), r = head(x) in eval mode,
 w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
 agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
-A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on, gradient norm clipped at
-the run's `clip` (this module holds one head, so the run's per-head clipping is torch's clip_grad_norm_),
-one Adam step at the run's lr (walla.train.engine.make_optimizer, the engine's one optimizer path). The
-Adam moments start at zero: a run's state.pt keeps the best parameters, not its optimizer state.
+A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on
+(walla.train.wager_training.wager_loss), then walla-train's own step: per-head gradient-norm clipping at the
+run's `clip` and one Adam step at the run's lr (wager_training.optimizer_step through a single-device
+Fabric, the optimizer from engine.make_optimizer). The Adam moments start at zero: a run's state.pt keeps
+the best parameters, not its optimizer state (there is none to load yet).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from walla.train import mechanism
 from walla.train.calibration import CalibrationConfig
-from walla.train.engine import make_optimizer
+from walla.train.engine import TrainEnv, make_fabric, make_optimizer
 from walla.train.heads import StackedHeads
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
 from walla.train.runs import STATE, read_current_run_meta
+from walla.train.wager_training import optimizer_step, wager_loss
 
 
 class HeadError(ValueError):
@@ -66,6 +67,7 @@ class AgentHead:
         seed = int(state.get("seed", 0)) if seed is None else seed
         self.masks = np.random.default_rng([seed, 3, slot])  # dropout masks of live updates
         self.opt: torch.optim.Optimizer | None = None
+        self.fabric = None
         self.steps = 0
 
     @classmethod
@@ -121,6 +123,7 @@ class AgentHead:
             return float("nan")
         cfg = self.cfg
         if self.opt is None:
+            self.fabric = make_fabric(TrainEnv())  # CPU, 32-bit: the run's step as walla-train runs it
             self.opt = make_optimizer(self.heads.parameters(), "adam", cfg.lr)
         x = self._input([h for h, _ in batch])  # [1, b, H]
         adv = torch.tensor([a for _, a in batch], dtype=torch.float64)  # [b]
@@ -132,15 +135,10 @@ class AgentHead:
                 for w in cfg.hidden
             ]
         self.heads.train()
-        for p in self.heads.parameters():
-            p.grad = None
         r = self.heads(x, masks).double()  # [1, b]
-        w = torch.sigmoid(r[0] / cfg.temperature)
-        w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)
-        loss = ((w - w_star) ** 2).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.heads.parameters(), cfg.clip)  # one head: per-head = total
-        self.opt.step()
+        w = torch.sigmoid(r / cfg.temperature).transpose(0, 1)  # [b, 1]: one agent
+        loss = wager_loss(w, adv.unsqueeze(1), cfg.c3).sum()  # this agent's own loss
+        optimizer_step(self.fabric, self.opt, loss, cfg.clip)
         self.heads.eval()
         self.steps += 1
         return float(loss.detach())

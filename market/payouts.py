@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from walla.market.validation import RoundSettings
+from walla.market.models import RoundSettings
 from walla.train import mechanism
 
 
@@ -47,6 +47,13 @@ def round_payouts(
     adv = mechanism.advantage(p, w, q, s.variant, s.c1, s.c2)  # [M]
     pay = mechanism.payout(w, adv, s.c3)  # [M] = net_payout(p, w, q, ...)
     return RoundPayouts(score.tolist(), (score - adv).tolist(), adv.tolist(), pay.tolist())
+
+
+def worst_payout(wager: float, c2: float, c3: float) -> float:
+    """The lowest net payout a report with this wager can get: the advantage is at least s_min - s_max = -2 c2
+    (mechanism.score_bounds), so pi = w (A - c3 w) >= -w (2 c2 + c3 w). The floor check uses it."""
+    s_min, s_max = mechanism.score_bounds(0.0, c2)
+    return wager * ((s_min - s_max) - c3 * wager)
 
 
 def pooled_forecast(probs: list[list[float]], wagers: list[float], kind: str, k: int) -> dict:

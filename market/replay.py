@@ -37,6 +37,7 @@ from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
 from walla.market.run_choice import choose_runs
 from walla.store.scenario import assemble_scenario
+from walla.train import mechanism
 from walla.train.runs import RunFormatError, RunRecord
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
@@ -164,7 +165,7 @@ def replay_seed(cfg: ReplayConfig, record: RunRecord, table, data, out=print) ->
             ]
             live = _stream(op, agents, table, rows, mech, 1 if cfg.learn else WAVE)
             deficit = float(sum(live["totals"]))
-            bound = len(rows) * (settings.c2**2 / settings.c3)
+            bound = len(rows) * mechanism.deficit_bound(settings.c2, settings.c3)
             for a in agents:
                 a.client.close()
         ledger.close()

@@ -1,271 +1,183 @@
-"""The market's HTTP API (FastAPI), over one Ledger.
+"""The market's HTTP API (FastAPI), over one Ledger: routers by resource (routes/), auth as a dependency
+(deps.py), typed bodies and answers (models.py), OpenAPI at /openapi.json and /docs.
 
     uvicorn: create_app(Ledger.open("market.db"))           # `walla market serve` does this
 
 Auth: `Authorization: Bearer <token>` on every endpoint but GET / (the dashboard page, which asks for the
-operator's token and sends it the same way). Operator-only: open/close/resolve rounds, register agents,
-read every report and the market's statistics. Agents: read rounds and the pooled forecast, submit and
-read their OWN report, read their own payouts and balance; another agent's report only once the round
-is resolved.
+operator's token and sends it the same way), /openapi.json and /docs. Operator-only: open/close/resolve
+rounds, register agents, read every report, the pooled forecast of an open round and the market's
+statistics. Agents: read rounds, submit and read their OWN report, read their own payouts and balance;
+another agent's report only once the round is resolved, a round's pool only once its `publish_pool` allows
+(at close or after resolution), never the per-report weights. Endpoints: routes/rounds.py, reports.py,
+agents.py.
 
 Errors are JSON `{"error": "<field>: <what is wrong>"}` on one line: 400 malformed body or value, 401
-missing/unknown token, 403 not allowed for this token, 404 unknown round/report, 409 state conflict
-(closed round, different resolution, taken name), 413 body over MAX_BODY. A server-side bug is a 500
+missing/unknown token, 403 not allowed for this token, 404 unknown round/report/path, 405 method, 408 body
+not received within the read timeout, 409 state conflict (closed round, different resolution, taken name,
+over a limit), 413 body over MAX_BODY, 429 over the token's rate. A server-side bug is a 500
 `{"error": "internal error"}`; a client's mistake never is, and a refused write writes nothing.
-
-Endpoints (JSON):
-    GET  /rounds?status=open|closed|resolved&after=ID&limit=N     list
-    POST /rounds                  operator   {question, options, [variant, c1, c2, c3, pooling, close_at]}
-    GET  /rounds/{id}                        one round (with its resolution once resolved)
-    POST /rounds/{id}/close       operator
-    POST /rounds/{id}/resolve     operator   {label} or {target}: payouts, idempotent
-    PUT  /rounds/{id}/report      agent      {probabilities, wager}: submit or replace while open
-    GET  /rounds/{id}/report      agent      own report
-    GET  /rounds/{id}/reports                operator any time; agents once resolved
-    GET  /rounds/{id}/pool                   wager-weighted pooled forecast of the current reports
-    GET  /me, GET /me/payouts?after=ID       own balance and payouts
-    POST /agents                  operator   {name} -> token (shown once)
-    GET  /agents                  operator   balances
-    GET  /market                  operator   statistics for the dashboard (stats.py)
-    GET  /                                   the dashboard page
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
-from starlette.concurrency import run_in_threadpool
+import anyio
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
-from walla.market import validation as v
+from walla.market.deps import RateLimit
 from walla.market.errors import ClientError
-from walla.market.ledger import Ledger, Principal
+from walla.market.ledger import Ledger
+from walla.market.models import RoundSettings
 from walla.market.payouts import pooled_forecast, round_payouts
-from walla.market.stats import market_stats
+from walla.market.routes import agents, reports, rounds
 
 MAX_BODY = 64 * 1024  # bytes; a report of 26 options is < 1 KiB
+READ_TIMEOUT_S = 10.0  # a request body must arrive within this long of the headers
+RATE = 0.0  # requests per second per token (0: unlimited); `walla market serve --rate` sets it
+BURST = 200
 DASHBOARD = Path(__file__).with_name("dashboard.html")
 log = logging.getLogger("walla.market")
 
 
-class BodyLimit:
-    """Refuse a request body over `limit` bytes with 413, by Content-Length or while streaming it in."""
+def error_response(status: int, message: object) -> Response:
+    """One-line JSON error; ASCII-escaped, so a lone surrogate echoed from the input cannot break encoding."""
+    body = json.dumps({"error": " ".join(str(message).split())}, ensure_ascii=True)
+    return Response(body, status_code=status, media_type="application/json")
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+
+class BodyLimit:
+    """Refuse a request body over `limit` bytes (413, by Content-Length or while streaming it in) or one that
+    does not arrive within `timeout` seconds (408)."""
+
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = READ_TIMEOUT_S) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            return await _send_error(send, 413, f"body: larger than {self.limit} bytes")
+            return await _send(send, error_response(413, f"body: larger than {self.limit} bytes"))
         seen = 0
 
         async def limited() -> dict:
             nonlocal seen
-            message = await receive()
+            try:
+                with anyio.fail_after(self.timeout):  # a cancel scope: no task per chunk (asyncio.wait_for's)
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(408, f"body: not received within {self.timeout:g} s") from None
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise ClientError(413, f"body: larger than {self.limit} bytes")
+                raise HTTPException(413, f"body: larger than {self.limit} bytes")
             return message
 
         await self.app(scope, limited, send)
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
-    resp = JSONResponse({"error": message}, status_code=status)
-    await send({"type": "http.response.start", "status": status, "headers": resp.raw_headers})
+async def _send(send: Send, resp: Response) -> None:
+    await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
     await send({"type": "http.response.body", "body": resp.body})
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
-
-
-def create_app(ledger: Ledger, max_body: int = MAX_BODY) -> FastAPI:
-    """The API over `ledger` (see module docstring)."""
+def create_app(
+    ledger: Ledger,
+    max_body: int = MAX_BODY,
+    rate: float = RATE,
+    burst: int = BURST,
+    read_timeout: float = READ_TIMEOUT_S,
+) -> FastAPI:
+    """The API over `ledger` (see module docstring); `rate` requests/s per token (0: unlimited)."""
     warm_up()
-    app = FastAPI(title="walla market", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="walla market",
+        description="A live wagering market on walla's mechanism (docs/market.md).",
+        version=ledger.version,
+    )
     app.state.ledger = ledger
+    app.state.rate_limit = RateLimit(rate, burst)
     _error_handlers(app)
-    _routes(app, ledger)
-    app.add_middleware(BodyLimit, limit=max_body)
+    for module in (rounds, reports, agents):
+        app.include_router(module.router)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
+
+    app.add_middleware(BodyLimit, limit=max_body, timeout=read_timeout)
     return app
 
 
 def warm_up() -> None:
     """One tiny payout and pool through torch before serving: its first call in a process costs ~0.8 s here,
     which would otherwise land on the first resolution."""
-    round_payouts([[0.5, 0.5], [0.9, 0.1]], [0.5, 0.1], [1.0, 0.0], v.RoundSettings())
+    round_payouts([[0.5, 0.5], [0.9, 0.1]], [0.5, 0.1], [1.0, 0.0], RoundSettings())
     pooled_forecast([[0.5, 0.5]], [0.5], "log", 2)
+
+
+def _field(loc: tuple) -> str:
+    """('body', 'probabilities', 1) -> 'probabilities[1]'; ('query', 'limit') -> 'limit'."""
+    out = ""
+    for p in loc[1:]:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or str(loc[0] if loc else "body")
+
+
+def validation_message(errors: list[dict]) -> tuple[int, str]:
+    """(status, one line) for the first of pydantic's errors: 404 for an id in the path, else 400."""
+    e = errors[0]
+    loc = tuple(e.get("loc") or ("body",))
+    msg = str(e.get("msg", "invalid"))
+    msg = msg.removeprefix("Value error, ")
+    if loc[0] == "path":
+        what = "round" if loc[-1] == "rid" else "name"
+        return (
+            404,
+            f"{what}: no such {'id' if what == 'round' else 'agent'} {ascii(str(e.get('input', '')))[:60]}",
+        )
+    if e.get("type") == "json_invalid":
+        return 400, f"body: not valid JSON ({(e.get('ctx') or {}).get('error', 'decode error')})"
+    if loc == ("body",) and e.get("type") in ("model_attributes_type", "dict_type"):
+        return 400, "body: expected a JSON object (Content-Type: application/json)"
+    if loc == ("body",) and e.get("type") == "missing":
+        return 400, "body: missing (expected a JSON object, Content-Type: application/json)"
+    if len(loc) == 1 and ": " in msg:  # a model-level check names its own field
+        return 400, msg
+    field = _field(loc)
+    if e.get("type") == "extra_forbidden":
+        return 400, f"{field}: unknown field"
+    if e.get("type") == "missing":
+        return 400, f"{field}: missing"
+    return 400, f"{field}: {msg}"
 
 
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientError)
-    async def _client(_req: Request, e: ClientError) -> JSONResponse:
-        return _error(e.status, e.message)
+    async def _client(_req: Request, e: ClientError) -> Response:
+        return error_response(e.status, e.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, e: RequestValidationError) -> Response:
+        return error_response(*validation_message(list(e.errors())))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(req: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, e: StarletteHTTPException) -> Response:
         what = {
-            404: f"path: no endpoint {req.url.path}",
-            405: f"method: {req.method} not allowed on {req.url.path}",
+            404: f"path: no endpoint {ascii(req.url.path)[1:-1][:200]}",
+            405: f"method: {req.method} not allowed on {ascii(req.url.path)[1:-1][:200]}",
         }
-        return _error(e.status_code, what.get(e.status_code, str(e.detail)))
+        detail = str(e.detail)
+        if e.status_code == 400 and "parsing the body" in detail:
+            detail = "body: not valid JSON (or nested too deeply)"
+        return error_response(e.status_code, what.get(e.status_code, detail))
 
     @app.exception_handler(Exception)
-    async def _internal(_req: Request, e: Exception) -> JSONResponse:
+    async def _internal(_req: Request, e: Exception) -> Response:
         log.exception("walla market: internal error")
-        return _error(500, "internal error")
-
-
-def _principal(ledger: Ledger, request: Request) -> Principal:
-    header = request.headers.get("authorization")
-    if not header:
-        raise ClientError(401, "authorization: missing bearer token (header 'Authorization: Bearer <token>')")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ClientError(401, "authorization: expected 'Bearer <token>'")
-    who = ledger.authenticate(token.strip())
-    if who is None:
-        raise ClientError(401, "authorization: unknown token")
-    return who
-
-
-def _operator(who: Principal) -> None:
-    if not who.is_operator:
-        raise ClientError(403, "authorization: this endpoint needs the operator's token")
-
-
-def _int_query(request: Request, key: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query_params.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ClientError(400, f"{key}: expected an integer, got {raw[:40]!r}") from None
-    if not lo <= value <= hi:
-        raise ClientError(400, f"{key}: expected {lo}..{hi}, got {value}")
-    return value
-
-
-Handler = Callable[..., Awaitable]
-
-
-def _routes(app: FastAPI, ledger: Ledger) -> None:
-    """Every endpoint; blocking ledger calls run in the threadpool."""
-
-    async def who(request: Request) -> Principal:
-        return await run_in_threadpool(_principal, ledger, request)
-
-    async def body(request: Request) -> dict:
-        return v.parse_json(await request.body())
-
-    _round_routes(app, ledger, who, body)
-    _account_routes(app, ledger, who, body)
-
-
-def _round_routes(app: FastAPI, ledger: Ledger, who: Handler, body: Handler) -> None:
-    call = run_in_threadpool
-
-    @app.get("/", response_class=HTMLResponse)
-    async def dashboard() -> HTMLResponse:
-        return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
-
-    @app.get("/rounds")
-    async def list_rounds(request: Request):
-        await who(request)
-        status = request.query_params.get("status")
-        after = _int_query(request, "after", 0, 0, 2**62)
-        limit = _int_query(request, "limit", 100, 1, 1000)
-        return await call(ledger.list_rounds, status, after, limit)
-
-    @app.post("/rounds", status_code=201)
-    async def open_round(request: Request):
-        _operator(await who(request))
-        question, options, settings, close_at = v.round_body(await body(request), ledger.clock())
-        return await call(ledger.open_round, question, options, settings, close_at)
-
-    @app.get("/rounds/{rid}")
-    async def get_round(rid: str, request: Request):
-        await who(request)
-        return await call(ledger.get_round, v.positive_id(rid))
-
-    @app.post("/rounds/{rid}/close")
-    async def close_round(rid: str, request: Request):
-        _operator(await who(request))
-        return await call(ledger.close_round, v.positive_id(rid))
-
-    @app.post("/rounds/{rid}/resolve")
-    async def resolve(rid: str, request: Request):
-        _operator(await who(request))
-        round_id = v.positive_id(rid)
-        k = await call(ledger.round_options, round_id)
-        label, target = v.resolution_body(await body(request), k)
-        return await call(ledger.resolve, round_id, label, target)
-
-    @app.put("/rounds/{rid}/report")
-    async def submit(rid: str, request: Request):
-        agent = await who(request)
-        round_id = v.positive_id(rid)
-        k = await call(ledger.round_options, round_id)
-        probs, wager = v.report_body(await body(request), k)
-        return await call(ledger.submit_report, round_id, agent, probs, wager)
-
-    @app.get("/rounds/{rid}/report")
-    async def own_report(rid: str, request: Request):
-        agent = await who(request)
-        return await call(ledger.get_report, v.positive_id(rid), agent)
-
-    @app.get("/rounds/{rid}/reports")
-    async def all_reports(rid: str, request: Request):
-        agent = await who(request)
-        round_id = v.positive_id(rid)
-        if not agent.is_operator and not await call(ledger.is_resolved, round_id):
-            raise ClientError(403, f"round: reports of round {round_id} are private until it is resolved")
-        return await call(ledger.round_reports, round_id)
-
-    @app.get("/rounds/{rid}/pool")
-    async def pool(rid: str, request: Request):
-        await who(request)
-        return await call(ledger.pooled, v.positive_id(rid))
-
-
-def _account_routes(app: FastAPI, ledger: Ledger, who: Handler, body: Handler) -> None:
-    call = run_in_threadpool
-
-    @app.get("/me")
-    async def me(request: Request):
-        return await call(ledger.agent_summary, await who(request))
-
-    @app.get("/me/payouts")
-    async def my_payouts(request: Request):
-        agent = await who(request)
-        after = _int_query(request, "after", 0, 0, 2**62)
-        limit = _int_query(request, "limit", 1000, 1, 10000)
-        return await call(ledger.agent_payouts, agent, after, limit)
-
-    @app.post("/agents", status_code=201)
-    async def add_agent(request: Request):
-        _operator(await who(request))
-        data = await body(request)
-        v.only_fields(data, ("name",), ("name",))
-        name = v.agent_name(data["name"])
-        token = await call(ledger.add_agent, name)
-        return {"name": name, "token": token}
-
-    @app.get("/agents")
-    async def agents(request: Request):
-        _operator(await who(request))
-        return await call(ledger.agents_overview)
-
-    @app.get("/market")
-    async def market(request: Request):
-        _operator(await who(request))
-        return await call(market_stats, ledger)
+        return error_response(500, "internal error")

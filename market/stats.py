@@ -1,6 +1,6 @@
 """What the operator's dashboard shows, computed from the ledger (GET /market).
 
-Per resolved round (id order): the pooled forecast's Brier loss and hit (argmax == answer) next to the
+Per resolved round (id order; a corrected round by its current answer, void rounds left out): the pooled forecast's Brier loss and hit (argmax == answer) next to the
 uniform average's (the agents' plain mean, UniformAvg), every agent's wager, the round's net payout and
 its deficit bound c2^2/c3. Per agent: balance, cumulative payouts. Brier is the unhalved
 ||p - target||^2 (mechanism.brier_loss, as walla-eval's tables), accuracy the argmax with ties to the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select
 from walla.market import db
 from walla.market.ledger import Ledger
 from walla.train import mechanism
@@ -50,9 +50,12 @@ def market_stats(ledger: Ledger) -> dict:
     res, rep, pay = db.resolutions, db.reports, db.payouts
     with ledger.engine.connect() as conn:
         names = {r.id: r.name for r in conn.execute(select(db.agents.c.id, db.agents.c.name))}
+        current = select(res.c.round_id, func.max(res.c.seq).label("seq")).group_by(res.c.round_id).subquery()
         q = (
             select(res, db.rounds.c.pooling)
+            .join(current, (current.c.round_id == res.c.round_id) & (current.c.seq == res.c.seq))
             .join(db.rounds, db.rounds.c.id == res.c.round_id)
+            .where(db.rounds.c.status == "resolved")  # each resolved round's current answer; no voids
             .order_by(res.c.round_id.desc())
             .limit(MAX_ROUNDS)
         )

@@ -230,13 +230,32 @@ class _Forward:
     y: torch.Tensor  # [S, b, K] targets
 
 
+def wager_loss(w: torch.Tensor, adv: torch.Tensor, c3: float) -> torch.Tensor:
+    """Each agent's own loss: mean over the batch of (w - w*)^2, w* = clip(A / 2 c3, 0, 1) a constant.
+
+    w, adv [..., b, M] -> [..., M]. The live agent (market/head.py) calls it with its own advantages.
+    """
+    w_star = mechanism.best_response_wager(adv, c3, w_max=1.0)  # [..., b, M]
+    return ((w - w_star) ** 2).mean(-2)  # [..., M]
+
+
+def optimizer_step(fabric, opt, loss: torch.Tensor, clip: float | None) -> None:
+    """Backward, per-head gradient-norm clipping (engine.clip_gradients, scope "slice"), one optimizer step.
+
+    The step of every WALLA head, in walla-train and in a live agent (market/head.py).
+    """
+    opt.zero_grad(set_to_none=True)
+    fabric.backward(loss)
+    clip_gradients(fabric, opt, clip, scope="slice")
+    opt.step()
+
+
 def _wager_losses(r: torch.Tensor, p: torch.Tensor, y: torch.Tensor, cfg: Config) -> _Forward:
     """Raw scores r [S, D, M, b] float64 -> wagers, advantages, best-response targets and losses."""
     w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
     wd = w.detach()
     adv = mechanism.advantage(p, wd, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [S, b, M]
-    w_star = mechanism.best_response_wager(adv, cfg.c3, w_max=1.0)  # [S, b, M]
-    mse = ((w - w_star) ** 2).mean(1)  # [S, M]: agent i's own loss
+    mse = wager_loss(w, adv, cfg.c3)  # [S, M]: agent i's own loss
     loss = mse.sum()
     if r.shape[1] > 1:  # diagnostic heads: own score and baseline, never used for wagers
         score = mechanism.brier_score(p, y.unsqueeze(-2), cfg.c1, cfg.c2, validate=False)  # [S, b, M]
@@ -293,10 +312,7 @@ class _WagerTraining:
 
     def update(self, loss: torch.Tensor) -> None:
         """Backward, per-head clipping, one Adam step over every head."""
-        self.opt.zero_grad(set_to_none=True)
-        self.fabric.backward(loss)
-        clip_gradients(self.fabric, self.opt, self.cfg.clip, scope="slice")
-        self.opt.step()
+        optimizer_step(self.fabric, self.opt, loss, self.cfg.clip)
 
 
 def _check_data(data, rows: np.ndarray, cfg: Config) -> None:

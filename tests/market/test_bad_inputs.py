@@ -54,7 +54,7 @@ def api_cases(ids: dict) -> list[tuple[str, str, str, str, object, int, str]]:
             "alice",
             "PUT",
             rep,
-            {"probabilities": [1.5, -0.5], "wager": 0.2},
+            {"probabilities": [1.00001, -0.5], "wager": 0.2},
             400,
             "probabilities[1]",
         ),
@@ -197,6 +197,7 @@ def api_cases(ids: dict) -> list[tuple[str, str, str, str, object, int, str]]:
         ("JSON nested too deeply", "alice", "PUT", rep, "[" * 30000 + "]" * 30000, 400, "body"),
         ("body not UTF-8", "alice", "PUT", rep, b"\xff\xfe{}", 400, "body"),
         ("wrong method", "alice", "DELETE", "/rounds", None, 405, "method"),
+        ("no JSON content type", "alice", "PUT", rep + "?no-content-type", good, 400, "body"),
     ]
 
 
@@ -207,9 +208,11 @@ def _call(url: str, ids: dict, token, method: str, path: str, body) -> httpx.Res
     elif token is not None:
         headers["Authorization"] = f"Bearer {ids.get(token, token)}"
     if isinstance(body, dict):
-        content, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        content = json.dumps(body).encode()
     else:
         content = body.encode() if isinstance(body, str) else body
+    if content is not None and not path.endswith("?no-content-type"):
+        headers["Content-Type"] = "application/json"
     return httpx.request(method, url + path, content=content, headers=headers, timeout=30)
 
 
@@ -252,7 +255,7 @@ def test_oversized_streamed_body(market):
     assert snapshot(market.ledger) == before
 
 
-def cli_cases(db_arg: str, tmp: Path) -> list[tuple[str, list[str], dict, int, str]]:
+def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[str], dict, int, str]]:
     """(name, argv after `walla market`, environment, expected exit code, text the error line contains)."""
     (tmp / "short-token").write_text("abc")
     busy = tmp / "a-directory"
@@ -268,7 +271,17 @@ def cli_cases(db_arg: str, tmp: Path) -> list[tuple[str, list[str], dict, int, s
             "does not exist",
         ),
         ("db is a directory", ["init", "--db", str(busy)], {}, 1, "is a directory"),
-        ("db URL of no driver", ["init", "--db", "nosuchdb://x/y"], {}, 1, "not a database path or URL"),
+        ("db URL of no driver", ["init", "--db", "nosuchdb://x/y"], {}, 1, "not a supported database"),
+        # issue 29 finding 6: these three were tracebacks
+        (
+            "mysql URL",
+            ["init", "--db", "mysql://u@127.0.0.1/m"],
+            {},
+            1,
+            "mysql:// is not a supported database",
+        ),
+        ("operator token = an agent's", ["init", "--db", db_arg], {TOKEN_ENV: agent_token}, 1, TOKEN_ENV),
+        ("agent named operator", ["add-agent", "OPERATOR", "--db", db_arg], {}, 1, "reserved"),
         ("port out of range", ["serve", "--db", db_arg, "--port", "70000"], {}, 1, "--port"),
         ("port not a number", ["serve", "--db", db_arg, "--port", "abc"], {}, 2, "--port"),
         (
@@ -277,6 +290,14 @@ def cli_cases(db_arg: str, tmp: Path) -> list[tuple[str, list[str], dict, int, s
             {},
             1,
             "--max-body",
+        ),
+        ("negative rate", ["serve", "--db", db_arg, "--port", "1", "--rate", "-1"], {}, 1, "--rate"),
+        (
+            "zero read timeout",
+            ["serve", "--db", db_arg, "--port", "1", "--read-timeout", "0"],
+            {},
+            1,
+            "--read-timeout",
         ),
         ("short operator token", ["init", "--db", db_arg], {TOKEN_ENV: "short"}, 1, TOKEN_ENV),
         (
@@ -298,12 +319,12 @@ def cli_cases(db_arg: str, tmp: Path) -> list[tuple[str, list[str], dict, int, s
 
 
 def test_bad_cli_inputs(market, tmp_path, capfd, monkeypatch):
-    _setup(market)
+    ids = _setup(market)
     db_arg = str(market.ledger.engine.url.render_as_string(hide_password=False))
     db_arg = db_arg.replace("sqlite:///", "").replace("postgresql+psycopg://", "postgresql://")
     before = snapshot(market.ledger)
     problems = []
-    for name, argv, env, code, needle in cli_cases(db_arg, tmp_path):
+    for name, argv, env, code, needle in cli_cases(db_arg, tmp_path, ids["alice"]):
         with monkeypatch.context() as mp:
             for k, v in env.items():
                 mp.setenv(k, v)

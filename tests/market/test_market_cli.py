@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from importlib.metadata import entry_points
 
+import pytest
+import typer
 from market_fixtures import snapshot
 from walla.market.cli import main, run, run_market, walla_app, walla_main
 from walla.market.cli_operator import TOKEN_ENV
@@ -57,3 +61,56 @@ def test_init_and_add_agent(tmp_path, capfd, monkeypatch):
         )
     finally:
         ledger.close()
+
+
+def test_agent_named_operator_before_init(tmp_path, capfd, monkeypatch):
+    """Issue 29, finding 6: `add-agent operator` before `init` registered it (rc 0) and the ledger could then
+    never get an operator; now the name is reserved (case-folded), one line, exit 1, and init still works."""
+    db = str(tmp_path / "m.db")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert run_market(["add-agent", "operator", "--db", db], "walla market") == 1
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "reserved" in err and "Traceback" not in err
+    assert run_market(["init", "--db", db], "walla market") == 0
+    assert "operator token (shown once" in capfd.readouterr().out
+
+
+def test_sqlite_file_is_private(tmp_path, monkeypatch):
+    """Issue 29, finding 7: the ledger (money, token hashes) is created 0600, not 0644."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    db = tmp_path / "m.db"
+    assert run_market(["init", "--db", str(db)], "walla market") == 0
+    assert stat.S_IMODE(os.stat(db).st_mode) == 0o600
+
+
+def test_agent_token_sources(tmp_path, monkeypatch, capfd):
+    """Issue 29, finding 7: the agent's token from a file or the environment, not only the command line."""
+    from walla.market.cli_agent import TOKEN_ENV as AGENT_ENV
+    from walla.market.cli_agent import agent_token
+
+    monkeypatch.delenv(AGENT_ENV, raising=False)
+    (tmp_path / "tok").write_text("wm_from-file\n")
+    assert agent_token(None, tmp_path / "tok") == "wm_from-file"
+    monkeypatch.setenv(AGENT_ENV, "wm_from-env")
+    assert agent_token(None, None) == "wm_from-env"
+    assert agent_token("wm_flag", None) == "wm_flag"
+    monkeypatch.delenv(AGENT_ENV)
+    with pytest.raises(typer.Exit):
+        agent_token(None, None)
+    with pytest.raises(typer.Exit):
+        agent_token(None, tmp_path / "missing")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and AGENT_ENV in err[0] and "--token-file" in err[1]
+
+
+def test_ledger_of_an_older_walla_is_refused(tmp_path, capfd, monkeypatch):
+    """A ledger whose tables lack this version's columns is one line and exit 1, not 500s later."""
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE rounds (id INTEGER PRIMARY KEY, question TEXT)")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert run_market(["init", "--db", str(db)], "walla market") == 1
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older walla" in err[0] and "table rounds lacks column" in err[0], err

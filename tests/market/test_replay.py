@@ -218,6 +218,18 @@ def test_dashboard_in_a_browser(replayed, tmp_path):
         assert page.locator("#chart-wagers polyline").count() == 3
         assert page.locator("#chart-payouts polyline").count() == 3
         page.screenshot(path=str(shot), full_page=True)
+        # issue 29: no token left in the address bar; sign-out clears the stored token and the page
+        assert OP_TOKEN not in page.url and "token" not in page.url
+        assert page.evaluate("sessionStorage.getItem('walla-market-token')") == OP_TOKEN
+        assert page.evaluate("localStorage.getItem('walla-market-token')") is None
+        page.click("#signout")
+        assert page.evaluate("sessionStorage.getItem('walla-market-token')") is None
+        assert page.inner_text("#error") == "Signed out." and page.locator("tr[data-agent]").count() == 0
+        page.reload()
+        page.wait_for_timeout(300)
+        assert page.get_attribute("body", "data-loaded") is None and "operator token" in page.inner_text(
+            "#error"
+        )
         browser.close()
     ledger.close()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
@@ -246,3 +258,27 @@ def test_live_metrics_see_offline_ties():
     assert diff["pool"] == pytest.approx(1e-8, rel=1e-3)
     np.testing.assert_equal(live_metrics, offline_metrics)  # NaN == NaN (AUC of a tiny table)
     assert live_metrics["accuracy"] == 1.0  # ties go to the first option (label 0), as in walla-eval
+
+
+def test_audit_of_a_replayed_market(replayed, capfd):
+    """`walla market audit` on the ledger a replay wrote: the chain verifies, every payout recomputes (exit 0)."""
+    assert run_market(["audit", "--db", replayed[1]], "walla market") == 0
+    out = capfd.readouterr().out
+    assert "walla market audit: OK" in out and "max |stored - recomputed| 0.00e+00" in out, out
+
+
+def test_head_update_calls_the_training_step(trained, monkeypatch):
+    """One implementation of the step: AgentHead.update runs walla-train's wager_loss and optimizer_step."""
+    from walla.market import head as head_module
+    from walla.train import wager_training
+
+    calls = []
+    for name in ("wager_loss", "optimizer_step"):
+        real = getattr(wager_training, name)
+        monkeypatch.setattr(
+            head_module, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k)
+        )
+    run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
+    h = AgentHead.from_run(run, slot=0)
+    h.update([(np.zeros(h.in_dim, dtype=np.float32), 0.2)])
+    assert calls == ["wager_loss", "optimizer_step"]

@@ -1,0 +1,81 @@
+"""The ledger's event log: every write appends one entry, in the same transaction, hash-chained to the last.
+
+    append(conn, "report", at, round_id=3, agent_id=2, data={...})   # inside the writing transaction
+    problem = first_break(rows)                                          # None when the chain is whole
+
+hash_n = sha256(hash_{n-1} + canonical JSON of (id, at, kind, round_id, agent_id, data)), hash_0 = GENESIS.
+Canonical JSON: sorted keys, no spaces, floats as Python's repr (exact round trip), so the audit recomputes
+every hash from the stored columns. The id is the primary key and written explicitly (last + 1), so two
+writers that read the same last link cannot both append: one insert fails and its transaction is retried.
+Appends queue on a PostgreSQL advisory lock; SQLite has one writer at a time, and the ledger keeps the
+last link in memory there (one INSERT per event). An edited, deleted or inserted event breaks the chain at
+that row; the audit cross-checks the tail (every report, resolution, agent and round has its event).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, text
+from walla.market import db
+
+GENESIS = "0" * 64
+LOCK_KEY = 0x77616C6C61  # PostgreSQL advisory lock of the chain ("walla")
+INSERT = insert(db.events)  # built once: executed with a parameter dict (no per-call .values() compile)
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def link(prev_hash: str, eid: int, at: float, kind: str, round_id, agent_id, data: str) -> str:
+    body = canonical([eid, at, kind, round_id, agent_id, data])
+    return hashlib.sha256((prev_hash + body).encode("utf-8")).hexdigest()
+
+
+def last_link(conn: Connection) -> tuple[int, str]:
+    """(id, hash) of the chain's last event, (0, GENESIS) when empty. On PostgreSQL, first a transaction-scoped
+    advisory lock: appends queue behind each other (READ COMMITTED would let two read the same last link)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+    e = db.events.c
+    row = conn.execute(select(e.id, e.hash).order_by(e.id.desc()).limit(1)).first()
+    return (0, GENESIS) if row is None else (row.id, row.hash)
+
+
+def append(
+    conn: Connection,
+    kind: str,
+    at: float,
+    round_id: int | None = None,
+    agent_id: int | None = None,
+    data: dict | None = None,
+    head: tuple[int, str] | None = None,
+) -> tuple[int, str]:
+    """Append one event after `head` (the last link; read with last_link when None); returns the new link.
+
+    A stale `head` (another writer appended meanwhile) makes the insert fail on the events' primary key
+    (IntegrityError): the caller's transaction is rolled back and retried with a fresh head.
+    """
+    last_id, last_hash = head if head is not None else last_link(conn)
+    eid, body = last_id + 1, canonical(data or {})
+    h = link(last_hash, eid, at, kind, round_id, agent_id, body)
+    row = {"id": eid, "at": at, "kind": kind, "round_id": round_id, "agent_id": agent_id, "data": body}
+    conn.execute(INSERT, {**row, "prev_hash": last_hash, "hash": h})
+    return eid, h
+
+
+def first_break(rows: list) -> str | None:
+    """The first event (in id order) whose link does not verify, as one line; None when the chain is whole."""
+    prev = GENESIS
+    for i, r in enumerate(rows, start=1):
+        if r.id != i:
+            return f"events: row id {r.id} where {i} was expected (an event was deleted or inserted)"
+        if r.prev_hash != prev:
+            return f"events: row {r.id} ({r.kind}) prev_hash does not match row {r.id - 1}'s hash"
+        if link(prev, r.id, r.at, r.kind, r.round_id, r.agent_id, r.data) != r.hash:
+            return f"events: row {r.id} ({r.kind}) hash does not match its contents (edited)"
+        prev = r.hash
+    return None
