@@ -144,22 +144,6 @@ def ece(p_agg: np.ndarray, label: np.ndarray, n_bins: int = ECE_BINS) -> float:
     return float(np.sum(count[used] / count.sum() * np.abs(acc[used] - mean_conf[used])))
 
 
-def ece_resampled(
-    p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray, n_bins: int = ECE_BINS
-) -> np.ndarray:
-    """`ece` on each resample of counts [N, B] -> [B].
-
-    sum_b (n_b / N) |acc_b - conf_b| = sum_b |sum of (correct - confidence) over bin b| / N, and those
-    per-bin sums are one matrix product with the counts.
-    """
-    conf = np.max(p_agg, axis=-1).astype(np.float64)  # [N]
-    gap = (np.argmax(p_agg, axis=-1) == label) - conf  # [N] correct - confidence
-    by_bin = np.zeros((n_bins, len(conf)))
-    by_bin[confidence_bins(conf, n_bins), np.arange(len(conf))] = gap  # [bins, N]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.abs(by_bin @ counts).sum(0) / counts.sum(0)
-
-
 def ece_debiased(p_agg: np.ndarray, label: np.ndarray, n_bins: int = ECE_BINS) -> float:
     """The table's ECE: the 20-bin ECE with the bias of its |.| removed (see `ece_debiased_resampled`)."""
     return float(ece_debiased_resampled(p_agg, label, np.ones((len(label), 1)), n_bins)[0])
