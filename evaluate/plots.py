@@ -252,7 +252,11 @@ def reliability_plot(data: ScenarioRuns, path: Path) -> Path | None:
         count, conf, acc = reliability(p, label)
         used = count > 0
         ax.plot(
-            conf[used], acc[used], "o-", ms=4, label=f"{runs[0].display} (plug-in ECE = {100 * ece(p, label):.2f})"
+            conf[used],
+            acc[used],
+            "o-",
+            ms=4,
+            label=f"{runs[0].display} (plug-in ECE = {100 * ece(p, label):.2f})",
         )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
