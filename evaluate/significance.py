@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 from walla.evaluate.bootstrap import (
+    DRAW_SEED,
     LEVEL,
     N_RESAMPLES,
     RESAMPLE_SEED,
@@ -173,7 +174,8 @@ def bootstrap_note(table: Table, questions: str, validation: str | None, missing
         + (
             f"; {', '.join(calibration)} is the debiased binned estimator (Kumar et al. 2019), its interval "
             "the resamples centred on the estimate, with lower end 0 when the estimate is within what a "
-            "perfectly calibrated predictor with the same confidences shows in 95% of label draws"
+            "perfectly calibrated predictor with the same confidences shows in 95% of label draws "
+            f"({N_RESAMPLES} draws, numpy default_rng({DRAW_SEED}))"
             if calibration
             else ""
         )
