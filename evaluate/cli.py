@@ -15,7 +15,8 @@ from walla.evaluate.report import EvalConfig, key_summary, problem_summary, run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla evaluate stage")
 CAPTION = (
-    "† differs from UniformAvg, ‡ from the best baseline (paired bootstrap over questions; see the report)"
+    "† differs from UniformAvg, ‡ from the baseline best on validation (paired bootstrap over questions, "
+    "5% family-wise per column; see the report)"
 )
 
 

@@ -12,8 +12,11 @@ per-question constant, so D-Regret, MRR and Kendall tau are the same under eithe
 
 Most metrics are a mean over questions of a per-question term (`*_terms` below): the bootstrap over
 questions (bootstrap.py) re-weights those terms. AUC and ECE are not such means; they have `*_resampled`
-forms that recompute them on every resample at once. Either form agrees with the plain function on the
-resampled questions (tests/evaluate/test_eval_bootstrap.py).
+forms that recompute them on every resample at once; either form agrees with the plain function on the
+resampled questions (tests/evaluate/test_eval_bootstrap.py). The tables' ECE is the debiased binned estimator
+(`ece_debiased`, Kumar, Liang & Ma 2019): SPEC §8's plug-in `ece` is biased upward by its bins' noise
+(~0.08 for a perfectly calibrated predictor on 140 questions), so its bootstrap interval sat above it
+(issue 28); `ece` stays for the reliability plots.
 
 Shapes: N questions, M agents, K options; a set of B resamples is given as counts [N, B] (how often
 each question is drawn in each resample; questions first, so per-question gathers and running sums
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from scipy import special
 from walla.train.mechanism import brier_score, regret
 
 ECE_BINS = 20  # SPEC §8: 20 equal-width bins on [0, 1]
@@ -140,20 +144,56 @@ def ece(p_agg: np.ndarray, label: np.ndarray, n_bins: int = ECE_BINS) -> float:
     return float(np.sum(count[used] / count.sum() * np.abs(acc[used] - mean_conf[used])))
 
 
-def ece_resampled(
+def ece_debiased(p_agg: np.ndarray, label: np.ndarray, n_bins: int = ECE_BINS) -> float:
+    """The table's ECE: the 20-bin ECE with the bias of its |.| removed (see `ece_debiased_resampled`)."""
+    return float(ece_debiased_resampled(p_agg, label, np.ones((len(label), 1)), n_bins)[0])
+
+
+def ece_debiased_resampled(
     p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray, n_bins: int = ECE_BINS
 ) -> np.ndarray:
-    """`ece` on each resample of counts [N, B] -> [B].
+    """Debiased 20-bin ECE on each resample of counts [N, B] -> [B] (Kumar, Liang & Ma 2019, "Verified
+    uncertainty calibration", the normal-approximation bias correction of the binned plug-in ECE).
 
-    sum_b (n_b / N) |acc_b - conf_b| = sum_b |sum of (correct - confidence) over bin b| / N, and those
-    per-bin sums are one matrix product with the counts.
+    Why: |mean gap| of a bin of n_b questions is biased upward by about its noise, sd_b * sqrt(2/pi);
+    on 140 questions and 20 bins a perfectly calibrated predictor shows a plug-in ECE of ~0.08. Per bin
+    with gap g = acc_b - conf_b and sd s = sqrt(acc_b (1 - acc_b) / n_b) the corrected term is
+    2 |g| - E|N(g, s^2)| (E|N| in closed form instead of the paper's Monte-Carlo draws; a bin whose
+    answers are all right or all wrong gets no correction, s = 0), weighted by n_b / N; the sum is
+    clipped at 0, since an ECE below 0 means nothing.
     """
     conf = np.max(p_agg, axis=-1).astype(np.float64)  # [N]
-    gap = (np.argmax(p_agg, axis=-1) == label) - conf  # [N] correct - confidence
-    by_bin = np.zeros((n_bins, len(conf)))
-    by_bin[confidence_bins(conf, n_bins), np.arange(len(conf))] = gap  # [bins, N]
+    correct = (np.argmax(p_agg, axis=-1) == label).astype(np.float64)  # [N]
+    member = np.zeros((n_bins, len(conf)))
+    member[confidence_bins(conf, n_bins), np.arange(len(conf))] = 1.0  # [bins, N]
+    sums = np.concatenate([member, member * correct, member * conf]) @ counts  # [3 bins, B], one product
+    return _debiased_from_sums(*np.split(sums, 3))
+
+
+def ece_calibrated_draws(p_agg: np.ndarray, uniforms: np.ndarray, n_bins: int = ECE_BINS) -> np.ndarray:
+    """The debiased ECE of a perfectly calibrated predictor with these confidences, on B label draws:
+    question i is right when uniforms[i, b] < its confidence; uniforms [N, B] -> [B]. The spread of
+    this null distribution says how large an ECE noise alone produces (its lower limit is 0)."""
+    conf = np.max(p_agg, axis=-1).astype(np.float64)  # [N]
+    member = np.zeros((n_bins, len(conf)))
+    member[confidence_bins(conf, n_bins), np.arange(len(conf))] = 1.0  # [bins, N]
+    n = member.sum(1, keepdims=True)  # [bins, 1]
+    right = member @ (uniforms < conf[:, None]).astype(np.float64)  # [bins, B]
+    return _debiased_from_sums(
+        np.broadcast_to(n, right.shape), right, np.broadcast_to(member @ conf[:, None], right.shape)
+    )
+
+
+def _debiased_from_sums(n: np.ndarray, right: np.ndarray, conf: np.ndarray) -> np.ndarray:
+    """Per-bin counts, sums of correctness and of confidence [bins, B] -> debiased ECE [B]."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.abs(by_bin @ counts).sum(0) / counts.sum(0)
+        acc, gap = right / n, (right - conf) / n  # [bins, B], NaN in empty bins
+        sd = np.sqrt(acc * (1.0 - acc) / n)
+        z = gap / sd
+        folded = sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * special.ndtr(-z))
+        expected = np.where(sd > 0, folded, np.abs(gap))  # E|N(gap, sd^2)|
+        terms = np.where(n > 0, n * (2.0 * np.abs(gap) - expected), 0.0)  # [bins, B]
+        return np.maximum(terms.sum(0) / n.sum(0), 0.0)
 
 
 def nll_terms(p_agg: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -342,6 +382,12 @@ class MetricInfo:
     terms: Terms | None = field(default=None, repr=False, compare=False)  # set: compute = mean of terms
     resampled: Resampled | None = field(default=None, repr=False, compare=False)  # non-additive metrics
     scored_on_agents: bool = False  # the value depends on which agent probabilities a row is scored against
+    # a calibration error: its value on label draws from a perfectly calibrated predictor with the same
+    # confidences (arrays, uniforms [N, B]) -> [B]; set, the question interval is bias-corrected and reaches
+    # 0 when the estimate is within that null's 95% (bootstrap.calibration_interval)
+    calibrated_draws: Callable[[EvalArrays, np.ndarray], np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
 
 
 def additive(name: str, label: str, terms: Terms, higher_is_better: bool | None, **kw) -> MetricInfo:
@@ -367,11 +413,12 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo(
             "ece",
             "ECE",
-            lambda a: ece(a.p_agg, a.label),
+            lambda a: ece_debiased(a.p_agg, a.label),
             False,
             applies=HARD,
-            description="20-bin expected calibration error of max-prob confidence",
-            resampled=lambda a, c: ece_resampled(a.p_agg, a.label, c),
+            description="20-bin expected calibration error of max-prob confidence, debiased (Kumar et al. 2019)",
+            resampled=lambda a, c: ece_debiased_resampled(a.p_agg, a.label, c),
+            calibrated_draws=lambda a, u: ece_calibrated_draws(a.p_agg, u),
         ),
         additive(
             "kld",

@@ -237,7 +237,8 @@ def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
 
 
 def reliability_plot(data: ScenarioRuns, path: Path) -> Path | None:
-    """Reliability diagram of the aggregate (test split, seeds pooled): WALLA I vs UniformAvg."""
+    """Reliability diagram of the aggregate (test split, seeds pooled): WALLA I vs UniformAvg. The legend's
+    ECE is the plug-in value of the plotted bins (the tables show the debiased one, metrics.ece_debiased)."""
     s = data.scenario
     chosen = [m for m in ("walla-i", "uniform") if m in data.runs]
     if not chosen:
@@ -251,7 +252,11 @@ def reliability_plot(data: ScenarioRuns, path: Path) -> Path | None:
         count, conf, acc = reliability(p, label)
         used = count > 0
         ax.plot(
-            conf[used], acc[used], "o-", ms=4, label=f"{runs[0].display} (ECE = {100 * ece(p, label):.2f})"
+            conf[used],
+            acc[used],
+            "o-",
+            ms=4,
+            label=f"{runs[0].display} (plug-in ECE = {100 * ece(p, label):.2f})",
         )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)

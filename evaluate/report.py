@@ -38,8 +38,10 @@ from walla.evaluate.aggregate import summarize
 from walla.evaluate.bootstrap import (
     N_RESAMPLES,
     RESAMPLE_SEED,
+    calibrated_uniforms,
     counts_from_indices,
     resample_indices,
+    row_draws,
     row_resamples,
 )
 from walla.evaluate.compute import ScenarioCompute, compute_table, scenario_compute
@@ -55,7 +57,7 @@ from walla.evaluate.metrics import (
     per_agent_brier,
 )
 from walla.evaluate.output import write_file
-from walla.evaluate.significance import annotate
+from walla.evaluate.significance import MULTIPLICITY_RULE, REFERENCE_RULE, annotate
 from walla.evaluate.tables import (
     CSV_FIELDS,
     GROUP_TITLES,
@@ -69,6 +71,7 @@ from walla.evaluate.tables import (
     to_latex,
     to_markdown,
 )
+from walla.evaluate.validation import Validation, row_validation, validation_scores
 from walla.manifests.validate import config
 from walla.store.schema import VARIANT_CODE
 
@@ -104,6 +107,8 @@ class ScenarioEval:
     agent_views: list[Views] = field(default_factory=list)  # agent slot -> subset -> arrays
     run_views: dict[str, dict[int, Views]] = field(default_factory=dict)  # method -> seed -> subset -> arrays
     counts: dict[str, np.ndarray] = field(default_factory=dict)  # subset -> [n, B] question resample counts
+    uniforms: dict[str, np.ndarray] = field(default_factory=dict)  # subset -> [n, B] calibrated label draws
+    validation: Validation = field(default_factory=lambda: Validation({}))  # the ‡ reference's choice
     compute: ScenarioCompute | str | None = None  # compute.py; a sentence when not recorded
 
     @property
@@ -175,6 +180,9 @@ def evaluate_scenario(data: ScenarioRuns) -> ScenarioEval:
         if method in ev.runs and equal:
             ev.uniform.add(method)
     ev.counts = {"all": _resample_counts(n), "hard": _resample_counts(int(mask.sum()))}
+    ev.uniforms = {"all": calibrated_uniforms(n), "hard": calibrated_uniforms(int(mask.sum()))}
+    ev.validation = validation_scores(data)
+    data.problems += [Problem("unreadable", s.name, None, None, p) for p in ev.validation.problems]
     ev.compute = scenario_compute(data, ev.individual, ev.runs)
     return ev
 
@@ -210,11 +218,11 @@ def metric_table(ev: ScenarioEval, key: str, subset: str, names: list[str], titl
     s = ev.data.scenario
     cols = [_column(n) for n in names]
     n_rows = int(ev.hard_mask.sum()) if subset == "hard" else len(s.label)
-    counts = ev.counts[subset]
+    counts = ev.counts[subset], ev.uniforms[subset]
     rows = []
     for i, model in enumerate(s.agents):
         vals, views = ev.individual[i][subset], [ev.agent_views[i][subset]]
-        cells = {c: _cell(c, [vals[c]], views, counts) for c in names}
+        cells = {c: _cell(c, [vals[c]], views, *counts) for c in names}
         rows.append(Row(_agent_label(i, model), "individual", cells))
     own = ev.own_agents
     by_group: dict[bool, list[Row]] = {False: [], True: []}
@@ -224,12 +232,13 @@ def metric_table(ev: ScenarioEval, key: str, subset: str, names: list[str], titl
         views = [ev.run_views[method][seed][subset] for seed in seeds]
         cells = {}
         for c in names:
-            cells[c] = _cell(c, [by_seed[seed][subset][c] for seed in seeds], views, counts)
+            cells[c] = _cell(c, [by_seed[seed][subset][c] for seed in seeds], views, *counts)
             if c == "mrr" and method in ev.uniform and cells[c].note is None:
                 cells[c].note = "uniform"
             cells[c].comparable = not (method in own and METRICS[c].scored_on_agents)
         group = "calibrated" if method in own else run.group
-        by_group[method in own].append(Row(run.display, group, cells, run.method))
+        validation = row_validation(ev.validation, method, subset)
+        by_group[method in own].append(Row(run.display, group, cells, run.method, validation))
     notes = [_scale_note(cols)] + ([own_agents_note(ev, own, cols)] if own else [])
     table = Table(
         key, s.name, title, _caption(ev, n_rows), cols, rows + by_group[False] + by_group[True], notes=notes
@@ -237,7 +246,7 @@ def metric_table(ev: ScenarioEval, key: str, subset: str, names: list[str], titl
     questions = (
         f"the {n_rows} questions of the hard subset" if subset == "hard" else f"the {n_rows} test questions"
     )
-    annotate(table, questions)
+    annotate(table, questions, ev.validation.questions.get(subset))
     return table
 
 
@@ -298,11 +307,19 @@ def _scale_note(cols: list[Column]) -> str:
     )
 
 
-def _cell(name: str, values: list[float], views: list[EvalArrays], counts: np.ndarray) -> Cell:
-    """Seed summary of `values` and, on a non-empty subset, the seed mean on every question resample."""
+def _cell(
+    name: str, values: list[float], views: list[EvalArrays], counts: np.ndarray, uniforms: np.ndarray
+) -> Cell:
+    """Seed summary of `values` and, on a non-empty subset, the seed mean on every question resample
+    (and, for a calibration error, on every calibrated label draw)."""
     if counts.shape[0] == 0:
         return Cell(summarize(values), note="empty")
-    return Cell(summarize(values), resamples=row_resamples(METRICS[name], views, counts))
+    info = METRICS[name]
+    return Cell(
+        summarize(values),
+        resamples=row_resamples(info, views, counts),
+        draws=row_draws(info, views, uniforms),
+    )
 
 
 def wager_table(ev: ScenarioEval) -> Table | None:
@@ -360,6 +377,8 @@ def render_markdown(
         f"Runs: `{cfg.runs}` · scenarios: {names} · metrics on the test split · intervals: 95% t-interval "
         f"over seeds and 95% percentile interval of a paired bootstrap over test questions ({N_RESAMPLES} "
         f"resamples, numpy default_rng({RESAMPLE_SEED})).",
+        "",
+        f"Marks: {MULTIPLICITY_RULE}. ‡ reference: {REFERENCE_RULE}.",
         "",
     ]
     stale = [p for p in problems if p.kind == "stale"]

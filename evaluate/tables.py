@@ -24,7 +24,7 @@ GROUP_TITLES = {
     "walla": "WALLA",
     "calibrated": "Scored against its own recalibrated agents",
 }
-MARKS = {"uniform": "†", "best": "‡"}  # paired-bootstrap difference to UniformAvg / the best baseline
+MARKS = {"uniform": "†", "best": "‡"}  # family-wise significant difference to UniformAvg / the ‡ reference
 NOTES = {  # footnote per reason a cell shows "–" (or a marker)
     "undefined": "– : undefined on every seed (e.g. AUC when all test predictions are right, or all wrong).",
     "uniform": "– (MRR): equal weights rank the agents by slot order only (SPEC §10.10), so MRR is not shown.",
@@ -49,13 +49,17 @@ class Cell:
     summary: Summary | None = None  # None: not applicable (blank)
     note: str | None = None  # a NOTES key: the cell shows "–" and the footnote explains why
     resamples: np.ndarray | None = field(default=None, repr=False)  # [B] seed mean per question resample
-    boot: Interval | None = None  # percentile interval over question resamples
-    vs: dict[str, Interval] = field(default_factory=dict)  # MARKS key -> interval of the paired difference
+    draws: np.ndarray | None = field(default=None, repr=False)  # [B] calibrated label draws (ECE only)
+    boot: Interval | None = None  # interval over question resamples
+    vs: dict[str, Interval] = field(default_factory=dict)  # MARKS key -> unadjusted 95% interval of the
+    # paired difference
+    sim: dict[str, Interval] = field(default_factory=dict)  # MARKS key -> simultaneous (family-wise) interval
+    significant: set[str] = field(default_factory=set)  # MARKS keys whose mark is shown (significance.py)
     comparable: bool = True  # False: scored against other agents than the column's other rows
 
     @property
     def marks(self) -> str:
-        return "".join(m for key, m in MARKS.items() if key in self.vs and self.vs[key].excludes_zero)
+        return "".join(m for key, m in MARKS.items() if key in self.significant)
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Row:
     group: str
     cells: dict[str, Cell]
     method: str | None = None  # registry method of the row's runs (None: an individual agent)
+    validation: dict[str, float] = field(default_factory=dict)  # metric -> seed mean on the validation
+    # questions (baseline rows of scenarios with a validation split: how the ‡ reference is chosen)
 
 
 @dataclass
@@ -77,7 +83,7 @@ class Table:
     bold: bool = True
     group_rows: bool = True  # separator rows between method groups
     notes: list[str] = field(default_factory=list)  # fixed notes printed under the table
-    baselines: dict[str, str] = field(default_factory=dict)  # column key -> label of its best baseline row
+    baselines: dict[str, str] = field(default_factory=dict)  # column key -> label of its ‡ reference row
 
 
 # ----------------------------------------------------------------------------------------- cells
@@ -319,10 +325,14 @@ CSV_FIELDS = [
     "boot_hi",
     "vs_uniform_lo",
     "vs_uniform_hi",
+    "vs_uniform_sim_lo",
+    "vs_uniform_sim_hi",
     "vs_uniform_sig",
     "best_baseline",
     "vs_best_lo",
     "vs_best_hi",
+    "vs_best_sim_lo",
+    "vs_best_sim_hi",
     "vs_best_sig",
 ]
 
@@ -335,14 +345,19 @@ def _interval_fields(prefix: str, interval: Interval | None, scale: float) -> di
 
 def _difference_fields(name: str, cell: Cell, scale: float) -> dict:
     interval = cell.vs.get(name)
-    sig = "" if interval is None else int(interval.excludes_zero)
-    return {**_interval_fields(f"vs_{name}", interval, scale), f"vs_{name}_sig": sig}
+    sig = "" if interval is None else int(name in cell.significant)
+    return {
+        **_interval_fields(f"vs_{name}", interval, scale),
+        **_interval_fields(f"vs_{name}_sim", cell.sim.get(name), scale),
+        f"vs_{name}_sig": sig,
+    }
 
 
 def to_csv_rows(table: Table) -> list[dict]:
     """One record per (row, column): the scaled mean and CI as shown (unrounded), plus why a cell is blank;
-    the question interval and the paired differences to UniformAvg and to the best baseline (scaled, with
-    1 where their interval excludes 0; empty where not compared)."""
+    the question interval and the paired differences to UniformAvg and to the ‡ reference (scaled): their
+    unadjusted 95% interval (`vs_*_lo/hi`), their simultaneous interval over the column's family
+    (`vs_*_sim_lo/hi`) and 1 where the mark is shown (`vs_*_sig`); empty where not compared."""
     best = best_rows(table)
     records = []
     for i, row in enumerate(table.rows):

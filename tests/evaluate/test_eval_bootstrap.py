@@ -1,5 +1,6 @@
 """The paired bootstrap over questions: hand-computed resamples, the fast paths against recomputing each
-metric on the resampled rows, and the paired difference of a row with itself."""
+metric on the resampled rows, the pairing of differences, the calibration interval and the max-statistic
+critical value."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from sklearn.metrics import roc_auc_score
 from walla.evaluate import metrics as M
 from walla.evaluate.bootstrap import (
     Interval,
+    calibration_interval,
     counts_from_indices,
     difference_interval,
+    max_t_critical,
     metric_resamples,
     percentile_interval,
     resample_indices,
@@ -26,8 +29,9 @@ P_B = np.array([[0.8, 0.2], [0.55, 0.45], [0.3, 0.7]])
 INDICES = np.array([[0, 1, 2], [0, 0, 1], [1, 1, 2], [2, 2, 2]])  # 4 fixed resamples
 
 
-def _arrays(p: np.ndarray, label: np.ndarray = LABEL) -> M.EvalArrays:
+def _arrays(p: np.ndarray, label: np.ndarray | None = None) -> M.EvalArrays:
     n, k = p.shape
+    label = np.zeros(n, dtype=np.int64) if label is None else label
     probs = np.stack([p, np.full((n, k), 1.0 / k)], axis=1)  # [N, 2, K]: the method's pick and a flat agent
     weights = np.tile([0.7, 0.3], (n, 1))
     return M.EvalArrays(p, probs, weights, label, np.eye(k)[label])
@@ -122,12 +126,52 @@ def test_resample_matrix_is_fixed_by_seed():
     assert resample_indices(0).shape == (1000, 0)
 
 
-def test_paired_difference_with_itself_is_exactly_zero():
-    values = row_resamples(M.METRICS["d_regret"], SEEDS, counts_from_indices(resample_indices(3), 3))
-    diff = difference_interval(values, values)
-    assert diff == Interval(0.0, 0.0) and not diff.excludes_zero
+def test_paired_difference_cancels_what_the_questions_share():
+    """Two rows right on the same questions but one: on every resample their difference is exactly how
+    often that question was drawn, / N, so the interval is that count's, however noisy each row is. An
+    unpaired bootstrap (other resamples per row) would give a wide interval around 0."""
+    n = 50
+    rng = np.random.default_rng(4)
+    right = rng.random(n) < 0.6
+    right[0] = True
+    other = right.copy()
+    other[0] = False
+    counts = counts_from_indices(resample_indices(n), n)
+    a, b = (row_resamples(M.METRICS["accuracy"], [_arrays(_onehot(r))], counts) for r in (right, other))
+    assert a - b == pytest.approx(counts[0] / n, abs=1e-15)
+    diff = difference_interval(a, b)
+    want = percentile_interval(counts[0] / n)
+    assert (diff.lo, diff.hi) == pytest.approx((want.lo, want.hi), abs=1e-15) and diff.hi <= 4 / n
+    assert percentile_interval(a).hi - percentile_interval(a).lo > 0.2  # each row alone: ±0.13
+
+
+def _onehot(right: np.ndarray) -> np.ndarray:
+    """[N, 2] predictions of label 0 (right) or 1 (wrong), at confidence 0.8."""
+    return np.where(right[:, None], [[0.8, 0.2]], [[0.2, 0.8]])
 
 
 def test_excludes_zero_is_strict():
     assert Interval(0.01, 0.2).excludes_zero and Interval(-0.2, -0.01).excludes_zero
     assert not Interval(0.0, 0.2).excludes_zero and not Interval(-0.1, 0.0).excludes_zero
+
+
+def test_calibration_interval_is_centred_on_the_estimate_and_reaches_zero_under_the_null():
+    values = np.array([0.10, 0.12, 0.14, 0.16, 0.18])  # resamples running 0.04 above the estimate
+    moved = calibration_interval(values, 0.10, None)
+    want = percentile_interval(values - 0.04)
+    assert (moved.lo, moved.hi) == pytest.approx((want.lo, want.hi))
+    calibrated = np.linspace(0.0, 0.2, 101)  # a calibrated predictor reaches 0.19 in 5% of draws
+    assert calibration_interval(values, 0.10, calibrated).lo == 0.0
+    assert calibration_interval(values, 0.10, calibrated / 10).lo == pytest.approx(want.lo)
+    assert calibration_interval(values - 0.2, 0.01, None).lo == 0.0  # never below 0
+
+
+def test_max_t_critical_by_hand():
+    # one hypothesis, resamples symmetric about the observed 1.0 with sd 1: |t| = 0, 0, 1.2247.., ...
+    diffs = np.array([[1.0, 1.0, 1.0 - np.sqrt(1.5), 1.0 + np.sqrt(1.5)]])
+    t = np.abs(diffs[0] - 1.0) / diffs[0].std(ddof=1)
+    assert max_t_critical(np.array([1.0]), diffs) == pytest.approx(np.quantile(t, 0.95))
+    # two hypotheses: the max over them on each resample
+    two = np.stack([diffs[0], diffs[0][::-1] * 2])
+    t2 = np.maximum(t, np.abs(two[1] - 2.0) / two[1].std(ddof=1))
+    assert max_t_critical(np.array([1.0, 2.0]), two) == pytest.approx(np.quantile(t2, 0.95))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -90,6 +92,33 @@ def test_ece_matches_explicit_bin_loop(rng):
         if sel.any():
             total += sel.mean() * abs(correct[sel].mean() - conf[sel].mean())
     assert M.ece(p, label) == pytest.approx(total)
+
+
+def test_ece_debiased_hand_case_and_kumar_monte_carlo():
+    """Bin (0.85, 0.9]: confidences .9 .9 .9 .9, right twice -> gap -.4, sd sqrt(.25 / 4) = .25; bin
+    (0.65, 0.7]: one right answer -> acc 1, sd 0, no correction. Debiased term 2|g| - E|N(g, sd^2)|."""
+    p = np.array([[0.9, 0.1]] * 4 + [[0.3, 0.7]])
+    label = np.array([0, 0, 1, 1, 1])
+    g, sd = -0.4, 0.25
+    phi = 0.5 * (1 + math.erf((-g / sd) / math.sqrt(2)))  # P(N(0,1) < -g / sd)
+    folded = sd * math.sqrt(2 / math.pi) * math.exp(-0.5 * (g / sd) ** 2) + g * (1 - 2 * phi)
+    expected = 4 / 5 * (2 * 0.4 - folded) + 1 / 5 * 0.3
+    assert M.ece_debiased(p, label) == pytest.approx(expected, abs=1e-12)
+    assert M.ece_debiased(p, label) < M.ece(p, label)  # the plug-in runs high
+    # Kumar et al.'s own form: 2 x plug-in - mean plug-in over normal draws of each bin's accuracy
+    draws = np.random.default_rng(0).normal([0.5, 1.0], [sd, 0.0], size=(400_000, 2))
+    mc = 2 * M.ece(p, label) - (np.abs(draws - [0.9, 0.7]) @ [4 / 5, 1 / 5]).mean()
+    assert M.ece_debiased(p, label) == pytest.approx(mc, abs=2e-3)
+
+
+def test_ece_debiased_is_clipped_at_zero_and_registered():
+    p = np.array([[0.55, 0.45]] * 30)  # 17 of 30 right at confidence .55: gap .017, well inside its sd .09
+    label = np.array([0] * 17 + [1] * 13)
+    assert M.ece_debiased(p, label) == 0.0 < M.ece(p, label)
+    assert (
+        M.METRICS["ece"].compute(M.EvalArrays(p, p[:, None], np.ones((20, 1)), label, np.eye(2)[label]))
+        == 0.0
+    )
 
 
 def test_nll_and_brier_hand_cases():

@@ -46,7 +46,7 @@ GOLDEN_MAIN = """\
 | WALLA I | – | **100.00 ± 0.00** | **30.66 ± 7.12** | 100.00 ± 0.00 | **90.00 ± 127.06** | **8.25 ± 2.28** |
 
 Values ×100: mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test questions (below); bold = best aggregation method per column (individual agents excluded).\\
-[lo, hi]: 95% percentile interval from a paired bootstrap over the 5 test questions (1000 resamples with replacement, numpy default_rng(18); on each resample the metric is computed per seed and averaged over seeds; every row uses the same resamples). † : the 95% paired-bootstrap interval of the difference to UniformAvg excludes 0; ‡ : the same vs the column's best baseline, the learning-free or learning-based row with the best mean in the column's direction (AUC UniformAvg, ACC UniformAvg, ECE UniformAvg, K-Tau UniformAvg, DRegret UniformAvg). A mark says the difference is larger than the questions' sampling noise, in either direction; it holds the trained seeds fixed, so a marked difference inside the seed intervals (±) is still within training noise. No brackets: the metric is undefined on some resample (e.g. AUC when every drawn prediction is right), so neither an interval nor a mark is given.\\
+[lo, hi]: 95% percentile interval from a paired bootstrap over the 5 test questions (1000 resamples with replacement, numpy default_rng(18); on each resample the metric is computed per seed and averaged over seeds; every row uses the same resamples); ECE is the debiased binned estimator (Kumar et al. 2019), its interval the resamples centred on the estimate, with lower end 0 when the estimate is within what a perfectly calibrated predictor with the same confidences shows in 95% of label draws (1000 draws, numpy default_rng(19)). † : the row differs from UniformAvg; no ‡: this scenario has no validation questions to choose the reference on. A mark is shown when the difference's simultaneous 95% interval over the column's family excludes 0 (max-statistic bootstrap over the paired differences), and so does its unadjusted interval (in the CSV); the family is every row compared in this column against either reference, so the chance of any false mark in a column is at most 5%. Direction is either way; the marks hold the trained seeds fixed, so a marked difference inside the seed intervals (±) is still within training noise. No brackets: the metric is undefined on some resample (e.g. AUC when every drawn prediction is right), so neither an interval nor a mark is given.\\
 – : undefined on every seed (e.g. AUC when all test predictions are right, or all wrong).\\
 – (MRR): equal weights rank the agents by slot order only (SPEC §10.10), so MRR is not shown.
 """  # noqa: E501
@@ -118,6 +118,12 @@ def test_golden_tables(tmp_path):
         assert row in hard
     assert GOLDEN_WAGERS in to_markdown(_table(result, "wagers"))
     assert not result.problems
+    header = (tmp_path / "out" / "tables.md").read_text().split("## Scenario")[0]
+    assert "Marks: marks control the family-wise error at 5% per column of a table" in header
+    assert (
+        "‡ reference: per column, the learning-free or learning-based baseline with the best mean on the "
+        in header
+    )
     # the report file holds the same tables; .tex and .csv sit next to it
     md = (tmp_path / "out" / "tables.md").read_text()
     assert GOLDEN_MAIN in seed_parts(md) and "## Missing runs" not in md
@@ -127,7 +133,7 @@ def test_golden_tables(tmp_path):
         r"\toprule" in tex
         and r"\textbf{100.00}\tiny{$\pm$0.00}\,\tiny{[100.00, 100.00]}" in tex
         and r"90.00}\tiny{$\pm$127.06}\,\tiny{[" in tex
-        and r"$^{\dagger\ddagger}$" in tex
+        and r"$^{\dagger}$" in tex  # no ‡ without validation questions; †‡: test_eval_significance.py
     )
     rows = list(csv.DictReader((tmp_path / "out" / "tables.csv").open()))
     acc = next(

@@ -9,54 +9,65 @@ from pathlib import Path
 import numpy as np
 import pytest
 from eval_fixtures import write_run, write_scenario
-from walla.evaluate.bootstrap import percentile_interval, resample_indices
+from walla.evaluate.bootstrap import calibration_interval, percentile_interval, resample_indices
 from walla.evaluate.metrics import EvalArrays, compute_metrics
 from walla.evaluate.report import EvalConfig, run
 from walla.evaluate.tables import to_latex, to_markdown
 from walla.store.schema import VARIANT_CODE
 
-N = 200  # test questions (plus one train row)
+N = 200  # test questions (after one train row and V validation rows)
+V = 60  # validation questions: the ‡ reference is chosen on them
 SEEDS = (1, 2)
+TEST = slice(1 + V, None)
 
 
-def _predicting(right: np.ndarray, label: np.ndarray, confidence: float = 0.7) -> np.ndarray:
-    """[N, 2] predictions that are right exactly where `right` is True, at the given confidence."""
+def _predicting(right: np.ndarray, label: np.ndarray, confidence: float | np.ndarray = 0.7) -> np.ndarray:
+    """[N, 2] predictions that are right exactly where `right` is True, at the given confidence(s)."""
     pick = np.where(right, label, 1 - label)
-    p = np.full((len(label), 2), 1 - confidence)
+    confidence = np.broadcast_to(confidence, label.shape)
+    p = np.stack([1 - confidence, 1 - confidence], axis=1)
     p[np.arange(len(label)), pick] = confidence
     return p
 
 
 def make_runs(root: Path, calibrated: bool = False) -> tuple[Path, dict]:
     """UniformAvg (about 50% right), StackedGen (60% right), WALLA I (90%: StackedGen's right answers and
-    more), WALLA II (StackedGen with 2 answers fixed and 2 broken: the same accuracy, noise only)."""
+    more; its second seed breaks 10 of them, so the seeds differ), WALLA II (StackedGen with 2 answers
+    fixed and 2 broken: the same accuracy, noise only); a validation split on which StackedGen is the best
+    baseline."""
     rng = np.random.default_rng(0)
-    label = rng.integers(0, 2, N + 1)
-    probs = rng.dirichlet([1.0, 1.0], size=(N + 1, 2))  # [N+1, 2 agents, 2 options]
-    split = ["train"] + ["test"] * N
-    variant = np.zeros((N + 1, 2), dtype=np.int8)
+    rows = 1 + V + N
+    label = rng.integers(0, 2, rows)
+    probs = rng.dirichlet([1.0, 1.0], size=(rows, 2))  # [rows, 2 agents, 2 options]
+    split = ["train"] + ["val"] * V + ["test"] * N
+    variant = np.zeros((rows, 2), dtype=np.int8)
     variant[::2, 0] = VARIANT_CODE["relevant"]  # agent 1 holds the relevant context on every other question
     runs = root / "runs"
     write_scenario(runs, "sig", probs, label, split, ["alpha", "beta"], variant=variant)
-    order = rng.permutation(N + 1)
-    base = np.zeros(N + 1, dtype=bool)
-    base[order[: int(0.6 * (N + 1))]] = True
+    order = rng.permutation(rows)
+    base = np.zeros(rows, dtype=bool)
+    base[order[: int(0.6 * rows)]] = True
     better = base.copy()
-    better[order[: int(0.9 * (N + 1))]] = True
+    better[order[: int(0.9 * rows)]] = True
+    worse = better.copy()  # WALLA I's second seed
+    worse[1 + V + np.flatnonzero(better[TEST])[:10]] = False
     noise = base.copy()
-    flip = 1 + np.r_[np.flatnonzero(base[1:])[:2], np.flatnonzero(~base[1:])[:2]]  # test rows only
+    flip = 1 + V + np.r_[np.flatnonzero(base[TEST])[:2], np.flatnonzero(~base[TEST])[:2]]  # test rows only
     noise[flip] = ~noise[flip]
-    w = np.tile([0.6, 0.4], (N + 1, 1))
+    w = np.tile([0.6, 0.4], (rows, 1))
     agg = {
         "uniform": probs.mean(1),
         "stacked-gen": _predicting(base, label),
         "walla-i": _predicting(better, label),
         "walla-ii": _predicting(noise, label),
     }
+    walla_i = {SEEDS[0]: agg["walla-i"], SEEDS[1]: _predicting(worse, label, np.where(worse, 0.85, 0.65))}
+    walla_w = {SEEDS[0]: w, SEEDS[1]: np.tile([0.3, 0.7], (rows, 1))}
     for seed in SEEDS:
-        write_run(runs, "sig", "uniform", seed, np.full((N + 1, 2), 0.5), agg["uniform"], split)
-        for method in ("stacked-gen", "walla-i", "walla-ii"):
+        write_run(runs, "sig", "uniform", seed, np.full((rows, 2), 0.5), agg["uniform"], split)
+        for method in ("stacked-gen", "walla-ii"):
             write_run(runs, "sig", method, seed, w, agg[method], split)
+        write_run(runs, "sig", "walla-i", seed, walla_w[seed], walla_i[seed], split)
         if calibrated:
             cal = probs ** (1 / 1.5)
             cal /= cal.sum(-1, keepdims=True)
@@ -66,7 +77,15 @@ def make_runs(root: Path, calibrated: bool = False) -> tuple[Path, dict]:
             }
             cal_agg = np.einsum("nm,nmk->nk", w, cal)
             write_run(runs, "sig", "walla-i-cal", seed, w, cal_agg, split, agent_probs=cal, run_meta=meta)
-    return runs, {"label": label, "probs": probs, "agg": agg, "w": w, "better": better}
+    return runs, {
+        "label": label,
+        "probs": probs,
+        "agg": agg,
+        "w": w,
+        "better": better,
+        "walla-i": walla_i,
+        "walla-w": walla_w,
+    }
 
 
 def _report(tmp_path: Path, calibrated: bool = False):
@@ -78,10 +97,14 @@ def _report(tmp_path: Path, calibrated: bool = False):
 
 def test_marks_for_a_clear_win_and_none_for_noise(tmp_path):
     _, main, rows, data = _report(tmp_path)
-    assert main.baselines["accuracy"] == "StackedGen"  # WALLA rows are never the baseline
+    assert (
+        main.baselines["accuracy"] == "StackedGen"
+    )  # best on validation; WALLA rows are never the reference
+    assert rows["StackedGen"].validation["accuracy"] > rows["UniformAvg"].validation["accuracy"]
+    assert rows["WALLA I"].validation == {}  # not a candidate: not even read on validation
     acc = {label: row.cells["accuracy"] for label, row in rows.items()}
-    assert acc["WALLA I"].summary.mean == pytest.approx(data["better"][1:].mean())
-    assert acc["WALLA I"].marks == "†‡"  # 90% vs ~50% and vs 60% on 200 questions: far outside the noise
+    assert acc["WALLA I"].summary.mean == pytest.approx(data["better"][TEST].mean() - 5 / N)
+    assert acc["WALLA I"].marks == "†‡"  # 85% vs ~50% and vs 60% on 200 questions: far outside the noise
     assert acc["WALLA II"].summary.mean == acc["StackedGen"].summary.mean  # 2 fixed, 2 broken answers
     assert "‡" not in acc["WALLA II"].marks  # noise: the paired interval of the difference holds 0
     assert acc["WALLA II"].vs["best"].lo < 0 < acc["WALLA II"].vs["best"].hi
@@ -90,26 +113,41 @@ def test_marks_for_a_clear_win_and_none_for_noise(tmp_path):
     assert acc["UniformAvg"].vs["uniform"].lo == acc["UniformAvg"].vs["uniform"].hi == 0.0
     assert "†" not in acc["UniformAvg"].marks and "‡" not in acc["StackedGen"].marks
     md = to_markdown(main)
-    assert "(AUC " in md and "ACC StackedGen" in md and "1000 resamples" in md
+    assert "ACC StackedGen" in md and "1000 resamples" in md and "on the 60 validation questions" in md
+    assert r"$^{\dagger\ddagger}$" in to_latex(main)  # both marks in one superscript
+    # every shown mark has both its unadjusted and its simultaneous interval excluding 0; the simultaneous
+    # one is the wider
+    for cell in (c for r in main.rows for c in r.cells.values()):
+        for key in cell.significant:
+            assert cell.vs[key].excludes_zero and cell.sim[key].excludes_zero
+        for key, sim in cell.sim.items():
+            assert sim.lo <= cell.vs[key].lo + 1e-12 or sim.hi >= cell.vs[key].hi - 1e-12
 
 
 def test_question_interval_is_the_seed_mean_on_explicit_resamples(tmp_path):
-    """The report's brackets equal a direct computation: every metric of every seed recomputed on each
-    resample's rows (compute_metrics), averaged over seeds, 2.5% / 97.5% percentiles."""
+    """The report's brackets equal a direct computation: every metric of each (differing) seed recomputed
+    on each resample's rows (compute_metrics), averaged over the seeds, 2.5% / 97.5% percentiles (ECE:
+    the calibration interval of those same values)."""
     _, main, rows, data = _report(tmp_path)
-    test = slice(1, None)
-    label = data["label"][test]
-    f32 = {
-        k: np.asarray(data[k][test], dtype=np.float32) for k in ("probs", "w")
-    }  # as the run files hold them
-    agg = np.asarray(data["agg"]["walla-i"][test], dtype=np.float32)
-    arrays = EvalArrays(agg, f32["probs"], f32["w"], label, np.eye(2, dtype=np.float32)[label])
-    per_resample = [compute_metrics(arrays.subset(idx)) for idx in resample_indices(N)]
+    label = data["label"][TEST]
+    probs = np.asarray(data["probs"][TEST], dtype=np.float32)  # as the run files hold them
+    per_seed = []
+    for seed in SEEDS:
+        agg = np.asarray(data["walla-i"][seed][TEST], dtype=np.float32)
+        w = np.asarray(data["walla-w"][seed][TEST], dtype=np.float32)
+        arrays = EvalArrays(agg, probs, w, label, np.eye(2, dtype=np.float32)[label])
+        per_seed.append([compute_metrics(arrays.subset(idx)) for idx in resample_indices(N)])
     for col in main.columns:
-        values = np.array([r[col.key] for r in per_resample])  # both seeds are identical runs
-        want = percentile_interval(values)
-        got = rows["WALLA I"].cells[col.key].boot
-        assert (got.lo, got.hi) == pytest.approx((want.lo, want.hi), abs=1e-12), col.key
+        by_seed = np.array([[r[col.key] for r in resamples] for resamples in per_seed])  # [S, B]
+        assert not np.allclose(by_seed[0], by_seed[1]), col.key  # the seeds differ on every metric
+        values = by_seed.mean(0)
+        cell = rows["WALLA I"].cells[col.key]
+        assert cell.resamples == pytest.approx(values, abs=1e-12), col.key
+        if col.key == "ece":
+            want = calibration_interval(values, cell.summary.mean, cell.draws)
+        else:
+            want = percentile_interval(values)
+        assert (cell.boot.lo, cell.boot.hi) == pytest.approx((want.lo, want.hi), abs=1e-12), col.key
 
 
 def test_calibrated_rows_sit_in_their_own_block_and_are_not_compared_on_agent_metrics(tmp_path):
@@ -147,6 +185,9 @@ def test_csv_carries_intervals_and_marks(tmp_path):
     )
     assert float(walla["boot_lo"]) < float(walla["mean"]) < float(walla["boot_hi"])
     assert float(walla["vs_best_lo"]) > 0
+    # the simultaneous interval (family-wise) is wider than the unadjusted one, and also excludes 0 here
+    assert 0 < float(walla["vs_best_sim_lo"]) < float(walla["vs_best_lo"])
+    assert float(walla["vs_best_sim_hi"]) > float(walla["vs_best_hi"])
     noise = rows[("WALLA II", "accuracy")]
     assert noise["vs_best_sig"] == "0" and float(noise["vs_best_lo"]) < 0 < float(noise["vs_best_hi"])
     mrr = rows[("UniformAvg", "mrr")]  # not shown ("–"), so not compared
