@@ -43,7 +43,10 @@ COMMANDS = {  # the one list of walla's subcommands: name -> where it lives, its
         "Parity of option probabilities, hidden states and prompt NLL across backends (exit 1 beyond "
         "tolerance).",
     ),
-    "market": Lazy("walla.market.cli:market_app", "A live wagering market: walla market --help."),
+    "market": Lazy(
+        "walla.market.cli:market_app",
+        "A live wagering market: its ledger, HTTP server, live agents and replays.",
+    ),
     "demo": Lazy(
         "walla.cli.demo:app",
         "The offline demo of `make demo`: extract two embedded LLMs, train three scenarios, report.",

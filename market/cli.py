@@ -43,7 +43,7 @@ market_app = typer.Typer(
 
 @market_app.callback()
 def _market() -> None:
-    """walla market: a live wagering market"""
+    """A live wagering market: its ledger, HTTP server, live agents and replays."""
 
 
 def run_market(argv: list[str], prog: str = "walla market") -> int:
