@@ -19,7 +19,8 @@ from walla.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "manifests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-START = re.compile(r"^(\$ )?walla(-(extract|store|train|eval|market))?( (?![\w-]+:)|$)")  # not `walla x: output`
+# a command line; not a line of output (`walla demo: done in 534 s`)
+START = re.compile(r"^(\$ )?walla(-(extract|store|train|eval|market))?( (?![\w-]+:)|$)")
 OLD = re.compile(r"^(\$ )?walla-(extract|store|train|eval|market)\b")
 
 
