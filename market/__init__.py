@@ -4,8 +4,8 @@
     payouts.py     a round's payouts and pooled forecast, through walla.train.mechanism (never re-derived)
     validation.py  request bodies -> checked values, or one ClientError naming the field
     server.py      the FastAPI app (HTTP API + the operator's dashboard)
-    cli.py         the `walla` / `walla market` root: mounts cli_operator (init, serve, add-agent),
-                   cli_agent (agent) and cli_replay (replay); `walla check` from walla.extract
+    cli.py         the `walla market` group (lazy, under the `walla` root of walla.cli): cli_operator
+                   (init, serve, add-agent), cli_agent (agent) and cli_replay (replay)
     client.py      a small httpx client of the API (agents, replay, load test)
     head.py        one agent's trained WALLA head (a run's state.pt), frozen or learning from its payouts
     agent.py       the live agent: LLM features (walla's extraction backends) -> head -> report

@@ -27,17 +27,7 @@ from rich.markup import escape
 
 app = typer.Typer(add_completion=False, help="walla train stage: fit every method x seed of a scenario.")
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-USER_ERRORS = (
-    ValueError,
-    KeyError,
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    RuntimeError,
-    OSError,
-    ModuleNotFoundError,
-)
+USER_ERRORS = (ValueError, KeyError, RuntimeError, OSError, ModuleNotFoundError)  # ConfigError: a ValueError
 
 
 def _fail(msg: str) -> None:
@@ -120,7 +110,7 @@ def train(
     except KeyboardInterrupt:  # finished runs are complete on disk; the interrupted one has no run.json
         err.print("interrupted; finished runs are kept, rerun to continue")
         raise typer.Exit(130) from None
-    except USER_ERRORS as e:  # ConfigError is a ValueError: one line per problem, naming the option
+    except USER_ERRORS as e:  # one line (a ConfigError: one per problem), naming the option
         if debug:
             raise
         _fail(str(e.args[0] if isinstance(e, KeyError) and e.args else e))
