@@ -17,6 +17,7 @@ from walla.cli.main import COMMANDS, app
 from walla.extract.backends.registry import BACKEND_KINDS
 from walla.extract.cli import app as extract_app
 from walla.market.cli import COMMANDS as MARKET_COMMANDS
+from walla.market.server import MAX_BODY
 
 
 def _first_paragraph(text: str) -> str:
@@ -113,3 +114,10 @@ def test_demo_runs_every_step_and_stops_at_the_first_failure(tmp_path, monkeypat
     assert run(app, [*argv[:-1], "no-such-scenario"], "walla") == 2  # train's exit code; eval never ran
     captured = capfd.readouterr()
     assert "no such scenario 'no-such-scenario'" in captured.err and "walla demo: done" not in captured.out
+
+
+def test_market_serve_help_states_the_servers_max_body():
+    """`--max-body` defaults to the server's MAX_BODY, named in words (server.py imports FastAPI)."""
+    serve = load(MARKET_COMMANDS["serve"])
+    (opt,) = [p for p in serve.params if p.name == "max_body"]
+    assert f"default: {MAX_BODY}," in opt.help
