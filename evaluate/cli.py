@@ -1,6 +1,8 @@
-"""Command line of the `evaluate` stage (typer). Thin: parse, validate, call report.run().
+"""`walla eval`, the command line of the `evaluate` stage (typer). Thin: options -> EvalConfig -> report.run().
 
-walla-eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
+walla eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
+
+The options are EvalConfig's fields (evaluate/config.py), by the same names. `walla-eval` is the same command.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
-from walla.evaluate.report import EvalConfig, key_summary, problem_summary, run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla evaluate stage")
 CAPTION = (
@@ -31,19 +32,26 @@ def main_command(
     report: Path = typer.Option(
         ..., "--report", help="Markdown report to write; .tex/.csv/PNGs go next to it"
     ),
-    scenario: list[str] = typer.Option([], "--scenario", help="scenario name under --runs (repeatable)"),
-    runs: Path = typer.Option(Path("runs"), "--runs", help="runs directory written by walla-train"),
-    no_plots: bool = typer.Option(False, "--no-plots", help="tables only"),
+    scenarios: list[str] = typer.Option([], "--scenario", help="scenario name under --runs (repeatable)"),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="runs directory written by walla train"),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="--no-plots: tables only"),
 ) -> None:
-    """Metrics with 95% intervals over seeds and over test questions (paired bootstrap, with significance
-    marks), the paper's tables (.md/.tex/.csv) and plots, from saved runs.
+    """Metrics with 95% intervals, the paper's tables (.md/.tex/.csv) and plots, from saved runs.
 
-    Exit 1 when a run or scenario file is unreadable (the report is still written without it).
+    Intervals over seeds and over test questions (paired bootstrap, with significance marks). Exit 1 when a
+    run or scenario file is unreadable (the report is still written without it).
     """
+    options = dict(locals())  # every option above, named as EvalConfig's fields
+    # the config and the recipe (torch, scipy) are imported when the command runs: walla.cli.lazy
+    from walla.evaluate.config import EvalConfig
+    from walla.evaluate.report import key_summary, problem_summary, run
+    from walla.manifests.validate import build
+
     console = Console()
-    if report.suffix.lower() != ".md":
-        raise _fail(f"--report {report}: expected a .md path (.tex/.csv are written beside it)", 2)
-    cfg = EvalConfig(report=report, runs=runs, scenarios=tuple(scenario), plots=not no_plots)
+    try:
+        cfg = build(EvalConfig, options, where="command line")
+    except ValueError as e:
+        raise _fail(e, 2) from None
     try:
         result = run(cfg)
     except (OSError, ValueError) as e:
@@ -71,7 +79,3 @@ def main_command(
         raise _fail(f"{unreadable[0].line()} ({problem_summary(result.problems)}, listed in {report})", 1)
     if result.problems:
         typer.echo(f"warning: {problem_summary(result.problems)} (listed in {report})", err=True)
-
-
-def main() -> None:
-    app(prog_name="walla-eval")

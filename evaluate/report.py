@@ -1,7 +1,7 @@
 """The evaluation recipe: saved runs -> metrics per seed -> mean ± 95% CI over seeds and over test questions
 -> tables (.md/.tex/.csv) + PNGs.
 
-    walla-eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
+    walla eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
 
 Reads top to bottom: find scenarios, load their runs (load.py), compute every metric of every run on the
 test split and on the hard subset (metrics.py), summarize over seeds (aggregate.py) and over question
@@ -45,6 +45,7 @@ from walla.evaluate.bootstrap import (
     row_resamples,
 )
 from walla.evaluate.compute import ScenarioCompute, compute_table, scenario_compute
+from walla.evaluate.config import EvalConfig
 from walla.evaluate.load import Problem, Run, ScenarioRuns, list_scenarios, load_scenario_runs, orphan_runs
 from walla.evaluate.metrics import (
     EXTRA_COLUMNS,
@@ -72,7 +73,6 @@ from walla.evaluate.tables import (
     to_markdown,
 )
 from walla.evaluate.validation import Validation, row_validation, validation_scores
-from walla.manifests.validate import config
 from walla.store.schema import VARIANT_CODE
 
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
@@ -81,14 +81,6 @@ NOTE_VALUES = (
     "Values ×100: mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test questions "
     "(below); bold = best aggregation method per column (individual agents excluded)."
 )
-
-
-@config  # the one config validator of every stage (walla.manifests.validate)
-class EvalConfig:
-    report: Path  # the Markdown report; .tex, .csv and PNGs are written next to it
-    runs: Path = Path("runs")
-    scenarios: tuple[str, ...] = ()  # empty: every scenario under runs
-    plots: bool = True
 
 
 Views = dict[str, EvalArrays]  # subset -> the arrays one agent / one run is scored on

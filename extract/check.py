@@ -1,4 +1,5 @@
-"""`walla check`: the same questions through each backend -> one parity table + a JSON report.
+"""`walla check` (command line: extract/cli_check.py): the same questions through each backend -> one parity
+table + a JSON report.
 
     walla check --model smollm2-135m --dataset arc-challenge --data-file ARC-Challenge-Dev.jsonl --limit 50
     walla check ... --dtype bfloat16       # reduced precision: tolerances measured in the same run
@@ -26,27 +27,19 @@ cosine (min); |Δ prompt NLL| (max). Exit 1 when a judged row is outside its tol
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
-import typer
 from walla.extract.backends import Backend, BackendRequest
 from walla.extract.backends.hf import explain_dtype
 from walla.extract.backends.registry import backend_kind
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template, load_dataset_table
-from walla.extract.hub import HubUnavailableError
 from walla.extract.models import resolve_model
 from walla.extract.prompts import build_prompts, get_template
 from walla.extract.run import _lookup, backend_request, dataset_request
 from walla.extract.scoring import resolve_option_token_ids
 from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
-from walla.manifests.validate import build
 
 # float32: fixed bounds, ~100x the measured float32 differences (vllm vs hf max |Δlp| 5.6e-05, hf batch=1 vs
 # hf 3.1e-05 and max |Δp| 3.2e-06; SmolLM2-135M, ARC dev, CPU). They catch real bugs: a wrong hidden state,
@@ -277,77 +270,3 @@ def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float
         "rows": rows,
         "passed": all(not r["violations"] for r in rows),
     }
-
-
-app = typer.Typer(add_completion=False, help="walla: cross-stage tools")
-
-
-@app.callback()
-def _root() -> None:
-    """walla: cross-stage tools (`walla check`)."""
-
-
-@app.command()
-def check(
-    model: str = typer.Option(..., help="model name from manifests/models.yaml"),
-    dataset: str = typer.Option(..., help="dataset name from manifests/datasets.yaml"),
-    data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
-    limit: int = typer.Option(50, help="first N questions"),
-    backends: str = typer.Option("hf,vllm", help="comma list of backends to compare with hf batched"),
-    dtype: str = typer.Option(
-        "float32", help="float32 (the sharp comparison) | bfloat16 | float16 | auto (measured)"
-    ),
-    device: str = typer.Option(None, help="cpu | cuda for the hf backend (default: cpu)"),
-    report: Path = typer.Option(Path("walla-check.json"), help="where the JSON report goes"),
-    tie_gap: float = typer.Option(TIE_GAP, "--tie-gap", help="near-tie: top-2 option probability gap below"),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="vllm: context length"),
-    gpu_memory_utilization: float = typer.Option(
-        None, "--gpu-memory-utilization", help="vllm: memory fraction"
-    ),
-) -> None:
-    """Parity of option probabilities, hidden states and prompt NLL across backends (exit 1 beyond tolerance)."""
-    logging.basicConfig(level=logging.WARNING, format="walla check: %(message)s")
-    names = [b.strip() for b in backends.split(",") if b.strip()]
-    try:
-        options = dict(
-            model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype, device=device
-        )
-        vllm_opts = {"max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization}
-        cfg = build(ExtractConfig, {**options, "progress": False, **vllm_opts}, where="command line")
-        bad = [b for b in names if b not in ("hf", "vllm", "dummy")]
-        if bad:
-            raise ValueError(f"--backends: unknown {', '.join(bad)} (expected hf, vllm)")
-        if not 0 <= tie_gap < 1:
-            raise ValueError(f"--tie-gap must be in [0, 1), got {tie_gap}")
-        result = run_check(replace(cfg, backend=None), names, out=typer.echo, tie_gap=tie_gap)
-    except KeyError as e:
-        typer.echo(f"walla check: error: {e.args[0] if e.args else e}", err=True)
-        raise typer.Exit(2) from None
-    except HubUnavailableError as e:
-        typer.echo(f"walla check: error: {e}", err=True)
-        raise typer.Exit(3) from None
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        typer.echo(f"walla check: error: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(format_table(result["rows"]))
-    report.write_text(json.dumps(result, indent=2) + "\n")
-    verdict = "PASS" if result["passed"] else "FAIL"
-    how = (
-        f"vllm within {result['noise_factor']:g}x hf's own noise (hf padded, hf float32)"
-        if result["noise_factor"]
-        else "float32 tolerances"
-    )
-    typer.echo(
-        f"{verdict} ({result['dtype']}, {how}; near-tie gap {result['tie_gap']:g}: {result['tolerances']}); "
-        f"report {report}"
-    )
-    if not result["passed"]:
-        raise typer.Exit(1)
-
-
-def main() -> None:
-    app(prog_name="walla")
-
-
-if __name__ == "__main__":  # vLLM spawns engine processes: run only as a program
-    sys.exit(main())

@@ -16,12 +16,6 @@ import sys
 from pathlib import Path
 
 import typer
-from walla.extract.backends.registry import BACKEND_KINDS, DEFAULT_BACKEND
-from walla.extract.config import ExtractConfig
-from walla.extract.hub import HubUnavailableError
-from walla.extract.run import run
-from walla.manifests.validate import build
-from walla.store.files import describe_os_error
 
 app = typer.Typer(add_completion=False, help="walla extract stage: LLM features of a dataset into the store")
 
@@ -42,7 +36,7 @@ def extract(
     ),
     backend: str = typer.Option(
         None,
-        help=f"{' | '.join(BACKEND_KINDS)} (default: the model's manifest hint; {DEFAULT_BACKEND} where it cannot run)",
+        help="hf | vllm (default: the model's manifest hint; hf where it cannot run)",  # tests/cli: registry's
     ),
     data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
     split: str = typer.Option(None, help="source split to read (e.g. test for cais/mmlu)"),
@@ -101,6 +95,13 @@ def extract(
     ),
 ) -> None:
     """Extract option log-probs, last-token hidden states and prompt NLL for every prompt variant."""
+    # the config and the recipe (torch, transformers) are imported when the command runs: walla.cli.lazy
+    from walla.extract.config import ExtractConfig
+    from walla.extract.hub import HubUnavailableError
+    from walla.extract.run import run
+    from walla.manifests.validate import build
+    from walla.store.files import describe_os_error
+
     logging.basicConfig(level=logging.WARNING, format="walla-extract: %(message)s")
     try:
         options = dict(

@@ -6,8 +6,8 @@
     deps.py        FastAPI dependencies: the ledger, the bearer token's principal, the operator check
     routes/        one APIRouter per resource: rounds, reports, agents
     server.py      the FastAPI app (routers, one-line JSON errors, body limits, the operator's dashboard)
-    cli.py         the `walla` / `walla market` root: mounts cli_operator (init, serve, add-agent),
-                   cli_agent (agent) and cli_replay (replay); `walla check` from walla.extract
+    cli.py         the `walla market` group (lazy, under the `walla` root of walla.cli): cli_operator
+                   (init, serve, add-agent), cli_agent (agent), cli_replay (replay), cli_audit (audit, export)
     client.py      a small httpx client of the API (agents, replay, load test)
     head.py        one agent's trained WALLA head (a run's state.pt), frozen or learning from its payouts
     agent.py       the live agent: LLM features (walla's extraction backends) -> head -> report

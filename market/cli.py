@@ -1,64 +1,62 @@
-"""The root of the `walla` and `walla-market` commands: it mounts one CLI module per command group.
+"""`walla market`: the market's command group, one CLI module per kind of command, each loaded when it runs.
 
     walla market init | serve | add-agent      walla.market.cli_operator (the ledger and its server)
     walla market agent                         walla.market.cli_agent (one live agent)
     walla market replay                        walla.market.cli_replay (a trained scenario, live)
     walla market audit | export                walla.market.cli_audit (verify a ledger; write it as Parquet)
-    walla check                                walla.extract.check (unchanged)
 
-`walla-market ...` is `walla market ...`. Every error is one line on stderr and exit 1; bad usage
-(unknown command or option, a value of the wrong type) is one line and exit 2.
+The group is lazy (walla.cli.lazy): `walla market --help` and `walla market serve --help` import neither
+FastAPI nor SQLAlchemy nor torch. `walla-market ...` is `walla market ...`. Every error is one line on
+stderr and exit 1; bad usage (unknown command or option, a value of the wrong type) is one line and exit 2.
 """
 
 from __future__ import annotations
 
-import sys
-
 import typer
-from typer.exceptions import TyperException
-from walla.extract import check
-from walla.market import cli_agent, cli_audit, cli_operator, cli_replay
+from walla.cli.lazy import Lazy, lazy_group, run
+
+_OPERATOR = "walla.market.cli_operator:app"
+COMMANDS = {  # command -> its module's app; the help line is the command's own (tests/cli checks)
+    "init": Lazy(
+        _OPERATOR, "Create the ledger's tables and the operator (its token is printed once).", "init"
+    ),
+    "add-agent": Lazy(
+        _OPERATOR, "Register an agent; prints its token once (only a hash is stored).", "add-agent"
+    ),
+    "serve": Lazy(_OPERATOR, "Serve the market's HTTP API and dashboard (GET /) on one ledger.", "serve"),
+    "agent": Lazy(
+        "walla.market.cli_agent:app",
+        "Run one agent: report on every open round with the LLM's forecast and the head's wager; learn.",
+    ),
+    "replay": Lazy(
+        "walla.market.cli_replay:app",
+        "Stream a trained scenario's test split through a live market; check it against walla-train's "
+        "predictions.",
+    ),
+    "audit": Lazy(
+        "walla.market.cli_audit:app",
+        "Verify the event chain and recompute every payout from the stored reports (train/mechanism.py).",
+        "audit",
+    ),
+    "export": Lazy(
+        "walla.market.cli_audit:app",
+        "Write the ledger's tables (reports, resolutions, payouts, events, ...) as Parquet files.",
+        "export",
+    ),
+}
 
 market_app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="walla market: a live wagering market"
+    cls=lazy_group(COMMANDS),
+    add_completion=False,
+    no_args_is_help=True,
 )
-for _group in (cli_operator.app, cli_agent.app, cli_replay.app, cli_audit.app):
-    market_app.add_typer(_group)  # no name: the group's commands join `walla market` directly
-
-walla_app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="walla: cross-stage tools (check, market)"
-)
-walla_app.command("check", help=check.check.__doc__)(check.check)
-walla_app.add_typer(market_app, name="market", help="a live wagering market: walla market --help")
 
 
-def run(app: typer.Typer, argv: list[str], prog: str) -> int:
-    """Run `app` with one-line usage errors (exit 2) instead of click's usage panel; returns the exit code."""
-    command = typer.main.get_command(app)
-    try:
-        rv = command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except TyperException as e:  # click's usage errors (typer vendors click); .ctx names the subcommand
-        message = " ".join(e.format_message().split())
-        if message:  # empty: no arguments at all, and click printed the help already
-            ctx = getattr(e, "ctx", None)
-            where = ctx.command_path if ctx is not None else prog
-            typer.echo(f"{where}: error: {message} (see {where} --help)", err=True)
-        return e.exit_code
-    except (KeyboardInterrupt, EOFError):
-        return 130
-    return rv if isinstance(rv, int) else 0
+@market_app.callback()
+def _market() -> None:
+    """A live wagering market: its ledger, HTTP server, live agents and replays."""
 
 
 def run_market(argv: list[str], prog: str = "walla market") -> int:
     """`walla market <argv>`: the market's commands (the tests call this in-process)."""
     return run(market_app, argv, prog)
-
-
-def main() -> None:
-    """`walla-market ...`"""
-    sys.exit(run_market(sys.argv[1:], "walla-market"))
-
-
-def walla_main() -> None:
-    """`walla ...`"""
-    sys.exit(run(walla_app, sys.argv[1:], "walla"))

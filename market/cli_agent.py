@@ -13,13 +13,8 @@ import logging
 import os
 from pathlib import Path
 
-import httpx
 import typer
-from walla.market.agent import Agent, LLMFeatures
 from walla.market.cli_common import fail
-from walla.market.client import MarketClient, MarketError
-from walla.market.head import AgentHead
-from walla.train.runs import RunFormatError
 
 app = typer.Typer(add_completion=False)
 TOKEN_ENV = "WALLA_MARKET_AGENT_TOKEN"
@@ -70,6 +65,13 @@ def agent(
     ),
 ) -> None:
     """Run one agent: report on every open round with the LLM's forecast and the head's wager; learn."""
+    # the agent's stack (httpx, torch, the extraction backends) is imported when it runs: walla.cli.lazy
+    import httpx
+    from walla.market.agent import Agent, LLMFeatures
+    from walla.market.client import MarketClient, MarketError
+    from walla.market.head import AgentHead
+    from walla.train.runs import RunFormatError
+
     logging.basicConfig(level=logging.INFO, format="walla market agent: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
     if batch_size < 1 or poll <= 0:

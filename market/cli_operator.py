@@ -14,15 +14,14 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-import uvicorn
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from walla.market.cli_common import fail
 from walla.market.errors import ClientError
-from walla.market.ledger import Ledger
-from walla.market.models import agent_name
-from walla.market.server import MAX_BODY, RATE, READ_TIMEOUT_S, create_app
+
+if TYPE_CHECKING:
+    from walla.market.ledger import Ledger
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
@@ -36,6 +35,10 @@ TOKEN_FILE = typer.Option(
 
 def open_ledger(db: str) -> Ledger:
     """The ledger at `db`, or one clear error line (unreachable server, unwritable path, bad URL)."""
+    # SQLAlchemy is imported when a command opens the ledger, not for --help: walla.cli.lazy
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+    from walla.market.ledger import Ledger
+
     path = Path(db)
     if "://" not in db and path.is_dir():
         raise fail(f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL")
@@ -90,6 +93,8 @@ def add_agent(
     name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
 ) -> None:
     """Register an agent; prints its token once (only a hash is stored)."""
+    from walla.market.models import agent_name  # walla.cli.lazy
+
     try:
         name = agent_name(name)
     except ValueError as e:
@@ -119,15 +124,27 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on"),
     port: int = typer.Option(8765, "--port", help="TCP port"),
     operator_token_file: Path = TOKEN_FILE,
-    max_body: int = typer.Option(MAX_BODY, "--max-body", help="largest request body in bytes"),
+    max_body: int = typer.Option(
+        None, "--max-body", help="largest request body in bytes (default: 65536, the server's MAX_BODY)"
+    ),
     rate: float = typer.Option(
-        RATE, "--rate", help="requests per second per token, bursts of 200 (0: no limit)"
+        None,
+        "--rate",
+        help="requests per second per token, bursts of 200 (0: no limit; default: the server's RATE)",
     ),
     read_timeout: float = typer.Option(
-        READ_TIMEOUT_S, "--read-timeout", help="seconds a request body may take to arrive"
+        None,
+        "--read-timeout",
+        help="seconds a request body may take to arrive (default: the server's READ_TIMEOUT_S)",
     ),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
+    import uvicorn  # the server stack is imported when it serves, not for --help: walla.cli.lazy
+    from walla.market.server import MAX_BODY, RATE, READ_TIMEOUT_S, create_app
+
+    max_body = MAX_BODY if max_body is None else max_body
+    rate = RATE if rate is None else rate
+    read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
     if max_body < 1024:
         raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
     if not 0 <= rate < float("inf"):

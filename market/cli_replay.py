@@ -6,12 +6,13 @@ walla market replay --scenario demo-homo-facts --runs runs --store walla-store [
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from walla.market.cli_common import fail
-from walla.market.replay import METRICS, TOLERANCE, ReplayConfig, ReplayResult, replay
-from walla.store.layout import StoreError
-from walla.train.runs import RunFormatError
+
+if TYPE_CHECKING:
+    from walla.market.replay import ReplayResult
 
 app = typer.Typer(add_completion=False)
 
@@ -46,6 +47,11 @@ def replay_command(
     ),
 ) -> None:
     """Stream a trained scenario's test split through a live market; check it against walla-train's predictions."""
+    # the replay (a live server, torch, the trained heads) is imported when it runs: walla.cli.lazy
+    from walla.market.replay import TOLERANCE, ReplayConfig, replay
+    from walla.store.layout import StoreError
+    from walla.train.runs import RunFormatError
+
     if limit is not None and limit < 1:
         raise fail(f"--limit: expected >= 1, got {limit}")
     if batch_size < 1:
@@ -84,6 +90,8 @@ def replay_command(
 
 
 def _print_report(result: ReplayResult, learn: bool) -> None:
+    from walla.market.replay import METRICS  # walla.cli.lazy
+
     diff = ", ".join(f"{k} {v:.2e}" for k, v in result.max_diff.items())
     typer.echo(f"max |live - offline| over {len(result.seeds)} seed(s) of run key {result.key_id}: {diff}")
     live, off = result.mean("live"), result.mean("offline")

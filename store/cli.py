@@ -1,8 +1,11 @@
 """Command line of the `store` stage (typer): what is in a store, is it intact, remove entries.
 
-walla-store ls [--store walla-store]             feature sets + question tables, sizes, rows, status
-walla-store verify [FP_PREFIX ...] [--store ..]  recompute every file checksum; exit 1 naming a bad file
-walla-store rm FP_PREFIX [--store ..] [--yes]    delete a feature set / question table by fingerprint prefix
+walla store ls [--store walla-store]             feature sets + question tables, sizes, rows, status
+walla store verify [FP_PREFIX ...] [--store ..]  recompute every file checksum; exit 1 naming a bad file
+walla store rm FP_PREFIX [--store ..] [--yes]    delete a feature set / question table by fingerprint prefix
+
+`walla-store` is the same command. The store's modules (zarr, polars, fsspec) are imported when a command
+runs, not for --help (walla.cli.lazy).
 """
 
 from __future__ import annotations
@@ -10,27 +13,23 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from walla.store.featureset import (
-    FeatureSetInfo,
-    LockedError,
-    StoreError,
-    list_feature_sets,
-    read_feature_set,
-    remove_feature_set,
-    verify_checksums,
-)
-from walla.store.files import describe_os_error, read_json
-from walla.store.listing import dir_size, remove_dir
-from walla.store.location import Location, as_location, is_remote
-from walla.store.questions import QUESTIONS_DIR, question_table_dirs, read_question_meta, read_question_table
 
-app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="walla store: list, verify and remove feature sets"
-)
+if TYPE_CHECKING:
+    from walla.store.featureset import FeatureSetInfo
+    from walla.store.location import Location
+
+app = typer.Typer(add_completion=False, no_args_is_help=True)
+
+
+@app.callback()
+def _store() -> None:
+    """List, verify and remove feature sets and question tables."""
+
 
 STORE_OPT = typer.Option(
     "walla-store", "--store", help="store directory, or an fsspec URL (s3://bucket/prefix, file:///dir)"
@@ -50,6 +49,9 @@ def _fail(msg: str, code: int = 1) -> None:
 
 def _open_store(where: str, must_exist: bool) -> Location:
     """The store at `where` (a directory or an fsspec URL); a file (or, for verify/rm, nothing) is an error."""
+    from walla.store.files import describe_os_error  # walla.cli.lazy
+    from walla.store.location import as_location
+
     try:
         store = as_location(where)
         _check_store(store, must_exist)
@@ -88,6 +90,9 @@ class _Entry:
 
 
 def _entries(store: Path) -> list[_Entry]:
+    from walla.store.featureset import StoreError, list_feature_sets  # walla.cli.lazy
+    from walla.store.questions import QUESTIONS_DIR, question_table_dirs, read_question_meta
+
     out = [_Entry("features", i.fingerprint, i.path, info=i) for i in list_feature_sets(store)]
     for d in question_table_dirs(store):
         try:
@@ -104,6 +109,10 @@ def _entries(store: Path) -> list[_Entry]:
 @app.command("ls")
 def ls(store: str = STORE_OPT) -> None:
     """List feature sets and question tables: status, rows, hidden size, disk size, creation time."""
+    from walla.store.featureset import StoreError  # walla.cli.lazy
+    from walla.store.files import describe_os_error
+    from walla.store.listing import dir_size
+
     store = _open_store(store, must_exist=False)
     console = _console()
     try:
@@ -195,6 +204,11 @@ def verify(
     store: str = STORE_OPT,
 ) -> None:
     """Recompute the checksum of every file of every complete entry; exit 1 naming the first bad file."""
+    from walla.store.featureset import StoreError, read_feature_set, verify_checksums  # walla.cli.lazy
+    from walla.store.files import describe_os_error, read_json
+    from walla.store.location import is_remote
+    from walla.store.questions import read_question_table
+
     store = _open_store(store, must_exist=True)
     console = _console()
     try:
@@ -252,6 +266,10 @@ def rm(
     all_matches: bool = typer.Option(False, "--all", help="remove every entry the prefix matches"),
 ) -> None:
     """Remove a feature set (complete or not) or a question table by fingerprint prefix."""
+    from walla.store.featureset import LockedError, StoreError, remove_feature_set  # walla.cli.lazy
+    from walla.store.files import describe_os_error
+    from walla.store.listing import remove_dir
+
     console = _console()
     if len(prefix) < 4:
         _fail(f"fingerprint prefix {prefix!r} is too short: give at least 4 characters", 2)
@@ -281,7 +299,3 @@ def rm(
         except OSError as err:
             _fail(describe_os_error(err))
         console.print(f"removed {e.kind} {e.fingerprint} ({e.path})")
-
-
-def main() -> None:
-    app()

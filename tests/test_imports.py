@@ -19,7 +19,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("walla.extract", "walla.store", "walla.train", "walla.evaluate", "walla.manifests", "walla.market")
+STAGES = (
+    "walla.cli",
+    "walla.extract",
+    "walla.store",
+    "walla.train",
+    "walla.evaluate",
+    "walla.manifests",
+    "walla.market",
+)
 PRELOAD = (  # third-party only: a walla module here would hide the cycles this test looks for
     "torch",
     "transformers",

@@ -1,8 +1,12 @@
 """The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/runs.py).
 
-    plan = load_plan("demo-hetero-facts")                       # train/plan.py
+    run(build(TrainConfig, {"scenario": "demo-hetero-facts"}, "command line"))  # what `walla train` does
+    plan = load_plan("demo-hetero-facts")                       # or step by step: train/plan.py
     data = assemble_scenario(plan.scenario, Path("walla-store"))  # store/scenario.py
     results = run_plan(plan, data, "runs", TrainEnv(device="cpu"))
+
+`run(cfg)` resolves the plan (a manifest, a kind built from the store, agents joining), assembles the
+scenario, then calls `run_plan` under a progress bar and prints the summary table.
 
 Read top to bottom:
     1. take the runs directory's lock for this scenario (one walla-train writer at a time);
@@ -28,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -38,14 +43,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from filelock import FileLock, Timeout
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from walla.manifests.validate import to_dict
+from walla.store.location import as_location
+from walla.store.scenario import assemble_scenario
 from walla.store.scenario_data import ScenarioData
 from walla.train import mechanism
 from walla.train.calibration import apply_calibration, fit_calibration
-from walla.train.engine import TrainEnv, save_checkpoint
-from walla.train.loggers import RunLogger
+from walla.train.config import TrainConfig
+from walla.train.engine import TrainEnv, resolve_device, resolve_precision, save_checkpoint
+from walla.train.join import initial_params, joined_plan
+from walla.train.kinds import KINDS, plan_for_kind
+from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
-from walla.train.plan import MethodPlan, TrainPlan
+from walla.train.plan import MethodPlan, Overrides, TrainPlan, load_plan, plan_yaml, with_spec
 from walla.train.runs import (
     LOCK,
     PREDICTIONS,
@@ -378,3 +391,122 @@ def _check_output(out: MethodOutput, data: ScenarioData, name: str) -> None:
             f"method {name!r} returned weights {out.weights.shape} / agg_probs {out.agg_probs.shape}, "
             f"expected ({n}, {m}) / ({n}, {k})"
         )
+
+
+def resolve_plan(cfg: TrainConfig, store: Path) -> tuple[TrainPlan, str | None, TrainPlan, list[int] | None]:
+    """The plan `cfg` asks for: (plan, the preset line of a kind, the base plan a join continues, join
+    origin: each joined slot's slot in the base scenario, None when nothing joins)."""
+    overrides = Overrides(
+        methods=cfg.methods, seeds=cfg.seed_values(), calibrated=cfg.calibrated, hparams=cfg.hparams()
+    )
+    preset_line = None
+    if cfg.scenario in KINDS:
+        kind_args = dict(
+            dataset=cfg.dataset,
+            models=cfg.models,
+            model=cfg.model,
+            agents=cfg.agents,
+            irrelevant=cfg.irrelevant,
+            eval_dataset=cfg.eval_dataset,
+        )
+        plan, preset_line = plan_for_kind(cfg.scenario, store, overrides, cfg.preset, **kind_args)
+    elif cfg.preset is not None:
+        raise ValueError(
+            f"--preset is for --scenario {' | '.join(KINDS)}; scenario {cfg.scenario!r} names its presets "
+            "in its include: list"
+        )
+    else:
+        plan = load_plan(cfg.scenario, overrides)
+    base_plan, origin = plan, None
+    if cfg.add_agent or cfg.drop_agent:
+        epochs = None if cfg.from_scratch else cfg.join_epochs
+        plan, origin = joined_plan(plan, list(cfg.add_agent), list(cfg.drop_agent), epochs)
+        if cfg.from_scratch:
+            plan = with_spec(plan, dataclasses.replace(plan.spec, name=f"{plan.spec.name}-scratch"))
+    return plan, preset_line, base_plan, origin
+
+
+def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
+    """`walla train`: resolve the plan, assemble the scenario, train every method x seed, print a summary.
+
+    Raises:
+        ValueError, KeyError, FileNotFoundError: a bad option, scenario or store (one line, naming it).
+        RunsLockedError: another walla train holds the scenario.
+    """
+    console = console or Console()
+    store = as_location(cfg.store)  # a local Path (the fast path) or a RemotePath over fsspec
+    plan, preset_line, base_plan, origin = resolve_plan(cfg, store)
+    states = states_to_save(cfg.save_states, plan)
+    if cfg.show_plan:
+        sys.stdout.write((f"# {preset_line}\n" if preset_line else "") + plan_yaml(plan))
+        return []
+    if preset_line:
+        console.print(preset_line, highlight=False, markup=False)
+
+    check_logger(cfg.logger)
+    dev = resolve_device(cfg.device)
+    env = TrainEnv(device=dev, precision=resolve_precision(cfg.precision, dev), store=store)
+    if not store.is_dir():
+        raise FileNotFoundError(
+            f"store {cfg.store} does not exist (run `make extract ...` first, or pass --store)"
+        )
+    data = assemble_scenario(plan.scenario, store)
+    if cfg.limit_rows is not None:
+        data = data.limit_rows(cfg.limit_rows)
+    initial = None
+    if origin is not None and not cfg.from_scratch:  # continue the base runs of this command's key
+        base_data = assemble_scenario(base_plan.scenario, store)
+        if cfg.limit_rows is not None:
+            base_data = base_data.limit_rows(cfg.limit_rows)
+        initial = initial_params(base_plan, plan, origin, base_data, data, cfg.runs, env)
+    console.print(
+        f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
+        f"{len(plan.methods)} methods x {len(plan.seeds)} seeds on {env.device} ({env.precision}) -> {cfg.runs}"
+    )
+    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        total = bar.add_task("all runs", total=len(plan.methods) * len(plan.seeds))
+        tasks = {m.name: bar.add_task(m.name, total=len(plan.seeds)) for m in plan.methods}
+
+        def progress(event: str, method: str, seed: int | None) -> None:
+            if event in ("done", "skipped"):
+                bar.advance(tasks[method])
+                bar.advance(total)
+
+        results = run_plan(
+            plan,
+            data,
+            cfg.runs,
+            env,
+            force=cfg.force,
+            logger=cfg.logger,
+            progress=progress,
+            note=lambda s: console.print(f"note: {s}", highlight=False),
+            initial=initial,
+            save_states=states,
+        )
+    console.print(summary_table(results, data.name))
+    console.print(f"runs written under {cfg.runs / data.name}")
+    return results
+
+
+def summary_table(results: list[dict], scenario: str) -> Table:
+    """Per method: seeds, mean test Brier and ACC, seconds per run, runs trained now."""
+    table = Table(title=f"{scenario}: test split, mean over seeds", title_justify="left")
+    for col in ("method", "display", "seeds", "Brier", "ACC", "s/run", "new"):
+        table.add_column(col, justify="left" if col in ("method", "display") else "right")
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["method"], []).append(r)
+    for method, rs in by.items():
+        walls = [r["wall_time_s"] for r in rs if r["status"] == "done"]
+        table.add_row(
+            method,
+            rs[0].get("display_name", method),
+            str(len(rs)),
+            f"{sum(r['test_brier'] for r in rs) / len(rs):.4f}",
+            f"{100 * sum(r['test_acc'] for r in rs) / len(rs):.2f}",
+            f"{sum(walls) / len(walls):.2f}" if walls else "-",
+            str(len(walls)),
+        )
+    return table

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+import typer
 from test_hf_backend import PROMPTS
 from tiny_model import tiny_model, tiny_tokenizer
 from typer.testing import CliRunner
@@ -15,8 +16,8 @@ from walla.extract import check as check_mod
 from walla.extract.backends import ScoreResult, hf_packed
 from walla.extract.backends.hf import HFBackend
 from walla.extract.check import (
+    TIE_GAP,
     TOLERANCES,
-    app,
     compare,
     format_table,
     judge,
@@ -25,6 +26,7 @@ from walla.extract.check import (
     violations,
     worst,
 )
+from walla.extract.cli_check import app
 from walla.extract.config import ExtractConfig
 
 
@@ -195,14 +197,16 @@ def test_cli_defaults_to_float32_and_errors_are_one_line(monkeypatch):
         raise ValueError("stop here")
 
     monkeypatch.setattr(check_mod, "run_check", fake_run_check)
-    res = CliRunner().invoke(app, ["check", "--model", "smollm2-135m", "--dataset", "arc-challenge"])
+    res = CliRunner().invoke(app, ["--model", "smollm2-135m", "--dataset", "arc-challenge"])
     assert res.exit_code == 1 and seen == {"dtype": "float32", "tie_gap": 0.05}
     res = CliRunner().invoke(
-        app, ["check", "--model", "smollm2-135m", "--dataset", "arc-challenge", "--backends", "hf,tgi"]
+        app, ["--model", "smollm2-135m", "--dataset", "arc-challenge", "--backends", "hf,tgi"]
     )
     assert res.exit_code == 1 and "unknown tgi" in res.output and "Traceback" not in res.output
-    res = CliRunner().invoke(app, ["check", "--model", "m", "--dataset", "d", "--tie-gap", "1.5"])
+    res = CliRunner().invoke(app, ["--model", "m", "--dataset", "d", "--tie-gap", "1.5"])
     assert res.exit_code == 1 and "--tie-gap must be in [0, 1), got 1.5" in res.output
     monkeypatch.undo()
-    res = CliRunner().invoke(app, ["check", "--model", "nope", "--dataset", "arc-challenge"])
+    res = CliRunner().invoke(app, ["--model", "nope", "--dataset", "arc-challenge"])
     assert res.exit_code == 2 and "unknown model" in res.output.lower()
+    (gap,) = [p for p in typer.main.get_command(app).params if p.name == "tie_gap"]
+    assert f"default: {TIE_GAP})" in gap.help  # the help states the recipe's default

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from walla.store.scenario import ScenarioData
 from walla.store.schema import VARIANT_CODE
-from walla.train import cli as train_cli
+from walla.train import run as train_run
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -199,7 +199,7 @@ def synthetic_scenario_file(tmp_path: Path, monkeypatch, text: str) -> Path:
     """`text` written as <tmp_path>/synth.yaml, its assembly swapped for a synthetic 100-question scenario
     (walla-train's CLI, plan, runs and report stay real); an empty <tmp_path>/store for --store."""
     data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
-    monkeypatch.setattr(train_cli, "assemble_scenario", lambda spec, store: data)
+    monkeypatch.setattr(train_run, "assemble_scenario", lambda spec, store: data)
     (tmp_path / "store").mkdir()
     path = tmp_path / "synth.yaml"
     path.write_text(text)

@@ -83,4 +83,4 @@ def test_main_is_the_console_entry_point():
     from importlib.metadata import entry_points
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "walla-train"]
-    assert ep.value == "walla.train.cli:main"
+    assert ep.value == "walla.cli.main:walla_train"

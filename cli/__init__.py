@@ -1,0 +1,1 @@
+"""The `walla` command: one root over every stage's command line (main.py), loaded lazily (lazy.py)."""
