@@ -13,7 +13,7 @@ default init instead (the comparison the README reports).
 
 Which base run a joined run continues is computed, not searched (the base-key rule, also the market's:
 market/head.py takes only current runs): the run key the base scenario's plan gives the method under this
-command's settings (train/run.py plan_key, on the base scenario as assembled now), one key for every seed.
+command's settings (train/run_keys.py plan_key, on the base scenario as assembled now), one key for every seed.
 A seed whose base run is missing or of another key (another lr, precision, device or calibration), or whose
 base run is stale (other inputs, another TRAIN_SCHEMA), stops the join with one line naming the keys and
 what differs. The joined runs' key names that base key (`init: {continued_from, base_key_id}`), and each
@@ -30,7 +30,7 @@ from walla.manifests.validate import replace
 from walla.store.scenario_data import ScenarioData
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
-from walla.train.run import Continued, plan_key
+from walla.train.run_keys import Continued, plan_key
 from walla.train.runs import (
     STATE,
     VALIDITY,
@@ -105,7 +105,7 @@ def _differences(want: dict, have: dict) -> str:
 
 def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
     """(run directory, run.json) of the base scenario's run of run key `key` and `seed`: the run a joined
-    run continues. The key is the one the base plan gives under this command's settings (run.plan_key),
+    run continues. The key is the one the base plan gives under this command's settings (run_keys.plan_key),
     so a base run of another config, precision, device or calibration is never taken instead.
 
     Raises:
@@ -169,7 +169,7 @@ def initial_params(
     runs: Path,
     env: TrainEnv,
 ) -> dict[str, Continued]:
-    """method -> the base runs its joined runs continue from (run.Continued), with each seed's stacked
+    """method -> the base runs its joined runs continue from (run_keys.Continued), with each seed's stacked
     head parameters for the joined scenario.
 
     Every seed continues the base run of ONE run key: the key `base_plan` gives the method on `base_data`

@@ -58,20 +58,19 @@ from walla.train.join import initial_params, joined_plan
 from walla.train.kinds import KINDS, plan_for_kind
 from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
-from walla.train.plan import MethodPlan, Overrides, TrainPlan, load_plan, plan_yaml, with_spec
+from walla.train.plan import Overrides, TrainPlan, load_plan, plan_yaml, with_spec
+from walla.train.run_keys import Continued, plan_key
 from walla.train.runs import (
     LOCK,
     PREDICTIONS,
     RUN_META,
     STATE,
     RunFormatError,
-    data_inputs_id,
     inputs_id,
     key_id,
     list_run_dirs,
     read_run_meta,
     run_dir,
-    run_key,
     scenario_dir,
     write_key_file,
     write_run,
@@ -222,48 +221,6 @@ def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
             "delete them once retrained"
         )
     return notes
-
-
-@dataclasses.dataclass(frozen=True)
-class Continued:
-    """What one method's runs continue from (train/join.py): the base scenario's runs of ONE run key.
-
-    The runs' key names the base key (`init`), so joined runs of different bases never share a row, and
-    each seed's inputs id covers its base run's, so a joined run is redone when its base run changed."""
-
-    scenario: str  # the base scenario
-    base_key: dict  # the base runs' run key (validity fields included)
-    base_ids: dict[int, str]  # seed -> the base run's inputs_id (its run.json)
-    params: dict[int, list]  # seed -> the stacked head parameters to start from
-
-    @property
-    def init(self) -> dict:
-        return {"continued_from": self.scenario, "base_key_id": key_id(self.base_key)}
-
-
-def plan_key(
-    plan: TrainPlan, mp: MethodPlan, data: ScenarioData, env: TrainEnv, init: str | dict = "default init"
-):
-    """(resolved config, run key) of method `mp`'s runs of `plan` on `data`: the one place a run key is
-    made (run_plan, and train/join.py for the base runs a joined run must continue).
-
-    A learning-free method never computes with the device or precision (only calibration does), so
-    neither is part of its identity: a bf16 rerun of WALLA does not make UniformAvg's runs a second row.
-    """
-    module = method_module(mp.name)
-    cfg = module.resolve(mp.config, data) if hasattr(module, "resolve") else mp.config
-    calibration = to_dict(plan.calibration) if plan.calibrated else None
-    uses_env = mp.info.group != "learning_free" or calibration is not None
-    key = run_key(
-        data_inputs_id(data, to_dict(plan.spec)),
-        mp.name,
-        to_dict(cfg),
-        calibration=calibration,
-        precision=env.precision if uses_env else None,
-        device=env.device if uses_env else None,
-        init=init,
-    )
-    return cfg, key
 
 
 def run_plan(

@@ -78,7 +78,7 @@ def test_extract_backend_help_names_every_registered_backend():
 
 
 def test_demo_steps_are_the_makefiles_old_commands():
-    """The commands the Makefile's demo target ran before `walla demo` (make demo, defaults)."""
+    """The commands the Makefile's demo target ran before `walla demo` (make demo, defaults, DEMO_STATES)."""
     out, store, runs = "demo-out", "demo-out/store", "demo-out/runs"
     old = (
         [
@@ -86,8 +86,12 @@ def test_demo_steps_are_the_makefiles_old_commands():
             for m in ("smollm2-135m", "gemma3-270m")
         ]
         + [
-            f"train --scenario {s} --store {store} --runs {runs} --seeds 5"
-            for s in ("demo-homo-facts", "demo-hetero-nocontext", "demo-hetero-facts")
+            f"train --scenario {s} --store {store} --runs {runs} --seeds 5" + keep
+            for s, keep in (
+                ("demo-homo-facts", " --save-states walla-i"),  # the heads `walla market replay` plays
+                ("demo-hetero-nocontext", ""),
+                ("demo-hetero-facts", ""),
+            )
         ]
         + [f"eval --report {out}/tables.md --runs {runs}"]
     )

@@ -14,6 +14,7 @@ from synthetic import make_private_context_scenario, synthetic_scenario_file, wi
 from typer.testing import CliRunner
 from walla.evaluate import cli as eval_cli
 from walla.train import cli as train_cli
+from walla.train import run as train_run
 
 runner = CliRunner()
 SCENARIO = """\
@@ -114,7 +115,7 @@ def joinable(tmp_path, monkeypatch):
     full = make_private_context_scenario(n=100, m=4, k=2, h=6, seed=2, name="synth")
     path = synthetic_scenario_file(tmp_path, monkeypatch, SCENARIO)
     monkeypatch.setattr(
-        train_cli,
+        train_run,
         "assemble_scenario",
         lambda sc, store: with_agents(full, list(range(len(sc.spec.agents))), sc.spec.name),
     )
