@@ -37,16 +37,22 @@ import numpy as np
 import typer
 from walla.extract.backends import Backend, BackendRequest
 from walla.extract.backends.hf import explain_dtype
-from walla.extract.backends.registry import backend_kind
-from walla.extract.config import ExtractConfig
+from walla.extract.backends.registry import (
+    DEFAULT_BACKEND,
+    backend_kind,
+    backend_names,
+    open_backend,
+    settle_backend,
+)
+from walla.extract.config import ExtractConfig, parse_backend_args
 from walla.extract.datasets import default_template, load_dataset_table
 from walla.extract.hub import HubUnavailableError
 from walla.extract.models import resolve_model
 from walla.extract.prompts import build_prompts, get_template
-from walla.extract.run import _lookup, backend_request, dataset_request
+from walla.extract.run import _lookup, dataset_request
 from walla.extract.scoring import resolve_option_token_ids
 from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
-from walla.manifests.validate import build
+from walla.manifests.validate import build, field_names
 
 # float32: fixed bounds, ~100x the measured float32 differences (vllm vs hf max |Δlp| 5.6e-05, hf batch=1 vs
 # hf 3.1e-05 and max |Δp| 3.2e-06; SmolLM2-135M, ARC dev, CPU). They catch real bugs: a wrong hidden state,
@@ -197,9 +203,16 @@ def _score_hf_variants(backend, texts: list[str], token_ids: list[int], results:
         backend.batch_invariant = True
 
 
-def load_backend(kind: str, request: BackendRequest) -> Backend:
-    """One row's backend, loaded through the registry (a function of its own: tests put a fake in its place)."""
-    return backend_kind(kind).load(request)
+def load_backend(name: str, request: BackendRequest, args: dict) -> Backend:
+    """One row's backend through the registry's door, as walla-extract opens it (a function of its own:
+    tests put a fake in its place)."""
+    return open_backend(settle_backend(name, request, args))
+
+
+def args_for(name: str, args: dict) -> dict:
+    """The --backend-arg keys that backend `name`'s Options declare (one list may serve several backends)."""
+    keys = set(field_names(backend_kind(name).Options))
+    return {k: v for k, v in args.items() if k in keys}
 
 
 def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dtype: str, device: str):
@@ -214,7 +227,10 @@ def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dty
     runs += [(b, b, dtype) for b in backends if b != "hf"]
     for name, kind, run_dtype in runs:
         t0 = time.perf_counter()
-        backend = load_backend(kind, backend_request(cfg, rm, run_dtype, device, chat, m_entry.hidden_size))
+        request = BackendRequest(
+            rm, run_dtype, device, chat, m_entry.hidden_size, cfg.batch_tokens, cfg.shard_rows
+        )
+        backend = load_backend(kind, request, args_for(kind, cfg.backend_args))
         load_s = round(time.perf_counter() - t0, 2)
         try:
             texts = [backend.format_prompt(p.text) for p in prompts]
@@ -279,6 +295,12 @@ def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float
     }
 
 
+def usable_backends() -> list[str]:
+    """The reference, then every other registered backend that can run here."""
+    others = [b for b in backend_names() if b != DEFAULT_BACKEND and backend_kind(b).usable()[0]]
+    return [DEFAULT_BACKEND, *others]
+
+
 app = typer.Typer(add_completion=False, help="walla: cross-stage tools")
 
 
@@ -293,30 +315,39 @@ def check(
     dataset: str = typer.Option(..., help="dataset name from manifests/datasets.yaml"),
     data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
     limit: int = typer.Option(50, help="first N questions"),
-    backends: str = typer.Option("hf,vllm", help="comma list of backends to compare with hf batched"),
+    backends: str = typer.Option(
+        None,
+        help="comma list of registered backends to compare with hf batched (default: every one usable here)",
+    ),
     dtype: str = typer.Option(
         "float32", help="float32 (the sharp comparison) | bfloat16 | float16 | auto (measured)"
     ),
     device: str = typer.Option(None, help="cpu | cuda for the hf backend (default: cpu)"),
     report: Path = typer.Option(Path("walla-check.json"), help="where the JSON report goes"),
     tie_gap: float = typer.Option(TIE_GAP, "--tie-gap", help="near-tie: top-2 option probability gap below"),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="vllm: context length"),
-    gpu_memory_utilization: float = typer.Option(
-        None, "--gpu-memory-utilization", help="vllm: memory fraction"
+    backend_arg: list[str] = typer.Option(
+        None,
+        "--backend-arg",
+        help="key=value for each compared backend whose options have that key, repeatable",
     ),
 ) -> None:
     """Parity of option probabilities, hidden states and prompt NLL across backends (exit 1 beyond tolerance)."""
     logging.basicConfig(level=logging.WARNING, format="walla check: %(message)s")
-    names = [b.strip() for b in backends.split(",") if b.strip()]
     try:
+        names = [b.strip() for b in backends.split(",") if b.strip()] if backends else usable_backends()
         options = dict(
             model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype, device=device
         )
-        vllm_opts = {"max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization}
-        cfg = build(ExtractConfig, {**options, "progress": False, **vllm_opts}, where="command line")
-        bad = [b for b in names if b not in ("hf", "vllm", "dummy")]
+        args = parse_backend_args(backend_arg)
+        cfg = build(ExtractConfig, {**options, "progress": False, "backend_args": args}, where="command line")
+        bad = [b for b in names if b not in backend_names()]
         if bad:
-            raise ValueError(f"--backends: unknown {', '.join(bad)} (expected hf, vllm)")
+            raise ValueError(f"--backends: unknown {', '.join(bad)} (expected {', '.join(backend_names())})")
+        unused = set(args) - {k for b in {"hf", *names} for k in args_for(b, args)}
+        if unused:
+            raise ValueError(
+                f"--backend-arg {', '.join(sorted(unused))}: no compared backend has that option"
+            )
         if not 0 <= tie_gap < 1:
             raise ValueError(f"--tie-gap must be in [0, 1), got {tie_gap}")
         result = run_check(replace(cfg, backend=None), names, out=typer.echo, tie_gap=tie_gap)

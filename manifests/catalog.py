@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+from dataclasses import field
 from pathlib import Path
 from typing import Literal
 
+from walla.extract.backends.registry import backend_names
 from walla.manifests.validate import ConfigError, check, collect, config
 from walla.manifests.yaml_io import manifests_dir, read_yaml
 
@@ -33,13 +35,15 @@ class ModelEntry:
     package: str | None = None  # source=package: importable module that ships the GGUF
     gguf: str | None = None  # glob inside the package dir, "assemble()" (gemma3 package), or a hub filename
     path: str | None = None  # source=local: directory or GGUF file
-    backend: Literal["hf", "vllm"] = "hf"  # hint: hf (transformers, CPU/GPU) | vllm
+    backend: str = "hf"  # hint: a registered backend (extract/backends/registry.py: hf, vllm, ...)
+    backend_args: dict = field(default_factory=dict)  # that backend's --backend-arg defaults (its Options)
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"  # reference: float32
     trust_remote_code: bool = False
     chat_template: bool = False  # the reference never applies one (SPEC §1.1)
 
     def __post_init__(self) -> None:
         check(self.hidden_size is None or self.hidden_size > 0, "hidden_size", "> 0", self.hidden_size)
+        check(self.backend in backend_names(), "backend", " | ".join(backend_names()), self.backend)
         need = {"hub": "hub_id", "package": "package", "local": "path"}[self.source]
         check(bool(getattr(self, need)), need, f"set for source {self.source!r}", getattr(self, need))
         if self.source == "package":

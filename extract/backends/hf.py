@@ -249,13 +249,6 @@ class HFBackend:
 
     # -- text -> ids ------------------------------------------------------------------------------------
 
-    def identity(self) -> dict:
-        batching = None
-        if self.shard_rows is not None:
-            batching = batching_identity(self.dtype, self.batch_invariant, self.batch_tokens, self.shard_rows)
-        ident = hf_identity(self.dtype, self.chat_template, self.compiled, self.batch_invariant, batching)
-        return {**self._identity, **ident}
-
     def format_prompt(self, text: str) -> str:
         if not self.chat_template:
             return text
