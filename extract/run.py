@@ -317,9 +317,11 @@ def _refuse_other_machine(
             if theirs is None or theirs == mine or TIER_KEY not in theirs:
                 continue  # made before sets recorded their device and tier: nothing to compare
             differ = {k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k)}
-            if not differ & machine or not differ <= machine | derived:
+            # a machine key both record differently (one that only one records follows from `auto`)
+            moved = {k for k in differ & machine if theirs.get(k) is not None and mine.get(k) is not None}
+            if not moved or not differ <= machine | derived:
                 continue  # other options or other data: a set of its own, rightly
-            first = next(k for k in settled.environment if k in differ)
+            first = next(k for k in settled.environment if k in moved)
             field = identity_difference({first: theirs.get(first)}, {first: mine.get(first)})
             raise ValueError(
                 f"the store's {info.status} feature set {info.model}/{info.dataset}/{info.variant} "
