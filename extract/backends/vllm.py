@@ -93,8 +93,8 @@ def vllm_usable() -> tuple[bool, str]:
 
 
 def vllm_identity(dtype: str, chat_template: bool) -> dict:
-    py = find_vllm_python()
-    versions = vllm_versions(py) if py else {"vllm": None}
+    ok, _why = vllm_usable()  # unusable here: the versions are unknown (load says why)
+    versions = vllm_versions(find_vllm_python()) if ok else {"vllm": None}
     return {
         "backend": "vllm",
         **versions,

@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import pytest
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
+from walla.extract.backends import BackendRequest
 from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, explain_compile
-from walla.extract.backends import BackendRequest
 from walla.extract.backends.registry import settle_backend
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
