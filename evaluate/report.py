@@ -190,7 +190,9 @@ def _caption(ev: ScenarioEval, n: int) -> str:
     used = ((s.meta or {}).get("meta") or {}).get("feature_sets") or {}
     tier = {u.get("fingerprint"): u.get("determinism") for u in used.values() if isinstance(u, dict)}
     fps = (
-        ", ".join(f"{k} {v}" + (f" ({tier[v]})" if tier.get(v) else "") for k, v in sorted(s.fingerprints.items()))
+        ", ".join(
+            f"{k} {v}" + (f" ({tier[v]})" if tier.get(v) else "") for k, v in sorted(s.fingerprints.items())
+        )
         or "not recorded"
     )
     return (

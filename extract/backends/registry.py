@@ -100,7 +100,8 @@ def open_backend(settled: Settled, *, resettle: bool = False) -> Backend:
         if diff:
             raise ValueError(
                 f"this worker settles backend {settled.kind} to another identity than the driver: {diff} "
-                "(driver's != this worker's); run every worker on the same kind of device and libraries"
+                "(driver's != this worker's): the driver and every worker must settle alike (same device kind and "
+                "model, same library versions; a driver that sees no GPU cannot name one: run it on a GPU node)"
             )
     return kind.load(settled)
 
