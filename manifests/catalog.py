@@ -35,7 +35,7 @@ class ModelEntry:
     package: str | None = None  # source=package: importable module that ships the GGUF
     gguf: str | None = None  # glob inside the package dir, "assemble()" (gemma3 package), or a hub filename
     path: str | None = None  # source=local: directory or GGUF file
-    backend: str = "hf"  # hint: a registered backend (extract/backends/registry.py: hf, vllm, ...)
+    backend: str = "hf"  # hint: a registered backend (extract/backends/registry.py, checked against it)
     backend_args: dict = field(default_factory=dict)  # that backend's --backend-arg defaults (its Options)
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"  # reference: float32
     trust_remote_code: bool = False

@@ -1,6 +1,6 @@
 """Batch composition, sizes and the fingerprint; the overlapped shard pipeline; what a resumed run reuses.
 
-A tiny local HF model in bf16 on the CPU stands in for a GPU run: `--batch-invariant off` gives the padded
+A tiny local HF model in bf16 on the CPU stands in for a GPU run: `--backend-arg batch_invariant=off` gives the padded
 batches CUDA runs by default, so the same fingerprint rules apply (`--backend-arg batch_invariant=off`).
 """
 
@@ -66,8 +66,11 @@ def test_batch_invariance_auto_by_dtype_and_device():
     assert on_cuda is False and why.startswith("batch-invariant auto -> off: padded batches on cuda:0")
     assert "the fingerprint records batch tokens, shard rows and order" in why
     assert explain_batch_invariant("auto", fp32, "cuda")[0] is False
-    assert explain_batch_invariant("on", fp32, "cuda") == (True, "batch-invariant on [--batch-invariant]")
-    with pytest.raises(ValueError, match="--batch-invariant must be auto, on or off, got 'yes'"):
+    assert explain_batch_invariant("on", fp32, "cuda") == (
+        True,
+        "batch-invariant on [--backend-arg batch_invariant]",
+    )
+    with pytest.raises(ValueError, match="--backend-arg batch_invariant must be auto, on or off, got 'yes'"):
         explain_batch_invariant("yes", bf16, "cpu")
 
 
@@ -91,7 +94,7 @@ def test_the_fingerprint_holds_the_batching_only_where_outputs_depend_on_it(tmp_
         "--dtype bfloat16 --device cpu --backend-arg compile=off --backend-arg batch_invariant=off "
         "--batch-tokens 64 --shard-rows 3" in meta["command"]
     )
-    assert "batch-invariant off [--batch-invariant]" in lines
+    assert "batch-invariant off [--backend-arg batch_invariant]" in lines
     assert "batch tokens 64 [--batch-tokens]; shard rows 3 [--shard-rows]" in lines
     # invariant (the CPU's bf16 default): sizes stay out, so other sizes give the same feature set
     packed, _ = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_tokens=64, shard_rows=3))

@@ -38,7 +38,7 @@ def test_auto_compiles_large_jobs_only():
     on, why = explain_compile("auto", COMPILE_MIN_TOKENS - 1, "cpu")
     assert on is False and "compile auto -> off" in why
     assert explain_compile("on", 0, "cpu")[0] is True and explain_compile("off", 10**9, "cpu")[0] is False
-    with pytest.raises(ValueError, match="--compile must be auto, on or off"):
+    with pytest.raises(ValueError, match="--backend-arg compile must be auto, on or off"):
         explain_compile("yes", 0, "cpu")
 
 

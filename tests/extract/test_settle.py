@@ -297,3 +297,21 @@ def test_walla_store_ls_shows_each_sets_tier(tmp_path):
     assert r.exit_code == 0 and "tier" in r.output
     (line,) = [x for x in r.output.splitlines() if "smollm2-135m" in x]
     assert "bitwise" in line
+
+
+def test_the_catalog_checks_its_backend_against_the_registry_and_carries_its_options(tmp_path):
+    (tmp_path / "models.yaml").write_text(
+        "a:\n  source: local\n  path: /m\n  hidden_size: 8\n  backend: tgi\n"
+        "b:\n  source: local\n  path: /m\n  hidden_size: 8\n  backend: vllm\n  backend_args: {max_model_len: 4096}\n"
+    )
+    with pytest.raises(ValueError, match=r"models.yaml: a: backend must be hf \| vllm \| dummy, got 'tgi'"):
+        catalog.load_models(tmp_path / "models.yaml")
+    (tmp_path / "models.yaml").write_text(
+        "b:\n  source: local\n  path: /m\n  hidden_size: 8\n  backend: vllm\n  backend_args: {max_model_len: 4096}\n"
+    )
+    entry = catalog.load_models(tmp_path / "models.yaml")["b"]
+    cfg = ExtractConfig(model="b", dataset="facts", backend_args={"enforce_eager": "false"})
+    assert run_mod.backend_args(cfg, entry, "vllm") == {"max_model_len": 4096, "enforce_eager": "false"}
+    assert run_mod.backend_args(cfg, entry, "hf") == {"enforce_eager": "false"}  # the hint's options only
+    settled = run_mod.settle_run(cfg, entry, RM, "vllm", "cpu")
+    assert settled.options.max_model_len == 4096 and settled.identity["batching"]["enforce_eager"] is False
