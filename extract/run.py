@@ -38,9 +38,11 @@ from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, BackendKind,
 from walla.extract.backends.registry import (
     DEFAULT_BACKEND,
     backend_kind,
+    backend_names,
     identity_difference,
     open_backend,
     settle_backend,
+    unknown_backend,
 )
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
@@ -103,7 +105,10 @@ def choose_backend(cfg: ExtractConfig, model_entry) -> BackendKind:
     """--backend, else the manifest hint; a hinted backend that cannot run here falls back to the default (hf)."""
     if cfg.backend:
         return backend_kind(cfg.backend)
-    kind = backend_kind(model_entry.backend or DEFAULT_BACKEND)
+    hint = model_entry.backend or DEFAULT_BACKEND
+    if hint not in backend_names():  # models.yaml names any string; the registry is the one list
+        raise KeyError(f"models.yaml: {model_entry.name}.backend: {unknown_backend(hint)}")
+    kind = backend_kind(hint)
     ok, why = kind.usable()
     if not ok:
         log.info(
