@@ -17,12 +17,12 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
 - `--dtype auto`: the decision of extract/dtype_probe.py, re-measured here and written to the same
   per-machine cache the CLI reads, so the CLI below makes exactly this decision;
 - `walla-extract --dtype auto` as a subprocess (whole command wall time, and its extraction time as it
-  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and `--compile on`;
+  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and `--backend-arg compile=on`;
 - a bare 15-line transformers loop (`extract_shapes.bare_loop`: batches of 16 sorted by length, left padding,
   `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype;
 - our hf backend in-process (the extraction fast path without the CLI around it): as the CLI runs it
   (batch-invariant packing in reduced precision, extract/backends/hf_packed.py), with padded batches
-  (`invariance_cost`: padded over packed, same dtype), and compiled (`--compile on`);
+  (`invariance_cost`: padded over packed, same dtype), and compiled (`--backend-arg compile=on`);
 - the GEMM ceiling: the model's own linear layers at its own shapes (8192-token batches) timed alone, i.e.
   the MFU the forward would reach if attention, norms, RoPE, activations and the NLL head were free;
 - the dtype factor: our backend and the plain loop in both dtypes on the first `--other-n` prompts;
@@ -177,7 +177,7 @@ def run_cli(data_file: Path, store: Path, compile_: str = "auto") -> tuple[float
         str(data_file),
     ]
     cmd += ["--variants", "relevant", "--store", str(store), "--dtype", "auto", "--no-progress"]
-    cmd += ["--compile", compile_]
+    cmd += ["--backend-arg", f"compile={compile_}"]
     return extract_shapes.timed_cli(cmd)
 
 
@@ -301,8 +301,8 @@ def print_table(r: Run) -> None:
     rows = [
         ("walla-extract --dtype auto, whole command", "cli_wall"),
         ("walla-extract --dtype auto, extraction as printed", "cli"),
-        ("walla-extract --compile on, whole command", "cli_c_wall"),
-        ("walla-extract --compile on, extraction as printed", "cli_c"),
+        ("walla-extract --backend-arg compile=on, whole command", "cli_c_wall"),
+        ("walla-extract --backend-arg compile=on, extraction as printed", "cli_c"),
         ("our hf backend in-process, as the CLI (with prompt NLL)", "ours"),
         ("our hf backend in-process, padded batches", "padded"),
         ("our hf backend in-process, compiled", "compiled"),

@@ -187,7 +187,14 @@ def _caption(ev: ScenarioEval, n: int) -> str:
     kind = "soft targets" if s.soft_target else "hard labels"
     agents = ", ".join(f"{i + 1} {a}" for i, a in enumerate(s.agents))
     seeds = ", ".join(str(x) for x in ev.seeds) or "none"
-    fps = ", ".join(f"{k} {v}" for k, v in sorted(s.fingerprints.items())) or "not recorded"
+    used = ((s.meta or {}).get("meta") or {}).get("feature_sets") or {}
+    tier = {u.get("fingerprint"): u.get("determinism") for u in used.values() if isinstance(u, dict)}
+    fps = (
+        ", ".join(
+            f"{k} {v}" + (f" ({tier[v]})" if tier.get(v) else "") for k, v in sorted(s.fingerprints.items())
+        )
+        or "not recorded"
+    )
     return (
         f"Scenario {s.name} · dataset {s.dataset} ({kind}) · agents: {agents} · N = {n} test questions · "
         f"seeds: {seeds} · store fingerprints: {fps}"

@@ -32,14 +32,21 @@ import time
 import numpy as np
 from walla.extract.backends import Backend, BackendRequest
 from walla.extract.backends.hf import explain_dtype
-from walla.extract.backends.registry import backend_kind
+from walla.extract.backends.registry import (
+    DEFAULT_BACKEND,
+    backend_kind,
+    backend_names,
+    open_backend,
+    settle_backend,
+)
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template, load_dataset_table
 from walla.extract.models import resolve_model
 from walla.extract.prompts import build_prompts, get_template
-from walla.extract.run import _lookup, backend_request, dataset_request
+from walla.extract.run import _lookup, dataset_request
 from walla.extract.scoring import resolve_option_token_ids
 from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
+from walla.manifests.validate import field_names
 
 # float32: fixed bounds, ~100x the measured float32 differences (vllm vs hf max |Δlp| 5.6e-05, hf batch=1 vs
 # hf 3.1e-05 and max |Δp| 3.2e-06; SmolLM2-135M, ARC dev, CPU). They catch real bugs: a wrong hidden state,
@@ -190,9 +197,16 @@ def _score_hf_variants(backend, texts: list[str], token_ids: list[int], results:
         backend.batch_invariant = True
 
 
-def load_backend(kind: str, request: BackendRequest) -> Backend:
-    """One row's backend, loaded through the registry (a function of its own: tests put a fake in its place)."""
-    return backend_kind(kind).load(request)
+def load_backend(name: str, request: BackendRequest, args: dict) -> Backend:
+    """One row's backend through the registry's door, as walla-extract opens it (a function of its own:
+    tests put a fake in its place)."""
+    return open_backend(settle_backend(name, request, args))
+
+
+def args_for(name: str, args: dict) -> dict:
+    """The --backend-arg keys that backend `name`'s Options declare (one list may serve several backends)."""
+    keys = set(field_names(backend_kind(name).Options))
+    return {k: v for k, v in args.items() if k in keys}
 
 
 def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dtype: str, device: str):
@@ -207,7 +221,10 @@ def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dty
     runs += [(b, b, dtype) for b in backends if b != "hf"]
     for name, kind, run_dtype in runs:
         t0 = time.perf_counter()
-        backend = load_backend(kind, backend_request(cfg, rm, run_dtype, device, chat, m_entry.hidden_size))
+        request = BackendRequest(
+            rm, run_dtype, device, chat, m_entry.hidden_size, cfg.batch_tokens, cfg.shard_rows
+        )
+        backend = load_backend(kind, request, args_for(kind, cfg.backend_args))
         load_s = round(time.perf_counter() - t0, 2)
         try:
             texts = [backend.format_prompt(p.text) for p in prompts]
@@ -270,3 +287,9 @@ def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float
         "rows": rows,
         "passed": all(not r["violations"] for r in rows),
     }
+
+
+def usable_backends() -> list[str]:
+    """The reference, then every other registered backend that can run here."""
+    others = [b for b in backend_names() if b != DEFAULT_BACKEND and backend_kind(b).usable()[0]]
+    return [DEFAULT_BACKEND, *others]

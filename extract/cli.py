@@ -2,11 +2,13 @@
 
     walla-extract --model smollm2-135m --dataset facts
     walla-extract --model smollm2-135m --dataset arc-challenge --data-file ARC-Challenge-Dev.jsonl
-    walla-extract --model aloe --dataset pubmedqa --backend vllm --variants none,relevant
+    walla-extract --model aloe --dataset pubmedqa --backend vllm --backend-arg max_model_len=4096
 
-Thin: parse, build an ExtractConfig (walla.manifests.validate), call run(). Every failure is ONE line on stderr:
-exit 2 for an unknown model/dataset name or bad option, 3 when the hub cannot serve a model or
-dataset, 1 for bad data or store problems, 130 when interrupted (rerun to resume).
+Thin: the options below are written once; their names are ExtractConfig's fields, and `to_config` turns
+them into one through the one validator (walla.manifests.validate), then run() runs. Importing this module
+imports no torch: the recipe is imported when the command runs. Every failure is ONE line on stderr: exit
+2 for an unknown model/dataset/backend name or a bad option (a bad `--backend-arg` included), 3 when the
+hub cannot serve a model or dataset, 1 for bad data or store problems, 130 when interrupted (rerun to resume).
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import sys
 from pathlib import Path
 
 import typer
+from walla.extract.backends.registry import DEFAULT_BACKEND, backend_names
+from walla.extract.config import ExtractConfig, parse_backend_args
+from walla.extract.hub import HubUnavailableError
+from walla.manifests.validate import ConfigError, build
+from walla.store.files import describe_os_error
 
 app = typer.Typer(add_completion=False, help="walla extract stage: LLM features of a dataset into the store")
 
@@ -23,6 +30,22 @@ app = typer.Typer(add_completion=False, help="walla extract stage: LLM features 
 def _fail(msg: str, code: int) -> None:
     typer.echo(f"walla-extract: error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def to_config(given: dict) -> ExtractConfig:
+    """The command's options (named as ExtractConfig's fields) -> ExtractConfig, `auto` as None.
+
+    Raises:
+        ValueError (ConfigError): every bad option, one line each, naming it.
+    """
+    raw = dict(given)
+    raw["variants"] = (
+        tuple(v.strip() for v in raw["variants"].split(",") if v.strip()) if raw["variants"] else None
+    )
+    raw["backend_args"] = parse_backend_args(raw.pop("backend_arg"))
+    for name in ("batch_tokens", "shard_rows"):  # a bad number is one ConfigError line naming the option
+        raw[name] = None if raw[name] == "auto" else raw[name]
+    return build(ExtractConfig, raw, where="command line")
 
 
 @app.command()
@@ -36,7 +59,13 @@ def extract(
     ),
     backend: str = typer.Option(
         None,
-        help="hf | vllm (default: the model's manifest hint; hf where it cannot run)",  # tests/cli: registry's
+        help=f"{' | '.join(backend_names())} (default: the model's manifest hint; {DEFAULT_BACKEND} where it cannot run)",
+    ),
+    backend_arg: list[str] = typer.Option(
+        None,
+        "--backend-arg",
+        help="key=value: one of the chosen backend's own options (its kind's Options), repeatable; "
+        "e.g. compile=on (docs/pipeline.md lists each backend's)",
     ),
     data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
     split: str = typer.Option(None, help="source split to read (e.g. test for cais/mmlu)"),
@@ -59,32 +88,12 @@ def extract(
     dtype: str = typer.Option(
         None, help="auto | float32 | bfloat16 | float16 (default: the model's manifest)"
     ),
-    compile: str = typer.Option(
-        "auto",
-        "--compile",
-        help="hf: torch.compile the decoder layers: auto (by device, job size) | on | off",
-    ),
-    batch_invariant: str = typer.Option(
-        "auto",
-        "--batch-invariant",
-        help="hf: packed per-prompt scoring: auto (on for bf16/fp16 on CPU; off on CUDA and in fp32) | on | off",
-    ),
     chat_template: bool = typer.Option(
         None, "--chat-template/--no-chat-template", help="wrap prompts in the chat template"
     ),
     device: str = typer.Option(None, help="cpu | cuda (default: cuda when available)"),
     context_seed: int = typer.Option(0, "--context-seed", help="seed of the irrelevant-context derangement"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="vllm: GPUs per model"),
-    gpu_memory_utilization: float = typer.Option(
-        None, "--gpu-memory-utilization", help="vllm: memory fraction for its two engines together"
-    ),
-    max_model_len: int = typer.Option(
-        None, "--max-model-len", help="vllm: context length (default: the model's)"
-    ),
-    enforce_eager: bool = typer.Option(
-        None, "--enforce-eager/--no-enforce-eager", help="vllm: no CUDA graphs/compile (default: on CPU only)"
-    ),
     workers: int = typer.Option(
         None,
         "--workers",
@@ -95,50 +104,21 @@ def extract(
     ),
 ) -> None:
     """Extract option log-probs, last-token hidden states and prompt NLL for every prompt variant."""
-    # the config and the recipe (torch, transformers) are imported when the command runs: walla.cli.lazy
-    from walla.extract.config import ExtractConfig
-    from walla.extract.hub import HubUnavailableError
-    from walla.extract.run import run
-    from walla.manifests.validate import build
-    from walla.store.files import describe_os_error
-
+    given = dict(locals())  # the options above, exactly: written once, named as ExtractConfig's fields
     logging.basicConfig(level=logging.WARNING, format="walla-extract: %(message)s")
     try:
-        options = dict(
-            model=model,
-            dataset=dataset,
-            backend=backend,
-            data_file=data_file,
-            split=split,
-            hub_config=hub_config,
-            variants=tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else None,
-            limit=limit,
-            size=size,
-            store=store,
-            # `auto` is None; a bad value is one ConfigError line naming the option
-            batch_tokens=None if batch_tokens == "auto" else batch_tokens,
-            shard_rows=None if shard_rows == "auto" else shard_rows,
-            dtype=dtype,
-            compile=compile,
-            batch_invariant=batch_invariant,
-            chat_template=chat_template,
-            device=device,
-            context_seed=context_seed,
-            progress=progress,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            workers=workers,
-            ray_address=ray_address,
-        )
-        cfg = build(ExtractConfig, options, where="command line")
+        cfg = to_config(given)
     except ValueError as e:  # ConfigError: one line per problem, naming the option
         _fail(str(e), 2)
+    # the recipe imports torch and transformers: only when the command runs, so parsing and --help stay fast
+    from walla.extract.run import run
+
     try:
         run(cfg, out=typer.echo)
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e), 2)
+    except ConfigError as e:  # a bad --backend-arg, checked against the chosen backend's options
+        _fail(str(e), 2)
     except HubUnavailableError as e:
         _fail(str(e), 3)
     except OSError as e:  # the path and what was expected, in words (not "[Errno 21]")

@@ -24,7 +24,10 @@ def check(
     dataset: str = typer.Option(..., help="dataset name from manifests/datasets.yaml"),
     data_file: Path = typer.Option(None, "--data-file", help="local copy of the dataset instead of the hub"),
     limit: int = typer.Option(50, help="first N questions"),
-    backends: str = typer.Option("hf,vllm", help="comma list of backends to compare with hf batched"),
+    backends: str = typer.Option(
+        None,
+        help="comma list of registered backends to compare with hf batched (default: every one usable here)",
+    ),
     dtype: str = typer.Option(
         "float32", help="float32 (the sharp comparison) | bfloat16 | float16 | auto (measured)"
     ),
@@ -33,30 +36,37 @@ def check(
     tie_gap: float = typer.Option(
         None, "--tie-gap", help="near-tie: top-2 option probability gap below (default: 0.05)"
     ),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="vllm: context length"),
-    gpu_memory_utilization: float = typer.Option(
-        None, "--gpu-memory-utilization", help="vllm: memory fraction"
+    backend_arg: list[str] = typer.Option(
+        None,
+        "--backend-arg",
+        help="key=value for each compared backend whose options have that key, repeatable",
     ),
 ) -> None:
     """Parity of option probabilities, hidden states and prompt NLL across backends (exit 1 beyond tolerance)."""
     # the recipe (torch, transformers, the backends) is imported when the command runs: walla.cli.lazy
-    from walla.extract.check import TIE_GAP, format_table, run_check
-    from walla.extract.config import ExtractConfig
+    from walla.extract.backends.registry import backend_names
+    from walla.extract.check import TIE_GAP, args_for, format_table, run_check, usable_backends
+    from walla.extract.config import ExtractConfig, parse_backend_args
     from walla.extract.hub import HubUnavailableError
     from walla.manifests.validate import build
 
     logging.basicConfig(level=logging.WARNING, format="walla check: %(message)s")
-    names = [b.strip() for b in backends.split(",") if b.strip()]
     tie_gap = TIE_GAP if tie_gap is None else tie_gap
     try:
+        names = [b.strip() for b in backends.split(",") if b.strip()] if backends else usable_backends()
         options = dict(
             model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype, device=device
         )
-        vllm_opts = {"max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization}
-        cfg = build(ExtractConfig, {**options, "progress": False, **vllm_opts}, where="command line")
-        bad = [b for b in names if b not in ("hf", "vllm", "dummy")]
+        args = parse_backend_args(backend_arg)
+        cfg = build(ExtractConfig, {**options, "progress": False, "backend_args": args}, where="command line")
+        bad = [b for b in names if b not in backend_names()]
         if bad:
-            raise ValueError(f"--backends: unknown {', '.join(bad)} (expected hf, vllm)")
+            raise ValueError(f"--backends: unknown {', '.join(bad)} (expected {', '.join(backend_names())})")
+        unused = set(args) - {k for b in {"hf", *names} for k in args_for(b, args)}
+        if unused:
+            raise ValueError(
+                f"--backend-arg {', '.join(sorted(unused))}: no compared backend has that option"
+            )
         if not 0 <= tie_gap < 1:
             raise ValueError(f"--tie-gap must be in [0, 1), got {tie_gap}")
         result = run_check(replace(cfg, backend=None), names, out=typer.echo, tie_gap=tie_gap)

@@ -17,7 +17,8 @@ def reproduce_command(
 ) -> str:
     """`walla-extract ...` for these variants with every content-changing option of `cfg` spelled out.
 
-    `backend_args` are the backend's own (its kind's `command_args`: e.g. `--dtype float32 --compile on`).
+    `backend_args` are what the backend settled (`Settled.command_args`: e.g. `--dtype float32 --device cpu
+    --backend-arg compile=on`).
     """
     argv = ["walla-extract", "--model", cfg.model, "--dataset", cfg.dataset, "--variants", ",".join(variants)]
     argv += ["--store", str(cfg.store), "--backend", backend, *backend_args]
@@ -27,7 +28,7 @@ def reproduce_command(
         "--hub-config": cfg.hub_config,
         "--limit": cfg.limit,
         "--size": cfg.size,
-    }  # not --device: with the dtype spelled out it does not change the bytes
+    }  # --device, --dtype and the batching come with the backend's args: they are part of its identity
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]

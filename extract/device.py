@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import torch
 
 
@@ -40,3 +43,23 @@ def check_device(device: str) -> None:
     index = device.partition(":")[2]
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def accelerator(device: str) -> str:
+    """The model of the chip whose kernels run on `device` (a GPU's name, the CPU's model name): recorded in a
+    fingerprint where the numbers depend on which kernels ran (reduced precision, batch-dependent scoring)."""
+    kind = check_device_name(device)
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            return "unknown (CUDA is not visible to this process)"
+        return torch.cuda.get_device_name(torch.device(device).index or 0)
+    if kind == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model"):
+                return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

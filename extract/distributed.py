@@ -7,9 +7,10 @@
 The driver (the `walla-extract` process) resolves everything a fingerprint needs, writes the question
 table and opens each feature set's writer (store/feature_writer.py) exactly as the single-process path
 does; then, instead of scoring itself:
-1. it starts N actors (`RangeWorker`); each loads the model once through the same backend kind (the
-   registry's object, sent with its settled `BackendRequest`) and renders prompts with the same
-   `prepare_variant` (extract/variant.py), so every row is computed by the same code as without Ray;
+1. it starts N actors (`RangeWorker`); each settles the driver's `Settled` again on its own machine and
+   stops with one line naming the field when it settles another identity (another GPU model, another
+   torch), then loads the model once through the same door (`open_backend`) and renders prompts with the
+   same `prepare_variant` (extract/variant.py), so every row is computed by the same code as without Ray;
 2. it cuts the rows no durable shard holds into ranges of whole zarr chunks (`FeatureSetWriter.missing`)
    and hands them out one at a time; a worker scores its range and writes it as one durable shard
    (hidden rows into their own chunks, then the shard's Parquet file);
@@ -30,10 +31,10 @@ from collections import deque
 from pathlib import Path
 
 import torch
-from walla.extract.backends import BackendKind, BackendRequest
+from walla.extract.backends import BackendKind, Settled
+from walla.extract.backends.registry import backend_kind, backend_names, open_backend, register_backend
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
-from walla.extract.model_stats import non_embedding_params
 from walla.extract.progress import Progress
 from walla.extract.variant import PreparedVariant, prepare_variant, score_range
 from walla.store.feature_writer import attach_writer, default_chunk_rows, open_writer
@@ -45,13 +46,16 @@ MAX_DEATHS_PER_WORKER = 2
 class RangeWorker:
     """One Ray actor: a loaded backend that scores row ranges and writes them into the store."""
 
-    def __init__(self, kind: BackendKind, request: BackendRequest, check_device: bool, threads: int | None):
+    def __init__(self, kind: BackendKind, settled: Settled, check_device: bool, threads: int | None):
         if threads:
             torch.set_num_threads(threads)
+        if settled.kind not in backend_names():  # registered at run time in the driver (the tests' fake)
+            register_backend(kind)
         if check_device:  # on a cluster, each worker checks its own device (the driver's may differ)
-            kind.check_device(request.device)
-        self.backend = kind.load(request)
-        self.call_rows = request.shard_rows  # score() calls cut at its multiples, as in the single process
+            kind.check_device(settled.device)
+        self.backend = open_backend(settled, resettle=True)  # another identity here: one line, no rows
+        self.device = settled.device
+        self.call_rows = settled.shard_rows  # score() calls cut at its multiples, as in the single process
         self.prepared: dict[str, PreparedVariant] = {}
 
     def info(self) -> dict:
@@ -59,8 +63,8 @@ class RangeWorker:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "hidden_size": self.backend.hidden_size,
-            "n_params_non_embedding": non_embedding_params(getattr(self.backend, "model", None)),
-            "device": str(getattr(self.backend, "device", "")),
+            "n_params_non_embedding": self.backend.n_params,
+            "device": self.device,
         }
 
     def prepare(self, spec, context: list) -> int:
@@ -92,6 +96,16 @@ class RangeWorker:
         self.backend.close()
 
 
+def _worker_error(e: BaseException) -> str:
+    """The one line a worker raised while starting (e.g. another identity), out of Ray's wrapped error."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        for prefix in ("ValueError: ", "RuntimeError: "):
+            if ln.startswith(prefix):
+                return "a Ray worker could not start: " + ln.removeprefix(prefix)
+    return f"a Ray worker could not start: {lines[-1] if lines else type(e).__name__}"
+
+
 def _after_range(pool: WorkerPool, pieces: list[tuple[int, int]]) -> None:
     """Called by the driver after each finished range (module-level so fault tests can interpose)."""
 
@@ -104,7 +118,10 @@ class WorkerPool:
         self.options, self.threads, self.n = options, threads, n
         self.deaths = 0
         self.actors = [self._start() for _ in range(n)]
-        infos = ray.get([a.info.remote() for a in self.actors])
+        try:
+            infos = ray.get([a.info.remote() for a in self.actors])
+        except Exception as e:  # noqa: BLE001 - an actor's constructor failed: its own one line, not Ray's
+            raise RuntimeError(_worker_error(e)) from None
         self.info = dict(zip(self.actors, infos, strict=True))
         self.hidden_size = infos[0]["hidden_size"]
 
@@ -179,13 +196,11 @@ def _ray_start(cfg: ExtractConfig, out):
     return ray, True
 
 
-def _resources(
-    ray, cfg: ExtractConfig, kind: BackendKind, request: BackendRequest
-) -> tuple[int, dict, int | None]:
+def _resources(ray, cfg: ExtractConfig, settled: Settled) -> tuple[int, dict, int | None]:
     """(actors, actor options, torch threads per actor) for this cluster and device."""
     total = ray.cluster_resources()
-    if request.device.startswith("cuda"):
-        gpus = kind.gpus_per_worker(request)
+    if settled.device.startswith("cuda"):
+        gpus = backend_kind(settled.kind).gpus_per_worker(settled)
         n = cfg.workers or max(1, int(total.get("GPU", 0)) // gpus)
         return n, {"num_gpus": gpus, "num_cpus": 1}, None
     n = cfg.workers or 1
@@ -193,19 +208,17 @@ def _resources(
     return n, {"num_cpus": threads}, threads
 
 
-def extract_parallel(
-    todo, table, template, d_entry, cfg: ExtractConfig, kind: BackendKind, request: BackendRequest, out
-) -> list[Path]:
+def extract_parallel(todo, table, template, d_entry, cfg: ExtractConfig, settled: Settled, out) -> list[Path]:
     """Extract the variants in `todo` [(variant, spec)] with Ray actors; return the feature-set paths.
 
-    The caller holds each spec's writer lock (extract/run.py); every actor loads `kind` with `request`.
+    The caller holds each spec's writer lock (extract/run.py); every actor opens `settled` (re-settled there).
     """
     ray, started = _ray_start(cfg, out)
     pool = None
     try:
-        n_workers, options, threads = _resources(ray, cfg, kind, request)
+        n_workers, options, threads = _resources(ray, cfg, settled)
         t_load = time.perf_counter()
-        worker_args = (kind, request, bool(cfg.ray_address))
+        worker_args = (backend_kind(settled.kind), settled, bool(cfg.ray_address))
         pool = WorkerPool(ray, worker_args, n_workers, options, threads, out)
         where = f"Ray cluster {cfg.ray_address}" if cfg.ray_address else "a local Ray"
         out(
@@ -219,8 +232,8 @@ def extract_parallel(
                 t0 = time.perf_counter()
                 n = ray.get(pool.actors[0].prepare.remote(spec, context))
                 h = pool.hidden_size
-                command = reproduce_command(cfg, [variant], kind.name, kind.command_args(request))
-                chunk = min(default_chunk_rows(h, n), request.shard_rows)  # ranges never share a chunk
+                command = reproduce_command(cfg, [variant], settled.kind, list(settled.command_args))
+                chunk = min(default_chunk_rows(h, n), settled.shard_rows)  # ranges never share a chunk
                 with open_writer(
                     cfg.store,
                     spec,
@@ -230,7 +243,7 @@ def extract_parallel(
                     command=command,
                     locked=True,
                 ) as w:
-                    block = -(-request.shard_rows // w.chunk_rows) * w.chunk_rows
+                    block = -(-settled.shard_rows // w.chunk_rows) * w.chunk_rows
                     tasks = w.missing(block)
                     todo_rows = sum(b - a for t in tasks for a, b in t)
                     if todo_rows < n:
@@ -244,7 +257,7 @@ def extract_parallel(
                     w.stats = {  # compute accounting, as the single process records it (meta.json "compute")
                         "n_params_non_embedding": first.get("n_params_non_embedding"),
                         "wall_s": time.perf_counter() - t0,
-                        "device": first.get("device") or request.device,
+                        "device": first.get("device") or settled.device,
                         "workers": n_workers,
                     }
                     path = w.commit()

@@ -8,16 +8,18 @@
 3. For each variant, build the FeatureSetSpec from every resolved input (model id/hash, backend +
    versions + dtype, question-table fingerprint, template text, option tokens, context seed).
    Complete ones are skipped at once ("already complete: <path>"), before any model is loaded.
-   `auto` settings are decided first (dtype, compile, batch invariance, batch tokens and shard rows:
-   extract/sizing.py) and printed with why; where the batch sizes are part of the fingerprint, sizes a
-   store already recorded for the same inputs are reused rather than measured again.
+   The backend settles first (extract/backends/registry.py: dtype, compile, batch invariance, batch
+   tokens and shard rows, device) and prints why; the fingerprint is what it settled (`Settled.identity`).
+   Where the batch sizes are part of it, sizes a store already recorded for the same inputs are reused
+   rather than measured again; a store set of the same inputs settled on another machine (device,
+   accelerator, libraries) stops the run with one line naming the field.
 4. Load the model ONCE, then per remaining variant: render prompts, resolve option tokens, open the
    store writer, resume after its durable rows, score shard by shard (bounded memory), commit. On a GPU
    the next shard is tokenized and the previous one written while the device runs (extract/variant.py).
    With --workers / --ray-address, step 4 runs in Ray actors over row ranges (extract/distributed.py).
 
-The backend is an object from the registry (extract/backends/registry.py): this recipe asks it, never
-compares its name. Rows are computed by extract/variant.py, here and in every Ray actor alike.
+The backend is opened through the registry's one door (`settle_backend`, `open_backend`): this recipe
+asks it, never compares its name. Rows are computed by extract/variant.py, here and in every Ray actor alike.
 """
 
 from __future__ import annotations
@@ -29,17 +31,23 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
-from walla.extract import hub, sizing
-from walla.extract.backends import BATCHING_KEY, Backend, BackendKind, BackendRequest
-from walla.extract.backends.registry import DEFAULT_BACKEND, backend_kind
+from walla.extract import hub
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, BackendKind, BackendRequest, Settled
+from walla.extract.backends.registry import (
+    DEFAULT_BACKEND,
+    backend_kind,
+    backend_names,
+    identity_difference,
+    open_backend,
+    settle_backend,
+    unknown_backend,
+)
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, default_template, load_dataset_table
 from walla.extract.distributed import extract_parallel
-from walla.extract.model_stats import non_embedding_params
 from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.progress import Progress
 from walla.extract.prompts import PromptTemplate, build_prompts, get_template
@@ -97,7 +105,10 @@ def choose_backend(cfg: ExtractConfig, model_entry) -> BackendKind:
     """--backend, else the manifest hint; a hinted backend that cannot run here falls back to the default (hf)."""
     if cfg.backend:
         return backend_kind(cfg.backend)
-    kind = backend_kind(model_entry.backend or DEFAULT_BACKEND)
+    hint = model_entry.backend or DEFAULT_BACKEND
+    if hint not in backend_names():  # models.yaml names any string; the registry is the one list
+        raise KeyError(f"models.yaml: {model_entry.name}.backend: {unknown_backend(hint)}")
+    kind = backend_kind(hint)
     ok, why = kind.usable()
     if not ok:
         log.info(
@@ -111,30 +122,37 @@ def choose_backend(cfg: ExtractConfig, model_entry) -> BackendKind:
     return kind
 
 
-def backend_request(
+def backend_args(cfg: ExtractConfig, model_entry, kind: str) -> dict:
+    """The backend's own options: the model's manifest `backend_args` (for its hinted backend), then --backend-arg."""
+    manifest = dict(model_entry.backend_args) if model_entry.backend == kind else {}
+    return {**manifest, **cfg.backend_args}
+
+
+def settle_run(
     cfg: ExtractConfig,
+    model_entry,
     rm: ResolvedModel,
-    dtype: str,
+    kind: str,
     device: str,
-    chat_template: bool,
-    hidden_size: int | None,
-) -> BackendRequest:
-    """The backend's settings of this run: the resolved model, dtype and device, and cfg's backend options."""
-    return BackendRequest(
+    est_tokens: Callable[[], int] | None = None,
+    recorded: dict | None = None,
+) -> Settled:
+    """What `kind` settles for this model and these options (walla-extract and the market agent alike).
+
+    Raises:
+        ConfigError: a bad --backend-arg / manifest backend_args. ValueError: a setting the kind refuses.
+    """
+    request = BackendRequest(
         model=rm,
-        dtype=dtype,
+        dtype=cfg.dtype or model_entry.dtype or "auto",
         device=device,
-        chat_template=chat_template,
-        hidden_size=hidden_size,
-        batch_tokens=cfg.batch_tokens or sizing.CPU_BATCH_TOKENS,  # `auto` (None): settled by the kind
-        shard_rows=cfg.shard_rows or sizing.CPU_SHARD_ROWS,
-        compile=cfg.compile,
-        batch_invariant=cfg.batch_invariant,
-        tensor_parallel_size=cfg.tensor_parallel_size,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        max_model_len=cfg.max_model_len,
-        enforce_eager=cfg.enforce_eager,
+        chat_template=model_entry.chat_template if cfg.chat_template is None else cfg.chat_template,
+        hidden_size=model_entry.hidden_size,
+        batch_tokens=cfg.batch_tokens,  # None: auto, settled by the kind
+        shard_rows=cfg.shard_rows,
+        est_tokens=est_tokens,
     )
+    return settle_backend(kind, request, backend_args(cfg, model_entry, kind), recorded)
 
 
 def run(cfg: ExtractConfig, out=print) -> list[Path]:
@@ -158,41 +176,37 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
 
     # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
     rm, table, source = _load_inputs(kind, rm, d_entry, cfg)
-    dtype = cfg.dtype or m_entry.dtype or "auto"
-    chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
-    request = backend_request(cfg, rm, dtype, device, chat, m_entry.hidden_size)
-    command = reproduce_command(cfg, variants, kind.name, kind.command_args(request))
+
+    # 3. settle the backend once: what it decides is what the fingerprint records ------------------------
+    est_tokens = functools.cache(functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg))
+    settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens)
+    command = reproduce_command(cfg, variants, settled.kind, list(settled.command_args))
     qfp = write_question_table(cfg.store, cfg.dataset, table, source, command)
     counts = table["split"].value_counts().sort("split")
     out(
         f"questions: {table.height} rows ({', '.join(f'{s} {n}' for s, n in counts.iter_rows())}), "
         f"fingerprint {qfp}" + (f"; dropped {source['dropped']}" if source.get("dropped") else "")
     )
-
-    # 3. one spec per variant; skip the complete ones before loading anything ----------------------------
-    dtype_from = "--dtype" if cfg.dtype else f"manifest dtype of {cfg.model}"
-    est_tokens = functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg)
-    request = _settle(kind, request, cfg, dtype_from, est_tokens, out)  # the fingerprint gets what ran
-    ident = {"model": rm.identity, **kind.identity(request)}
-    inputs = {v: _inputs(v, qfp, source, ident, d_entry, template, cfg) for v in variants}
+    for line in settled.why:
+        for part in (line or "").splitlines():
+            out(part)
+    inputs = {v: _inputs(v, qfp, source, settled.identity, d_entry, template, cfg) for v in variants}
     recorded = _recorded_batching(cfg, model_name, inputs)
     if recorded is not None:  # the sizes the store's sets of these inputs were made with: their fingerprints
         batching, why = recorded
         out(why)
-        request = replace(request, batch_tokens=batching["batch_tokens"], shard_rows=batching["shard_rows"])
-        ident = {"model": rm.identity, **kind.identity(request)}
-        inputs = {v: _inputs(v, qfp, source, ident, d_entry, template, cfg) for v in variants}
+        settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens, recorded=batching)
+        inputs = {v: _inputs(v, qfp, source, settled.identity, d_entry, template, cfg) for v in variants}
+    _refuse_other_machine(cfg, model_name, inputs, settled)
     specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]
     with contextlib.ExitStack() as locks:
         paths, todo = _lock_and_skip_complete(locks, cfg.store, specs, out)
         if not todo:
             return paths
         if cfg.workers or cfg.ray_address:  # 4'. the same, in Ray actors over row ranges
-            return paths + extract_parallel(todo, table, template, d_entry, cfg, kind, request, out)
+            return paths + extract_parallel(todo, table, template, d_entry, cfg, settled, out)
         # 4. load the model once, extract each remaining variant ----------------------------------------
-        return paths + _extract_here(
-            todo, table, template, d_entry, cfg, kind, request, ident, model_name, out
-        )
+        return paths + _extract_here(todo, table, template, d_entry, cfg, settled, model_name, out)
 
 
 def _lock_and_skip_complete(
@@ -239,29 +253,6 @@ def _load_inputs(kind: BackendKind, rm: ResolvedModel, d_entry, cfg: ExtractConf
     if model_problem:
         raise model_problem
     return rm, table, source
-
-
-def _settle(
-    kind: BackendKind,
-    request: BackendRequest,
-    cfg: ExtractConfig,
-    dtype_from: str,
-    est_tokens: Callable[[], int],
-    out,
-) -> BackendRequest:
-    """The request with `auto` decided by the backend, saying why: dtype, compile, batch invariance, sizes."""
-    dtype, why = kind.settle_dtype(request.dtype, request.device)
-    if why:
-        out(f"dtype {why} [{dtype_from}]")
-    mode, why = kind.settle_compile(request.compile, est_tokens, request.device)
-    if why:
-        out(why)
-    request, why = kind.settle_batching(
-        replace(request, dtype=dtype, compile=mode), cfg.batch_tokens, cfg.shard_rows
-    )
-    for line in (why or "").splitlines():
-        out(line)
-    return request
 
 
 def _recorded_batching(
@@ -312,6 +303,39 @@ def _recorded_batching(
     )
 
 
+def _refuse_other_machine(
+    cfg: ExtractConfig, model_name: str, inputs: dict[str, dict], settled: Settled
+) -> None:
+    """Stop when the store holds a set (complete or being written) of these very inputs that another machine
+    settled: same model, data, prompt and options, but another device, accelerator or library version.
+    Its fingerprint differs, so this run would neither resume it nor reuse it but silently start a second
+    set of other numbers.
+
+    Raises:
+        ValueError: one line naming the first differing field, the set, and the two ways on.
+    """
+    machine, derived = set(settled.environment), set(settled.derived)
+    for variant, ours in inputs.items():
+        mine = canonical(ours)
+        for info in list_feature_sets(cfg.store, model_name, cfg.dataset, variant):
+            theirs = _recorded_inputs(info)
+            if theirs is None or theirs == mine or TIER_KEY not in theirs:
+                continue  # made before sets recorded their device and tier: nothing to compare
+            differ = {k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k)}
+            # a machine key both record differently (one that only one records follows from `auto`)
+            moved = {k for k in differ & machine if theirs.get(k) is not None and mine.get(k) is not None}
+            if not moved or not differ <= machine | derived:
+                continue  # other options or other data: a set of its own, rightly
+            first = next(k for k in settled.environment if k in moved)
+            field = identity_difference({first: theirs.get(first)}, {first: mine.get(first)})
+            raise ValueError(
+                f"the store's {info.status} feature set {info.model}/{info.dataset}/{info.variant} "
+                f"{info.fingerprint} has these inputs but was settled with {field} (recorded != this run's): "
+                f"{'resume it where it was started' if info.status != 'complete' else 'use it where it was made'}, "
+                f"or remove it (`walla-store rm {info.fingerprint} --store {cfg.store} --yes`) to make it here"
+            )
+
+
 def _recorded_inputs(info) -> dict | None:
     """The fingerprint inputs a feature-set directory recorded (meta.json, or writer.json of a write in progress)."""
     if info.status not in ("complete", "incomplete", "writing"):
@@ -356,24 +380,25 @@ def _option_tokens_input(d_entry, template) -> list[str] | str:
 
 
 def _extract_here(
-    todo, table, template, d_entry, cfg: ExtractConfig, kind, request, ident: dict, model_name: str, out
+    todo, table, template, d_entry, cfg: ExtractConfig, settled: Settled, model_name: str, out
 ) -> list[Path]:
     """Step 4 in this process: load the model once, then extract each variant of `todo` [(variant, spec)]."""
     t_load = time.perf_counter()
-    backend = kind.load(request)
-    times = getattr(backend, "load_times", None) or {}  # where the seconds went, when the backend says
+    backend = open_backend(settled)
+    times = backend.load_times
     parts = f": {', '.join(f'{k} {v:.1f} s' for k, v in times.items())}" if times else ""
+    ident = settled.identity
     out(
-        f"model {model_name} loaded ({kind.name}, {ident.get('dtype', 'n/a')}"
+        f"model {model_name} loaded ({settled.kind}, {ident.get('dtype', 'n/a')}"
         f"{', compiled' if ident.get('compile') else ''}) in {time.perf_counter() - t_load:.1f} s{parts}"
     )
     paths = []
     try:
         with Progress(cfg.progress) as bar:
             for variant, spec in todo:
-                command = reproduce_command(cfg, [variant], kind.name, kind.command_args(request))
+                command = reproduce_command(cfg, [variant], settled.kind, list(settled.command_args))
                 paths.append(
-                    _extract_variant(backend, spec, table, template, d_entry, cfg, request, bar, out, command)
+                    _extract_variant(backend, spec, table, template, d_entry, cfg, settled, bar, out, command)
                 )
     finally:
         backend.close()
@@ -387,7 +412,7 @@ def _extract_variant(
     template,
     d_entry,
     cfg: ExtractConfig,
-    request: BackendRequest,
+    settled: Settled,
     bar,
     out,
     command: str,
@@ -398,7 +423,7 @@ def _extract_variant(
         backend, table, template, spec.variant, d_entry.option_tokens, cfg.context_seed
     )
     n = len(prepared.prompts)
-    rows = request.shard_rows
+    rows = settled.shard_rows
     with open_writer(
         cfg.store, spec, hidden_size=backend.hidden_size, total_rows=n, command=command, locked=True
     ) as w:
@@ -407,12 +432,12 @@ def _extract_variant(
         if start0:
             out(f"resuming {spec.model}/{spec.dataset}/{spec.variant} after {start0} durable rows")
         bar.task(f"{spec.model} {spec.dataset}/{spec.variant}", n, start0)
-        overlap = not request.device.startswith("cpu")  # a CPU computes with every core: nothing to overlap
+        overlap = not settled.device.startswith("cpu")  # a CPU computes with every core: nothing to overlap
         score_and_write(backend, prepared, pieces, w.write_range, bar.advance, rows, overlap)
         w.stats = {
-            "n_params_non_embedding": non_embedding_params(getattr(backend, "model", None)),
+            "n_params_non_embedding": backend.n_params,
             "wall_s": time.perf_counter() - t0,
-            "device": str(getattr(backend, "device", cfg.device)),
+            "device": settled.device,
         }
         path = w.commit()
     dt = time.perf_counter() - t0

@@ -57,10 +57,9 @@ def call_ranges(a: int, b: int, call_rows: int | None) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
-def encode_range(backend: Backend, prepared: PreparedVariant, a: int, b: int) -> list[list[int]] | None:
-    """Token ids of rows a..b-1 where the backend takes them ahead (`encode_batch`), else None."""
-    encode = getattr(backend, "encode_batch", None)
-    return encode([p.text for p in prepared.prompts[a:b]]) if encode else None
+def encode_range(backend: Backend, prepared: PreparedVariant, a: int, b: int) -> list[list[int]]:
+    """Token ids of rows a..b-1, computed ahead of `score` (every backend takes them: `encode_batch`)."""
+    return backend.encode_batch([p.text for p in prepared.prompts[a:b]])
 
 
 def score_range(
@@ -79,8 +78,8 @@ def score_range(
     results = []
     for s, e in call_ranges(a, b, call_rows):
         texts = [p.text for p in prepared.prompts[s:e]]
-        ahead = {} if enc is None else {"enc": enc[s - a : e - a]}
-        results.append(backend.score(texts, prepared.token_ids, advance, **ahead))
+        ahead = None if enc is None else enc[s - a : e - a]
+        results.append(backend.score(texts, prepared.token_ids, advance, enc=ahead))
     res = results[0] if len(results) == 1 else _concat(results)
     return feature_rows(prepared.prompts[a:b], res, prepared.token_col), res.hidden
 

@@ -6,14 +6,16 @@
 Every problem of a file (unknown or missing keys, wrong types, bad choices) is collected and raised as
 ONE ConfigError naming the file and key (walla.manifests.validate). The extract stage reads these
 tables to load a model and a dataset; a scenario file's references are checked against them
-(walla.manifests.scenario). A dataset's `loader:` is any name here: the extract stage's loader registry
-(extract/datasets/registry.py) is the one list of loaders and rejects an unknown one.
+(walla.manifests.scenario). A dataset's `loader:` and a model's `backend:` are any name here: the extract
+stage's registries (extract/datasets/registry.py, extract/backends/registry.py) are the one list of each and
+reject an unknown one, naming the model (this layer imports no stage).
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+from dataclasses import field
 from pathlib import Path
 from typing import Literal
 
@@ -33,7 +35,8 @@ class ModelEntry:
     package: str | None = None  # source=package: importable module that ships the GGUF
     gguf: str | None = None  # glob inside the package dir, "assemble()" (gemma3 package), or a hub filename
     path: str | None = None  # source=local: directory or GGUF file
-    backend: Literal["hf", "vllm"] = "hf"  # hint: hf (transformers, CPU/GPU) | vllm
+    backend: str = "hf"  # hint: a registered backend (checked by extract's registry, as `loader` is)
+    backend_args: dict = field(default_factory=dict)  # that backend's --backend-arg defaults (its Options)
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"  # reference: float32
     trust_remote_code: bool = False
     chat_template: bool = False  # the reference never applies one (SPEC §1.1)

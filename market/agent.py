@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
+from walla.extract.backends.registry import open_backend
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
 from walla.extract.models import resolve_model
 from walla.extract.prompts import get_template, option_strings, render
-from walla.extract.run import backend_request, choose_backend
+from walla.extract.run import choose_backend, settle_run
 from walla.extract.scoring import renormalize, resolve_option_token_ids
 from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
 from walla.market.client import MarketClient, MarketError
@@ -39,8 +40,8 @@ class LLMFeatures:
     The prompt is the dataset's template without context (its registry default or datasets.yaml `prompt:`,
     rendered by extract/prompts.py), the scored option tokens are the dataset's (or the display letters),
     the backend is the one walla-extract would choose (`backend`, else the model's manifest hint, else hf;
-    extract/backends/registry.py) in the model's manifest dtype: the same features walla-extract would
-    store for the question.
+    extract/backends/registry.py) in the model's manifest dtype, settled and opened through the registry's
+    door as walla-extract does (`self.settled.identity` is what walla-extract's fingerprint would record).
     """
 
     def __init__(
@@ -57,16 +58,13 @@ class LLMFeatures:
             raise KeyError(f"--dataset {dataset!r}: not in datasets.yaml ({', '.join(sorted(datasets))})")
         self.d_entry = datasets[dataset]
         self.template = get_template(default_template(self.d_entry.loader, self.d_entry.prompt))
-        cfg = ExtractConfig(
-            model=model, dataset=dataset, backend=backend, device=device, dtype=dtype, compile="off"
-        )
+        cfg = ExtractConfig(model=model, dataset=dataset, backend=backend, device=device, dtype=dtype)
         kind = choose_backend(cfg, m_entry)
         device = device or kind.default_device()
         kind.check_device(device)
-        settled, _ = kind.settle_dtype(dtype or m_entry.dtype or "auto", device)
-        chat = bool(m_entry.chat_template)
-        request = backend_request(cfg, resolve_model(m_entry), settled, device, chat, m_entry.hidden_size)
-        self.backend = kind.load(request)
+        # settled and opened as walla-extract does (extract/backends/registry.py): the same identity
+        self.settled = settle_run(cfg, m_entry, kind.pin_model(resolve_model(m_entry)), kind.name, device)
+        self.backend = open_backend(self.settled)
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
         prompt = self.backend.format_prompt(render(self.template, rnd["question"], rnd["options"]))

@@ -45,6 +45,7 @@ class FeatureSetInfo:
     created_at: str | None
     schema_version: int | None
     questions_fp: str | None = None  # the question table the rows were cut from (complete sets)
+    tier: str | None = None  # determinism tier its backend settled (bitwise | batch-recorded | tolerance)
 
     @property
     def size_bytes(self) -> int:
@@ -91,6 +92,7 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
             created_at=m.get("created_at"),
             schema_version=m.get("schema_version"),
             questions_fp=m.get("questions_fp"),
+            tier=determinism_tier(m.get("inputs")),
         )
     w = {}
     with contextlib.suppress(StoreError):
@@ -110,7 +112,14 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
         hidden_size=w.get("hidden_size"),
         created_at=_mtime_iso(d / WRITER_FILE),
         schema_version=FEATURE_SCHEMA_VERSION if w else None,
+        tier=determinism_tier((w.get("fingerprint_inputs") or {}).get("inputs")),
     )
+
+
+def determinism_tier(inputs: dict | None) -> str | None:
+    """The tier a feature set's inputs record (extract/backends: `determinism`); None for sets made before."""
+    tier = (inputs or {}).get("determinism") if isinstance(inputs, dict) else None
+    return tier if isinstance(tier, str) else None
 
 
 def _mtime_iso(path: Path) -> str | None:

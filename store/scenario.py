@@ -353,6 +353,7 @@ def _feature_set_records(parts: list[_Part]) -> tuple[dict[str, str], dict[str, 
                 "n_rows": f.meta["n_rows"],
                 "hidden_size": f.hidden_size,
                 "questions_fp": f.meta["questions_fp"],
+                "determinism": (f.meta.get("inputs") or {}).get("determinism"),  # tier (None: made before)
             }
     return fingerprints, used
 

@@ -1,21 +1,24 @@
 """Extraction backends: what walla-extract asks of a model, as two Protocols and the data they exchange.
 
 - `BackendKind`: one registered way to run a model (extract/backends/registry.py: `hf`, `vllm`; tests add
-  the seeded fake `dummy`). It knows, BEFORE anything loads, whether it can run here, what it adds to a
-  feature set's fingerprint and to the command that re-creates it; then it loads a `Backend`.
+  the seeded fake `dummy`). A kind is three things: its own `Options` (a config dataclass through the one
+  validator, filled from `--backend-arg key=value` and a model's manifest `backend_args`), `settle`,
+  which decides everything once (dtype, compile, batching, sizes, device) and returns a `Settled`, and
+  `load(settled) -> Backend`. The fingerprint of a feature set is `Settled.identity`: what settle decided
+  is what the key records, so a setting cannot change the numbers without changing the key.
 - `Backend`: a loaded model. walla-extract prepares a variant's prompts with it (chat template, option
   token ids) and scores them range by range (extract/variant.py), then closes it.
 
 No base class (STYLE item 12): each backend is a plain class with these few methods and duplicates
-code freely; `BackendRequest` carries every resolved setting, so a kind and its worker copies (Ray
-actors) need nothing else.
+code freely; `Settled` carries every decided setting, so a kind and its worker copies (Ray actors)
+need nothing else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 from walla.extract.models import ResolvedModel
@@ -33,39 +36,82 @@ class ScoreResult:
 
 Progress = Callable[[int, int], None]  # (rows done in this batch, tokens in this batch)
 
-# the identity key holding the batch sizes where outputs depend on batch composition (BackendKind.identity)
+# the identity key holding the batch sizes where outputs depend on batch composition
 BATCHING_KEY = "batching"
+# determinism tiers (Settled.tier), written into every feature set's fingerprint inputs as `determinism`
+TIERS = ("bitwise", "batch-recorded", "tolerance")
+TIER_KEY = "determinism"
 
 
 @dataclass(frozen=True)
 class BackendRequest:
-    """Every setting a backend kind needs to identify and load one model (flat: no config object)."""
+    """What a run asks of a backend, before anything is decided (flat: no config object).
+
+    `None` sizes are `auto`; the kind's own settings are its `Options`, passed to `settle` beside this.
+    """
 
     model: ResolvedModel
-    dtype: str  # a --dtype value; `auto` until the kind settles it (settle_dtype)
+    dtype: str  # a --dtype value (`auto`: measured by settle)
     device: str  # cpu | cuda | cuda:N | mps
     chat_template: bool
     hidden_size: int | None  # the manifest's (checked against the loaded model; the fake's width)
-    batch_tokens: int  # padded tokens per forward pass (settled: a number, never auto)
-    compile: str = "off"  # hf: auto | on | off; `auto` until the kind settles it (settle_compile)
-    shard_rows: int = 256  # rows per scoring call and durable shard (settled)
-    batch_invariant: str = "auto"  # hf: auto | on | off; `auto` until the kind settles it (settle_batching)
-    # vllm only (None: vLLM's default)
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    max_model_len: int | None = None
-    enforce_eager: bool | None = None
+    batch_tokens: int | None = None  # padded tokens per forward pass; None: auto (extract/sizing.py)
+    shard_rows: int | None = None  # rows per scoring call and durable shard; None: auto
+    est_tokens: Callable[[], int] | None = field(default=None, compare=False)  # job's prompt tokens (lazy)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Everything a kind decided for one request: what loads, what the fingerprint records, and why.
+
+    `identity` is the backend's whole share of a feature set's fingerprint (the model's identity
+    included); nothing else adds to it. `environment` names the identity keys the machine decides (device,
+    accelerator, library versions), `derived` those that follow from them through `auto` (tier, batching):
+    a store set that differs from this one in those alone was made elsewhere (extract/run.py refuses it).
+    """
+
+    kind: str  # the registry name
+    request: BackendRequest  # as asked, with the dtype and sizes settled (re-settling it gives `identity`)
+    options: Any  # the kind's Options with every `auto` decided
+    tier: str  # one of TIERS
+    identity: dict
+    why: tuple[str, ...]  # one line per decision, printed by walla-extract
+    command_args: tuple[str, ...]  # the options after `--backend NAME` that re-create the same bytes
+    environment: tuple[str, ...] = ()
+    derived: tuple[str, ...] = (TIER_KEY, BATCHING_KEY)
+
+    @property
+    def model(self) -> ResolvedModel:
+        return self.request.model
+
+    @property
+    def device(self) -> str:
+        return self.request.device
+
+    @property
+    def dtype(self) -> str:
+        return self.request.dtype
+
+    @property
+    def batch_tokens(self) -> int:
+        return int(self.request.batch_tokens or 0)
+
+    @property
+    def shard_rows(self) -> int:
+        return int(self.request.shard_rows or 0)
+
+    def recorded(self) -> dict:
+        """The sizes to settle again with, elsewhere (a Ray worker) or later (a resume)."""
+        return {"batch_tokens": self.batch_tokens, "shard_rows": self.shard_rows}
 
 
 class Backend(Protocol):
-    """A loaded model: the four operations extract/variant.py builds a feature set from, and close()."""
+    """A loaded model: the operations extract/variant.py builds a feature set from, and close()."""
 
     name: str
     hidden_size: int
-
-    def identity(self) -> dict:
-        """Fingerprint inputs of the backend itself: name, library versions, dtype, chat template."""
-        ...
+    load_times: dict[str, float]  # where the load's seconds went (printed on the load line; may be empty)
+    n_params: int | None  # non-embedding parameters (compute accounting); None: unknown
 
     def format_prompt(self, text: str) -> str:
         """Raw text, or the model's chat template around it when asked."""
@@ -79,14 +125,18 @@ class Backend(Protocol):
         """Token ids of a string alone, without special tokens (option-token fallback)."""
         ...
 
-    def score(
-        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
-    ) -> ScoreResult:
-        """One forward pass per prompt; rows come back in input order.
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of many prompts (extract/variant.py runs it in a thread, ahead of `score`)."""
+        ...
 
-        A backend with `encode_batch(texts) -> ids` also takes `enc=` (those ids, computed ahead by
-        extract/variant.py's background thread while the device runs the previous call).
-        """
+    def score(
+        self,
+        prompts: list[str],
+        token_ids: list[int],
+        progress: Progress | None = None,
+        enc: list[list[int]] | None = None,
+    ) -> ScoreResult:
+        """One forward pass per prompt; rows come back in input order. `enc`: `encode_batch(prompts)`."""
         ...
 
     def close(self) -> None: ...
@@ -96,6 +146,7 @@ class BackendKind(Protocol):
     """A registered way to run a model; every method but `load` works without loading anything."""
 
     name: str  # the --backend value
+    Options: type  # its --backend-arg keys: a walla.manifests.validate `@config` class
 
     def usable(self) -> tuple[bool, str]:
         """(True, "") when it can run on this machine, else (False, why in one line)."""
@@ -117,37 +168,15 @@ class BackendKind(Protocol):
         """
         ...
 
-    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
-        """(the dtype the model will run in, why; None when there is nothing to say)."""
+    def settle(self, request: BackendRequest, options: Any, recorded: dict | None = None) -> Settled:
+        """Decide dtype, compile, batching, sizes and device once; `recorded` sizes replace `auto` ones
+        (those a store's feature set or the driver of a Ray run settled with)."""
         ...
 
-    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
-        """(the --compile mode the run uses, why; None when the backend does not compile)."""
-        ...
-
-    def settle_batching(
-        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
-    ) -> tuple[BackendRequest, str | None]:
-        """The request with its batch invariance and sizes decided (`None` sizes: auto, extract/sizing.py),
-        and why; None when there is nothing to say."""
-        ...
-
-    def identity(self, request: BackendRequest) -> dict:
-        """Fingerprint inputs of the backend for this request (the model's own identity is added by run.py).
-
-        A `batching` key (batch tokens, shard rows, order) is present exactly when the outputs depend on
-        which prompts share a forward pass: run.py then reuses the sizes a store already recorded.
-        """
-        ...
-
-    def command_args(self, request: BackendRequest) -> list[str]:
-        """The options after `--backend NAME` that re-create the same bytes (e.g. `--dtype float32`)."""
-        ...
-
-    def gpus_per_worker(self, request: BackendRequest) -> int:
+    def gpus_per_worker(self, settled: Settled) -> int:
         """GPUs one Ray actor holds when the device is a GPU."""
         ...
 
-    def load(self, request: BackendRequest) -> Backend:
+    def load(self, settled: Settled) -> Backend:
         """Load the model (once per process) and return it ready to score."""
         ...

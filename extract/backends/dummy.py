@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 from walla.extract import sizing
-from walla.extract.backends import BackendRequest, Progress, ScoreResult
+from walla.extract.backends import TIER_KEY, BackendRequest, Progress, ScoreResult, Settled
 from walla.extract.device import check_device_name
 from walla.extract.models import ResolvedModel
 from walla.extract.scoring import plan_batches
+from walla.manifests.validate import config
 
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
 VOCAB = 50_000
@@ -36,8 +36,11 @@ class DummyBackend:
         self.seed = int(seed)
         self.batch_tokens = batch_tokens
         self.sharpness = sharpness  # std of the candidate logits: larger = more confident fake answers
+        self.load_times: dict[str, float] = {}
+        self.n_params: int | None = None
 
     def identity(self) -> dict:
+        """What its numbers depend on (DummyKind.settle puts it in the fingerprint)."""
         return dict(backend="dummy", hidden_size=self.hidden_size, seed=self.seed, sharpness=self.sharpness)
 
     def format_prompt(self, text: str) -> str:
@@ -49,18 +52,25 @@ class DummyBackend:
     def encode_bare(self, text: str) -> list[int]:
         return self.encode(text)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
     def _rng(self, text: str, token: int = 0) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(text.encode()), token])
 
     def score(
-        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
+        self,
+        prompts: list[str],
+        token_ids: list[int],
+        progress: Progress | None = None,
+        enc: list[list[int]] | None = None,
     ) -> ScoreResult:
         n, u = len(prompts), len(token_ids)
         raw = np.empty((n, u), dtype=np.float32)  # [N, U]
         hidden = np.empty((n, self.hidden_size), dtype=np.float32)  # [N, H]
         nll = np.empty(n, dtype=np.float32)
         ntok = np.empty(n, dtype=np.int32)
-        lengths = [len(self.encode(p)) for p in prompts]
+        lengths = [len(e) for e in (self.encode_batch(prompts) if enc is None else enc)]
         for idx in plan_batches(lengths, self.batch_tokens):
             for i in idx:
                 p = prompts[i]
@@ -80,10 +90,20 @@ class DummyBackend:
         pass
 
 
+@config
+class DummyOptions:
+    """`--backend-arg` keys of the fake (tests)."""
+
+    seed: int = 0  # seeds every draw
+    sharpness: float = 2.0  # std of the candidate logits
+
+
 class DummyKind:
-    """The fake as a backend kind: no weights, no hub, no device, no dtype; its identity is its seed and width."""
+    """The fake as a backend kind: no weights, no hub, no dtype; every row is a function of its prompt and
+    seed, so its tier is `bitwise` and its identity is its seed, width and sharpness (and the device)."""
 
     name = "dummy"
+    Options = DummyOptions
 
     def usable(self) -> tuple[bool, str]:
         return True, ""
@@ -97,29 +117,39 @@ class DummyKind:
     def pin_model(self, model: ResolvedModel) -> ResolvedModel:
         return model  # the weights are never read: no hub lookup
 
-    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
-        return dtype, None
+    def settle(self, request: BackendRequest, options: DummyOptions, recorded: dict | None = None) -> Settled:
+        recorded = recorded or {}
+        bt = request.batch_tokens or recorded.get("batch_tokens") or sizing.CPU_BATCH_TOKENS
+        rows = request.shard_rows or recorded.get("shard_rows") or sizing.CPU_SHARD_ROWS
+        fake = DummyBackend(request.hidden_size, options.seed, sharpness=options.sharpness)
+        identity = {
+            "model": request.model.identity,
+            **fake.identity(),
+            "device": check_device_name(request.device),
+            TIER_KEY: "bitwise",
+        }
+        args = [
+            a
+            for k, v in (("seed", options.seed), ("sharpness", options.sharpness))
+            for a in ("--backend-arg", f"{k}={v}")
+        ]
+        return Settled(
+            kind=self.name,
+            request=replace(request, batch_tokens=bt, shard_rows=rows, est_tokens=None),
+            options=options,
+            tier="bitwise",
+            identity=identity,
+            why=(),
+            command_args=("--device", identity["device"], *args),
+            environment=("device",),
+        )
 
-    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
-        return mode, None
-
-    def settle_batching(
-        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
-    ) -> tuple[BackendRequest, str | None]:
-        bt = batch_tokens or sizing.CPU_BATCH_TOKENS  # every row is a function of its prompt: no batching key
-        return replace(request, batch_tokens=bt, shard_rows=shard_rows or sizing.CPU_SHARD_ROWS), None
-
-    def identity(self, request: BackendRequest) -> dict:
-        return DummyBackend(request.hidden_size).identity()
-
-    def command_args(self, request: BackendRequest) -> list[str]:
-        return []  # the dtype changes nothing here
-
-    def gpus_per_worker(self, request: BackendRequest) -> int:
+    def gpus_per_worker(self, settled: Settled) -> int:
         return 1
 
-    def load(self, request: BackendRequest) -> DummyBackend:
-        return DummyBackend(request.hidden_size, batch_tokens=request.batch_tokens)
+    def load(self, settled: Settled) -> DummyBackend:
+        o = settled.options
+        return DummyBackend(settled.request.hidden_size, o.seed, settled.batch_tokens, o.sharpness)
 
 
 DUMMY = DummyKind()

@@ -22,7 +22,7 @@ transformers' own choice (SDPA where the architecture supports it, else eager).
 fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, residuals), which in eager
 mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
 
-Batch composition (`--batch-invariant auto|on|off`, `explain_batch_invariant`): on a CPU, reduced precision
+Batch composition (`--backend-arg batch_invariant=auto|on|off`, `explain_batch_invariant`): on a CPU, reduced precision
 (bfloat16, float16) is scored batch-invariantly: prompts are packed without padding and attend and are
 scored one by one (extract/backends/hf_packed.py), so a prompt's option log-probs, hidden state and NLL are
 the same bits in any batch mix (padded bf16 batches moved an option log-prob by up to 0.6 nats); the
@@ -91,17 +91,17 @@ BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sor
 
 
 def invariant_by_default(dtype: torch.dtype, device: str = "cpu") -> bool:
-    """`--batch-invariant auto`: on in reduced precision on a CPU, where batch composition moves results
+    """`batch_invariant=auto`: on in reduced precision on a CPU, where batch composition moves results
     visibly and packing costs little; off on CUDA (see explain_batch_invariant) and in float32."""
     return dtype != torch.float32 and not str(device).startswith("cuda")
 
 
 def explain_batch_invariant(mode: str, dtype: torch.dtype, device: str) -> tuple[bool, str]:
-    """(batch-invariant scoring?, why) for --batch-invariant auto|on|off, a dtype and a device."""
+    """(batch-invariant scoring?, why) for --backend-arg batch_invariant=auto|on|off, a dtype and a device."""
     if mode in ("on", "off"):
-        return mode == "on", f"batch-invariant {mode} [--batch-invariant]"
+        return mode == "on", f"batch-invariant {mode} [--backend-arg batch_invariant]"
     if mode != "auto":
-        raise ValueError(f"--batch-invariant must be auto, on or off, got {mode!r}")
+        raise ValueError(f"--backend-arg batch_invariant must be auto, on or off, got {mode!r}")
     on = invariant_by_default(dtype, device)
     if dtype == torch.float32:
         why = "float32: padded batches (batch composition moves results by ~1e-5 there)"
@@ -236,7 +236,7 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._identity = identity or {}
-        # None: `--batch-invariant auto` for this dtype and device (module docstring)
+        # None: `batch_invariant=auto` for this dtype and device (module docstring)
         self.batch_invariant = (
             invariant_by_default(self.dtype, self.device.type) if batch_invariant is None else batch_invariant
         )
@@ -248,13 +248,6 @@ class HFBackend:
             self.compile()
 
     # -- text -> ids ------------------------------------------------------------------------------------
-
-    def identity(self) -> dict:
-        batching = None
-        if self.shard_rows is not None:
-            batching = batching_identity(self.dtype, self.batch_invariant, self.batch_tokens, self.shard_rows)
-        ident = hf_identity(self.dtype, self.chat_template, self.compiled, self.batch_invariant, batching)
-        return {**self._identity, **ident}
 
     def format_prompt(self, text: str) -> str:
         if not self.chat_template:

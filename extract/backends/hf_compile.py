@@ -46,9 +46,9 @@ def explain_compile(mode: str, est_tokens: int, device: str) -> tuple[bool, str]
     GPU host was not measured here: the load line prints it (`compile N s`), and `--compile off` avoids it.
     """
     if mode in ("on", "off"):
-        return mode == "on", f"compile {mode} [--compile]"
+        return mode == "on", f"compile {mode} [--backend-arg compile]"
     if mode not in COMPILE_MODES:
-        raise ValueError(f"--compile must be auto, on or off, got {mode!r}")
+        raise ValueError(f"--backend-arg compile must be auto, on or off, got {mode!r}")
     threshold, evidence = compile_threshold(device)
     on = est_tokens >= threshold
     rel = ">=" if on else "<"

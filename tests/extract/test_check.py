@@ -160,7 +160,7 @@ def test_bf16_check_end_to_end_on_the_tiny_model(monkeypatch):
     prompts = [Prompt(p, ("A", "B", "C")) for p in long + PROMPTS]
     second = {"vllm": lambda: HFBackend(model, tok, batch_tokens=400, batch_invariant=False)}
 
-    def fake_load(name, request):
+    def fake_load(name, request, args):
         dtype = request.dtype
         if name == "hf":
             return HFBackend(model if dtype == "bfloat16" else model32, tok, batch_tokens=400)

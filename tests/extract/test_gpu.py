@@ -92,6 +92,7 @@ def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset)
     assert any(x.startswith("batch tokens auto -> 65,536 on cuda: ") and "GiB free" in x for x in lines)
     assert any(x.startswith("compile auto -> off") for x in lines)  # a few hundred tokens
     fs = read_feature_set(path)
+    assert fs.meta["inputs"]["determinism"] == "batch-recorded" and fs.meta["inputs"]["device"] == "cuda"
     assert fs.meta["inputs"]["batching"]["batch_tokens"] == 65_536
     assert fs.meta["inputs"]["batching"]["shard_rows"] == 8192
     assert fs.meta["compute"]["device"].startswith("cuda")
@@ -107,13 +108,15 @@ def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset)
 
 def test_sizing_reads_the_real_free_memory_and_the_config(local_model):
     rm = ResolvedModel("gputiny", str(local_model), None, None, {"source": "local"})
-    req = BackendRequest(rm, "bfloat16", "cuda", False, 64, batch_tokens=8192)
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 64)
     free = torch.cuda.mem_get_info()[0]
-    settled, why = HF.settle_batching(req, None, None)
+    settled = HF.settle(req, HF.Options())
+    why = " ".join(settled.why)
     shape = sizing.ModelShape.from_config(LlamaConfig.from_pretrained(local_model), "bfloat16")
     want = sizing.settle_sizes("cuda", None, None, shape, free, fixed_bytes=0)
     assert settled.batch_tokens == want.batch_tokens == 65_536  # a tiny model: the cap
-    assert settled.shard_rows == 8192 and settled.batch_invariant == "off"
+    assert settled.shard_rows == 8192 and settled.options.batch_invariant == "off"
+    assert settled.identity["accelerator"] == torch.cuda.get_device_name(0)  # batch-recorded bf16 on CUDA
     assert "GiB free" in why and "2 layers, hidden 64" in why
 
 

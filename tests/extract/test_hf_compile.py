@@ -7,13 +7,14 @@ import copy
 import numpy as np
 import pytest
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
+from walla.extract.backends import BackendRequest
 from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, explain_compile
-from walla.extract.backends.hf_kind import HF
+from walla.extract.backends.registry import settle_backend
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
-from walla.extract.run import backend_request
+from walla.manifests.validate import ConfigError
 
 
 def test_compiled_backend_matches_eager_with_and_without_prefix_cache():
@@ -21,7 +22,7 @@ def test_compiled_backend_matches_eager_with_and_without_prefix_cache():
     model = tiny_model(len(tok))
     eager = HFBackend(model, tok, batch_tokens=64)
     fast = HFBackend(copy.deepcopy(model), tok, batch_tokens=64, compiled=True)
-    assert fast.identity()["compile"] is True and "compile" not in eager.identity()
+    assert fast.compiled is True and eager.compiled is False
     assert fast.prefix_cache is False  # a cached prefix would recompile the layer graph per layer index
     prompts = [CORPUS[0] + " " + c for c in CORPUS[1:]] * 2  # a shared prefix: eager takes the KV-cache path
     for prefix_cache in (True, False):
@@ -37,7 +38,7 @@ def test_auto_compiles_large_jobs_only():
     on, why = explain_compile("auto", COMPILE_MIN_TOKENS - 1, "cpu")
     assert on is False and "compile auto -> off" in why
     assert explain_compile("on", 0, "cpu")[0] is True and explain_compile("off", 10**9, "cpu")[0] is False
-    with pytest.raises(ValueError, match="--compile must be auto, on or off"):
+    with pytest.raises(ValueError, match="--backend-arg compile must be auto, on or off"):
         explain_compile("yes", 0, "cpu")
 
 
@@ -52,12 +53,14 @@ def test_auto_compiles_earlier_on_cuda():
 
 
 def test_bad_compile_value_and_reproduce_command():
-    with pytest.raises(ValueError, match="compile must be auto, on or off, got 'fast'"):
-        ExtractConfig(model="m", dataset="d", compile="fast")
     rm = ResolvedModel("m", "m", None, None, {})
-    on = ExtractConfig(model="m", dataset="d", compile="on")
-    args = HF.command_args(backend_request(on, rm, "bfloat16", "cpu", False, None))
-    assert "--compile on" in reproduce_command(on, ["none"], "hf", args)
-    off = ExtractConfig(model="m", dataset="d", compile="off")
-    args = HF.command_args(backend_request(off, rm, "bfloat16", "cpu", False, None))
-    assert "--compile" not in reproduce_command(off, ["none"], "hf", args)
+    request = BackendRequest(rm, "bfloat16", "cpu", False, None)
+    with pytest.raises(ConfigError, match="compile must be auto, on or off, got 'fast'"):
+        settle_backend("hf", request, {"compile": "fast"})
+    cfg = ExtractConfig(model="m", dataset="d")
+    on = settle_backend("hf", request, {"compile": "on"})
+    assert on.identity["compile"] is True
+    assert "--backend-arg compile=on" in reproduce_command(cfg, ["none"], "hf", list(on.command_args))
+    off = settle_backend("hf", request, {"compile": "off"})
+    assert "compile" not in off.identity  # absent when off: sets made before the option keep their inputs
+    assert "--backend-arg compile=off" in reproduce_command(cfg, ["none"], "hf", list(off.command_args))

@@ -29,7 +29,7 @@ def test_vllm_auto_dtype_is_resolved_before_the_fingerprint(tmp_path, monkeypatc
 
     def fake_load(request):
         loaded.append(("vllm", request.dtype))
-        return DummyBackend(request.hidden_size)  # scores like the dummy; the identity stays vllm's
+        return DummyBackend(request.request.hidden_size)  # scores like the dummy; the identity stays vllm's
 
     monkeypatch.setattr(vllm_mod.VLLM, "load", fake_load)
     cfg = ExtractConfig(

@@ -12,13 +12,12 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 import torch
+from walla.extract.backends import BackendRequest
 from walla.extract.backends import vllm as vb
 from walla.extract.backends import vllm_engine as ve
-from walla.extract.backends.hf_kind import HF
+from walla.extract.backends.registry import open_backend, settle_backend
 from walla.extract.check import compare
-from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel, resolve_model
-from walla.extract.run import backend_request
 from walla.manifests.catalog import load_models
 
 
@@ -81,11 +80,12 @@ def test_identity_and_unusable_message(monkeypatch, tmp_path):
     ok, why = vb.VLLM.usable()
     assert not ok and why == f"WALLA_VLLM_PYTHON={tmp_path / 'nope' / 'python'} does not exist"
     rm = ResolvedModel("m", "/m", None, None, {"source": "local"})
-    req = backend_request(ExtractConfig(model="m", dataset="facts"), rm, "bfloat16", "cpu", True, None)
+    settled = settle_backend("vllm", BackendRequest(rm, "bfloat16", "cpu", True, None))
+    assert settled.identity["vllm"] is None  # no engine here: recorded as unknown, never guessed
     with pytest.raises(
         RuntimeError, match="--backend vllm cannot run here: WALLA_VLLM_PYTHON=.* does not exist"
     ):
-        vb.VLLM.load(req)
+        vb.VLLM.load(settled)
 
 
 # ----------------------------------------------------------------------------- against the installed vLLM
@@ -147,17 +147,16 @@ def test_real_vllm_matches_hf_on_smollm2():
     if not vb.vllm_usable()[0]:
         pytest.skip(f"vLLM is not installed ({vb.SETUP_HINT})")
     rm = resolve_model(load_models()["smollm2-135m"])
-    req = backend_request(
-        ExtractConfig(model="smollm2-135m", dataset="facts"), rm, "float32", "cpu", False, 576
-    )
+    req = BackendRequest(rm, "float32", "cpu", False, 576)
     prompts = ["The capital of France is", "Question: Which gas do plants take in? Answer:"]
-    hf = HF.load(req)
+    hf = open_backend(settle_backend("hf", req))
     cand = [hf.encode_bare(s)[0] for s in (" Paris", " carbon", " A")]
     ref = hf.score(prompts, cand)
     hf.close()
-    v = vb.VLLM.load(req)  # the registry's kind, as walla-extract --backend vllm loads it
+    settled = settle_backend("vllm", req)
+    v = open_backend(settled)  # through the registry's door, as walla-extract --backend vllm opens it
     try:
-        assert v.identity() == vb.VLLM.identity(req) and v.identity()["vllm"] is not None
+        assert settled.identity["vllm"] is not None and settled.identity["device"] == "cpu"
         got = v.score(prompts, cand)
     finally:
         v.close()
