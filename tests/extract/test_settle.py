@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from tiny_model import register_jsonl_dataset, register_local_model, save_tiny_checkpoint
 from typer.testing import CliRunner
+from walla.cli.main import app as walla_root
 from walla.extract import check as check_mod
 from walla.extract import device as devices
 from walla.extract import run as run_mod
@@ -277,12 +278,12 @@ def test_a_third_kind_runs_walla_extract_and_walla_check_with_its_own_option(tmp
         extract_app, [*common, "--backend", "twin", "--backend-arg", "flavor=-1", "--store", str(tmp_path)]
     )
     assert bad.exit_code == 2 and "flavor must be >= 0, got -1" in bad.output
-    r = CliRunner().invoke(check_mod.app, ["check", *common, "--backends", "hf,twin", "--backend-arg", "flavor=2",
+    r = CliRunner().invoke(walla_root, ["check", *common, "--backends", "hf,twin", "--backend-arg", "flavor=2",
                                            "--report", str(tmp_path / "check.json")])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "twin vs hf" in r.output and "PASS" in r.output
     r = CliRunner().invoke(
-        check_mod.app, ["check", *common, "--backends", "hf,twin", "--backend-arg", "depth=2"]
+        walla_root, ["check", *common, "--backends", "hf,twin", "--backend-arg", "depth=2"]
     )
     assert r.exit_code == 1 and "--backend-arg depth: no compared backend has that option" in r.output
 
