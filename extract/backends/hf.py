@@ -23,16 +23,21 @@ fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, res
 mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
 
 Batch composition (`--batch-invariant auto|on|off`, `explain_batch_invariant`): on a CPU, reduced precision
-(bfloat16, float16) is scored batch-invariantly: prompts are packed without padding and attend and are
-scored one by one (extract/backends/hf_packed.py), so a prompt's option log-probs, hidden state and NLL are
-the same bits in any batch mix (padded bf16 batches moved an option log-prob by up to 0.6 nats); the
-fingerprint records `batch_invariant: true`. On a CUDA device `auto` keeps the padded batches of a bare
-loop: packed scoring runs attention prompt by prompt, and cuBLAS picks its kernels by row count, so the
-row-invariance probe fails and each prompt would run alone, far below the bare loop's speed. Its outputs
-then depend on which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch
-tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix cache without either
-key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below anything a
-feature is used for.
+(bfloat16, float16) is scored batch-invariantly: prompts are packed without padding, one attention call per
+layer runs every prompt of a pack in key blocks aligned to its own position 0, a prefix every prompt of a call
+shares is run once and cached, and the LM head runs once over the pack (extract/backends/hf_packed.py), so a
+prompt's option log-probs, hidden state and NLL are the same bits in any batch mix and whatever prefix was
+cached (padded bf16 batches moved an option log-prob by up to 0.6 nats); the fingerprint records
+`batch_invariant: true`. What this rests on is probed at the first packed score() (`settle_invariance`,
+cached per machine in hf_checks): where the whole-pack attention fails the probe, attention runs prompt by
+prompt without a prefix cache; where the GEMMs are not row-invariant, each prompt runs alone (both still
+invariant, slower). On a CUDA device `auto` keeps the padded batches of a bare loop: cuBLAS picks its kernels
+by row count, so the probe is expected to fail and each prompt would run alone (not measured on a GPU with
+this path yet). Its outputs then depend on which prompts share a pass, so the fingerprint records what fixes
+that (`batching`: batch tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix
+cache without either key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below
+anything a feature is used for; `--batch-invariant on` runs the same probed path in float32 (GEMMs get at
+least the row count from which the probe found rows identical).
 """
 
 from __future__ import annotations

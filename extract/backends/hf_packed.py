@@ -1,29 +1,34 @@
-"""Batch-invariant forward for the hf backend: prompts packed into one token stream, attention per prompt.
+"""Batch-invariant forward for the hf backend: prompts packed into one token stream, one attention call.
 
 Why: in reduced precision a padded batch changes a prompt's numbers. Measured on SmolLM2-135M in bf16 on the
 2-core CPU (ARC dev): a prompt scored alone vs in a padded batch differs by up to 0.6 nats on an option
-log-prob. Padding changes the attention kernel's key length (its blocking, so its rounding) and the rows of
-the LM head's GEMM. Here nothing a prompt computes depends on its batch mates:
+log-prob. Padding changes the attention kernel's key length (its blocking, so its rounding: SDPA's CPU flash
+kernel picks its splits and packing from the batch's shapes) and the rows of the LM head's GEMM. Here nothing
+a prompt computes depends on its batch mates:
 
 - no padding: the batch is ONE sequence [1, T] of the prompts' tokens back to back, position ids restarting
-  at 0 for each prompt (RoPE is per position);
-- attention runs per prompt (`segment_attention`, registered with transformers' AttentionInterface and
-  switched on only inside `packed_decoder`): each prompt's q/k/v slice goes through the model's own attention
-  function (SDPA or eager) with exactly the shapes it has alone;
+  at 0 (or at the length of a cached shared prefix) for each prompt (RoPE is per position);
+- attention (`segment_attention`, registered with transformers' AttentionInterface and switched on only
+  inside `packed_decoder`) runs every prompt in one `blocked_attention` call: each prompt is gathered into its
+  own row of a padded batch whose keys start at position 0 and are reduced in fixed blocks of KEY_BLOCK keys
+  in position order, so masked keys add exact zeros and a prompt's rows are the same bits in a pack of any
+  width, alone, or after a cached prefix of any length. Where that fails the probe, the fallback runs each
+  prompt's q/k/v slice through the model's own attention function (SDPA or eager) with exactly its shapes
+  alone, and no prefix is cached;
 - norms, RoPE, activations and residuals are per token;
-- the LM head (option log-probs, prompt NLL) runs per prompt, on that prompt's rows only;
+- the LM head runs once over the pack's last rows (option log-probs) and once, chunked, over all its positions
+  (prompt NLL), never on fewer than `min_rows` rows; a prompt's NLL is the correctly rounded sum of its token
+  NLLs (math.fsum), so it does not depend on where its positions fell;
 - the decoder's linear layers are ONE GEMM over the T packed tokens. Whether a GEMM row is the same number
-  whatever the other rows are is a property of the kernel, not of the math. On the development CPU
-  (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M >= 2 tried (2..39 and
-  block boundaries up to 2048, the model's shapes), while an M = 1 GEMM (a GEMV) reduces in another order
-  for K = 1536; MKL's fp32 GEMMs differ between M = 1, 2-3 and >= 7, and GPU libraries pick split-K by M.
-  So `linear_rows_invariant` checks it on the model's own linear layers before packing is trusted; where
-  it fails, each prompt runs alone (invariant by construction, slower). A stream of 1 token gets a pad
-  token so no decoder GEMM is ever a GEMV.
+  whatever the other rows are is a property of the kernel, not of the math: on the development CPU
+  (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M tried; MKL's fp32 GEMMs
+  differ between M = 1, 2-3 and >= 7, and GPU libraries pick split-K by M. So `linear_rows_invariant` finds,
+  on the model's own linear layers and LM head, the row count from which rows agree (`min_rows`, streams
+  shorter than that get a pad segment; never fewer than 2); where no small count does, each prompt runs
+  alone (invariant by construction, slower).
 
-The result of a prompt is then the same bits in any batch mix, as if it ran alone (tests: the tiny model and
-SmolLM2, two different mixes, bit for bit). The shared-prefix KV cache is not used: its length depends on
-which prompts share a call.
+The result of a prompt is then the same bits in any batch mix (tests: the tiny model and SmolLM2, two
+different mixes and alone, bit for bit; hf_checks.probe_packed checks it at load on the model itself).
 """
 
 from __future__ import annotations
