@@ -54,7 +54,15 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from walla.extract import device as devices
 from walla.extract import dtype_probe, hub
-from walla.extract.backends import BATCHING_KEY, Progress, ScoreResult, hf_checks, hf_packed, lm_head
+from walla.extract.backends import (
+    BATCHING_KEY,
+    Progress,
+    ScoreResult,
+    hf_checks,
+    hf_compile,
+    hf_packed,
+    lm_head,
+)
 from walla.extract.backends.hf_compile import compile_layers
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
     cache_root,
@@ -531,6 +539,7 @@ class HFBackend:
         # never fewer than 2: a 1-token stream changed a prompt's bits on the development CPU (bf16, SmolLM2)
         # although the linear probe passed at M = 1; the packed probe below checks the result either way
         self.min_rows = max(2, min_rows)
+        why = f"{why} (GEMMs get at least {self.min_rows} rows)" if self.rows_invariant else why
         if not self.rows_invariant:
             self.min_rows, self.attention_batched = 2, False
             self.invariance_why = why
@@ -641,6 +650,9 @@ def load_hf_backend(
     times["self-check (cached)" if cached else "self-check"] = time.perf_counter() - t
     if compiled:
         t = time.perf_counter()
+        hf_compile.use_compile_cache(
+            hf_compile.compile_cache_dir(rm.identity, str(torch_dtype), device, cache_root())
+        )
         backend.compile()
         times["compile"] = time.perf_counter() - t
     backend.load_times = times
