@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dataset", default="facts,arc", help="comma-separated: facts, arc")
     ap.add_argument("--size", type=int, default=400, help="facts rows (the demo's --size)")
+    ap.add_argument("--limit", type=int, help="score only the first N prompts of each variant (a quick run)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-tokens", type=int, default=8192)
@@ -117,7 +118,7 @@ def main() -> None:
     tier_pad = "batch-recorded (padded batches; outputs depend on the batch mix)"
     results, same = {}, True
     for name in args.dataset.split(","):
-        jobs = prompts_of(be, name, args.size)
+        jobs = [(enc[: args.limit], cand) for enc, cand in prompts_of(be, name, args.size)]
         tokens = sum(len(e) for enc, _ in jobs for e in enc)
         best = {True: np.inf, False: np.inf}
         for _ in range(args.repeat):  # alternated: both sides see the same machine load

@@ -110,6 +110,10 @@ def explain_dtype(name: str, device: str) -> tuple[str, str]:
 
 
 BATCH_INVARIANT_MODES = ("auto", "on", "off")
+# version of the batch-invariant scoring's numerics, in the fingerprint of every invariant feature set: 2 = one
+# blocked attention call per layer, shared prefix cached, LM head over the pack, NLL by fsum (1, unrecorded:
+# per-prompt SDPA, per-prompt LM head). Bump it whenever invariant scoring computes other bits.
+INVARIANT_SCORING = 2
 # how rows are grouped into forward passes (recorded with the sizes where outputs depend on it)
 BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sorted longest first"
 
@@ -161,13 +165,14 @@ def hf_identity(
 
     A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; so is
     batch-invariant scoring (other numbers than padded batches in reduced precision), and, in reduced
-    precision without it, the batching that fixes which prompts share a pass. Each key is absent when off,
+    precision without it, the batching that fixes which prompts share a pass (with invariant scoring, the
+    version of its numerics, INVARIANT_SCORING). Each key is absent when off,
     so feature sets extracted before the option existed keep their fingerprint.
     """
     invariant = invariant_by_default(dtype) if batch_invariant is None else batch_invariant
     return {
         **({"compile": True} if compiled else {}),
-        **({"batch_invariant": True} if invariant else {}),
+        **({"batch_invariant": True, "invariant_scoring": INVARIANT_SCORING} if invariant else {}),
         **({BATCHING_KEY: batching} if batching else {}),
         "backend": "hf",
         "transformers": transformers.__version__,

@@ -10,6 +10,7 @@ import torch
 import transformers
 from walla.extract.backends import BackendKind
 from walla.extract.backends.dummy import DUMMY
+from walla.extract.backends.hf import INVARIANT_SCORING
 from walla.extract.backends.hf_kind import HF
 from walla.extract.backends.registry import BACKEND_KINDS, backend_kind, register_backend
 from walla.extract.backends.vllm import VLLM
@@ -80,7 +81,8 @@ def test_identities_before_loading():
         **want,
         "dtype": "bfloat16",
         "compile": True,
-        "batch_invariant": True,  # packed, per-prompt scoring: the default in reduced precision
+        "batch_invariant": True,  # packed scoring: the default in reduced precision
+        "invariant_scoring": INVARIANT_SCORING,  # the version of its numerics
     }
 
 

@@ -13,7 +13,7 @@ from test_hf_backend import PROMPTS, naive
 from tiny_model import tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
 from walla.extract.backends import hf_packed
-from walla.extract.backends.hf import HFBackend, hf_identity, load_hf_backend
+from walla.extract.backends.hf import INVARIANT_SCORING, HFBackend, hf_identity, load_hf_backend
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 
@@ -244,6 +244,7 @@ def test_plan_packs_covers_every_prompt_once_within_the_budget():
 def test_identity_records_batch_invariance_in_reduced_precision_only():
     assert "batch_invariant" not in hf_identity(torch.float32, False)  # float32 fingerprints unchanged
     assert hf_identity(torch.bfloat16, False)["batch_invariant"] is True
+    assert hf_identity(torch.bfloat16, False)["invariant_scoring"] == INVARIANT_SCORING == 2
     assert hf_identity(torch.float16, False)["batch_invariant"] is True
     assert hf_identity(torch.float32, False, batch_invariant=True)["batch_invariant"] is True
 
