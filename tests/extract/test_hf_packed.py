@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from test_hf_backend import PROMPTS, naive
-from tiny_model import tiny_model, tiny_tokenizer
+from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
 from walla.extract.backends import hf_packed
-from walla.extract.backends.hf import INVARIANT_SCORING, HFBackend, hf_identity, load_hf_backend
+from walla.extract.backends.hf import INVARIANT_SCORING, MIN_PREFIX, HFBackend, hf_identity, load_hf_backend
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 
@@ -84,6 +84,44 @@ def test_bf16_prompt_gives_the_same_bits_in_any_batch_mix(tok, bf16_model):
     assert_same_bits(together, alone)
     assert np.isfinite(together[0]).all() and (together[2] > 0).all()
     be.self_check()  # and the packed path still agrees with the model's own forward
+
+
+def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one(tok, bf16_model):
+    """A score() call whose prompts share a prefix runs it once (KV cache); the same prompts in a call (a shard)
+    with other prompts, where nothing is shared, and alone give the same bits: one attention call per layer."""
+    be = HFBackend(bf16_model, tok, batch_tokens=120)
+    head = CORPUS[0] + " " + CORPUS[5]
+    prompts = [head + " " + c for c in CORPUS[1:5]]
+    assert be.shared_prefix(be.encode_batch(prompts)) >= MIN_PREFIX
+    cached = be.score(prompts, CAND)
+    assert be.attention_batched, be.invariance_why  # the probe passed: one call per layer, prefix cached
+    shard = be.score(OTHERS[:2] + prompts[:3] + OTHERS[2:], CAND)
+    be.max_batch_rows = 1
+    alone = be.score(prompts[3:], CAND)
+    assert_same_bits(rows(cached, [0, 1, 2]), rows(shard, [2, 3, 4]))
+    assert_same_bits(rows(cached, [3]), rows(alone, [0]))
+
+
+def test_blocked_attention_equals_sdpa_and_reads_a_cached_prefix():
+    """float32: one call over packed prompts equals each prompt's own causal SDPA; after a cached prefix the
+    suffix rows are the same bits as with the prefix as the prompt's own tokens."""
+    g = torch.Generator().manual_seed(0)
+    lengths, hq, hkv, d = [5, 70, 1, 130], 4, 2, 8
+    q, k, v = (torch.randn(1, h, sum(lengths), d, generator=g) for h in (hq, hkv, hkv))
+    out = hf_packed.blocked_attention(q, k, v, lengths)[0]  # [T, Hq, D]
+    start = 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        kk, vv = (x[:, :, sl].repeat_interleave(hq // hkv, 1) for x in (k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, sl], kk, vv, is_causal=True)
+        torch.testing.assert_close(out[sl], ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+        start += n
+    p = 37  # the first prompt's first 37 tokens as a cached prefix of a 33-token suffix
+    full = hf_packed.blocked_attention(q[:, :, :70], k[:, :, :70], v[:, :, :70], [70])[0]
+    suffix = hf_packed.blocked_attention(q[:, :, p:70], k[:, :, :70], v[:, :, :70], [70 - p], prefix=p)[0]
+    assert torch.equal(full[p:], suffix)
+    with pytest.raises(ValueError, match="keys for a 5-token prefix"):
+        hf_packed.blocked_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], [10], prefix=5)
 
 
 def test_one_token_prompt_alone_is_padded_to_two_rows(bf16_model):
