@@ -124,6 +124,7 @@ def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
         "compiled": bool(backend.compiled),
         "min_rows": int(backend.min_rows),
         "key_block": hf_packed.KEY_BLOCK,
+        "attention_version": hf_packed.ATTENTION_VERSION,
         "lengths": list(PROBE_LENGTHS),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

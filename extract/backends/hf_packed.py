@@ -50,6 +50,7 @@ SEGMENTS_IMPL = "walla_segments"  # the attention implementation name registered
 PROBE_ROWS = (*range(1, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513)
 
 KEY_BLOCK = 64  # keys per block of `blocked_attention`: sums run per block, blocks start at position 0
+ATTENTION_VERSION = 2  # of blocked_attention's numerics: in the packed probe's cache key (bump on any change)
 SCORE_ELEMS = 1 << 24  # float32 attention scores per chunk of prompts in blocked_attention (64 MiB)
 
 
@@ -98,7 +99,8 @@ def blocked_attention(
     position 0 (the prefix, then its own tokens) and run to a multiple of KEY_BLOCK. In float32, scores are
     q.k (K = head size, whatever the batch), masked keys get -inf, so exp gives exact zeros; the row maximum is
     exact in any order; the softmax sum and the value product are computed per block of KEY_BLOCK keys (fixed
-    shapes) and added block after block in position order. Blocks past a prompt's end add exact zeros, so a
+    shapes) and added block after block in position order. (A column of ones beside the values, to get the
+    sum from the same GEMM, broke the bits in float32 at head size 8: MKL's rows then depended on M.) Blocks past a prompt's end add exact zeros, so a
     prompt's rows are the same bits in a batch of any width as alone, or after a cached prefix of any length.
     That the kernels behave this way (row counts, batch counts) is checked at load (hf_checks.packed_invariant).
     """
@@ -132,21 +134,17 @@ def blocked_attention(
         q = q.reshape(s, hkv, group * lq, d)  # [s, Hkv, G*Lq, D]
         k = key[0][:, ki].float().permute(1, 0, 2, 3)  # [s, Hkv, Lk, D]
         v = value[0][:, ki].float().permute(1, 0, 2, 3)  # [s, Hkv, Lk, D]
-        scores = (
-            torch.matmul(q, k.transpose(-1, -2)).view(s, hkv, group, lq, lk) * scale
-        )  # [s, Hkv, G, Lq, Lk]
+        scores = torch.matmul(q, k.transpose(-1, -2)).view(s, hkv, group, lq, lk)  # [s, Hkv, G, Lq, Lk]
+        scores.mul_(scale)
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(~allowed, -torch.inf)
-        e = torch.exp(scores - scores.amax(-1, keepdim=True)).view(
-            s, hkv, group * lq, lk
-        )  # exact 0 where masked
-        total = torch.zeros(s, hkv, group * lq, 1, device=query.device)  # softmax denominators
-        acc = torch.zeros(s, hkv, group * lq, d, device=query.device)  # sum of e * v
-        for b0 in range(0, lk, KEY_BLOCK):  # position order, fixed block shapes
-            eb = e[..., b0 : b0 + KEY_BLOCK]  # [s, Hkv, G*Lq, KB]
-            total = total + eb.sum(-1, keepdim=True)
-            acc = acc + torch.matmul(eb, v[:, :, b0 : b0 + KEY_BLOCK])
+        scores.masked_fill_(~allowed, -torch.inf)
+        e = scores.sub_(scores.amax(-1, keepdim=True)).exp_().view(s, hkv, group * lq, lk)  # 0 where masked
+        total = e[..., :KEY_BLOCK].sum(-1, keepdim=True)  # [s, Hkv, G*Lq, 1] softmax denominators
+        acc = torch.matmul(e[..., :KEY_BLOCK], v[:, :, :KEY_BLOCK])  # [s, Hkv, G*Lq, D] sum of e * v
+        for b0 in range(KEY_BLOCK, lk, KEY_BLOCK):  # position order, fixed block shapes
+            total += e[..., b0 : b0 + KEY_BLOCK].sum(-1, keepdim=True)
+            acc += torch.matmul(e[..., b0 : b0 + KEY_BLOCK], v[:, :, b0 : b0 + KEY_BLOCK])
         o = (acc / total).view(s, hq, lq, d).to(query.dtype)  # [s, Hq, Lq, D]
         keep = real_q[s0 : s0 + step]  # [s, Lq]
         out[qi[keep]] = o.permute(0, 2, 1, 3)[keep]  # [real rows, Hq, D] back to their stream index
