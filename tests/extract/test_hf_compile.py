@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from tiny_model import CORPUS, save_tiny_checkpoint, tiny_model, tiny_tokenizer
 from walla.extract.backends import hf_compile
 from walla.extract.backends.hf import HFBackend, load_hf_backend
@@ -93,6 +94,7 @@ def test_compiled_load_fills_its_own_cache_folder(tmp_path, monkeypatch):
     local_tiny = ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
     monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", None)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    torch._dynamo.reset()  # an earlier test compiled the same layer class in this process: compile afresh
     load_hf_backend(local_tiny, dtype="float32", device="cpu", batch_tokens=64, compiled=True)
     want = hf_compile.compile_cache_dir(local_tiny.identity, "float32", "cpu", tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(want) and any(want.rglob("*"))
