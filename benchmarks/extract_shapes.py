@@ -12,8 +12,12 @@ the CLI loads like any local model. The prompts are ARC-Challenge dev questions 
 - `walla-extract` as a subprocess with default flags (batch sizes, compile, batch invariance all `auto`;
   its own lines saying what it chose are printed): whole-command wall time, and extraction time as it
   prints it (prompts, forward passes, prompt NLL, store writes; not the model load or the compile);
-- a bare loop: prompts sorted by length, batches of `--loop-batch` (64 on CUDA), left padding with the
-  attention mask, `logits_to_keep=1`, last-layer hidden state, no prompt NLL; device synchronised;
+- the same command with `--batch-invariant` flipped (on where the default ran padded batches, off where it
+  ran invariant): `invariance_cost` = invariant extraction seconds / padded ones, same dtype and prompts,
+  and which tier each side ran (bitwise: batch-invariant; batch-recorded: padded, the batch sizes recorded);
+- a bare loop: prompts sorted by length, left padding with the attention mask, `logits_to_keep=1`,
+  last-layer hidden state, no prompt NLL; device synchronised; at each batch size of `--loop-batch`
+  (16,32,64,128,256: a loop at one batch size can flatter the CLI) and the best of them is the baseline;
 - the GEMM peak of the dtype on the device (dtype_probe.gemm_gflops at the probe's device size, best of 3);
 - MFU = 2 x non-embedding parameters x prompt tokens / seconds / that peak;
 - outputs: the CLI's stored option log-probs and hidden states vs the bare loop's (bf16 tolerance below:
@@ -80,6 +84,9 @@ class ShapeRun:
     loop: float = math.inf
     cli_lines: tuple[str, ...] = ()
     outputs: dict | None = None
+    loops: dict[int, float] | None = None  # bare loop seconds per batch size (`loop` is the best)
+    cli_other: float = math.inf  # extraction with --batch-invariant flipped
+    invariant_default: bool | None = None  # did the default-flags run score batch-invariantly
 
     def tps(self, seconds: float) -> float:
         return self.tokens / seconds
@@ -147,10 +154,19 @@ def cli_argv() -> list[str]:
 
 
 def run_cli(
-    model_dir: Path, data: Path, store: Path, dtype: str, device: str
+    model_dir: Path, data: Path, store: Path, dtype: str, device: str, extra: tuple[str, ...] = ()
 ) -> tuple[float, float, list[str]]:
-    """walla-extract with default flags: (whole wall s, extraction s as printed, its stdout lines)."""
-    cmd = [*cli_argv(), "--model", str(model_dir), "--dataset", "arc-challenge", "--data-file", str(data)]
+    """walla-extract with default flags (+ `extra`): (whole wall s, extraction s as printed, its stdout lines)."""
+    cmd = [
+        *cli_argv(),
+        "--model",
+        str(model_dir),
+        "--dataset",
+        "arc-challenge",
+        "--data-file",
+        str(data),
+        *extra,
+    ]
     cmd += [
         "--variants",
         "none",
@@ -252,14 +268,31 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         if i + 1 < args.repeat:
             shutil.rmtree(store)
     fs = read_feature_set(path)
+    r.invariant_default = bool(fs.meta.get("inputs", {}).get("batch_invariant", False))  # what the CLI chose
+    flip = "off" if r.invariant_default else "on"
+    for i in range(args.repeat):
+        _, extraction, _ = run_cli(
+            model_dir,
+            data,
+            work / f"store-flip{i}",
+            dtype,
+            device,
+            ("--backend-arg", f"batch_invariant={flip}"),
+        )
+        r.cli_other = min(r.cli_other, extraction)
     prompts = fs.rows["prompt"].to_list()
     r.tokens = int(fs.rows["n_prompt_tokens"].sum())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype], device_map=device).eval()
     cand = letter_ids(tok, prompts, fs.rows["n_options"].to_list())
-    bare_loop(model, tok, prompts[: args.loop_batch], cand, args.loop_batch, device)  # warm-up
+    sizes = [int(b) for b in str(args.loop_batch).split(",")]
+    r.loops = dict.fromkeys(sizes, math.inf)
+    bare_loop(model, tok, prompts[: sizes[0]], cand, sizes[0], device)  # warm-up
     for _ in range(args.repeat):
-        lp, hid, seconds = bare_loop(model, tok, prompts, cand, args.loop_batch, device)
-        r.loop = min(r.loop, seconds)
+        for b in sizes:
+            lp_b, hid_b, seconds = bare_loop(model, tok, prompts, cand, b, device)
+            r.loops[b] = min(r.loops[b], seconds)
+            if seconds <= r.loop:
+                r.loop, lp, hid = seconds, lp_b, hid_b
     cli_hidden = np.asarray(fs.hidden[:]).astype(np.float32)
     r.outputs = compare(fs.rows["raw_option_logprobs"].to_list(), cli_hidden, lp, hid)
     del model
@@ -288,21 +321,34 @@ def report(r: ShapeRun) -> None:
     for what, s in (
         ("walla-extract, default flags, whole command", r.cli_wall),
         ("walla-extract, default flags, extraction as printed", r.cli),
-        ("bare loop (no prompt NLL)", r.loop),
+        *((f"bare loop, batch {b} (no prompt NLL)", s) for b, s in (r.loops or {}).items()),
+        ("bare loop, best batch (the baseline below)", r.loop),
     ):
         print(f"{what:<52} {s:8.2f} {r.tps(s):9.0f} {r.mfu(s):6.3f}")
+    inv, pad = (r.cli, r.cli_other) if r.invariant_default else (r.cli_other, r.cli)
+    tiers = (
+        "default run: bitwise (batch-invariant)"
+        if r.invariant_default
+        else "default run: batch-recorded (padded)"
+    )
+    print(
+        f"invariance_cost {inv / pad:.2f}: --batch-invariant on {inv:.2f} s (tier bitwise) vs off {pad:.2f} s "
+        f"(tier batch-recorded), extraction as printed, same prompts and dtype; {tiers}"
+    )
     print(
         f"CLI vs bare loop ({r.dtype} both): extraction {r.loop / r.cli:.2f}x; whole command incl. start-up, "
         f"model load and compile {r.loop / r.cli_wall:.2f}x"
     )
     o = r.outputs
     print(
-        f"outputs, CLI vs bare loop: max |d option log-prob| {o['logprob']:.2e} (tolerance {TOL['logprob']}), "
+        f"outputs, CLI ({'bitwise tier' if r.invariant_default else 'batch-recorded tier'}) vs bare loop "
+        f"(padded batches): max |d option log-prob| {o['logprob']:.2e} (tolerance {TOL['logprob']}), "
         f"max |d hidden| / max |hidden| {o['hidden']:.2e} (tolerance {TOL['hidden']}), min cosine "
         f"{o['cos_min']:.5f}: {'OK' if o['ok'] else 'MISMATCH'}"
     )
     print(
         f"RESULT device={r.device} model={r.model} cli_over_plain_loop={r.loop / r.cli:.2f} "
         f"cli_wall_over_plain_loop={r.loop / r.cli_wall:.2f} cli_mfu={r.mfu(r.cli):.3f} "
-        f"plain_loop_mfu={r.mfu(r.loop):.3f} outputs_match={o['ok']} tokens={r.tokens} dtype={r.dtype}"
+        f"plain_loop_mfu={r.mfu(r.loop):.3f} outputs_match={o['ok']} tokens={r.tokens} dtype={r.dtype} "
+        f"invariance_cost={inv / pad:.2f}"
     )

@@ -397,11 +397,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
     ap.add_argument("--tokens", type=int, help="shapes: ARC prompt tokens (default: 1b 500k, 8b 200k)")
     ap.add_argument("--dtype", default="bfloat16", help="shapes: the dtype of the CLI and the loop")
-    ap.add_argument("--loop-batch", type=int, help="shapes: the bare loop's batch (default: 64 cuda, 16 cpu)")
+    ap.add_argument(
+        "--loop-batch", default="16,32,64,128,256", help="shapes: the bare loop's batch sizes (best)"
+    )
     ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
     args = ap.parse_args()
     args.model = args.model or ("1b" if args.device.startswith("cuda") else "smollm2")
-    args.loop_batch = args.loop_batch or (64 if args.device.startswith("cuda") else 16)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: no CUDA GPU is usable here (torch {torch.__version__})")
     if args.model == "smollm2" and args.device != "cpu":

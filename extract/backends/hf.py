@@ -23,22 +23,28 @@ fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, res
 mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
 
 Batch composition (`--backend-arg batch_invariant=auto|on|off`, `explain_batch_invariant`): on a CPU, reduced precision
-(bfloat16, float16) is scored batch-invariantly: prompts are packed without padding and attend and are
-scored one by one (extract/backends/hf_packed.py), so a prompt's option log-probs, hidden state and NLL are
-the same bits in any batch mix (padded bf16 batches moved an option log-prob by up to 0.6 nats); the
-fingerprint records `batch_invariant: true`. On a CUDA device `auto` keeps the padded batches of a bare
-loop: packed scoring runs attention prompt by prompt, and cuBLAS picks its kernels by row count, so the
-row-invariance probe fails and each prompt would run alone, far below the bare loop's speed. Its outputs
-then depend on which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch
-tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix cache without either
-key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below anything a
-feature is used for.
+(bfloat16, float16) is scored batch-invariantly: prompts are packed without padding, one attention call per
+layer runs every prompt of a pack in key blocks aligned to its own position 0, a prefix every prompt of a call
+shares is run once and cached, and the LM head runs once over the pack (extract/backends/hf_packed.py), so a
+prompt's option log-probs, hidden state and NLL are the same bits in any batch mix and whatever prefix was
+cached (padded bf16 batches moved an option log-prob by up to 0.6 nats); the fingerprint records
+`batch_invariant: true`. What this rests on is probed at the first packed score() (`settle_invariance`,
+cached per machine in hf_checks): where the whole-pack attention fails the probe, attention runs prompt by
+prompt without a prefix cache; where the GEMMs are not row-invariant, each prompt runs alone (both still
+invariant, slower). On a CUDA device `auto` keeps the padded batches of a bare loop: cuBLAS picks its kernels
+by row count, so the probe is expected to fail and each prompt would run alone (not measured on a GPU with
+this path yet). Its outputs then depend on which prompts share a pass, so the fingerprint records what fixes
+that (`batching`: batch tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix
+cache without either key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below
+anything a feature is used for; `--backend-arg batch_invariant=on` runs the same probed path in float32 (GEMMs get at
+least the row count from which the probe found rows identical).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -48,7 +54,15 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from walla.extract import device as devices
 from walla.extract import dtype_probe, hub
-from walla.extract.backends import BATCHING_KEY, Progress, ScoreResult, hf_checks, hf_packed, lm_head
+from walla.extract.backends import (
+    BATCHING_KEY,
+    Progress,
+    ScoreResult,
+    hf_checks,
+    hf_compile,
+    hf_packed,
+    lm_head,
+)
 from walla.extract.backends.hf_compile import compile_layers
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
     cache_root,
@@ -75,6 +89,16 @@ class _Prefix:
     nll_sum: float  # sum of the prefix's own next-token NLLs (positions 1..P-1)
 
 
+@dataclass
+class _PackedPrefix:
+    """The shared leading tokens of a batch-invariant score() call, run once (run_prefix_packed)."""
+
+    length: int  # P tokens
+    cache: object  # transformers Cache of the prefix, batch 1
+    h_last: torch.Tensor  # [d] final hidden state of the last prefix token (predicts each first suffix token)
+    token_nll: list[float]  # the prefix's own next-token NLLs (positions 1..P-1), summed per prompt with fsum
+
+
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     """`auto`: the dtype this machine runs GEMMs fastest, measured once per machine (extract/dtype_probe.py)."""
     return DTYPES[explain_dtype(name, device)[0]]
@@ -86,6 +110,10 @@ def explain_dtype(name: str, device: str) -> tuple[str, str]:
 
 
 BATCH_INVARIANT_MODES = ("auto", "on", "off")
+# version of the batch-invariant scoring's numerics, in the fingerprint of every invariant feature set: 2 = one
+# blocked attention call per layer, shared prefix cached, LM head over the pack, NLL by fsum (1, unrecorded:
+# per-prompt SDPA, per-prompt LM head). Bump it whenever invariant scoring computes other bits.
+INVARIANT_SCORING = 2
 # how rows are grouped into forward passes (recorded with the sizes where outputs depend on it)
 BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sorted longest first"
 
@@ -137,13 +165,14 @@ def hf_identity(
 
     A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; so is
     batch-invariant scoring (other numbers than padded batches in reduced precision), and, in reduced
-    precision without it, the batching that fixes which prompts share a pass. Each key is absent when off,
+    precision without it, the batching that fixes which prompts share a pass (with invariant scoring, the
+    version of its numerics, INVARIANT_SCORING). Each key is absent when off,
     so feature sets extracted before the option existed keep their fingerprint.
     """
     invariant = invariant_by_default(dtype) if batch_invariant is None else batch_invariant
     return {
         **({"compile": True} if compiled else {}),
-        **({"batch_invariant": True} if invariant else {}),
+        **({"batch_invariant": True, "invariant_scoring": INVARIANT_SCORING} if invariant else {}),
         **({BATCHING_KEY: batching} if batching else {}),
         "backend": "hf",
         "transformers": transformers.__version__,
@@ -242,7 +271,10 @@ class HFBackend:
         )
         self.shard_rows = shard_rows  # rows per score() call of the run: part of `batching` in identity()
         self._attention = None  # the model's own attention function, found at the first packed forward
-        self.rows_invariant: bool | None = None  # measured at the first packed score() (hf_packed.py)
+        # measured at the first packed score() (settle_invariance): GEMM rows invariant from `min_rows` rows on,
+        # attention over all prompts of a pack in one call
+        self.rows_invariant: bool | None = None
+        self.min_rows, self.attention_batched, self.invariance_why = 2, False, ""
         self.compiled = False
         if compiled:
             self.compile()
@@ -283,7 +315,8 @@ class HFBackend:
     def _token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """-log p(target | position) for T positions without materializing [T, V]: [T, d], [T] -> [T]."""
         w, b = self.head.weight, getattr(self.head, "bias", None)
-        return lm_head.token_nll(h, targets, w, b, self.softcap, self.chunk_elems, self.vocab_chunk)
+        rows = self.min_rows if self.batch_invariant else 1
+        return lm_head.token_nll(h, targets, w, b, self.softcap, self.chunk_elems, self.vocab_chunk, rows)
 
     @torch.inference_mode()
     def run_prefix(self, ids: list[int]) -> _Prefix:
@@ -352,29 +385,82 @@ class HFBackend:
         )
 
     @torch.inference_mode()
-    def forward_packed(self, seqs: list[list[int]], cand: torch.Tensor) -> tuple[np.ndarray, ...]:
-        """Prompts packed into one stream, attention and head per prompt (hf_packed.py): same outputs as
-        forward_batch, but each prompt's bits do not depend on the others."""
-        ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id)
+    def forward_packed(
+        self, seqs: list[list[int]], cand: torch.Tensor, prefix: _PackedPrefix | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """Prompts packed into one stream (hf_packed.py): same outputs as forward_batch, but each prompt's bits
+        do not depend on the others. With `prefix`, `seqs` are the prompts' tokens after a shared prefix whose
+        KV cache, hidden states and token NLLs were computed once (run_prefix_packed): the same bits as without.
+
+        One attention call per layer over all prompts (`blocked_attention`) where the probe verified it, else one
+        per prompt; the LM head is one GEMM over the prompts' last rows, and one chunked pass over all their
+        positions for the NLL (never fewer rows than `min_rows`); a prompt's NLL is the correctly rounded sum of
+        its token NLLs (math.fsum: the same number whichever positions the prefix held).
+        """
+        p = prefix.length if prefix is not None else 0
+        ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id, self.min_rows, offset=p)
         ids, pos = ids.to(self.device), pos.to(self.device)  # [1, T]
         self._attention = self._attention or hf_packed.own_attention(self.model)
-        with hf_packed.packed_decoder(self.decoder, lengths, self._attention):
-            h = self.decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]  # [T, d]
-        cand = cand.to(self.device)
-        opts, hids, nlls, start = [], [], [], 0
-        for s in seqs:
-            hs, ts = h[start : start + len(s)], ids[0, start : start + len(s)]  # this prompt's rows only
-            start += len(s)
-            opts.append(torch.log_softmax(self._logits(hs[-1:]), dim=-1)[0, cand])  # [U]
-            hids.append(hs[-1])
-            total = self._token_nll(hs[:-1], ts[1:]).sum() if len(s) > 1 else torch.zeros((), device=h.device)
-            nlls.append(total / max(len(s) - 1, 1))  # a 1-token prompt has NLL 0 (as forward_batch)
-        return (
-            torch.stack(opts).float().cpu().numpy(),
-            torch.stack(hids).float().cpu().numpy(),
-            torch.stack(nlls).float().cpu().numpy(),
-            np.array([len(s) for s in seqs], dtype=np.int32),
+        cache = copy.deepcopy(prefix.cache) if prefix is not None else None
+        with hf_packed.packed_decoder(self.decoder, lengths, self._attention, p, self.attention_batched):
+            out = self.decoder(
+                input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=cache is not None
+            )
+        h = out.last_hidden_state[0]  # [T, d]
+        n = torch.tensor([len(x) for x in seqs], device=self.device)  # [n]
+        starts = torch.cumsum(n, 0) - n  # [n]
+        opt = self._option_rows(h[starts + n - 1], cand.to(self.device))  # [n, U]
+        # token NLLs: stream position t predicts t+1 within a prompt; with a prefix, its last position
+        # predicts each prompt's first token
+        inner = torch.ones(h.shape[0], dtype=torch.bool, device=self.device)
+        inner[starts + n - 1] = False  # a prompt's last position predicts nothing here
+        inner[int(n.sum()) :] = False  # pad rows of a short stream
+        rows, targets = h[:-1][inner[:-1]], ids[0, 1:][inner[:-1]]  # [R, d], [R]
+        if prefix is not None:
+            rows = torch.cat([prefix.h_last[None].expand(len(seqs), -1), rows])
+            targets = torch.cat([ids[0, starts], targets])
+        tok = self._token_nll(rows, targets).double().cpu().numpy()  # [R]
+        first = tok[: len(seqs)].tolist() if prefix is not None else [None] * len(seqs)
+        own = np.split(
+            tok[len(seqs) if prefix is not None else 0 :], np.cumsum([len(x) - 1 for x in seqs])[:-1]
         )
+        nlls = []
+        for s_own, s_first, seq in zip(own, first, seqs, strict=True):
+            terms = [*s_own.tolist(), *(prefix.token_nll + [s_first] if prefix is not None else [])]
+            nlls.append(math.fsum(terms) / max(p + len(seq) - 1, 1))  # a 1-token prompt has NLL 0
+        return (
+            opt.float().cpu().numpy(),
+            h[starts + n - 1].float().cpu().numpy(),
+            np.array(nlls, dtype=np.float32),
+            np.array([p + len(x) for x in seqs], dtype=np.int32),
+        )
+
+    def _option_rows(self, h_last: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """Option log-probs of batch-invariant scoring: [n, d] -> [n, U]; the head GEMM as the probe ran it,
+        on at least `min_rows` rows and at most lm_head.HEAD_ROWS per call."""
+        w, b = self.head.weight, getattr(self.head, "bias", None)
+        parts = []
+        for hc in h_last.split(lm_head.HEAD_ROWS):
+            real = hc.shape[0]
+            if real < self.min_rows:
+                hc = torch.cat([hc, hc[:1].expand(self.min_rows - real, -1)])
+            z = lm_head.cap(lm_head.logits(hc, w, b).float(), self.softcap)
+            parts.append(torch.log_softmax(z, dim=-1)[:real, cand])
+        return torch.cat(parts)
+
+    @torch.inference_mode()
+    def run_prefix_packed(self, ids: list[int]) -> _PackedPrefix:
+        """The shared prefix of a batch-invariant score() call, run once as a packed prompt of its own."""
+        x, pos, lengths = hf_packed.pack_inputs([ids], self.pad_id, self.min_rows)
+        self._attention = self._attention or hf_packed.own_attention(self.model)
+        with hf_packed.packed_decoder(self.decoder, lengths, self._attention, 0, self.attention_batched):
+            out = self.decoder(input_ids=x.to(self.device), position_ids=pos.to(self.device), use_cache=True)
+        cache = out.past_key_values
+        if x.shape[1] > len(ids):  # a pad segment of a short stream: drop it from the cache
+            cache.crop(len(ids))
+        h = out.last_hidden_state[0, : len(ids)]  # [P, d]
+        tok = self._token_nll(h[:-1], x[0, 1 : len(ids)].to(self.device)) if len(ids) > 1 else h.new_zeros(0)
+        return _PackedPrefix(len(ids), cache, h[-1], tok.double().cpu().tolist())
 
     def shared_prefix(self, enc: list[list[int]]) -> int:
         """Length of the token prefix every prompt shares (0 when too short to be worth caching)."""
@@ -419,21 +505,47 @@ class HFBackend:
         return ScoreResult(*fields)
 
     def _score_packed(self, enc, lengths: np.ndarray, token_ids: list[int], progress) -> ScoreResult:
-        """score() when batch-invariant: packs of prompts (one prompt per pack where the GEMMs are not
-        row-invariant; both give the same bits)."""
-        if self.rows_invariant is None:
-            self.rows_invariant, why = hf_checks.rows_invariant(self.model, max(self.batch_tokens, 2))
-            log.info("batch-invariant scoring: %s", why)
+        """score() when batch-invariant: packs of prompts, one attention call per layer over a pack, a shared
+        prefix run once (where the probe verified the batched attention; else one attention call per prompt and
+        no prefix cache; one prompt per pack where the GEMMs are not row-invariant). All give the same bits."""
+        self.settle_invariance()
+        p = self.shared_prefix(enc) if self.attention_batched else 0
+        prefix = self.run_prefix_packed(enc[0][:p]) if p else None
         rows = self.max_batch_rows if self.rows_invariant else 1
-        packs = hf_packed.plan_packs(lengths, self.batch_tokens, rows)
+        packs = hf_packed.plan_packs(lengths - p, self.batch_tokens, rows)
         cand = torch.tensor(token_ids, dtype=torch.long)
         parts: list[tuple[np.ndarray, ...]] = []
         for idx in packs:
-            parts.append(self.forward_packed([enc[i] for i in idx], cand))
+            parts.append(self.forward_packed([enc[i][p:] for i in idx], cand, prefix))
             if progress is not None:
                 progress(len(idx), int(lengths[idx].sum()))
         fields = [restore_order(packs, [x[k] for x in parts], len(enc)) for k in range(4)]
         return ScoreResult(*fields)
+
+    def settle_invariance(self) -> str:
+        """Run (or read from the cache) the probes batch-invariant scoring rests on, once; returns why.
+
+        GEMM rows (hf_checks.rows_invariant): from how many rows each linear layer and the LM head give a row
+        the same bits (`min_rows`); where no small count does, each prompt runs alone. Then the whole packed
+        forward (hf_checks.packed_invariant): random prompts scored alone, in two mixes and after a cached
+        prefix must give the same bits with one attention call per layer (`attention_batched`); where they do
+        not, attention runs prompt by prompt, as before, and no prefix is cached.
+        """
+        if self.rows_invariant is not None:
+            return self.invariance_why
+        self.rows_invariant, min_rows, why = hf_checks.rows_invariant(self.model, max(self.batch_tokens, 2))
+        # never fewer than 2: a 1-token stream changed a prompt's bits on the development CPU (bf16, SmolLM2)
+        # although the linear probe passed at M = 1; the packed probe below checks the result either way
+        self.min_rows = max(2, min_rows)
+        why = f"{why} (GEMMs get at least {self.min_rows} rows)" if self.rows_invariant else why
+        if not self.rows_invariant:
+            self.min_rows, self.attention_batched = 2, False
+            self.invariance_why = why
+        else:
+            self.attention_batched, why_att = hf_checks.packed_invariant(self)
+            self.invariance_why = f"{why}; {why_att}"
+        log.info("batch-invariant scoring: %s", self.invariance_why)
+        return self.invariance_why
 
     @torch.inference_mode()
     def self_check(self, text: str = "The capital of France is Paris. The capital of Italy is") -> float:
@@ -455,6 +567,8 @@ class HFBackend:
             hook.remove()
         ref_lp = torch.log_softmax(full.logits[0].float(), dim=-1)  # [L, V] (one short prompt)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
+        if self.batch_invariant:
+            self.settle_invariance()  # check the path scoring takes (one attention call per layer or per prompt)
         forward = self.forward_packed if self.batch_invariant else self.forward_batch
         opt, hid, nll, _ = forward([ids], cand)
         ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
@@ -478,6 +592,8 @@ class HFBackend:
         # the layer graph for every layer index (and fall back to eager past its recompile limit)
         self.compiled, self.prefix_cache = True, False
         ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
+        if self.batch_invariant:
+            self.settle_invariance()  # probed eager; traced below on the path scoring takes
         forward = self.forward_packed if self.batch_invariant else self.forward_batch
         forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 
@@ -532,6 +648,9 @@ def load_hf_backend(
     times["self-check (cached)" if cached else "self-check"] = time.perf_counter() - t
     if compiled:
         t = time.perf_counter()
+        hf_compile.use_compile_cache(
+            hf_compile.compile_cache_dir(rm.identity, str(torch_dtype), device, cache_root())
+        )
         backend.compile()
         times["compile"] = time.perf_counter() - t
     backend.load_times = times

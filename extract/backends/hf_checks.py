@@ -5,8 +5,11 @@
   (the fingerprint's: GGUF sha256, hub commit, local file hash), dtype, device kind, forward path and
   versions; a failure is never cached;
 - the GEMM row-invariance probe of batch-invariant scoring (hf_packed.linear_rows_invariant, ~3 s on the
-  2-core CPU for SmolLM2 at 8,192 rows) depends on the kernels only: cached per machine (the dtype probe's
-  machine key), dtype, layer shapes and classes, and row count.
+  2-core CPU for SmolLM2 at 8,192 rows, plus the LM head at 1,024) depends on the kernels only: cached per
+  machine (the dtype probe's machine key), dtype, layer shapes and classes, and row count;
+- the packed-forward probe (probe_packed: random prompts alone, in two mixes and after a cached prefix, one
+  attention call per layer, bit for bit) depends on the kernels and the model's shape: cached per machine,
+  dtype, model class and attention shape, minimum rows and versions.
 
 Both live as small JSON files under `$WALLA_CACHE/hf-checks/`; deleting the folder re-runs them.
 """
@@ -18,6 +21,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from walla.extract import dtype_probe
@@ -76,22 +80,120 @@ def self_check_once(backend, model_identity: dict, root: Path | None = None) -> 
     return False
 
 
-def rows_invariant(model, max_rows: int, root: Path | None = None) -> tuple[bool, str]:
-    """hf_packed.linear_rows_invariant, measured once per machine, dtype, layer shapes and row count."""
+def rows_invariant(model, max_rows: int, root: Path | None = None) -> tuple[bool, int, str]:
+    """hf_packed.linear_rows_invariant -> (invariant, min_rows, why), measured once per machine, dtype, layer
+    shapes and row count."""
     w = next(model.parameters())
     linears = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     key = {
         "machine": dtype_probe.machine_key(str(w.device)),
         "dtype": str(w.dtype),
         "shapes": sorted({(m.in_features, m.out_features) for m in linears}),
+        "head": list(model.get_output_embeddings().weight.shape),
         "classes": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in linears}),
         "max_rows": int(max_rows),
         "rows": list(hf_packed.PROBE_ROWS),
+        "head_rows": hf_packed.HEAD_PROBE_ROWS,
+        "torch": torch.__version__,
     }
     path = _path("rows", key, root)
     hit = _read(path)
+    if hit is not None and isinstance(hit.get("invariant"), bool) and isinstance(hit.get("min_rows"), int):
+        return hit["invariant"], hit["min_rows"], f"{hit.get('why', '')} (cached in {path})"
+    ok, min_rows, why = hf_packed.linear_rows_invariant(model, max_rows)
+    _write(path, {"invariant": ok, "min_rows": min_rows, "why": why})
+    return ok, min_rows, why
+
+
+# prompt lengths of the packed-forward probe: a 1-token prompt, short ones, and each side of a key block edge
+PROBE_LENGTHS = (1, 3, 17, 40, 63, 64, 65, 130)
+PROBE_PREFIX = 20  # tokens of the probe's shared prefix
+
+
+def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
+    """hf_packed's one-attention-call-per-layer path gives each prompt the same bits in any mix and after a
+    cached prefix: probed once per machine, dtype, model shape, versions and minimum rows (probe_packed)."""
+    cfg = backend.model.config.get_text_config() if hasattr(backend.model.config, "get_text_config") else None
+    cfg = cfg or backend.model.config
+    key = {
+        "machine": dtype_probe.machine_key(backend.device.type),
+        "dtype": str(backend.dtype),
+        "class": type(backend.model).__name__,
+        "shape": {k: getattr(cfg, k, None) for k in SHAPE_KEYS},
+        "attention": getattr(cfg, "_attn_implementation", None),
+        "compiled": bool(backend.compiled),
+        "min_rows": int(backend.min_rows),
+        "key_block": hf_packed.KEY_BLOCK,
+        "attention_version": hf_packed.ATTENTION_VERSION,
+        "lengths": list(PROBE_LENGTHS),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    path = _path("packed", key, root)
+    hit = _read(path)
     if hit is not None and isinstance(hit.get("invariant"), bool):
         return hit["invariant"], f"{hit.get('why', '')} (cached in {path})"
-    ok, why = hf_packed.linear_rows_invariant(model, max_rows)
+    ok, why = probe_packed(backend)
     _write(path, {"invariant": ok, "why": why})
     return ok, why
+
+
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "sliding_window",
+    "attn_logit_softcapping",
+    "vocab_size",
+)
+
+
+@torch.inference_mode()
+def probe_packed(backend) -> tuple[bool, str]:
+    """Random prompts (PROBE_LENGTHS tokens) scored alone, packed together, packed in reverse among another,
+    and after a cached shared prefix vs with the prefix as their own tokens, all with one attention call per
+    layer: every output (option log-probs, hidden state, NLL) must be the same bits. Returns (ok, why)."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(backend.head.weight.shape[0])
+    prompts = [torch.randint(vocab, (n,), generator=gen).tolist() for n in PROBE_LENGTHS]
+    other = torch.randint(vocab, (50,), generator=gen).tolist()
+    pre = torch.randint(vocab, (PROBE_PREFIX,), generator=gen).tolist()
+    cand = torch.arange(min(8, vocab))
+    before = backend.attention_batched
+    backend.attention_batched = True
+    try:
+        alone = [backend.forward_packed([s], cand) for s in prompts]
+        together = backend.forward_packed(prompts, cand)
+        mixed = backend.forward_packed([other, *prompts[::-1]], cand)
+        window = backend.sliding_window  # a cache of a sliding-window layer keeps the window only: no prefix
+        longest = PROBE_PREFIX + max(PROBE_LENGTHS)
+        cache_ok = not (window and longest > window)
+        full = [backend.forward_packed([pre + s], cand) for s in prompts] if cache_ok else []
+        cached = backend.forward_packed(prompts, cand, backend.run_prefix_packed(pre)) if cache_ok else None
+    finally:
+        backend.attention_batched = before
+    n = len(prompts)
+    checks = {
+        "packed together": [tuple(f[i] for f in together) for i in range(n)],
+        "packed in another mix": [tuple(f[n - i] for f in mixed) for i in range(n)],
+    }
+    for name, got in checks.items():
+        for i, (a, b) in enumerate(zip(alone, got, strict=True)):
+            if not all(np.array_equal(x[0], y) for x, y in zip(a, b, strict=True)):
+                return False, _failed(name, PROBE_LENGTHS[i], backend)
+    for i, f in enumerate(full):
+        if not all(np.array_equal(x[0], y[i]) for x, y in zip(f, cached, strict=True)):
+            return False, _failed(f"after a cached {PROBE_PREFIX}-token prefix", PROBE_LENGTHS[i], backend)
+    return True, (
+        f"one attention call per layer: prompts of {', '.join(map(str, PROBE_LENGTHS))} tokens gave the same bits "
+        f"alone, in two mixes and after a cached prefix ({backend.dtype}, {backend.device.type})"
+    )
+
+
+def _failed(where: str, length: int, backend) -> str:
+    return (
+        f"one attention call per layer changed a {length}-token prompt's bits {where} ({backend.dtype}, "
+        f"{backend.device.type}): attention runs prompt by prompt, no prefix cache"
+    )

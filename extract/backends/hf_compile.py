@@ -4,9 +4,47 @@ turns it on.
 Why regional: every layer of one class shares one compiled graph, so the one-time cost is one layer's
 compile (measured on the 2-core CPU: ~10-40 s cold, a few s with inductor's on-disk cache warm), not the
 whole model's (a full-model compile with freezing took ~90 s there).
+
+Across runs the compiled code is reused from inductor's on-disk caches (FX graphs, kernels), which
+`compile_cache_dir` keeps per model identity, dtype, device kind, machine and torch version under
+`$WALLA_CACHE/compile/<key>/`: a cache never serves another model or dtype, and deleting a folder only costs
+that model one cold compile. A TORCHINDUCTOR_CACHE_DIR the user set is left alone.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from walla.extract import dtype_probe
+
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set before walla ran: the user's choice
+
+
+def compile_cache_dir(model_identity: dict, dtype: str, device: str, root: Path) -> Path:
+    """The inductor cache folder of one model identity (the fingerprint's), dtype, device kind, machine and
+    torch version, under `root`."""
+    key = {
+        "model": model_identity,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": dtype_probe.machine_key(device),
+        "torch": torch.__version__,
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    return root / "compile" / hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def use_compile_cache(folder: Path) -> Path | None:
+    """Point inductor's on-disk caches at `folder` for the compiles that follow (kept until the next call);
+    returns the folder in use, or None where the user set TORCHINDUCTOR_CACHE_DIR (theirs is used)."""
+    if _USER_CACHE_DIR is not None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read by inductor at each compile
+    return folder
 
 
 def compile_layers(model) -> None:

@@ -1,29 +1,34 @@
-"""Batch-invariant forward for the hf backend: prompts packed into one token stream, attention per prompt.
+"""Batch-invariant forward for the hf backend: prompts packed into one token stream, one attention call.
 
 Why: in reduced precision a padded batch changes a prompt's numbers. Measured on SmolLM2-135M in bf16 on the
 2-core CPU (ARC dev): a prompt scored alone vs in a padded batch differs by up to 0.6 nats on an option
-log-prob. Padding changes the attention kernel's key length (its blocking, so its rounding) and the rows of
-the LM head's GEMM. Here nothing a prompt computes depends on its batch mates:
+log-prob. Padding changes the attention kernel's key length (its blocking, so its rounding: SDPA's CPU flash
+kernel picks its splits and packing from the batch's shapes) and the rows of the LM head's GEMM. Here nothing
+a prompt computes depends on its batch mates:
 
 - no padding: the batch is ONE sequence [1, T] of the prompts' tokens back to back, position ids restarting
-  at 0 for each prompt (RoPE is per position);
-- attention runs per prompt (`segment_attention`, registered with transformers' AttentionInterface and
-  switched on only inside `packed_decoder`): each prompt's q/k/v slice goes through the model's own attention
-  function (SDPA or eager) with exactly the shapes it has alone;
+  at 0 (or at the length of a cached shared prefix) for each prompt (RoPE is per position);
+- attention (`segment_attention`, registered with transformers' AttentionInterface and switched on only
+  inside `packed_decoder`) runs every prompt in one `blocked_attention` call: each prompt is gathered into its
+  own row of a padded batch whose keys start at position 0 and are reduced in fixed blocks of KEY_BLOCK keys
+  in position order, so masked keys add exact zeros and a prompt's rows are the same bits in a pack of any
+  width, alone, or after a cached prefix of any length. Where that fails the probe, the fallback runs each
+  prompt's q/k/v slice through the model's own attention function (SDPA or eager) with exactly its shapes
+  alone, and no prefix is cached;
 - norms, RoPE, activations and residuals are per token;
-- the LM head (option log-probs, prompt NLL) runs per prompt, on that prompt's rows only;
+- the LM head runs once over the pack's last rows (option log-probs) and once, chunked, over all its positions
+  (prompt NLL), never on fewer than `min_rows` rows; a prompt's NLL is the correctly rounded sum of its token
+  NLLs (math.fsum), so it does not depend on where its positions fell;
 - the decoder's linear layers are ONE GEMM over the T packed tokens. Whether a GEMM row is the same number
-  whatever the other rows are is a property of the kernel, not of the math. On the development CPU
-  (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M >= 2 tried (2..39 and
-  block boundaries up to 2048, the model's shapes), while an M = 1 GEMM (a GEMV) reduces in another order
-  for K = 1536; MKL's fp32 GEMMs differ between M = 1, 2-3 and >= 7, and GPU libraries pick split-K by M.
-  So `linear_rows_invariant` checks it on the model's own linear layers before packing is trusted; where
-  it fails, each prompt runs alone (invariant by construction, slower). A stream of 1 token gets a pad
-  token so no decoder GEMM is ever a GEMV.
+  whatever the other rows are is a property of the kernel, not of the math: on the development CPU
+  (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M tried; MKL's fp32 GEMMs
+  differ between M = 1, 2-3 and >= 7, and GPU libraries pick split-K by M. So `linear_rows_invariant` finds,
+  on the model's own linear layers and LM head, the row count from which rows agree (`min_rows`, streams
+  shorter than that get a pad segment; never fewer than 2); where no small count does, each prompt runs
+  alone (invariant by construction, slower).
 
-The result of a prompt is then the same bits in any batch mix, as if it ran alone (tests: the tiny model and
-SmolLM2, two different mixes, bit for bit). The shared-prefix KV cache is not used: its length depends on
-which prompts share a call.
+The result of a prompt is then the same bits in any batch mix (tests: the tiny model and SmolLM2, two
+different mixes and alone, bit for bit; hf_checks.probe_packed checks it at load on the model itself).
 """
 
 from __future__ import annotations
@@ -32,20 +37,37 @@ import contextlib
 import contextvars
 import inspect
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from walla.extract.backends import lm_head
 
 SEGMENTS_IMPL = "walla_segments"  # the attention implementation name registered below
-# rows of the GEMM row-invariance check: every M below 18, and each side of the usual block boundaries
-PROBE_ROWS = (*range(2, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513)
+# rows of the GEMM row-invariance check: every M below 18 (1 too: a GEMV), and each side of the usual block boundaries
+PROBE_ROWS = (*range(1, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513)
 
-# (prompt lengths of the packed stream, the model's own attention function) while a packed forward runs
-_SEGMENTS: contextvars.ContextVar[tuple[tuple[int, ...], Callable] | None] = contextvars.ContextVar(
-    "walla_segments", default=None
-)
+KEY_BLOCK = 64  # keys per block of `blocked_attention`: sums run per block, blocks start at position 0
+ATTENTION_VERSION = 2  # of blocked_attention's numerics: in the packed probe's cache key (bump on any change)
+SCORE_ELEMS = 1 << 24  # float32 attention scores per chunk of prompts in blocked_attention (64 MiB)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """What a packed forward's attention needs to know: the prompts' lengths in the stream, the length of a
+    shared prefix in the KV cache before them, the model's own attention function, and whether to run all
+    prompts in one `blocked_attention` call (else one `inner` call per prompt)."""
+
+    lengths: tuple[int, ...]
+    inner: Callable
+    prefix: int = 0
+    batched: bool = False
+
+
+# the Segments of the packed forward that is running, if one is
+_SEGMENTS: contextvars.ContextVar[Segments | None] = contextvars.ContextVar("walla_segments", default=None)
 
 
 def segment_mask(n: int, window: int | None, device) -> torch.Tensor:
@@ -58,20 +80,98 @@ def segment_mask(n: int, window: int | None, device) -> torch.Tensor:
     return allowed[None, None]
 
 
+def blocked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: Sequence[int],
+    prefix: int = 0,
+    scaling: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of every packed prompt in one pass, each prompt's numbers independent of the others.
+
+    query [1, Hq, T, D] holds the prompts' tokens back to back (`lengths`, summing to T); key/value
+    [1, Hkv, prefix + T, D] hold `prefix` shared cached positions, then the same stream. Returns [1, T, Hq, D].
+
+    Why it is batch-invariant: each prompt is gathered into its own row of a padded batch whose keys start at
+    position 0 (the prefix, then its own tokens) and run to a multiple of KEY_BLOCK. In float32, scores are
+    q.k (K = head size, whatever the batch), masked keys get -inf, so exp gives exact zeros; the row maximum is
+    exact in any order; the softmax sum and the value product are computed per block of KEY_BLOCK keys (fixed
+    shapes) and added block after block in position order. (A column of ones beside the values, to get the
+    sum from the same GEMM, broke the bits in float32 at head size 8: MKL's rows then depended on M.) Blocks past a prompt's end add exact zeros, so a
+    prompt's rows are the same bits in a batch of any width as alone, or after a cached prefix of any length.
+    That the kernels behave this way (row counts, batch counts) is checked at load (hf_checks.packed_invariant).
+    """
+    _, hq, t, d = query.shape
+    hkv = key.shape[1]
+    if key.shape[2] != prefix + t:  # e.g. a sliding-window layer's cache kept only its window of the prefix
+        raise ValueError(f"blocked attention: {key.shape[2]} keys for a {prefix}-token prefix and {t} tokens")
+    group = hq // hkv
+    n = torch.tensor(list(lengths), device=query.device)  # [S]
+    starts = torch.cumsum(n, 0) - n  # [S] first stream index of each prompt
+    lq = int(n.max())
+    lk = -(-(prefix + lq) // KEY_BLOCK) * KEY_BLOCK  # keys per row, a whole number of blocks
+    j = torch.arange(lq, device=query.device)  # [Lq]
+    real_q = j[None, :] < n[:, None]  # [S, Lq]
+    q_idx = torch.where(real_q, starts[:, None] + j[None, :], 0)  # [S, Lq] stream index of each query row
+    c = torch.arange(lk, device=query.device)  # [Lk]
+    k_idx = torch.where(c < prefix, c, prefix + starts[:, None] + (c - prefix)[None, :])  # [S, Lk]
+    k_idx = torch.where(c[None, :] < prefix + n[:, None], k_idx, 0)  # past a prompt's end: any key (masked)
+    pos_q = prefix + j  # [Lq] absolute position of each query row
+    allowed = c[None, :] <= pos_q[:, None]  # [Lq, Lk]
+    if window:
+        allowed &= c[None, :] > pos_q[:, None] - window
+    scale = scaling if scaling is not None else d**-0.5
+    out = torch.empty(t, hq, d, dtype=query.dtype, device=query.device)  # [T, Hq, D]
+    per_prompt = hq * lq * lk
+    step = max(1, SCORE_ELEMS // per_prompt)
+    for s0 in range(0, len(n), step):
+        qi, ki = q_idx[s0 : s0 + step], k_idx[s0 : s0 + step]  # [s, Lq], [s, Lk]
+        s = qi.shape[0]
+        q = query[0][:, qi].float().view(hkv, group, s, lq, d).permute(2, 0, 1, 3, 4)  # [s, Hkv, G, Lq, D]
+        q = q.reshape(s, hkv, group * lq, d)  # [s, Hkv, G*Lq, D]
+        k = key[0][:, ki].float().permute(1, 0, 2, 3)  # [s, Hkv, Lk, D]
+        v = value[0][:, ki].float().permute(1, 0, 2, 3)  # [s, Hkv, Lk, D]
+        scores = torch.matmul(q, k.transpose(-1, -2)).view(s, hkv, group, lq, lk)  # [s, Hkv, G, Lq, Lk]
+        scores.mul_(scale)
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores.masked_fill_(~allowed, -torch.inf)
+        e = scores.sub_(scores.amax(-1, keepdim=True)).exp_().view(s, hkv, group * lq, lk)  # 0 where masked
+        total = e[..., :KEY_BLOCK].sum(-1, keepdim=True)  # [s, Hkv, G*Lq, 1] softmax denominators
+        acc = torch.matmul(e[..., :KEY_BLOCK], v[:, :, :KEY_BLOCK])  # [s, Hkv, G*Lq, D] sum of e * v
+        for b0 in range(KEY_BLOCK, lk, KEY_BLOCK):  # position order, fixed block shapes
+            total += e[..., b0 : b0 + KEY_BLOCK].sum(-1, keepdim=True)
+            acc += torch.matmul(e[..., b0 : b0 + KEY_BLOCK], v[:, :, b0 : b0 + KEY_BLOCK])
+        o = (acc / total).view(s, hq, lq, d).to(query.dtype)  # [s, Hq, Lq, D]
+        keep = real_q[s0 : s0 + step]  # [s, Lq]
+        out[qi[keep]] = o.permute(0, 2, 1, 3)[keep]  # [real rows, Hq, D] back to their stream index
+    return out[None]  # [1, T, Hq, D]
+
+
 @torch.compiler.disable  # a python loop over prompts: compiled layers break the graph here (no recompiles)
 def segment_attention(module, query, key, value, attention_mask, **kwargs):
     """Attention of each packed prompt on its own: [1, H, T, D] q/k/v -> ([1, T, H, D], None)."""
     state = _SEGMENTS.get()
     if state is None:
         raise RuntimeError(f"{SEGMENTS_IMPL} attention called outside a packed forward")
-    lengths, inner = state
     if not getattr(module, "is_causal", True):
         raise ValueError(f"{type(module).__name__} is not causal attention; packed scoring needs causal")
     window = kwargs.get("sliding_window")
+    if state.batched:
+        scaling, softcap = kwargs.get("scaling"), kwargs.get("softcap")
+        return blocked_attention(
+            query, key, value, state.lengths, state.prefix, scaling, window, softcap
+        ), None
+    if state.prefix:
+        raise ValueError("per-prompt packed attention does not read a cached prefix")
     outs, start = [], 0
-    for n in lengths:
+    for n in state.lengths:
         sl = slice(start, start + n)
         mask = None  # SDPA's causal path, exactly as the prompt alone
+        inner = state.inner
         if inner is not sdpa_attention_forward or (window and n > window):
             mask = segment_mask(n, window, query.device)
             if inner is not sdpa_attention_forward:  # eager attention adds a float mask
@@ -102,11 +202,13 @@ def own_attention(model) -> Callable:
 
 
 @contextlib.contextmanager
-def packed_decoder(decoder, lengths: Sequence[int], inner: Callable) -> Iterator[None]:
+def packed_decoder(
+    decoder, lengths: Sequence[int], inner: Callable, prefix: int = 0, batched: bool = False
+) -> Iterator[None]:
     """Within: `decoder` runs `segment_attention` over the prompts of `lengths` (then its config is restored)."""
     config = decoder.config
     before = config._attn_implementation
-    token = _SEGMENTS.set((tuple(int(n) for n in lengths), inner))
+    token = _SEGMENTS.set(Segments(tuple(int(n) for n in lengths), inner, int(prefix), batched))
     config._attn_implementation = SEGMENTS_IMPL
     try:
         yield
@@ -115,18 +217,23 @@ def packed_decoder(decoder, lengths: Sequence[int], inner: Callable) -> Iterator
         _SEGMENTS.reset(token)
 
 
-def pack_inputs(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def pack_inputs(
+    seqs: Sequence[Sequence[int]], pad_id: int, min_rows: int = 2, offset: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(input ids [1, T], position ids [1, T], segment lengths) of prompts packed back to back.
 
-    A stream of one token gets a second (pad) segment: the decoder's GEMMs then never have M = 1.
+    A stream shorter than `min_rows` tokens gets one more (pad) segment up to that length: the decoder's GEMMs
+    then never have fewer rows than the row-invariance probe verified (M = 1 is a GEMV, rounded otherwise).
+    Positions start at `offset` in every prompt (the length of a cached shared prefix).
     """
     lengths = [len(s) for s in seqs]
     if min(lengths) < 1:
         raise ValueError("a prompt encoded to zero tokens")
     flat = [t for s in seqs for t in s]
-    if len(flat) == 1:
-        flat, lengths = flat + [pad_id], lengths + [1]
-    pos = torch.cat([torch.arange(n) for n in lengths])
+    if len(flat) < min_rows:
+        pad = min_rows - len(flat)
+        flat, lengths = flat + [pad_id] * pad, lengths + [pad]
+    pos = torch.cat([torch.arange(offset, offset + n) for n in lengths])
     return torch.tensor([flat]), pos[None], lengths
 
 
@@ -151,34 +258,61 @@ def plan_packs(lengths: Sequence[int], batch_tokens: int, max_rows: int | None =
     return packs
 
 
-@torch.inference_mode()
-def linear_rows_invariant(model, max_rows: int, rows: Sequence[int] = PROBE_ROWS) -> tuple[bool, str]:
-    """Does each of the decoder's linear layers give a row the same bits whatever the other rows are?
+MAX_MIN_ROWS = 16  # a GEMM whose rows agree only from more rows than this is treated as not row-invariant
+HEAD_PROBE_ROWS = 1024  # rows of the LM head's probe GEMM (option rows per call, NLL rows per chunk)
 
-    Per distinct (in, out) shape, with that layer's weights: random rows X [max_rows, in]; every window of M
-    rows (M in `rows`, at the start and at the end of X) must equal the same rows of the full GEMM, bit for
-    bit. A sample of M, not a proof for every M: it covers small M, where kernels switch strategies.
-    Returns (all equal, one line saying what was checked or where it failed).
-    """
-    layers: dict[tuple[int, int], torch.nn.Linear] = {}
+
+def probed_linears(model) -> dict[tuple[int, int], tuple[Callable, torch.Tensor, bool]]:
+    """(how the forward runs it, weight, is the LM head) of one decoder linear layer per distinct (in, out)
+    shape, and of the LM head as the scoring paths apply it (lm_head.logits: `h @ w.T`)."""
+    layers: dict[tuple[int, int], tuple[Callable, torch.Tensor, bool]] = {}
     for m in model.get_decoder().modules():
         if isinstance(m, torch.nn.Linear):
-            layers.setdefault((m.in_features, m.out_features), m)
+            layers.setdefault((m.in_features, m.out_features), (m, m.weight, False))
+    head = model.get_output_embeddings()
+    if head is not None:
+        w, b = head.weight, getattr(head, "bias", None)
+        layers[(w.shape[1], w.shape[0], "head")] = (lambda x: lm_head.logits(x, w, b), w, True)
+    return layers
+
+
+@torch.inference_mode()
+def linear_rows_invariant(model, max_rows: int, rows: Sequence[int] = PROBE_ROWS) -> tuple[bool, int, str]:
+    """Does each of the model's linear layers (decoder and LM head) give a row the same bits whatever the other
+    rows are, from some small row count on?
+
+    Per distinct (in, out) shape, with that layer's weights, run as the forward runs it: random rows
+    X [max_rows, in] (at most HEAD_PROBE_ROWS for the LM head, whose calls are that small); every window of
+    M rows (M in `rows`, at the start and at the end of X) is compared with the same rows of the full GEMM,
+    bit for bit. A sample of M, not a proof for every M: it covers small M, where kernels switch strategies
+    (M = 1 is a GEMV; MKL's float32 kernels change again at a few rows). Returns (invariant, min_rows: the
+    smallest M from which every tested M agrees, one line saying what was checked or where it failed).
+    """
     gen = torch.Generator().manual_seed(0)
-    sizes = [m for m in rows if m < max_rows]
-    for (k, n), layer in layers.items():
-        w = layer.weight
-        x = torch.randn(max_rows, k, generator=gen).to(device=w.device, dtype=w.dtype)
-        full = layer(x)
-        for m in sizes:
-            for start in (0, max_rows - m):
-                if not torch.equal(layer(x[start : start + m]), full[start : start + m]):
-                    return False, (
-                        f"the {k}x{n} linear layer's rows differ between a {m}-row and a {max_rows}-row GEMM "
-                        f"({w.dtype}, {w.device}): each prompt runs alone"
+    min_rows, checked = 1, []
+    for shape, (run, w, is_head) in probed_linears(model).items():
+        k, n = shape[0], shape[1]
+        top = min(max_rows, HEAD_PROBE_ROWS) if is_head else max_rows
+        x = torch.randn(top, k, generator=gen).to(device=w.device, dtype=w.dtype)
+        full = run(x)
+        for m in sorted(
+            {r for r in rows if r < top}, reverse=True
+        ):  # largest first: stop at the first failure
+            if not all(torch.equal(run(x[s : s + m]), full[s : s + m]) for s in (0, top - m)):
+                min_rows = max(min_rows, m + 1)
+                if min_rows > MAX_MIN_ROWS:
+                    return (
+                        False,
+                        min_rows,
+                        (
+                            f"the {k}x{n} {'LM head' if is_head else 'linear layer'}'s rows differ between a {m}-row "
+                            f"and a {top}-row GEMM ({w.dtype}, {w.device}): each prompt runs alone"
+                        ),
                     )
-    shapes = ", ".join(f"{k}x{n}" for k, n in layers)
+                break
+        checked.append(f"{k}x{n}{' (LM head)' if is_head else ''}")
     return (
         True,
-        f"linear layers {shapes}: rows bit-identical for M in 2..{max(sizes, default=2)} and {max_rows}",
+        min_rows,
+        (f"linear layers {', '.join(checked)}: rows bit-identical for every tested M from {min_rows} up"),
     )

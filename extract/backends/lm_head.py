@@ -25,6 +25,11 @@ def cap(z: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return z if not softcap else torch.tanh(z / softcap) * softcap
 
 
+def logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """Uncapped logits in the model's dtype, as every scoring path computes them: [n, d] -> [n, V]."""
+    return h @ w.T if b is None else h @ w.T + b
+
+
 def _slice_logits(h: torch.Tensor, w: torch.Tensor, b, v0: int, vc: int, softcap) -> torch.Tensor:
     """Capped float32 logits of vocabulary rows v0..v0+vc: [t, d] -> [t, vc]."""
     z = h @ w[v0 : v0 + vc].T
@@ -39,19 +44,27 @@ def token_nll(
     softcap: float | None,
     chunk_elems: int = CHUNK_ELEMS,
     vocab_chunk: int = VOCAB_CHUNK,
+    min_rows: int = 1,
 ) -> torch.Tensor:
     """-log p(target | position) for T positions without materializing [T, V]: [T, d], [T] -> [T].
 
-    w [V, d] and b [V] | None are the LM head's; (token x vocabulary) chunks of `chunk_elems` logits.
+    w [V, d] and b [V] | None are the LM head's; (token x vocabulary) chunks of `chunk_elems` logits. A chunk
+    of fewer than `min_rows` rows is padded with copies of its first row (batch-invariant scoring: GEMMs of
+    fewer rows round differently, see hf_packed.linear_rows_invariant).
     """
     n_vocab = w.shape[0]
     vc = min(n_vocab, vocab_chunk)
-    tc = max(1, chunk_elems // vc)
+    tc = max(1, min_rows, chunk_elems // vc)
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     for t0 in range(0, h.shape[0], tc):
         hc, tg = h[t0 : t0 + tc], targets[t0 : t0 + tc]  # [tc, d], [tc]
+        if hc.shape[0] < min_rows:
+            real, fill = hc.shape[0], min_rows - hc.shape[0]
+            hc, tg = torch.cat([hc, hc[:1].expand(fill, -1)]), torch.cat([tg, tg[:1].expand(fill)])
+            out[t0 : t0 + real] = token_nll(hc, tg, w, b, softcap, chunk_elems, vocab_chunk, min_rows)[:real]
+            continue
         if vc == n_vocab:  # one slice: the fused log-softmax of cross_entropy, one pass over [tc, V]
-            z = hc @ w.T if b is None else hc @ w.T + b  # [tc, V] in the model's dtype
+            z = logits(hc, w, b)  # [tc, V] in the model's dtype
             z = cap(z.float(), softcap) if softcap else z
             # bf16 logits stay bf16 (the kernel accumulates in fp32): 1.8x faster than an fp32 copy +
             # logsumexp, mean prompt NLL within 1e-3 of that (bf16 itself is ~1e-2 from fp32)

@@ -10,6 +10,7 @@ import torch
 import transformers
 from walla.extract.backends import Backend, BackendKind, BackendRequest
 from walla.extract.backends.dummy import DUMMY, DummyBackend
+from walla.extract.backends.hf import INVARIANT_SCORING
 from walla.extract.backends.hf_kind import HF
 from walla.extract.backends.registry import (
     BACKEND_KINDS,
@@ -108,7 +109,8 @@ def test_identities_before_loading():
         **{k: v for k, v in want.items() if k != "tolerance"},
         "dtype": "bfloat16",
         "compile": True,
-        "batch_invariant": True,  # packed, per-prompt scoring: the default in reduced precision on a CPU
+        "batch_invariant": True,  # packed scoring: the default in reduced precision on a CPU
+        "invariant_scoring": INVARIANT_SCORING,  # the version of its numerics
         "determinism": "bitwise",
     }
 

@@ -55,11 +55,10 @@ def test_row_invariance_probe_is_cached_per_machine_and_shapes(tmp_path, monkeyp
         return orig(m, rows)
 
     monkeypatch.setattr(hf_packed, "linear_rows_invariant", counted)
-    ok, why = hf_checks.rows_invariant(model, 120, tmp_path)
-    again, why2 = hf_checks.rows_invariant(model, 120, tmp_path)
-    assert (
-        calls == [120] and again == ok and why2 == f"{why} (cached in {next(tmp_path.glob('rows-*.json'))})"
-    )
+    ok, min_rows, why = hf_checks.rows_invariant(model, 120, tmp_path)
+    again, min_again, why2 = hf_checks.rows_invariant(model, 120, tmp_path)
+    assert calls == [120] and (again, min_again) == (ok, min_rows)
+    assert why2 == f"{why} (cached in {next(tmp_path.glob('rows-*.json'))})"
     hf_checks.rows_invariant(model, 64, tmp_path)  # another row count: measured
     hf_checks.rows_invariant(model.float(), 120, tmp_path)  # another dtype: measured
     assert calls == [120, 64, 120]

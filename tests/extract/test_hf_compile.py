@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import pytest
-from tiny_model import CORPUS, tiny_model, tiny_tokenizer
-from walla.extract.backends import BackendRequest
-from walla.extract.backends.hf import HFBackend
+import torch
+from tiny_model import CORPUS, save_tiny_checkpoint, tiny_model, tiny_tokenizer
+from walla.extract.backends import BackendRequest, hf_compile
+from walla.extract.backends.hf import HFBackend, load_hf_backend
 from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, explain_compile
 from walla.extract.backends.registry import settle_backend
 from walla.extract.command import reproduce_command
@@ -64,3 +66,37 @@ def test_bad_compile_value_and_reproduce_command():
     off = settle_backend("hf", request, {"compile": "off"})
     assert "compile" not in off.identity  # absent when off: sets made before the option keep their inputs
     assert "--backend-arg compile=off" in reproduce_command(cfg, ["none"], "hf", list(off.command_args))
+
+
+def test_compile_cache_is_one_folder_per_model_dtype_and_device(tmp_path, monkeypatch):
+    """Inductor's on-disk caches are kept per model identity, dtype and device: a cache never serves another."""
+    a = {"source": "package", "gguf_sha256": "aa"}
+    b = {"source": "package", "gguf_sha256": "bb"}
+    base = hf_compile.compile_cache_dir(a, "torch.bfloat16", "cpu", tmp_path)
+    assert base == hf_compile.compile_cache_dir(a, "bfloat16", "cpu", tmp_path)  # same key, same folder
+    others = {
+        hf_compile.compile_cache_dir(b, "bfloat16", "cpu", tmp_path),
+        hf_compile.compile_cache_dir(a, "float32", "cpu", tmp_path),
+    }
+    assert base not in others and len(others) == 2 and base.parent == tmp_path / "compile"
+    monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", None)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    assert hf_compile.use_compile_cache(base) == base and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(base)
+    monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", "/theirs")  # set by the user before walla ran
+    assert hf_compile.use_compile_cache(tmp_path / "x") is None and os.environ[
+        "TORCHINDUCTOR_CACHE_DIR"
+    ] == str(base)
+
+
+@pytest.mark.slow
+def test_compiled_load_fills_its_own_cache_folder(tmp_path, monkeypatch):
+    """load_hf_backend(compiled=True) writes inductor's caches under $WALLA_CACHE/compile/<key>/."""
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    mdir = save_tiny_checkpoint(tmp_path / "tiny", seed=5)
+    local_tiny = ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
+    monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", None)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    torch._dynamo.reset()  # an earlier test compiled the same layer class in this process: compile afresh
+    load_hf_backend(local_tiny, dtype="float32", device="cpu", batch_tokens=64, compiled=True)
+    want = hf_compile.compile_cache_dir(local_tiny.identity, "float32", "cpu", tmp_path)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(want) and any(want.rglob("*"))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from test_hf_backend import PROMPTS, naive
-from tiny_model import tiny_model, tiny_tokenizer
+from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
 from walla.extract.backends import hf_packed
-from walla.extract.backends.hf import HFBackend, hf_identity, load_hf_backend
+from walla.extract.backends.hf import INVARIANT_SCORING, MIN_PREFIX, HFBackend, hf_identity, load_hf_backend
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 
@@ -86,11 +86,51 @@ def test_bf16_prompt_gives_the_same_bits_in_any_batch_mix(tok, bf16_model):
     be.self_check()  # and the packed path still agrees with the model's own forward
 
 
+def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one(tok, bf16_model):
+    """A score() call whose prompts share a prefix runs it once (KV cache); the same prompts in a call (a shard)
+    with other prompts, where nothing is shared, and alone give the same bits: one attention call per layer."""
+    be = HFBackend(bf16_model, tok, batch_tokens=120)
+    head = CORPUS[0] + " " + CORPUS[5]
+    prompts = [head + " " + c for c in CORPUS[1:5]]
+    assert be.shared_prefix(be.encode_batch(prompts)) >= MIN_PREFIX
+    cached = be.score(prompts, CAND)
+    assert be.attention_batched, be.invariance_why  # the probe passed: one call per layer, prefix cached
+    shard = be.score(OTHERS[:2] + prompts[:3] + OTHERS[2:], CAND)
+    be.max_batch_rows = 1
+    alone = be.score(prompts[3:], CAND)
+    assert_same_bits(rows(cached, [0, 1, 2]), rows(shard, [2, 3, 4]))
+    assert_same_bits(rows(cached, [3]), rows(alone, [0]))
+
+
+def test_blocked_attention_equals_sdpa_and_reads_a_cached_prefix():
+    """float32: one call over packed prompts equals each prompt's own causal SDPA; after a cached prefix the
+    suffix rows are the same bits as with the prefix as the prompt's own tokens."""
+    g = torch.Generator().manual_seed(0)
+    lengths, hq, hkv, d = [5, 70, 1, 130], 4, 2, 8
+    q, k, v = (torch.randn(1, h, sum(lengths), d, generator=g) for h in (hq, hkv, hkv))
+    out = hf_packed.blocked_attention(q, k, v, lengths)[0]  # [T, Hq, D]
+    start = 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        kk, vv = (x[:, :, sl].repeat_interleave(hq // hkv, 1) for x in (k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, sl], kk, vv, is_causal=True)
+        torch.testing.assert_close(out[sl], ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+        start += n
+    p = 37  # the first prompt's first 37 tokens as a cached prefix of a 33-token suffix
+    full = hf_packed.blocked_attention(q[:, :, :70], k[:, :, :70], v[:, :, :70], [70])[0]
+    suffix = hf_packed.blocked_attention(q[:, :, p:70], k[:, :, :70], v[:, :, :70], [70 - p], prefix=p)[0]
+    assert torch.equal(full[p:], suffix)
+    with pytest.raises(ValueError, match="keys for a 5-token prefix"):
+        hf_packed.blocked_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], [10], prefix=5)
+
+
 def test_one_token_prompt_alone_is_padded_to_two_rows(bf16_model):
     tok = tiny_tokenizer(bos=False)
     be = HFBackend(bf16_model, tok)
     ids, pos, lengths = hf_packed.pack_inputs([[7]], be.pad_id)
     assert ids.tolist() == [[7, be.pad_id]] and pos.tolist() == [[0, 0]] and lengths == [1, 1]
+    ids, pos, lengths = hf_packed.pack_inputs([[7]], be.pad_id, offset=5)  # after a 5-token cached prefix
+    assert pos.tolist() == [[5, 5]]
     alone = be.score(["Answer"], CAND)
     among = be.score(["Answer", "Question : Is the door red ? Answer"], CAND)
     assert alone.prompt_nll[0] == 0.0 and alone.n_tokens[0] == 1
@@ -175,20 +215,33 @@ def test_compiled_bf16_packed_scoring_is_batch_invariant_too(tok):
 
 
 class RowCountLinear(torch.nn.Linear):
-    """A linear layer whose rows depend on how many rows the GEMM has (as split-K kernels can)."""
+    """A linear layer whose rows depend on whether the GEMM has more than `above` rows (as split-K kernels can)."""
+
+    above = 64
 
     def forward(self, x):
-        return super().forward(x) + 0.25 * (x.reshape(-1, x.shape[-1]).shape[0] > 8)
+        return super().forward(x) + 0.25 * (x.reshape(-1, x.shape[-1]).shape[0] > self.above)
 
 
-def test_gemms_that_are_not_row_invariant_make_each_prompt_run_alone(tok):
+def row_count_model(tok, above: int):
     model = tiny_model(len(tok)).to(torch.bfloat16)
     mlp = model.model.layers[0].mlp
     down = RowCountLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False)
-    down.weight = mlp.down_proj.weight
+    down.weight, down.above = mlp.down_proj.weight, above
     mlp.down_proj = down
-    ok, why = hf_packed.linear_rows_invariant(model, 120)
-    assert not ok and "64x32 linear layer's rows differ" in why and "each prompt runs alone" in why
+    return model
+
+
+def test_gemms_that_are_not_row_invariant_make_each_prompt_run_alone(tok, tmp_path, monkeypatch):
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))  # the probes' cache keys know the class, not `above`
+    model = row_count_model(tok, above=64)
+    ok, min_rows, why = hf_packed.linear_rows_invariant(model, 120)
+    assert (
+        not ok
+        and min_rows == 65
+        and "64x32 linear layer's rows differ" in why
+        and "each prompt runs alone" in why
+    )
     be = HFBackend(model, tok, batch_tokens=120)
     seen: list[int] = []
     be.score(PROMPTS, CAND, progress=lambda n, _tokens: seen.append(n))
@@ -196,6 +249,24 @@ def test_gemms_that_are_not_row_invariant_make_each_prompt_run_alone(tok):
     together, mixed, alone = mixes(be, PROMPTS)
     assert_same_bits(together, mixed)
     assert_same_bits(together, alone)
+
+
+def test_gemms_invariant_from_a_few_rows_on_get_streams_padded_to_that_many(tok, tmp_path, monkeypatch):
+    """Rows that agree only from 9 rows on (as MKL's float32 kernels from a few rows): packs stay, every GEMM
+    gets at least 9 rows (short streams padded, the LM head's calls too), and the bits hold in any mix."""
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    model = row_count_model(tok, above=8)
+    ok, min_rows, why = hf_packed.linear_rows_invariant(model, 120)
+    assert ok and min_rows == 9 and "from 9 up" in why
+    be = HFBackend(model, tok, batch_tokens=120)
+    seen: list[int] = []
+    be.score(PROMPTS, CAND, progress=lambda n, _tokens: seen.append(n))
+    assert be.rows_invariant and be.min_rows == 9 and max(seen) > 1
+    together, mixed, alone = mixes(be, PROMPTS)
+    assert_same_bits(together, mixed)
+    assert_same_bits(together, alone)
+    ids, pos, lengths = hf_packed.pack_inputs([[7, 8]], be.pad_id, min_rows=9)
+    assert ids.shape == (1, 9) and lengths == [2, 7] and pos.tolist() == [[0, 1, *range(7)]]
 
 
 def test_plan_packs_covers_every_prompt_once_within_the_budget():
@@ -211,6 +282,7 @@ def test_plan_packs_covers_every_prompt_once_within_the_budget():
 def test_identity_records_batch_invariance_in_reduced_precision_only():
     assert "batch_invariant" not in hf_identity(torch.float32, False)  # float32 fingerprints unchanged
     assert hf_identity(torch.bfloat16, False)["batch_invariant"] is True
+    assert hf_identity(torch.bfloat16, False)["invariant_scoring"] == INVARIANT_SCORING == 2
     assert hf_identity(torch.float16, False)["batch_invariant"] is True
     assert hf_identity(torch.float32, False, batch_invariant=True)["batch_invariant"] is True
 
