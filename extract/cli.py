@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from walla.extract.backends.registry import DEFAULT_BACKEND, backend_names
-from walla.extract.config import ExtractConfig, parse_backend_args
-from walla.extract.hub import HubUnavailableError
-from walla.manifests.validate import ConfigError, build
-from walla.store.files import describe_os_error
+
+if TYPE_CHECKING:
+    from walla.extract.config import ExtractConfig
 
 app = typer.Typer(add_completion=False, help="walla extract stage: LLM features of a dataset into the store")
 
@@ -38,6 +38,9 @@ def to_config(given: dict) -> ExtractConfig:
     Raises:
         ValueError (ConfigError): every bad option, one line each, naming it.
     """
+    from walla.extract.config import ExtractConfig, parse_backend_args  # walla.cli.lazy: not for --help
+    from walla.manifests.validate import build
+
     raw = dict(given)
     raw["variants"] = (
         tuple(v.strip() for v in raw["variants"].split(",") if v.strip()) if raw["variants"] else None
@@ -111,7 +114,10 @@ def extract(
     except ValueError as e:  # ConfigError: one line per problem, naming the option
         _fail(str(e), 2)
     # the recipe imports torch and transformers: only when the command runs, so parsing and --help stay fast
+    from walla.extract.hub import HubUnavailableError
     from walla.extract.run import run
+    from walla.manifests.validate import ConfigError
+    from walla.store.files import describe_os_error
 
     try:
         run(cfg, out=typer.echo)

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from walla.extract.models import ResolvedModel
+
+if TYPE_CHECKING:  # annotations only: importing models pulls the hub and zarr into every `--help`
+    from walla.extract.models import ResolvedModel
 
 
 @dataclass
