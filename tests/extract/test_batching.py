@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_model import register_jsonl_dataset, register_local_model, save_tiny_checkpoint
+from tiny_model import register_tiny_catalog
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, hf_kind
 from walla.extract.backends.dummy import DummyBackend
@@ -38,14 +38,7 @@ QUESTIONS = [
 @pytest.fixture
 def tiny_setup(tmp_path, monkeypatch):
     """A local tiny Llama checkpoint as model `tiny` and a 7-question jsonl dataset `mine`; returns the data file."""
-    register_local_model(monkeypatch, "tiny", save_tiny_checkpoint(tmp_path / "tiny", seed=3), hidden_size=32)
-    rows = [
-        {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3, "context": c}
-        for i, (q, c) in enumerate(QUESTIONS)
-    ]
-    data = register_jsonl_dataset(monkeypatch, tmp_path / "mine.jsonl", rows)
-    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
-    return data
+    return register_tiny_catalog(tmp_path, monkeypatch, QUESTIONS, seed=3)
 
 
 def _cfg(tmp_path: Path, data: Path, store: str = "s", **kw) -> ExtractConfig:

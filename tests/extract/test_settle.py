@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_model import register_jsonl_dataset, register_local_model, save_tiny_checkpoint
+from tiny_model import register_tiny_catalog
 from typer.testing import CliRunner
 from walla.cli.main import app as walla_root
 from walla.extract import check as check_mod
@@ -70,13 +70,7 @@ def chips(monkeypatch):
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     """Catalog model `tiny` (a local random checkpoint) and dataset `mine` (a jsonl file); returns the file."""
-    register_local_model(monkeypatch, "tiny", save_tiny_checkpoint(tmp_path / "tiny", seed=5), hidden_size=32)
-    rows = [
-        {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3, "context": c}
-        for i, (q, c) in enumerate(ROWS)
-    ]
-    data = register_jsonl_dataset(monkeypatch, tmp_path / "mine.jsonl", rows)
-    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    data = register_tiny_catalog(tmp_path, monkeypatch, ROWS, seed=5)
     # modules that bound the catalog's functions by name see the same tables
     for mod in (check_mod, agent_mod):
         monkeypatch.setattr(mod, "load_models", catalog.load_models)

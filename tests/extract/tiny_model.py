@@ -94,6 +94,21 @@ def register_jsonl_dataset(monkeypatch, path: Path, rows: list[dict], name: str 
     return path
 
 
+def register_tiny_catalog(tmp_path: Path, monkeypatch, questions: list[tuple[str, str]], seed: int) -> Path:
+    """Catalog model `tiny` (a random local checkpoint of `seed`, hidden 32) and dataset `mine` (one jsonl row
+    per (question, context), options oxygen/helium/water), with a private WALLA_CACHE; returns the data file."""
+    register_local_model(
+        monkeypatch, "tiny", save_tiny_checkpoint(tmp_path / "tiny", seed=seed), hidden_size=32
+    )
+    rows = [
+        {"id": f"r{i}", "question": q, "options": ["oxygen", "helium", "water"], "label": i % 3, "context": c}
+        for i, (q, c) in enumerate(questions)
+    ]
+    data = register_jsonl_dataset(monkeypatch, tmp_path / "mine.jsonl", rows)
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    return data
+
+
 def spy_from_pretrained(monkeypatch) -> list[dict]:
     """The keyword arguments of every AutoModelForCausalLM.from_pretrained call the hf backend makes."""
     seen: list[dict] = []
