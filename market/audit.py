@@ -100,7 +100,10 @@ def _check_round(
     for e in entries:
         bound = mechanism.deficit_bound(rnd.c2, rnd.c3)
         if e.deficit_bound != bound or e.total_payout > bound + TOLERANCE:
-            return f"resolutions: round {rnd.id} seq {e.seq} bound {e.deficit_bound} (expected {bound}), total {e.total_payout}", worst  # fmt: skip
+            return (
+                f"resolutions: round {rnd.id} seq {e.seq} bound {e.deficit_bound} (expected {bound}), total {e.total_payout}",
+                worst,
+            )
         mine = [r for r in rows if r.seq == e.seq]
         pay = [r for r in mine if r.kind == "pay"]
         rev = [r for r in mine if r.kind == "reverse"]
@@ -132,10 +135,16 @@ def _check_round(
                     f"payout {row.payout!r}, recomputed from the stored report {value!r}"
                 ), worst
             if event_pay.get(str(rep.agent_id)) != row.payout:
-                return f"payouts: row id {row.id} (round {rnd.id}, agent {names.get(row.agent_id)}) differs from its event", worst  # fmt: skip
+                return (
+                    f"payouts: row id {row.id} (round {rnd.id}, agent {names.get(row.agent_id)}) differs from its event",
+                    worst,
+                )
         total = sum(r.payout for r in pay)
         if abs(total - e.total_payout) > TOLERANCE * max(1.0, len(pay)):
-            return f"resolutions: round {rnd.id} seq {e.seq} total {e.total_payout!r} but its pay rows sum to {total!r}", worst  # fmt: skip
+            return (
+                f"resolutions: round {rnd.id} seq {e.seq} total {e.total_payout!r} but its pay rows sum to {total!r}",
+                worst,
+            )
         prev_pay = pay
     final = entries[-1].total_payout if entries and entries[-1].kind != "void" else 0.0
     if abs(sum(r.payout for r in rows) - final) > TOLERANCE * max(1.0, len(rows)):

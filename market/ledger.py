@@ -48,8 +48,18 @@ SAME_ANSWER_ATOL = 1e-12
 # takes effect at once, one by another process (a second server on the same database) within this long
 AUTH_TTL_S = 2.0
 # what every round's opening event records: its question and the mechanism's settings, walla's version
-ROUND_STAMP = ("question", "options", "settings", "deficit_bound", "close_at", "publish_pool", "max_wager",
-               "criteria", "source", "walla_version")  # fmt: skip
+ROUND_STAMP = (
+    "question",
+    "options",
+    "settings",
+    "deficit_bound",
+    "close_at",
+    "publish_pool",
+    "max_wager",
+    "criteria",
+    "source",
+    "walla_version",
+)
 
 
 class LedgerInvariantError(RuntimeError):
@@ -724,16 +734,34 @@ class Ledger:
             )
         )
         rows = [
-            {"round_id": rid, "seq": seq, "kind": "reverse", "agent_id": p.agent_id, "report_id": p.report_id,
-             "wager": p.wager, "score": p.score, "baseline": p.baseline, "advantage": p.advantage,
-             "payout": -p.payout}
+            {
+                "round_id": rid,
+                "seq": seq,
+                "kind": "reverse",
+                "agent_id": p.agent_id,
+                "report_id": p.report_id,
+                "wager": p.wager,
+                "score": p.score,
+                "baseline": p.baseline,
+                "advantage": p.advantage,
+                "payout": -p.payout,
+            }
             for p in reverse
         ] + [
-            {"round_id": rid, "seq": seq, "kind": "pay", "agent_id": r.agent_id, "report_id": r.id,
-             "wager": r.wager, "score": pay.score[i], "baseline": pay.baseline[i], "advantage": pay.advantage[i],
-             "payout": pay.payout[i]}
+            {
+                "round_id": rid,
+                "seq": seq,
+                "kind": "pay",
+                "agent_id": r.agent_id,
+                "report_id": r.id,
+                "wager": r.wager,
+                "score": pay.score[i],
+                "baseline": pay.baseline[i],
+                "advantage": pay.advantage[i],
+                "payout": pay.payout[i],
+            }
             for i, r in enumerate(reps)
-        ]  # fmt: skip
+        ]
         if rows:
             conn.execute(insert(db.payouts), rows)
         paid = {r.name: pay.payout[i] for i, r in enumerate(reps)}
@@ -742,10 +770,16 @@ class Ledger:
             {"resolve": "resolved", "correct": "resolution_corrected", "void": "round_voided"}[kind],
             now,
             round_id=rid,
-            data={"seq": seq, "label": label, "target": target, "note": note, "total_payout": total,
-                  "payouts": {str(r["agent_id"]): r["payout"] for r in rows if r["kind"] == "pay"},
-                  "reversed": {str(r["agent_id"]): r["payout"] for r in rows if r["kind"] == "reverse"}},
-        )  # fmt: skip
+            data={
+                "seq": seq,
+                "label": label,
+                "target": target,
+                "note": note,
+                "total_payout": total,
+                "payouts": {str(r["agent_id"]): r["payout"] for r in rows if r["kind"] == "pay"},
+                "reversed": {str(r["agent_id"]): r["payout"] for r in rows if r["kind"] == "reverse"},
+            },
+        )
         return {
             "round": rid,
             "resolved_now": True,

@@ -105,7 +105,17 @@ def test_demo_runs_every_step_and_stops_at_the_first_failure(tmp_path, monkeypat
     fast = ["--methods", "uniform,walla-i", "--set", "walla.epochs=1", "--set", "walla.hidden=[8]"]
 
     def quick(*args):
-        return [a + (["--backend", "dummy", "--no-progress"] if a[0] == "extract" else fast if a[0] == "train" else ["--no-plots"]) for a in steps(*args)]  # fmt: skip
+        return [
+            a
+            + (
+                ["--backend", "dummy", "--no-progress"]
+                if a[0] == "extract"
+                else fast
+                if a[0] == "train"
+                else ["--no-plots"]
+            )
+            for a in steps(*args)
+        ]
 
     monkeypatch.setattr(demo, "steps", quick)
     out = tmp_path / "d"

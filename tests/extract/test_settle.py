@@ -189,9 +189,15 @@ def test_the_market_agent_and_walla_extract_settle_the_same_identity(tmp_path, t
         feats = agent_mod.LLMFeatures("tiny", "mine", device="cpu", dtype=dtype, backend="hf")
         feats.backend.close()
         cfg = ExtractConfig(
-            model="tiny", dataset="mine", data_file=tiny, dtype=dtype, device="cpu", store=tmp_path / dtype,
-            variants=("none",), progress=False,
-        )  # fmt: skip
+            model="tiny",
+            dataset="mine",
+            data_file=tiny,
+            dtype=dtype,
+            device="cpu",
+            store=tmp_path / dtype,
+            variants=("none",),
+            progress=False,
+        )
         (path,) = run_mod.run(cfg, lambda s: None)
         stored = read_feature_set(path).meta["inputs"]
         assert {k: stored[k] for k in feats.settled.identity} == feats.settled.identity, dtype
@@ -272,8 +278,19 @@ def test_a_third_kind_runs_walla_extract_and_walla_check_with_its_own_option(tmp
         extract_app, [*common, "--backend", "twin", "--backend-arg", "flavor=-1", "--store", str(tmp_path)]
     )
     assert bad.exit_code == 2 and "flavor must be >= 0, got -1" in bad.output
-    r = CliRunner().invoke(walla_root, ["check", *common, "--backends", "hf,twin", "--backend-arg", "flavor=2",
-                                           "--report", str(tmp_path / "check.json")])  # fmt: skip
+    r = CliRunner().invoke(
+        walla_root,
+        [
+            "check",
+            *common,
+            "--backends",
+            "hf,twin",
+            "--backend-arg",
+            "flavor=2",
+            "--report",
+            str(tmp_path / "check.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "twin vs hf" in r.output and "PASS" in r.output
     r = CliRunner().invoke(

@@ -46,7 +46,9 @@ def test_audit_passes_then_names_the_edited_row(market, capfd):
     rc, out, err = _audit(db, capfd)
     assert rc == 0 and "walla market audit: OK" in out and not err, (out, err)
     with market.ledger.engine.begin() as conn:
-        pid, value = conn.execute(text("SELECT id, payout FROM payouts WHERE kind = 'pay' ORDER BY id LIMIT 1 OFFSET 4")).first()  # fmt: skip
+        pid, value = conn.execute(
+            text("SELECT id, payout FROM payouts WHERE kind = 'pay' ORDER BY id LIMIT 1 OFFSET 4")
+        ).first()
         conn.execute(text("UPDATE payouts SET payout = :v WHERE id = :i"), {"v": value + 1e-6, "i": pid})
     rc, out, err = _audit(db, capfd)
     lines = err.strip().splitlines()

@@ -47,8 +47,27 @@ ENDPOINTS = [  # (method, path with {id}, takes a body)
     ("GET", "/", False),
     ("DELETE", "/rounds/{id}", False),
 ]
-FIELDS = ["question", "options", "variant", "c1", "c2", "c3", "pooling", "close_at", "publish_pool", "max_wager",
-          "criteria", "source", "probabilities", "wager", "label", "target", "note", "name", "floor"]  # fmt: skip
+FIELDS = [
+    "question",
+    "options",
+    "variant",
+    "c1",
+    "c2",
+    "c3",
+    "pooling",
+    "close_at",
+    "publish_pool",
+    "max_wager",
+    "criteria",
+    "source",
+    "probabilities",
+    "wager",
+    "label",
+    "target",
+    "note",
+    "name",
+    "floor",
+]
 
 big_ints = st.one_of(
     st.integers(-(2**80), 2**80), st.sampled_from([0, 1, 2, 3, 2**31 - 1, 2**31, 2**63, -1, 10**400])
@@ -79,29 +98,47 @@ texts = st.one_of(
             " ",
             "x" * 70,
         ]
-    ),  # fmt: skip
+    ),
 )
 scalars = st.one_of(st.none(), st.booleans(), big_ints, floats, texts)
 values = st.recursive(
-    scalars, lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(texts, inner, max_size=4)),
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(texts, inner, max_size=4)),
     max_leaves=12,
-)  # fmt: skip
+)
 distributions = st.lists(st.one_of(floats, st.sampled_from([0.25, 0.5, 0.75])), min_size=0, max_size=5)
 field_values = st.one_of(values, distributions, st.lists(texts, max_size=4))
 small = st.one_of(st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0, 1e-6, 1e6]), floats)
 pair = st.floats(0, 1).map(lambda p: [p, 1 - p])
 valid_ish = {  # per endpoint, well-formed bodies with some fields off: they reach the ledger's writes
     "round": st.fixed_dictionaries(
-        {"question": st.one_of(st.just("q?"), texts), "options": st.one_of(st.just(["a", "b"]), st.lists(texts, max_size=3))},
-        optional={"c1": small, "c2": small, "c3": small, "variant": texts, "pooling": texts,
-                  "close_at": st.one_of(big_ints, floats), "publish_pool": texts, "max_wager": small},
-    ),  # fmt: skip
+        {
+            "question": st.one_of(st.just("q?"), texts),
+            "options": st.one_of(st.just(["a", "b"]), st.lists(texts, max_size=3)),
+        },
+        optional={
+            "c1": small,
+            "c2": small,
+            "c3": small,
+            "variant": texts,
+            "pooling": texts,
+            "close_at": st.one_of(big_ints, floats),
+            "publish_pool": texts,
+            "max_wager": small,
+        },
+    ),
     "report": st.fixed_dictionaries({"probabilities": st.one_of(pair, distributions), "wager": small}),
-    "resolve": st.fixed_dictionaries({}, optional={"label": st.one_of(st.integers(0, 3), big_ints),
-                                                    "target": st.one_of(pair, distributions), "note": texts}),
+    "resolve": st.fixed_dictionaries(
+        {},
+        optional={
+            "label": st.one_of(st.integers(0, 3), big_ints),
+            "target": st.one_of(pair, distributions),
+            "note": texts,
+        },
+    ),
     "void": st.fixed_dictionaries({"reason": texts}),
     "agent": st.fixed_dictionaries({"name": texts}, optional={"max_wager": small, "floor": small}),
-}  # fmt: skip
+}
 bodies = st.one_of(
     st.dictionaries(st.sampled_from(FIELDS), field_values, max_size=6),  # near-valid shapes
     values,
@@ -113,8 +150,9 @@ ids = st.one_of(
     big_ints.map(str),
     st.text(max_size=12),
 )
-queries = st.dictionaries(st.sampled_from(["status", "after", "limit", "x"]), st.one_of(big_ints.map(str), texts),
-                          max_size=3)  # fmt: skip
+queries = st.dictionaries(
+    st.sampled_from(["status", "after", "limit", "x"]), st.one_of(big_ints.map(str), texts), max_size=3
+)
 tokens = st.sampled_from(["op", "op", "alice", "bob", "none", "garbage", "basic"])
 
 

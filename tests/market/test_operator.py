@@ -137,11 +137,24 @@ def test_body_read_timeout(market):
     token = market.op.add_agent("alice")
     rid = market.op.open_round("q", ["x", "y"])["id"]
     before = snapshot(market.ledger)
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "PUT", "scheme": "http",
-             "path": f"/rounds/{rid}/report", "raw_path": f"/rounds/{rid}/report".encode(), "query_string": b"",
-             "root_path": "", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
-             "headers": [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json"),
-                         (b"content-length", b"40")]}  # fmt: skip
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "PUT",
+        "scheme": "http",
+        "path": f"/rounds/{rid}/report",
+        "raw_path": f"/rounds/{rid}/report".encode(),
+        "query_string": b"",
+        "root_path": "",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1),
+        "headers": [
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"40"),
+        ],
+    }
     sent = []
 
     async def stall() -> dict:

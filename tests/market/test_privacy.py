@@ -49,8 +49,19 @@ def test_pool_cannot_reconstruct_an_open_report(market):
 
 def _bob_view(url: str, token: str, rid: int) -> list:
     """Everything bob's token can read (status code and body of every agent-readable endpoint)."""
-    paths = ["/rounds", "/rounds?status=open", f"/rounds/{rid}", f"/rounds/{rid}/pool", f"/rounds/{rid}/report",
-             f"/rounds/{rid}/reports", f"/rounds/{rid}/history", "/me", "/me/payouts", "/agents", "/market"]  # fmt: skip
+    paths = [
+        "/rounds",
+        "/rounds?status=open",
+        f"/rounds/{rid}",
+        f"/rounds/{rid}/pool",
+        f"/rounds/{rid}/report",
+        f"/rounds/{rid}/reports",
+        f"/rounds/{rid}/history",
+        "/me",
+        "/me/payouts",
+        "/agents",
+        "/market",
+    ]
     out = []
     for p in paths:
         r = httpx.get(url + p, headers={"Authorization": f"Bearer {token}"})

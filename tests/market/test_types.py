@@ -51,7 +51,11 @@ def test_ledger_refuses_non_finite_inside_its_transaction(market):
     ledger = market.ledger
     before = snapshot(ledger)
     with pytest.raises(LedgerInvariantError, match="not finite"):
-        ledger.open_round("q", ["a", "b"], RoundSettings.model_construct(variant="I", c1=1.0, c2=0.5, c3=1e-309, pooling="linear"))  # fmt: skip
+        ledger.open_round(
+            "q",
+            ["a", "b"],
+            RoundSettings.model_construct(variant="I", c1=1.0, c2=0.5, c3=1e-309, pooling="linear"),
+        )
     assert snapshot(ledger) == before
     huge = RoundSettings.model_construct(variant="I", c1=1.0, c2=0.5, c3=1e303, pooling="linear")
     rid = ledger.open_round("q", ["a", "b"], huge)["id"]  # the bound c2^2/c3 is finite
@@ -91,14 +95,14 @@ def test_largest_settings_pay_finitely(market):
             '{"question": "q", "options": ["x", "y"], "close_at": 1' + "0" * 400 + "}",
             400,
             "close_at",
-        ),  # fmt: skip
+        ),
         (
             "PUT",
             "/rounds/{rid}/report",
             '{"probabilities": [1' + "0" * 400 + ', 0], "wager": 0.1}',
             400,
             "probabilities[0]",
-        ),  # fmt: skip
+        ),
         (
             "PUT",
             "/rounds/{rid}/report",
