@@ -95,8 +95,11 @@ class ShapeRun:
         return 2 * self.non_emb * self.tps(seconds) / (self.peak * 1e9)
 
 
-def smollm2_tokenizer():
-    """The embedded SmolLM2-135M's tokenizer (its GGUF converted once into the walla cache)."""
+def smollm2_tokenizer(path: str | None = None):
+    """The embedded SmolLM2-135M's tokenizer (its GGUF converted once into the walla cache), or the one saved
+    in `path` (a machine without the embedded model's package, e.g. a GPU host: `--tokenizer DIR`)."""
+    if path:
+        return AutoTokenizer.from_pretrained(path)
     rm = resolve_model(load_models()["smollm2-135m"])
     src = converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"])
     return AutoTokenizer.from_pretrained(src)
@@ -254,7 +257,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
     """Everything of one run, in the order that keeps one model in device memory at a time."""
     device, dtype = args.device, args.dtype
     r = ShapeRun(device=device, model=args.model, dtype=dtype)
-    tok = smollm2_tokenizer()
+    tok = smollm2_tokenizer(getattr(args, "tokenizer", None))
     model_dir, data = work / f"random-{args.model}", work / "arc-repeated.jsonl"
     r.non_emb = save_random_model(args.model, tok, DTYPES[dtype], device, model_dir)
     if device.startswith("cuda"):
