@@ -11,7 +11,6 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import datasets
 from walla.extract import hub
 
 
@@ -83,6 +82,8 @@ def hub_records(hub_spec: dict | None, data_file: Path | None) -> tuple[Iterable
     Returns (rows, source). The hub path uses `datasets.load_dataset(path, name, split=split, revision=...)`
     and records the commit sha it loaded in `source["hub"]["revision"]` (a feature set fingerprint input).
     """
+    import datasets  # ~1 s of imports, needed only for hub-format rows (not for original release files)
+
     if data_file is not None:
         p = Path(data_file)
         split = (hub_spec or {}).get("split") or "train"
