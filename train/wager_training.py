@@ -161,7 +161,7 @@ def _train_rows(data, cfg: Config, rows: np.ndarray, dev, env: TrainEnv, calibra
         probs = apply_calibration(calibration, data, rows, env)
     else:
         probs = data.probs[rows]
-    bank = stack_hidden(data.hidden, rows).to(dev)  # [M, n, Hmax]
+    bank = stack_hidden(data.hidden, rows, dev)  # [M, n, Hmax]
     if cfg.standardize:
         mean, std = (t.to(dev) for t in hidden_stats(data, rows))
         bank = (bank.float() - mean[:, None]) / std[:, None]  # [M, n, Hmax] float32 (fp16 would lose digits)
