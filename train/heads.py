@@ -192,18 +192,20 @@ def stack_hidden(
     """Agents' hidden states for `rows` as one zero-padded tensor [M, n, Hmax], on `device` (None: the host).
 
     Keeps float16 sources in float16 (the store's dtype: half the memory of a float32 copy);
-    callers cast each gathered batch with `.float()`. `on_device` (None: on CUDA) gathers the rows where
-    they go: each agent's whole array crosses once and index_select picks the rows there, so the host
-    never builds the bank (at H = 4096 its largest copy in a fit: 12 x 902 x 4096 float32 = 177 MB,
-    first-touch pages included); the same values either way. Otherwise the rows are gathered on the host.
+    callers cast each gathered batch with `.float()`. `on_device` (None: on CUDA when the rows are at least
+    half of every array, as a fit's training rows) gathers the rows where they go: each agent's whole
+    array crosses once and index_select picks the rows there, so the host never builds the bank (at
+    H = 4096 its largest copy in a fit: 12 x 902 x 4096 float32 = 177 MB, first-touch pages included);
+    the same values either way. Otherwise (a chunk of a large scenario's rows, the host) the rows are
+    gathered on the host.
     """
     rows = np.asarray(rows, dtype=np.int64)
     h_max = max(int(h.shape[1]) for h in hidden)
     half = all(np.dtype(getattr(h, "dtype", np.float32)) == np.float16 for h in hidden)
     dtype = np.float16 if half else np.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if on_device is None:
-        on_device = dev.type == "cuda"
+    if on_device is None:  # moving an array whole costs at most twice its rows' bytes
+        on_device = dev.type == "cuda" and 2 * len(rows) >= max(int(h.shape[0]) for h in hidden)
     if on_device:
         t_dtype = torch.float16 if half else torch.float32
         out = torch.zeros(len(hidden), len(rows), h_max, dtype=t_dtype, device=dev)
