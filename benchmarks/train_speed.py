@@ -54,9 +54,9 @@ Prints:
        phase's time is the device's, not the launch queue's), and the rest;
     8. with --cli (after 7): the walla-train command itself, a fresh process each, on a temporary store of
        the same shape (homo, `--model bench-llm --dataset bayesx --methods walla-i`, the paper's bayesx
-       preset): the import of the train recipe alone, then for 1 and --seeds seeds the command's wall time
-       against what its run.json files give the fits, predictions and writes; the rest is the command's
-       own (imports, CUDA and Lightning set-up, store reads).
+       preset with --share-epochs): the import of the train recipe alone, then for 1 and --seeds seeds the
+       command's wall time against what its run.json files give the fits and predictions; the rest is the
+       command's own (imports, CUDA and Lightning set-up, store reads, writes).
 Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_seeds_s=<x>
            old_step_speedup_fp32=<x> old_step_speedup_bf16=<x> device_step_share=<x> seeds_over_1=<x>
 (--only-share: RESULT device_step_share=<x> seeds_over_1=<x>; the share is the --seeds fit's)
@@ -740,19 +740,22 @@ def write_cli_store(store: Path, data: ScenarioData) -> None:
             w.commit()
 
 
-def cli_args(store: Path, runs: Path, agents: int, seeds: int, device: str) -> list[str]:
-    """walla-train's arguments for section 8 (no early stop, as section 7)."""
+def cli_args(store: Path, runs: Path, agents: int, seeds: int, device: str, epochs: int) -> list[str]:
+    """walla-train's arguments for section 8 (section 7's epochs, no early stop)."""
     return [
         *("--scenario", "homo", "--model", CLI_MODEL, "--agents", str(agents), "--dataset", "bayesx"),
         *("--methods", "walla-i", "--seeds", str(seeds), "--device", device),
         *("--store", str(store), "--runs", str(runs), "--set", "walla.patience=1000000000"),
+        *("--set", f"walla.epochs={epochs}"),
     ]
 
 
-def cli_wall(store: Path, runs: Path, agents: int, seeds: int, device: str) -> tuple[float, float]:
+def cli_wall(
+    store: Path, runs: Path, agents: int, seeds: int, device: str, epochs: int
+) -> tuple[float, float]:
     """(wall seconds of one `walla-train` process, the seconds its run.json files give the fits and
-    predictions: per run the fit's share plus that seed's predict and write)."""
-    args = cli_args(store, runs, agents, seeds, device)
+    predictions: per run the fit's share plus that seed's predict)."""
+    args = cli_args(store, runs, agents, seeds, device, epochs)
     cmd = [sys.executable, "-c", "from walla.cli.main import walla_train; walla_train()", *args]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -778,15 +781,16 @@ def cli_section(args, device: str) -> None:
         write_cli_store(store, data)
         print(
             f"8. walla-train --scenario homo --model {CLI_MODEL} --agents {args.agents} --dataset bayesx "
-            f"--methods walla-i --device {device} (paper bayesx preset: 5 epochs, projection 4096), "
+            f"--methods walla-i --device {device} --set walla.epochs={args.share_epochs} (paper bayesx preset, "
+            "projection 4096), "
             f"H={args.hidden} N={args.rows}; a fresh process each:"
         )
         imports = import_wall()
         print(f"  python -c 'import walla.train.run': {imports:.2f} s")
         for n in (1, args.seeds):
-            wall, fits = cli_wall(store, Path(tmp, f"runs-{n}"), args.agents, n, device)
+            wall, fits = cli_wall(store, Path(tmp, f"runs-{n}"), args.agents, n, device, args.share_epochs)
             print(
-                f"  {n} seed(s): command {wall:.2f} s, of which fit + predict + writes per run.json "
+                f"  {n} seed(s): command {wall:.2f} s, of which fits + predictions (run.json wall_time_s) "
                 f"{fits:.2f} s ({fits / wall:.0%}); outside them {wall - fits:.2f} s"
             )
 

@@ -78,8 +78,8 @@ def test_cli_store_trains_through_walla_train(bench, tmp_path):
 
     data = bench.synthetic_scenario(n=40, m=2, k=2, h=8, seed=1)
     bench.write_cli_store(tmp_path / "store", data)
-    args = bench.cli_args(tmp_path / "store", tmp_path / "runs", 3, 2, "cpu")
-    small = ["walla.epochs=1", "walla.projection_dim=null", "walla.hidden=[8]"]
+    args = bench.cli_args(tmp_path / "store", tmp_path / "runs", 3, 2, "cpu", 1)
+    small = ["walla.projection_dim=null", "walla.hidden=[8]"]
     res = CliRunner().invoke(cli.app, [*args, *(a for s in small for a in ("--set", s))])
     assert res.exit_code == 0, res.output
     runs = sorted((tmp_path / "runs").rglob("run.json"))
