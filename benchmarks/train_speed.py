@@ -44,7 +44,8 @@ Prints:
     7. where a WALLA fit's time goes (issues 22, 31), on a 12-agent H = 4096 store by default (902 / 112 / 112
        rows, 5 epochs, the paper's heads; --agents, --hidden, --rows, --share-epochs shrink it for a CPU):
        the wall time of walla.fit for 1 seed and for --seeds seeds (one batched fit where memory allows,
-       engine.seeds_per_chunk; best of --share-reps) and their ratio; the floor of one seed's device time
+       engine.seeds_per_chunk; best of --share-reps) and their ratio, and the same fits with each device
+       read waited for at once (`waits_at_once`: the step's two waits before issue 31, same numbers); the floor of one seed's device time
        (model FLOPs at the measured float32 GEMM peak + MIN_BYTES per parameter per step at the measured
        bandwidth) and the ratio it allows: T(S seeds) >= T(1 seed) + (S - 1) x floor, since more seeds add
        only device work; then, for both fits, the share of the fit's wall time spent in device steps
@@ -640,6 +641,31 @@ def print_phases(timer: PhaseTimer, wall: float) -> None:
     )
 
 
+@contextmanager
+def waits_at_once() -> Iterator[None]:
+    """The step before issue 31: each device read waited for where it is queued (the stopping summary right
+    after the forward pass, before the backward is queued; the clip flag right after the norms), so the
+    device's queue drains twice per step. Same numbers; only when the host waits changes."""
+    cls = wager_training._WagerTraining
+    summary, backward = cls.summary, cls.backward
+
+    def summary_now(self, *args, **kwargs):
+        read = summary(self, *args, **kwargs)
+        read.result()
+        return read
+
+    def backward_now(self, *args, **kwargs):
+        clip, flag = backward(self, *args, **kwargs)
+        flag.result()
+        return clip, flag
+
+    cls.summary, cls.backward = summary_now, backward_now
+    try:
+        yield
+    finally:
+        cls.summary, cls.backward = summary, backward
+
+
 def device_share(args, device: str, precision: str) -> tuple[float, float]:
     """Section 7: fit time of 1 seed vs --seeds seeds, the floor of a seed's device time, and where each
     fit's time goes (phases, the device synchronized around each)."""
@@ -676,6 +702,14 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
             f"DropoutMasks {after * 1e3:.1f} ms ({before / after:.2f}x; x {steps} steps = {after * steps:.2f} s "
             "a fit, drawn while the device computes)"
         )
+    with waits_at_once():
+        old1 = min(timed_fit(data, cfg, seeds[:1], env) for _ in range(reps))
+        old_n = min(timed_fit(data, cfg, seeds, env) for _ in range(reps))
+    print(
+        f"  the same fits with each read waited for at once (two drained queues per step, before issue 31): "
+        f"1 seed {old1:.2f} s, {len(seeds)} seeds {old_n:.2f} s; now / then {one / old1:.2f} and "
+        f"{many / old_n:.2f}"
+    )
     shares = []
     for n in (1, len(seeds)):
         timer = PhaseTimer(device)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "train_speed.py"
 
@@ -56,6 +57,7 @@ def test_only_share_runs_tiny(bench, capsys):
     )
     out = capsys.readouterr().out
     assert "fit wall (walla.fit, best of 1): 1 seed" in out and "floor of one seed's device steps" in out
+    assert "the same fits with each read waited for at once" in out
     for _, _, label in bench.PHASES:  # the breakdown names every phase, for both fits
         assert out.count(label) == 2, label
     assert "RESULT device_step_share=" in out
@@ -84,3 +86,20 @@ def test_cli_store_trains_through_walla_train(bench, tmp_path):
     assert res.exit_code == 0, res.output
     runs = sorted((tmp_path / "runs").rglob("run.json"))
     assert len(runs) == 2 and "homo-bayesx-bench-llm-x3" in str(runs[0])
+
+
+def test_waits_at_once_changes_when_the_host_waits_not_the_numbers(bench):
+    from walla.manifests.validate import build
+    from walla.train import wager_training
+    from walla.train.engine import TrainEnv
+    from walla.train.methods import walla
+
+    data = bench.synthetic_scenario(n=60, m=3, k=2, h=8, seed=2)
+    raw = {**bench.HEADS, "lr": 1e-2, "hidden": [8], "projection_dim": 16, "epochs": 2, "batch_size": 16}
+    cfg = walla.resolve(build(walla.Config, raw, "test"), data)
+    originals = (wager_training._WagerTraining.summary, wager_training._WagerTraining.backward)
+    (now,) = walla.fit(data, cfg, [18], TrainEnv(), [None])
+    with bench.waits_at_once():
+        (then,) = walla.fit(data, cfg, [18], TrainEnv(), [None])
+    assert all(torch.equal(a, b) for a, b in zip(now["params"], then["params"], strict=True))
+    assert (wager_training._WagerTraining.summary, wager_training._WagerTraining.backward) == originals
