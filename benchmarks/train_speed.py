@@ -643,9 +643,10 @@ def print_phases(timer: PhaseTimer, wall: float) -> None:
 
 @contextmanager
 def waits_at_once() -> Iterator[None]:
-    """The step before issue 31: each device read waited for where it is queued (the stopping summary right
-    after the forward pass, before the backward is queued; the clip flag right after the norms), so the
-    device's queue drains twice per step. Same numbers; only when the host waits changes."""
+    """Nearly the step before issue 31: each device read waited for where it is queued (the stopping summary
+    right after the forward pass, before the backward is queued; the clip flag right after the norms), so
+    the device's queue drains twice per step (that step also did the stopping bookkeeping before queueing
+    the backward: a little more idle time than this). Same numbers; only when the host waits changes."""
     cls = wager_training._WagerTraining
     summary, backward = cls.summary, cls.backward
 
