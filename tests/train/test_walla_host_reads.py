@@ -170,8 +170,10 @@ def test_a_fit_from_its_own_init_passed_as_initial_is_the_default_fit():
 @pytest.mark.gpu
 def test_a_cuda_fit_from_the_cpus_init_ends_at_the_cpus_predictions():
     """Same initial parameters (the CPU's init, passed as `initial`), the same host-drawn dropout masks and
-    order: the CUDA trajectory is the CPU's up to GEMM rounding (TF32 off: torch's float32 default)."""
+    order: the CUDA trajectory is the CPU's up to GEMM rounding (TF32 off: torch's float32 default), which
+    Adam may amplify a little. On the CPU this fit moves the weights by up to 7e-3 from an untrained fit's,
+    and another seed's (other init, masks, order) differ by up to 0.076: 1e-3 tells them apart."""
     data = make_private_context_scenario(n=200, m=3, k=2, h=[8, 12, 8], seed=4)
     cpu, cuda = _fit_from_cpu_init(data, "cpu"), _fit_from_cpu_init(data, "cuda")
-    np.testing.assert_allclose(cuda.weights, cpu.weights, atol=2e-4)
-    np.testing.assert_allclose(cuda.agg_probs, cpu.agg_probs, atol=2e-4)
+    np.testing.assert_allclose(cuda.weights, cpu.weights, atol=1e-3)
+    np.testing.assert_allclose(cuda.agg_probs, cpu.agg_probs, atol=1e-3)
