@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/train_speed.py [--device cpu|cuda] [--seeds 5] [--epochs 2] [--skip-all]
     .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone (CPU)
     .venv/bin/python benchmarks/train_speed.py --device cuda --only-share      # section 7 alone
+    .venv/bin/python benchmarks/train_speed.py --device cuda --only-share --cli  # 7, then the command (8)
     .venv/bin/python benchmarks/train_speed.py --only-share --hidden 256 --agents 4 --rows 400 --share-epochs 2
 
 Every section runs on `--device` (default cpu) except section 2, a CPU comparison with old code.
@@ -40,13 +41,23 @@ Prints:
        against the whole batched fit call);
     6. every registered method x seeds through its module's fit/predict (the path walla-train takes);
        a method that cannot run here is excluded and named with the reason;
-    7. where a WALLA fit's time goes (issue 22's GPU check), on a 12-agent H = 4096 store by default (902 /
-       112 / 112 rows, 5 epochs, the paper's heads; --agents, --hidden, --rows, --share-epochs shrink it for
-       a CPU): the wall time of walla.fit for 1 seed and for --seeds seeds (one batched fit where memory
-       allows, engine.seeds_per_chunk) and their ratio, then the share of the fit's wall time spent in device
-       steps (forward, loss, backward, clipping, optimizer step; the device synchronized before and after
-       each step, so a step's time is the device's, not the launch queue's), for both fits. The rest is
-       initialisation, data staging, stopping bookkeeping and Fabric set-up.
+    7. where a WALLA fit's time goes (issues 22, 31), on a 12-agent H = 4096 store by default (902 / 112 / 112
+       rows, 5 epochs, the paper's heads; --agents, --hidden, --rows, --share-epochs shrink it for a CPU):
+       the wall time of walla.fit for 1 seed and for --seeds seeds (one batched fit where memory allows,
+       engine.seeds_per_chunk; best of --share-reps) and their ratio, and the same fits with each device
+       read waited for at once (`waits_at_once`: the step's two waits before issue 31, same numbers); the floor of one seed's device time
+       (model FLOPs at the measured float32 GEMM peak + MIN_BYTES per parameter per step at the measured
+       bandwidth) and the ratio it allows: T(S seeds) >= T(1 seed) + (S - 1) x floor, since more seeds add
+       only device work; then, for both fits, the share of the fit's wall time spent in device steps
+       (forward, backward, clipping, optimizer step) and every other phase (PHASES: stopping summary and
+       bookkeeping, best-state copies, dropout masks, batch indices, Fabric, head init, data staging,
+       optimizer set-up, the best state; each timed with the device synchronized before and after, so a
+       phase's time is the device's, not the launch queue's), and the rest;
+    8. with --cli (after 7): the walla-train command itself, a fresh process each, on a temporary store of
+       the same shape (homo, `--model bench-llm --dataset bayesx --methods walla-i`, the paper's bayesx
+       preset with --share-epochs): the import of the train recipe alone, then for 1 and --seeds seeds the
+       command's wall time against what its run.json files give the fits and predictions; the rest is the
+       command's own (imports, CUDA and Lightning set-up, store reads, writes).
 Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_seeds_s=<x>
            old_step_speedup_fp32=<x> old_step_speedup_bf16=<x> device_step_share=<x> seeds_over_1=<x>
 (--only-share: RESULT device_step_share=<x> seeds_over_1=<x>; the share is the --seeds fit's)
@@ -56,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -67,11 +79,14 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import polars as pl
 import torch
 from walla.manifests.validate import build
+from walla.store.featureset import FeatureSetSpec, open_writer
+from walla.store.questions import write_question_table
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import VARIANT_CODE
-from walla.train import engine, mechanism, wager_training
+from walla.train import engine, mechanism, online_stop, wager_training
 from walla.train.dropout_masks import DropoutMasks
 from walla.train.engine import (
     TrainEnv,
@@ -522,39 +537,73 @@ def budget_text(device: str) -> str:
     return f"{engine.DEVICE_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free on {device}"
 
 
-class StepTimer:
-    """Seconds spent in WALLA's device steps: each train_heads forward (heads, wagers, loss) and update
-    (backward, per-head clipping, Adam step), the device synchronized before and after each."""
+# where a WALLA fit's time goes: (owner, attribute, label) of every function PhaseTimer times
+PHASES = [
+    (wager_training._WagerTraining, "forward", "device step: forward (heads, wagers, loss)"),
+    (wager_training._WagerTraining, "backward", "device step: backward + per-head norms"),
+    (wager_training._WagerTraining, "update", "device step: clipping + Adam (reads the clip flag)"),
+    (wager_training._WagerTraining, "summary", "stopping summary (device, small kernels)"),
+    (wager_training._WagerTraining, "account", "stopping bookkeeping (host; reads the summary)"),
+    (online_stop.OnlineStop, "_copy_rows", "best-state copies (device)"),
+    (DropoutMasks, "take", "dropout masks (wait for the host draw + copy)"),
+    (wager_training, "to_device", "batch indices to the device"),
+    (wager_training, "make_fabric", "Fabric"),
+    (wager_training, "init_heads", "head init (drawn on the device)"),
+    (wager_training, "_train_rows", "training rows to the device (gather + copy)"),
+    (wager_training._WagerTraining, "__init__", "optimizer + fabric.setup"),
+    (online_stop.OnlineStop, "best_or_last", "best state handed back"),
+]
+STEP_PHASES = ("forward", "backward", "update")  # the device steps of the share
+
+
+class PhaseTimer:
+    """Seconds of each PHASES function during a WALLA fit, the device synchronized before and after each
+    call (so a phase's time is the device's, not the launch queue's); a phase called inside another (a best
+    copy inside the bookkeeping) counts for itself only."""
 
     def __init__(self, device: str) -> None:
-        self.device, self.seconds, self.steps = device, 0.0, 0
+        self.device = device
+        self.seconds = {attr: 0.0 for _, attr, _ in PHASES}
+        self.stack: list[str] = []
 
-    def _timed(self, fn):
+    @property
+    def steps(self) -> float:
+        """Seconds in device steps: forward, backward, clipping and the optimizer step."""
+        return sum(self.seconds[a] for a in STEP_PHASES)
+
+    def _timed(self, fn, attr: str):
         def run(*args, **kwargs):
             sync(self.device)
             t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            sync(self.device)
-            self.seconds += time.perf_counter() - t0
-            return out
+            self.stack.append(attr)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sync(self.device)
+                dt = time.perf_counter() - t0
+                self.stack.pop()
+                self.seconds[attr] += dt
+                if self.stack:
+                    self.seconds[self.stack[-1]] -= dt
 
         return run
 
     @contextmanager
-    def patched(self) -> Iterator[StepTimer]:
-        cls = wager_training._WagerTraining
-        forward, update = cls.forward, cls.update
-        cls.forward, cls.update = self._timed(forward), self._timed(update)
+    def patched(self) -> Iterator[PhaseTimer]:
+        saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in PHASES]
+        for owner, attr, fn in saved:
+            setattr(owner, attr, self._timed(fn, attr))
         try:
             yield self
         finally:
-            cls.forward, cls.update = forward, update
+            for owner, attr, fn in saved:
+                setattr(owner, attr, fn)
 
 
 def timed_fit(
-    data, cfg: walla.Config, seeds: list[int], env: TrainEnv, timer: StepTimer | None = None
+    data, cfg: walla.Config, seeds: list[int], env: TrainEnv, timer: PhaseTimer | None = None
 ) -> float:
-    """Wall seconds of walla.fit (device synchronized at both ends); with `timer`, its device steps timed."""
+    """Wall seconds of walla.fit (device synchronized at both ends); with `timer`, its phases timed."""
     sync(env.device)
     t0 = time.perf_counter()
     if timer is None:
@@ -566,8 +615,61 @@ def timed_fit(
     return time.perf_counter() - t0
 
 
+def step_floor(data, cfg: walla.Config, device: str) -> tuple[float, float, float, int]:
+    """The least device time one seed's steps can take: (seconds, GFLOP, GB, steps). Per step the model
+    FLOPs at the measured float32 GEMM peak plus MIN_BYTES per parameter at the measured bandwidth."""
+    train = len(data.split_index("train"))
+    dims = [max(int(h.shape[1]) for h in data.hidden), cfg.projection_dim, *cfg.hidden, 1]
+    dims = [d for d in dims if d]
+    sizes = [min(cfg.batch_size, train - t) for t in range(0, train, cfg.batch_size)] * cfg.epochs
+    flops = sum(step_flops(dims, b) for b in sizes) * data.n_agents
+    n_params = sum(a * c + c for a, c in zip(dims[:-1], dims[1:], strict=True)) * data.n_agents
+    peak = gemm_peak(torch.float32, device)
+    bw = mem_bandwidth(device, max(2**20, min(64 * 2**20, n_params)))
+    moved = n_params * MIN_BYTES["32-true"] * len(sizes)
+    return flops / peak + moved / bw, flops / 1e9, moved / 1e9, len(sizes)
+
+
+def print_phases(timer: PhaseTimer, wall: float) -> None:
+    """One line per phase (seconds, share of the fit's wall), then the rest."""
+    labels = {attr: label for _, attr, label in PHASES}
+    for attr, sec in sorted(timer.seconds.items(), key=lambda kv: -kv[1]):
+        print(f"    {labels[attr]:<54} {sec:7.3f} s {sec / wall:6.1%}")
+    rest = wall - sum(timer.seconds.values())
+    print(
+        f"    {'other (fit set-up, seed chunks, states, Python between)':<54} {rest:7.3f} s {rest / wall:6.1%}"
+    )
+
+
+@contextmanager
+def waits_at_once() -> Iterator[None]:
+    """Nearly the step before issue 31: each device read waited for where it is queued (the stopping summary
+    right after the forward pass, before the backward is queued; the clip flag right after the norms), so
+    the device's queue drains twice per step (that step also did the stopping bookkeeping before queueing
+    the backward: a little more idle time than this). Same numbers; only when the host waits changes."""
+    cls = wager_training._WagerTraining
+    summary, backward = cls.summary, cls.backward
+
+    def summary_now(self, *args, **kwargs):
+        read = summary(self, *args, **kwargs)
+        read.result()
+        return read
+
+    def backward_now(self, *args, **kwargs):
+        clip, flag = backward(self, *args, **kwargs)
+        flag.result()
+        return clip, flag
+
+    cls.summary, cls.backward = summary_now, backward_now
+    try:
+        yield
+    finally:
+        cls.summary, cls.backward = summary, backward
+
+
 def device_share(args, device: str, precision: str) -> tuple[float, float]:
-    """Section 7: fit time of 1 seed vs --seeds seeds and the share of each fit spent in device steps."""
+    """Section 7: fit time of 1 seed vs --seeds seeds, the floor of a seed's device time, and where each
+    fit's time goes (phases, the device synchronized around each)."""
     data = synthetic_scenario(n=args.rows, m=args.agents, k=2, h=args.hidden, seed=1)
     cfg = walla.resolve(build(walla.Config, {**HEADS, "epochs": args.share_epochs}, "bench"), data)
     seeds, env = [18 + r for r in range(args.seeds)], TrainEnv(device=device, precision=precision)
@@ -579,8 +681,20 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
     )
     warm = build(walla.Config, {**HEADS, "epochs": 1}, "warm-up")
     timed_fit(data, walla.resolve(warm, data), seeds[:1], env)  # Fabric import, kernels, allocator
-    one, many = timed_fit(data, cfg, seeds[:1], env), timed_fit(data, cfg, seeds, env)
-    print(f"  fit: 1 seed {one:.2f} s, {len(seeds)} seeds {many:.2f} s: ratio {many / one:.2f}")
+    reps = max(1, args.share_reps)
+    one = min(timed_fit(data, cfg, seeds[:1], env) for _ in range(reps))
+    many = min(timed_fit(data, cfg, seeds, env) for _ in range(reps))
+    print(
+        f"  fit wall (walla.fit, best of {reps}): 1 seed {one:.2f} s, {len(seeds)} seeds {many:.2f} s: "
+        f"ratio {many / one:.2f} (goal < 2)"
+    )
+    floor, gflop, gb, n_steps = step_floor(data, cfg, device)
+    bound = (one + (len(seeds) - 1) * floor) / one
+    print(
+        f"  floor of one seed's device steps: {n_steps} steps, {gflop:.0f} GFLOP at the measured fp32 GEMM peak "
+        f"+ {gb:.1f} GB moved at the measured bandwidth = {floor:.2f} s; every other second of the 1-seed fit "
+        f"kept, {len(seeds)} seeds take >= {bound:.2f}x one seed (more seeds add only device work)"
+    )
     steps = cfg.epochs * math.ceil(train / cfg.batch_size)
     for n in (1, len(seeds)):
         before, after = mask_draws(args.agents, n, cfg, device)
@@ -589,16 +703,131 @@ def device_share(args, device: str, precision: str) -> tuple[float, float]:
             f"DropoutMasks {after * 1e3:.1f} ms ({before / after:.2f}x; x {steps} steps = {after * steps:.2f} s "
             "a fit, drawn while the device computes)"
         )
+    with waits_at_once():
+        old1 = min(timed_fit(data, cfg, seeds[:1], env) for _ in range(reps))
+        old_n = min(timed_fit(data, cfg, seeds, env) for _ in range(reps))
+    print(
+        f"  the same fits with each read waited for at once (two drained queues per step, before issue 31): "
+        f"1 seed {old1:.2f} s, {len(seeds)} seeds {old_n:.2f} s; now / then {one / old1:.2f} and "
+        f"{many / old_n:.2f}"
+    )
     shares = []
     for n in (1, len(seeds)):
-        timer = StepTimer(device)
+        timer = PhaseTimer(device)
         wall = timed_fit(data, cfg, seeds[:n], env, timer)
-        shares.append(timer.seconds / wall)
+        shares.append(timer.steps / wall)
         print(
-            f"  {n} seed(s), device steps timed: {timer.seconds:.2f} s of the fit's {wall:.2f} s = "
-            f"{shares[-1]:.3f} (rest: init, data staging, stopping bookkeeping, Fabric set-up)"
+            f"  {n} seed(s), phases timed (the device synchronized around each): device steps "
+            f"{timer.steps:.2f} s of the fit's {wall:.2f} s = {shares[-1]:.3f} (goal >= 0.60)"
         )
+        print_phases(timer, wall)
     return shares[-1], many / one
+
+
+# ---------------------------------------------------------------------------- 8. the walla-train command
+
+CLI_MODEL = "bench-llm"  # no models.yaml name: walla-train reads its hidden size from the feature sets
+
+
+def write_cli_store(store: Path, data: ScenarioData) -> None:
+    """A store that `walla-train --scenario homo --model bench-llm --dataset bayesx` assembles: the bayesx
+    question table (soft targets) and two feature sets (variants none / relevant) of `data`'s shape, agent
+    0's probabilities and hidden states without the context, agent 1's with it."""
+    n = len(data.split)
+    p = data.probs.astype(np.float64)
+    gold = np.clip(data.target[:, 0].astype(np.float64) * 0.9 + 0.05, 0.0, 1.0)
+    questions = pl.DataFrame(
+        {
+            "question_id": list(data.question_id),
+            "split": list(data.split),
+            "question": list(data.question),
+            "options": [["1", "0"]] * n,
+            "option_labels": [["1", "0"]] * n,
+            "label": data.label,
+            "gold_dist": [[g, 1.0 - g] for g in gold],
+            "context": [f"evidence {j}" for j in range(n)],
+            "subject": pl.Series([None] * n, dtype=pl.String),
+        }
+    )
+    qfp = write_question_table(store, "bayesx", questions, {"benchmark": "train_speed"})
+    for agent, variant in ((0, "none"), (1, "relevant")):
+        lp = np.log(np.clip(p[:, agent], 1e-12, 1.0))
+        lp -= np.logaddexp.reduce(lp, axis=1, keepdims=True)
+        rows = pl.DataFrame(
+            {
+                "question_id": list(data.question_id),
+                "n_options": np.full(n, 2, np.int32),
+                "option_logprobs": lp.astype(np.float32).tolist(),
+                "raw_option_logprobs": (lp - 1.0).astype(np.float32).tolist(),
+                "prompt_nll": data.prompt_nll[:, agent],
+                "n_prompt_tokens": np.full(n, 100, np.int32),
+                "context_source_id": pl.Series([None] * n, dtype=pl.String),
+            },
+            schema_overrides={
+                "option_logprobs": pl.List(pl.Float32),
+                "raw_option_logprobs": pl.List(pl.Float32),
+            },
+        )
+        hidden = np.asarray(data.hidden[agent], dtype=np.float16)  # [N, H], the store's dtype
+        spec = FeatureSetSpec(CLI_MODEL, "bayesx", variant, {"questions_fp": qfp, "benchmark": "train_speed"})
+        with open_writer(store, spec, hidden_size=hidden.shape[1], total_rows=n) as w:
+            w.write_shard(rows, hidden)
+            w.commit()
+
+
+def cli_args(store: Path, runs: Path, agents: int, seeds: int, device: str, epochs: int) -> list[str]:
+    """walla-train's arguments for section 8 (section 7's epochs, no early stop)."""
+    return [
+        *("--scenario", "homo", "--model", CLI_MODEL, "--agents", str(agents), "--dataset", "bayesx"),
+        *("--methods", "walla-i", "--seeds", str(seeds), "--device", device),
+        *("--store", str(store), "--runs", str(runs), "--set", "walla.patience=1000000000"),
+        *("--set", f"walla.epochs={epochs}"),
+    ]
+
+
+def cli_wall(
+    store: Path, runs: Path, agents: int, seeds: int, device: str, epochs: int
+) -> tuple[float, float]:
+    """(wall seconds of one `walla-train` process, the seconds its run.json files give the fits and
+    predictions: per run the fit's share plus that seed's predict)."""
+    args = cli_args(store, runs, agents, seeds, device, epochs)
+    cmd = [sys.executable, "-c", "from walla.cli.main import walla_train; walla_train()", *args]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"walla-train failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    metas = [json.loads(f.read_text()) for f in runs.rglob("run.json")]
+    return wall, sum(m["wall_time_s"] for m in metas)
+
+
+def import_wall() -> float:
+    """Wall seconds of a process that only imports the train recipe (torch, Lightning, the store)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import walla.train.run"], check=True)
+    return time.perf_counter() - t0
+
+
+def cli_section(args, device: str) -> None:
+    """Section 8: the walla-train command's wall time against the time its fits and predictions take."""
+    data = synthetic_scenario(n=args.rows, m=2, k=2, h=args.hidden, seed=1)
+    with tempfile.TemporaryDirectory(prefix="walla-train-speed-") as tmp:
+        store = Path(tmp, "store")
+        write_cli_store(store, data)
+        print(
+            f"8. walla-train --scenario homo --model {CLI_MODEL} --agents {args.agents} --dataset bayesx "
+            f"--methods walla-i --device {device} --set walla.epochs={args.share_epochs} (paper bayesx preset, "
+            "projection 4096), "
+            f"H={args.hidden} N={args.rows}; a fresh process each:"
+        )
+        imports = import_wall()
+        print(f"  python -c 'import walla.train.run': {imports:.2f} s")
+        for n in (1, args.seeds):
+            wall, fits = cli_wall(store, Path(tmp, f"runs-{n}"), args.agents, n, device, args.share_epochs)
+            print(
+                f"  {n} seed(s): command {wall:.2f} s, of which fits + predictions (run.json wall_time_s) "
+                f"{fits:.2f} s ({fits / wall:.0%}); outside them {wall - fits:.2f} s"
+            )
 
 
 def mask_draws(agents: int, seeds: int, cfg: walla.Config, device: str, reps: int = 5) -> tuple[float, float]:
@@ -664,6 +893,8 @@ def full_run(args, device: str) -> None:
     t_loop = loop_comparison(data, cfg, seeds, runs, chunks, precision, peak, bw, dims, device)
     total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs, device)
     share, ratio = device_share(args, device, share_precision(args.precision, device))
+    if args.cli:
+        cli_section(args, device)
     print(
         f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop="
         f"{t_loop / runs[precision]['secs']:.2f} all_methods_5_seeds_s={total:.2f} "
@@ -687,6 +918,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hidden", type=int, default=4096, help="hidden size H of section 7's store")
     ap.add_argument("--rows", type=int, default=1126, help="questions of section 7's store (8:1:1)")
     ap.add_argument("--share-epochs", type=int, default=5, help="epochs of section 7's fits")
+    ap.add_argument("--share-reps", type=int, default=2, help="section 7: best of this many fits per size")
+    ap.add_argument(
+        "--cli", action="store_true", help="section 8 too: the walla-train command at section 7's size"
+    )
     return ap
 
 
@@ -699,6 +934,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"RESULT old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f}")
     elif args.only_share:
         share, ratio = device_share(args, device, share_precision(args.precision, device))
+        if args.cli:
+            cli_section(args, device)
         print(f"RESULT device_step_share={share:.3f} seeds_over_1={ratio:.2f}")
     else:
         full_run(args, device)

@@ -36,7 +36,9 @@ host's init, moved by Fabric.
 Memory: a batched fit holds several seeds' parameters at once (`seeds_per_chunk`); on CUDA the budget is a
 share of the device's free memory (`free_device_bytes`), on the host a fixed PARAM_BUDGET_BYTES. Data
 crosses to the device with `to_device` (pinned, asynchronous: no stall per step) and results come back with
-`to_host` (one copy for several tensors).
+`to_host` (one copy for several tensors) or `HostRead` (the copy queued now, waited for later, so the host
+can queue the next work first: a training step's only wait for the device, issue 31). Per-slice clipping
+splits the same way (`SliceClip`): its "does any slice clip" flag is read with the step's other numbers.
 """
 
 from __future__ import annotations
@@ -287,19 +289,49 @@ def to_device(array: np.ndarray | torch.Tensor, device: str | torch.device) -> t
     return t.contiguous().pin_memory().to(dev, non_blocking=True)  # contiguous: one plain async copy
 
 
+class HostRead:
+    """Small device tensors on their way to the host: the copy is queued now, the host waits only in `result`.
+
+    On CUDA the values go into pinned memory behind the work already queued (non_blocking copy + an event),
+    so the host can queue more work (a backward pass) before it waits, and the device never idles while the
+    host reads. Elsewhere the copy is made at once. Values and shapes are kept; every tensor comes back as
+    float64 (exact for float32, float64 and bool inputs).
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.shapes = {key: t.shape for key, t in tensors.items()}
+        self.event = None
+        if not tensors:
+            self.flat = torch.zeros(0, dtype=torch.float64)
+            return
+        flat = torch.cat([t.detach().reshape(-1).double() for t in tensors.values()])
+        if flat.device.type == "cuda":
+            self.flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self.flat.copy_(flat, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flat = flat.cpu()
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The tensors on the host (waits for the copy, once)."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        out, start = {}, 0
+        for key, shape in self.shapes.items():
+            n = math.prod(shape)
+            out[key] = self.flat[start : start + n].view(shape)
+            start += n
+        return out
+
+
 def to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Several small tensors copied to the host in ONE transfer (one device synchronization, not one each).
 
     Values and shapes are kept; every tensor comes back as float64 (exact for float32 and float64 inputs).
     """
-    if not tensors:
-        return {}
-    flat = torch.cat([t.detach().reshape(-1).double() for t in tensors.values()]).cpu()
-    out, start = {}, 0
-    for key, t in tensors.items():
-        out[key] = flat[start : start + t.numel()].view(t.shape)
-        start += t.numel()
-    return out
+    return HostRead(tensors).result()
 
 
 def state_to_host(obj: Any) -> Any:
@@ -348,21 +380,34 @@ def _clip_group_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tenso
 
 
 @torch.no_grad()
-def _clip_slices_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """clip_grad_norm_ on each slice along axis 0 alone; the pre-clip norms [S].
+def slice_clip_coefs(params: Sequence[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """clip_grad_norm_'s pre-clip norm and coefficient of each slice along axis 0 alone: ([S], [S]).
 
     As clip_grad_norm_: norm = the norm of the per-tensor norms, coef = max_norm / (norm + CLIP_EPS)
-    capped at 1.
+    capped at 1. Computed on the parameters' device; nothing is read back.
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(params[0].shape[0], device=params[0].device)
+        norm = torch.zeros(params[0].shape[0], device=params[0].device)
+        return norm, torch.ones_like(norm)
     per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # [T, S]
     norm = torch.linalg.vector_norm(per_tensor, dim=0)  # [S]
-    coef = (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)  # [S]
+    return norm, (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)  # [S], [S]
+
+
+@torch.no_grad()
+def scale_slices_(params: Sequence[torch.Tensor], coef: torch.Tensor) -> None:
+    """Multiply slice s of every gradient by coef[s], in place."""
+    for g in (p.grad for p in params if p.grad is not None):
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+
+
+@torch.no_grad()
+def _clip_slices_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """clip_grad_norm_ on each slice along axis 0 alone (slice_clip_coefs); the pre-clip norms [S]."""
+    norm, coef = slice_clip_coefs(params, max_norm)
     if bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read + write of every gradient when none clips
-        for g in grads:
-            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        scale_slices_(params, coef)
     return norm.float()
 
 
@@ -390,12 +435,45 @@ def clip_gradients(fabric, optimizer, max_norm: float | None, scope: str = "grou
     """
     if scope not in CLIP_SCOPES:
         raise ValueError(f"clip scope must be one of {CLIP_SCOPES}, got {scope!r}")
+    if scope == "slice":
+        clip = SliceClip(fabric, optimizer, max_norm)
+        clip.apply_(bool(clip.clips))
+        return clip.norms
     raw = getattr(optimizer, "optimizer", optimizer)
     fabric.strategy.precision.unscale_gradients(raw)
     groups = [g["params"] for g in raw.param_groups]
     if scope == "all":
         groups = [[p for g in groups for p in g]]
-    return clip_grad_norms_(groups, max_norm, per_slice=scope == "slice")
+    return clip_grad_norms_(groups, max_norm)
+
+
+class SliceClip:
+    """Per-slice clipping (scope "slice") in two halves, so the host need not wait for the device in between.
+
+        clip = SliceClip(fabric, opt, max_norm)   # unscale; each slice's norm and coefficient, on the device
+        flag = HostRead({"clips": clip.clips})    # read with whatever else the step reads back
+        clip.apply_(bool(flag.result()["clips"]))  # scale the gradients only when some slice clips
+        opt.step()
+
+    The same gradients as clip_grad_norms_(per_slice=True): a slice whose coefficient is 1 is left as it
+    is (x * 1.0 == x), so scaling every group when any slice clips changes no other bit.
+    """
+
+    def __init__(self, fabric, optimizer, max_norm: float | None) -> None:
+        raw = getattr(optimizer, "optimizer", optimizer)
+        fabric.strategy.precision.unscale_gradients(raw)
+        limit = max_norm if max_norm is not None else math.inf
+        self.groups = [g["params"] for g in raw.param_groups if len(g["params"])]
+        pairs = [slice_clip_coefs(params, limit) for params in self.groups]
+        self.norms = torch.stack([norm for norm, _ in pairs]).float()  # [n_groups, S] pre-clip norms
+        self.coefs = [coef for _, coef in pairs]
+        self.clips = torch.stack([(coef < 1.0).any() for coef in self.coefs]).any()  # [] bool, on the device
+
+    def apply_(self, clips: bool) -> None:
+        """Scale each slice's gradients by its coefficient when `clips` (the host's read of `self.clips`)."""
+        if clips:
+            for params, coef in zip(self.groups, self.coefs, strict=True):
+                scale_slices_(params, coef)
 
 
 # ---------------------------------------------------------------------------- checkpoints

@@ -83,20 +83,19 @@ class OnlineStop:
         more update, this batch's, then ends.
         """
         self.n_seen += b
-        metric = summary.get("metric")
-        wm = self._window(step, b, metric)
-        for s in range(self.s_n):
+        wms = self._window(step, b, summary.get("metric")).tolist()  # host floats: no tensor op per seed
+        for s, wm in enumerate(wms):
             if not self.active[s]:
                 continue
-            improved = not math.isnan(float(wm[s])) and float(wm[s]) < self.best_val[s]
+            improved = not math.isnan(wm) and wm < self.best_val[s]
             if self.pending[s] and not improved:  # the parameters still hold the pending best state
                 self._copy_rows(s)
             self.pending[s] = improved
             if improved:
-                self.best_val[s], self.bad[s], self.best_step[s] = float(wm[s]), 0, step
-            elif not math.isnan(float(wm[s])):
+                self.best_val[s], self.bad[s], self.best_step[s] = wm, 0, step
+            elif not math.isnan(wm):
                 self.bad[s] += 1
-            self._log(s, step, epoch, summary, payout, float(wm[s]))
+            self._log(s, step, epoch, summary, payout, wm)
             if self.bad[s] >= self.cfg.patience:
                 self.active[s], self.stop_step[s] = False, step
         return self.done
@@ -105,6 +104,7 @@ class OnlineStop:
         if self.logs[s] is None:
             return
         metric = summary.get("metric")
+        wager, adv = summary["wager"][s], summary["adv"][s]
         entry = {
             "step": step,
             "epoch": epoch,
@@ -112,12 +112,12 @@ class OnlineStop:
             "loss": float(summary["mse"][s].mean()),
             "stop_metric": float(metric[s]) if metric is not None else math.nan,
             "window_metric": wm,
-            "wager_mean": float(summary["wager"][s].mean()),
-            "advantage_mean": float(summary["adv"][s].mean()),
+            "wager_mean": float(wager.mean()),
+            "advantage_mean": float(adv.mean()),
             "payout_mean": float(payout[s].mean()),
         }
-        entry.update({f"wager_{i}": float(v) for i, v in enumerate(summary["wager"][s].tolist())})
-        entry.update({f"advantage_{i}": float(v) for i, v in enumerate(summary["adv"][s].tolist())})
+        entry.update({f"wager_{i}": v for i, v in enumerate(wager.tolist())})
+        entry.update({f"advantage_{i}": v for i, v in enumerate(adv.tolist())})
         self.logs[s](entry)
 
     def best_or_last(self, last: list[torch.Tensor]) -> list[torch.Tensor]:

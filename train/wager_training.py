@@ -32,8 +32,14 @@ metrics stay float64). The heads are initialised on the device (engine.init_gene
 state is a copy of the improved seed's rows on the same device, taken lazily (online_stop.py): stopping is
 checked after EVERY batch, and a disk checkpoint per improvement would cost more than the step itself.
 Per step the host sends the batch's indices and dropout masks (engine.to_device: asynchronous on CUDA) and
-reads back one small tensor of per-seed metrics for stopping and logs (engine.to_host); parameters and
-best states never leave the device.
+reads back one small tensor of per-seed metrics for stopping and logs and one flag, whether any head's
+gradient clips (engine.HostRead: both copies queued behind the work that makes them); parameters and best
+states never leave the device. The step is queued so that the host waits for the device once, and never
+while the device has nothing queued but that wait: forward -> the summary's copy -> backward and per-head
+norms (engine.SliceClip) -> the flag's copy; then the host reads the summary (the device is still in the
+backward pass), does the stopping bookkeeping (a best copy, if any, is queued before the step: the
+parameters are still the pre-step ones), reads the flag, and queues the clipping and the Adam step.
+The order of the arithmetic is the one before issue 31 (two waits per step): the same numbers, bit for bit.
 
 Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
 dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
@@ -53,6 +59,8 @@ from walla.train import mechanism
 from walla.train.calibration import apply_calibration
 from walla.train.dropout_masks import DropoutMasks
 from walla.train.engine import (
+    HostRead,
+    SliceClip,
     TrainEnv,
     clip_gradients,
     init_device,
@@ -60,7 +68,6 @@ from walla.train.engine import (
     make_fabric,
     make_optimizer,
     to_device,
-    to_host,
 )
 from walla.train.heads import StackedHeads, stack_hidden
 from walla.train.methods import LogFn
@@ -154,7 +161,7 @@ def _train_rows(data, cfg: Config, rows: np.ndarray, dev, env: TrainEnv, calibra
         probs = apply_calibration(calibration, data, rows, env)
     else:
         probs = data.probs[rows]
-    bank = stack_hidden(data.hidden, rows).to(dev)  # [M, n, Hmax]
+    bank = stack_hidden(data.hidden, rows, dev)  # [M, n, Hmax]
     if cfg.standardize:
         mean, std = (t.to(dev) for t in hidden_stats(data, rows))
         bank = (bank.float() - mean[:, None]) / std[:, None]  # [M, n, Hmax] float32 (fp16 would lose digits)
@@ -290,8 +297,8 @@ class _WagerTraining:
         return _wager_losses(r, self.rows.probs[idx], self.rows.target[idx], self.cfg)
 
     @torch.no_grad()
-    def account(self, fw: _Forward, idx: torch.Tensor, step: int, epoch: int) -> bool:
-        """Online early stopping on the pre-update aggregate (before the update: lazy best copy)."""
+    def summary(self, fw: _Forward, idx: torch.Tensor) -> HostRead:
+        """The batch's per-seed numbers for stopping and logs (pre-update aggregate), on their way to the host."""
         cfg = self.cfg
         mask = self.rows.option_mask[idx]
         agg = mechanism.pool(fw.p, fw.wagers, cfg.pooling, option_mask=mask, validate=False)  # [S, b, K]
@@ -306,13 +313,25 @@ class _WagerTraining:
             "adv": fw.adv.mean(1),
             "payout": payout.mean(1),
         }
-        summary = to_host({k: v for k, v in summary.items() if v is not None})  # one transfer
-        payout_mean = summary.pop("payout")
-        return self.stop.update(step, epoch, idx.shape[1], summary, payout_mean)
+        return HostRead({k: v for k, v in summary.items() if v is not None})  # one transfer, queued
 
-    def update(self, loss: torch.Tensor) -> None:
-        """Backward, per-head clipping, one Adam step over every head."""
-        optimizer_step(self.fabric, self.opt, loss, self.cfg.clip)
+    def account(self, read: HostRead, b: int, step: int, epoch: int) -> bool:
+        """Online early stopping on the batch's summary (before the update: the lazy best copy)."""
+        summary = read.result()
+        payout_mean = summary.pop("payout")
+        return self.stop.update(step, epoch, b, summary, payout_mean)
+
+    def backward(self, loss: torch.Tensor) -> tuple[SliceClip, HostRead]:
+        """Backward and each head's pre-clip norm and clip coefficient, queued (no wait); the clip flag's read."""
+        self.opt.zero_grad(set_to_none=True)
+        self.fabric.backward(loss)
+        clip = SliceClip(self.fabric, self.opt, self.cfg.clip)
+        return clip, HostRead({"clips": clip.clips})
+
+    def update(self, clip: SliceClip, flag: HostRead) -> None:
+        """Per-head clipping (when any head clips) and one Adam step over every head."""
+        clip.apply_(bool(flag.result()["clips"]))
+        self.opt.step()
 
 
 def _check_data(data, rows: np.ndarray, cfg: Config) -> None:
@@ -376,8 +395,10 @@ def train_heads(
                 if trace is not None:
                     cpu_masks = [mk.cpu() for mk in masks] if masks else None
                     trace({"idx": idx.cpu(), "wagers": fw.wagers.cpu(), "masks": cpu_masks})
-                done = training.account(fw, idx, step, epoch)
-                training.update(fw.loss)
+                summary = training.summary(fw, idx)  # queued behind the forward pass
+                clip, flag = training.backward(fw.loss)  # queued: the device works while the host reads
+                done = training.account(summary, idx.shape[1], step, epoch)  # may copy best rows (pre-step)
+                training.update(clip, flag)  # the step's one wait: the clip flag
                 if done:
                     break
             if stop.done:

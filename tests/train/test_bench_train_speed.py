@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "train_speed.py"
 
@@ -47,20 +48,58 @@ def test_synthetic_scenario_too_small(bench):
 
 
 def test_only_share_runs_tiny(bench, capsys):
+    originals = [getattr(owner, attr) for owner, attr, _ in bench.PHASES]
     bench.main(
         [
-            "--only-share",
-            "--agents",
-            "2",
-            "--hidden",
-            "8",
-            "--rows",
-            "37",
-            "--share-epochs",
-            "1",
-            "--seeds",
-            "2",
+            *("--only-share", "--agents", "2", "--hidden", "8", "--rows", "37"),
+            *("--share-epochs", "1", "--seeds", "2", "--share-reps", "1"),
         ]
     )
     out = capsys.readouterr().out
-    assert "fit: 1 seed" in out and "RESULT device_step_share=" in out
+    assert "fit wall (walla.fit, best of 1): 1 seed" in out and "floor of one seed's device steps" in out
+    assert "the same fits with each read waited for at once" in out
+    for _, _, label in bench.PHASES:  # the breakdown names every phase, for both fits
+        assert out.count(label) == 2, label
+    assert "RESULT device_step_share=" in out
+    assert [getattr(owner, attr) for owner, attr, _ in bench.PHASES] == originals  # unpatched again
+
+
+def test_phase_timer_counts_a_nested_phase_once(bench):
+    timer = bench.PhaseTimer("cpu")
+    inner = timer._timed(lambda: None, "_copy_rows")
+    outer = timer._timed(lambda: [inner() for _ in range(3)], "account")
+    outer()
+    assert timer.seconds["account"] >= 0 and timer.seconds["_copy_rows"] >= 0
+    assert set(timer.seconds) == {attr for _, attr, _ in bench.PHASES}
+
+
+def test_cli_store_trains_through_walla_train(bench, tmp_path):
+    """Section 8's store: walla-train (in-process here) assembles the homo bayesx scenario and trains it."""
+    from typer.testing import CliRunner
+    from walla.train import cli
+
+    data = bench.synthetic_scenario(n=40, m=2, k=2, h=8, seed=1)
+    bench.write_cli_store(tmp_path / "store", data)
+    args = bench.cli_args(tmp_path / "store", tmp_path / "runs", 3, 2, "cpu", 1)
+    small = ["walla.projection_dim=null", "walla.hidden=[8]"]
+    res = CliRunner().invoke(cli.app, [*args, *(a for s in small for a in ("--set", s))])
+    assert res.exit_code == 0, res.output
+    runs = sorted((tmp_path / "runs").rglob("run.json"))
+    assert len(runs) == 2 and "homo-bayesx-bench-llm-x3" in str(runs[0])
+
+
+def test_waits_at_once_changes_when_the_host_waits_not_the_numbers(bench):
+    from walla.manifests.validate import build
+    from walla.train import wager_training
+    from walla.train.engine import TrainEnv
+    from walla.train.methods import walla
+
+    data = bench.synthetic_scenario(n=60, m=3, k=2, h=8, seed=2)
+    raw = {**bench.HEADS, "lr": 1e-2, "hidden": [8], "projection_dim": 16, "epochs": 2, "batch_size": 16}
+    cfg = walla.resolve(build(walla.Config, raw, "test"), data)
+    originals = (wager_training._WagerTraining.summary, wager_training._WagerTraining.backward)
+    (now,) = walla.fit(data, cfg, [18], TrainEnv(), [None])
+    with bench.waits_at_once():
+        (then,) = walla.fit(data, cfg, [18], TrainEnv(), [None])
+    assert all(torch.equal(a, b) for a, b in zip(now["params"], then["params"], strict=True))
+    assert (wager_training._WagerTraining.summary, wager_training._WagerTraining.backward) == originals

@@ -3,10 +3,11 @@ same WagerHead trained alone."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from walla.train.engine import clip_grad_norms_, seeded
-from walla.train.heads import StackedHeads
+from walla.train.heads import StackedHeads, stack_hidden
 
 DIMS = [12, 9, 12]
 
@@ -85,3 +86,20 @@ def test_bf16_autocast_gradients_follow_float32():
     for p, q in zip(heads.parameters(), ref.parameters(), strict=True):
         assert p.grad.dtype == torch.float32  # float32 parameters keep float32 gradients
         torch.testing.assert_close(p.grad, q.grad, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtypes", [("float16", "float16"), ("float16", "float32", "float64")])
+def test_stack_hidden_gathers_the_same_values_on_the_device_as_on_the_host(device, dtypes):
+    """The CUDA path (each agent's array crossed whole, rows picked by index_select) forced on the CPU too."""
+    gen = np.random.default_rng(3)
+    hidden = [gen.normal(size=(9, 4 + i)).astype(d) for i, d in enumerate(dtypes)]  # heterogeneous H_i
+    rows = np.array([7, 0, 3, 3, 8])
+    host = stack_hidden(hidden, rows)
+    moved = stack_hidden(hidden, rows, device, on_device=True)
+    assert host.device.type == "cpu" and moved.device.type == device
+    assert host.dtype == moved.dtype == (torch.float16 if len(set(dtypes)) == 1 else torch.float32)
+    assert host.shape == (len(dtypes), 5, 3 + len(dtypes)) and torch.equal(moved.cpu(), host)
+    assert host[1, :, :5].tolist() == torch.from_numpy(hidden[1][rows].astype(host.numpy().dtype)).tolist()
+    assert (host[0, :, 4:] == 0).all()  # padding beyond agent 0's H
+    assert stack_hidden(hidden, rows[:0], device, on_device=True).shape == (len(dtypes), 0, 3 + len(dtypes))

@@ -183,7 +183,7 @@ def _raw_scores(state: dict, heads: StackedHeads, data, rows: np.ndarray, dev, c
     with torch.no_grad():
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            x = stack_hidden(data.hidden, part).to(dev)  # [M, n, H]
+            x = stack_hidden(data.hidden, part, dev)  # [M, n, H]
             if state.get("hidden_stats") is not None:
                 mean, std = (t.to(dev) for t in state["hidden_stats"])
                 x = (x.float() - mean[:, None]) / std[:, None]
