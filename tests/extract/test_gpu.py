@@ -164,3 +164,23 @@ def test_dtype_probe_measures_a_realistic_gemm_on_cuda(tmp_path):
     assert choice.n == 8192 and "(8192x8192x8192, best of 3)" in choice.why() and "TFLOP/s" in choice.why()
     low = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     assert choice.gflops[low] > choice.gflops["float32"] > 0  # tensor cores vs plain fp32 (no TF32)
+
+
+def test_second_compile_on_cuda_is_served_from_the_cache(tmp_path, monkeypatch):
+    """torch's compile caches (AOT autograd, FX graphs, Triton kernels) under $WALLA_CACHE/compile/<key>/: the
+    same model and dtype compiled again, as a second run would, is a cache hit (inductor compiles no graph
+    afresh), in the same folder. Prints the seconds of both (pytest -s)."""
+    from tiny_model import compile_runs
+    from torch._dynamo.utils import counters
+    from walla.extract.backends import hf_compile
+
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after the test
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # Triton's kernels go under the keyed folder too
+    counters.clear()
+    times, folders = compile_runs(tmp_path, "cuda", ["bfloat16", "bfloat16"])
+    cold, warm = times[0].get("compile"), times[1].get("compile (cached)")
+    print(f"compile on cuda: first {cold} s, second {warm} s; counters {dict(counters['inductor'])}")
+    assert cold is not None and warm is not None and folders[0] == folders[1]
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1
+    assert any((tmp_path / "compile").rglob("*.py")) and hf_compile.user_cache_dir() is None
