@@ -184,3 +184,28 @@ def test_second_compile_on_cuda_is_served_from_the_cache(tmp_path, monkeypatch):
     assert cold is not None and warm is not None and folders[0] == folders[1]
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1
     assert any((tmp_path / "compile").rglob("*.py")) and hf_compile.user_cache_dir() is None
+
+
+def test_vllm_batch_invariant_mode_gives_the_same_bits_in_any_mix(tmp_path, monkeypatch):
+    """`--backend vllm` on a GPU of compute capability >= 8.0 settles VLLM_BATCH_INVARIANT=1 (`auto`); a
+    prompt scored among others and alone then gives the same bits (what would let its tier be `bitwise`)."""
+    from walla.extract.backends import vllm as vb
+    from walla.extract.backends.registry import open_backend, settle_backend
+
+    if not vb.vllm_usable()[0]:
+        pytest.skip(f"vLLM is not installed here ({vb.SETUP_HINT})")
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    mdir = save_tiny_checkpoint(tmp_path / "vtiny", hidden_size=256, weight_scale=1.0)  # head_dim 64
+    rm = ResolvedModel("vtiny", str(mdir), None, None, {"source": "local", "path": str(mdir)})
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 256, shard_rows=64)
+    settled = settle_backend("vllm", req, {"gpu_memory_utilization": 0.3, "max_model_len": 256})
+    assert settled.identity.get("batch_invariant") is True, settled.why
+    backend = open_backend(settled)
+    try:
+        mix = [CORPUS[i % len(CORPUS)] + f" {i}" for i in range(9)]
+        together, alone = backend.score(mix, [5, 6]), backend.score(mix[3:4], [5, 6])
+    finally:
+        backend.close()
+    np.testing.assert_array_equal(together.raw_logprobs[3], alone.raw_logprobs[0])
+    np.testing.assert_array_equal(together.hidden[3], alone.hidden[0])
+    np.testing.assert_array_equal(together.prompt_nll[3], alone.prompt_nll[0])
