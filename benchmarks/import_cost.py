@@ -1,11 +1,13 @@
 """What a `walla extract` run imports before it starts work, in seconds, by top-level package.
 
     .venv/bin/python benchmarks/import_cost.py                  # the hf path (cpu or cuda), best of 5
-    .venv/bin/python benchmarks/import_cost.py --repeats 3 --top 12
+    .venv/bin/python benchmarks/import_cost.py --backend vllm   # the parent process of --backend vllm
+    .venv/bin/python benchmarks/import_cost.py --repeats 3 --top 12 --also datasets
 
 Each repeat is a fresh interpreter running `python -X importtime -c "<what the run imports>"`: the recipe
-(walla.extract.run), the hf backend kind and the hf scoring module, i.e. every module an extraction imports
-before its first forward pass but the model's own architecture module. The first repeat on a fresh machine
+(walla.extract.run) and the backend (hf: its kind and scoring modules; vllm: its kind and the tokenizer the
+parent keeps, the engines run in a worker process), i.e. every module an extraction imports before its first
+forward pass but the model's own architecture module. The first repeat on a fresh machine
 also pays for reading the files from disk (cold page cache; and for writing .pyc files where the install did
 not compile them): it is printed apart, then the best of the others. The table is the best repeat's self time
 per top-level package (the sum is the import total); `--also MODULE` adds modules (e.g. datasets) to the set,
@@ -22,7 +24,14 @@ import subprocess
 import sys
 import time
 
-RUN_IMPORTS = ("walla.extract.run", "walla.extract.backends.hf_kind", "walla.extract.backends.hf")
+RUN_IMPORTS = {
+    "hf": ("walla.extract.run", "walla.extract.backends.hf_kind", "walla.extract.backends.hf"),
+    "vllm": (
+        "walla.extract.run",
+        "walla.extract.backends.vllm",
+        "transformers.models.auto.tokenization_auto",
+    ),
+}
 LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 
 
@@ -44,11 +53,12 @@ def one(modules: list[str]) -> tuple[float, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=sorted(RUN_IMPORTS), default="hf")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--also", action="append", default=[], help="another module to import with the run's")
     args = ap.parse_args()
-    modules = [*RUN_IMPORTS, *args.also]
+    modules = [*RUN_IMPORTS[args.backend], *args.also]
     runs = [one(modules) for _ in range(max(args.repeats, 2))]
     first, rest = runs[0], runs[1:]
     wall, per = min(rest, key=lambda r: sum(r[1].values()))

@@ -43,9 +43,8 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer
 from walla.extract import device as devices
-from walla.extract import sizing
+from walla.extract import dtype_probe, sizing
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Progress, ScoreResult, Settled
-from walla.extract.backends.hf import explain_dtype
 from walla.extract.gguf_cache import local_weights_dir
 from walla.extract.models import ResolvedModel, pin_revision
 from walla.manifests.validate import check, config
@@ -382,7 +381,8 @@ class VLLMKind:
         device_kind = devices.check_device_name(request.device)
         # `auto` is measured here as for hf (the GEMM probe, cached per machine): the fingerprint records the
         # dtype the engine is then started with, never the literal "auto"
-        dtype, dtype_why = explain_dtype(request.dtype, request.device)
+        # (dtype_probe, not hf.explain_dtype: the hf scoring modules import transformers' modeling code, ~1.5 s)
+        dtype, dtype_why = dtype_probe.resolve(request.dtype, request.device, dtype_probe.default_cache_dir())
         asked = request.shard_rows or (recorded or {}).get("shard_rows")
         rows, rows_why = sizing.settle_shard_rows(request.device, asked, request.hidden_size)
         eager = device_kind == "cpu" if options.enforce_eager is None else options.enforce_eager

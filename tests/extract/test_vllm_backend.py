@@ -7,6 +7,7 @@ import ast
 import inspect
 import json
 import subprocess
+import sys
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -86,6 +87,19 @@ def test_identity_and_unusable_message(monkeypatch, tmp_path):
         RuntimeError, match="--backend vllm cannot run here: WALLA_VLLM_PYTHON=.* does not exist"
     ):
         vb.VLLM.load(settled)
+
+
+def test_the_vllm_parent_imports_no_hf_scoring_code():
+    """The parent of --backend vllm keeps a tokenizer and runs the dtype probe: the hf scoring modules (and
+    transformers' modeling code, torch._dynamo, sympy: ~1.5-5 s of imports) stay out of it."""
+    code = (
+        "import sys, walla.extract.run, walla.extract.backends.vllm\n"
+        "heavy = ('walla.extract.backends.hf', 'transformers.modeling_utils', 'torch._dynamo', 'sympy')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_batch_invariant_mode_where_vllm_and_the_gpu_have_it():
