@@ -178,12 +178,11 @@ def test_second_compile_on_cuda_is_served_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after the test
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # Triton's kernels go under the keyed folder too
     counters.clear()
-    times, folders = compile_runs(tmp_path, "cuda", ["bfloat16", "bfloat16"])
+    times, folders = compile_runs(tmp_path, "cuda", ["bfloat16", "bfloat16"], **GPU_MODEL)
     cold, warm = times[0].get("compile"), times[1].get("compile (cached)")
     print(f"compile on cuda: first {cold} s, second {warm} s; counters {dict(counters['inductor'])}")
     assert cold is not None and warm is not None and folders[0] == folders[1]
-    assert counters["inductor"]["fxgraph_cache_hit"] >= 1
-    assert any((tmp_path / "compile").rglob("*.py")) and hf_compile.user_cache_dir() is None
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and hf_compile.user_cache_dir() is None
 
 
 def test_vllm_batch_invariant_mode_gives_the_same_bits_in_any_mix(tmp_path, monkeypatch):

@@ -123,15 +123,15 @@ def spy_from_pretrained(monkeypatch) -> list[dict]:
     return seen
 
 
-def compile_runs(tmp_path: Path, device: str, dtypes: list[str]) -> tuple[list[dict], list[str]]:
+def compile_runs(tmp_path: Path, device: str, dtypes: list[str], **model_kw) -> tuple[list[dict], list[str]]:
     """load_hf_backend(compiled=True) of one tiny checkpoint once per dtype in `dtypes`, as separate runs would
     (dynamo reset before each: only torch's on-disk caches carry over), with WALLA_CACHE = `tmp_path` set by
     the caller: ([load_times of each], [TORCHINDUCTOR_CACHE_DIR after each]); each folder is checked to be
-    the model's and dtype's own and to hold files."""
+    the model's and dtype's own and to hold files. `model_kw` go to tiny_model (default: seed 5)."""
     from walla.extract.backends import hf_compile
     from walla.extract.models import ResolvedModel
 
-    mdir = save_tiny_checkpoint(tmp_path / "tiny", seed=5)
+    mdir = save_tiny_checkpoint(tmp_path / "tiny", **({"seed": 5} | model_kw))
     local_tiny = ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
     times, folders = [], []
     for dtype in dtypes:
