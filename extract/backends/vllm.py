@@ -11,9 +11,20 @@ The parent keeps the tokenizer (the model's own, read with transformers), so pro
 and chat templates are handled exactly as in the hf backend; the worker receives token ids only.
 GGUF models (the embedded ones) are pointed at their safetensors copy in the walla cache.
 `VLLMKind` (the registry's `vllm`) settles, fingerprints and loads it for walla-extract. vLLM schedules its
-own batches inside each score() call and is not batch-invariant, so its tier is always `batch-recorded`:
-the identity records the device, the accelerator model, the rows per call and every engine option that
-changes what shares a pass (tensor parallelism, memory share, max length, eager).
+own batches inside each score() call, so its tier is `batch-recorded`: the identity records the device, the
+accelerator model, the rows per call and every engine option that changes what shares a pass (tensor
+parallelism, memory share, max length, eager).
+
+`--backend-arg batch_invariant=auto|on|off` (`explain_batch_invariant`): vLLM's own batch-invariant mode
+(`VLLM_BATCH_INVARIANT=1`: fixed-configuration matmul, RMSNorm, softmax and attention kernels, no split-K) is
+turned on where the worker's vLLM has that variable (read from its `vllm/envs.py`; vLLM 0.32 has it) and the
+device is an NVIDIA GPU of compute capability >= 8.0 (vLLM 0.32's documented requirement; its CPU worker
+never enables the mode, so a CPU run is never said to have it). The worker gets the variable set explicitly
+either way (an exported VLLM_BATCH_INVARIANT cannot change numbers unrecorded), and the identity records
+`batch_invariant: true` where it is on. The tier stays `batch-recorded` (the batching stays in the
+fingerprint): vLLM's claim that outputs no longer depend on the batch has not been checked for walla's prompt
+log-probs and pooled hidden states on a GPU yet (tests/extract/test_gpu.py checks two mixes bit for bit where
+a GPU and vLLM are both present).
 """
 
 from __future__ import annotations
@@ -32,9 +43,8 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer
 from walla.extract import device as devices
-from walla.extract import sizing
+from walla.extract import dtype_probe, sizing
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Progress, ScoreResult, Settled
-from walla.extract.backends.hf import explain_dtype
 from walla.extract.gguf_cache import local_weights_dir
 from walla.extract.models import ResolvedModel, pin_revision
 from walla.manifests.validate import check, config
@@ -92,6 +102,73 @@ def vllm_usable() -> tuple[bool, str]:
     return True, ""
 
 
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
+BATCH_INVARIANT_MODES = ("auto", "on", "off")
+MIN_CAPABILITY = (
+    8,
+    0,
+)  # vLLM 0.32 docs (features/batch_invariance): NVIDIA GPUs of compute capability >= 8.0
+
+
+@functools.lru_cache(maxsize=8)
+def has_batch_invariant_env(python: str) -> bool:
+    """Whether that interpreter's vLLM knows VLLM_BATCH_INVARIANT (its vllm/envs.py names it; nothing imported)."""
+    code = (
+        "import importlib.util, os\n"
+        "s = importlib.util.find_spec('vllm')\n"
+        "p = os.path.join(list(s.submodule_search_locations)[0], 'envs.py') if s else ''\n"
+        f"print(os.path.exists(p) and {BATCH_INVARIANT_ENV!r} in open(p).read())\n"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    return out.returncode == 0 and out.stdout.strip() == "True"
+
+
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """The compute capability of a CUDA `device`, or None where CUDA is not visible to this process."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability(torch.device(device).index or 0))
+
+
+def explain_batch_invariant(
+    mode: str, device: str, has_env: bool, capability: tuple[int, int] | None
+) -> tuple[bool, str]:
+    """(VLLM_BATCH_INVARIANT=1?, why) for --backend-arg batch_invariant=auto|on|off (module docstring).
+
+    Raises:
+        ValueError: `on` where the worker's vLLM lacks the mode or the device cannot run it.
+    """
+    if mode == "off":
+        return False, "vLLM batch-invariant off [--backend-arg batch_invariant]"
+    kind = devices.check_device_name(device)
+    if not has_env:
+        missing = f"the worker's vLLM has no {BATCH_INVARIANT_ENV}"
+    elif kind != "cuda":
+        missing = (
+            f"vLLM's batch-invariant mode runs on NVIDIA GPUs (compute capability >= 8.0), not on {kind}"
+        )
+    elif capability is None:
+        missing = "CUDA is not visible to this process, so the GPU's compute capability is unknown"
+    elif capability < MIN_CAPABILITY:
+        missing = f"compute capability {capability[0]}.{capability[1]} < 8.0 (vLLM's requirement)"
+    else:
+        missing = ""
+    if mode == "on" and missing:
+        raise ValueError(f"--backend-arg batch_invariant=on: {missing}; use batch_invariant=off or auto")
+    if mode == "on":
+        return True, f"vLLM batch-invariant on [--backend-arg batch_invariant]: {BATCH_INVARIANT_ENV}=1"
+    if missing:
+        return False, f"vLLM batch-invariant auto -> off: {missing}"
+    cap = f"{capability[0]}.{capability[1]}"
+    return True, (
+        f"vLLM batch-invariant auto -> on: {BATCH_INVARIANT_ENV}=1 (its vLLM has it; compute capability {cap}); "
+        "a prompt's numbers should not depend on the prompts sharing its pass (not yet checked on a GPU here: "
+        "the batching stays in the fingerprint)"
+    )
+
+
 def vllm_identity(dtype: str, chat_template: bool) -> dict:
     ok, _why = vllm_usable()  # unusable here: the versions are unknown (load says why)
     versions = vllm_versions(find_vllm_python()) if ok else {"vllm": None}
@@ -112,7 +189,14 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(
-        self, rm: ResolvedModel, *, python: str, dtype: str = "auto", chat_template: bool = False, **engine
+        self,
+        rm: ResolvedModel,
+        *,
+        python: str,
+        dtype: str = "auto",
+        chat_template: bool = False,
+        batch_invariant: bool = False,
+        **engine,
     ):
         src = local_weights_dir(rm)
         is_hub = rm.identity.get("source") == "hub"
@@ -132,7 +216,7 @@ class VLLMBackend:
             "trust_remote_code": rm.trust_remote_code,
             **engine,
         }
-        self._start(python)
+        self._start(python, {BATCH_INVARIANT_ENV: "1" if batch_invariant else "0"})
         reply = self._call({"op": "init", "opts": opts})
         self.hidden_size = int(reply["hidden_size"])
         self.load_seconds = tuple(reply["load_s"])  # (generate engine, pooling engine)
@@ -140,10 +224,11 @@ class VLLMBackend:
         self.n_params: int | None = None  # the weights live in the worker process
         self.score_seconds = [0.0, 0.0]  # time in the generate / pooling passes so far
 
-    def _start(self, python: str) -> None:
+    def _start(self, python: str, settled_env: dict[str, str]) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        env.update(settled_env)  # what the settled options fix in the worker, over anything the user exported
         self.proc = subprocess.Popen(
             [python, str(ENGINE_SCRIPT), str(to_child_r), str(from_child_w)],
             pass_fds=(to_child_r, from_child_w),
@@ -231,6 +316,7 @@ def load_vllm_backend(
     gpu_memory_utilization: float | None = None,
     max_model_len: int | None = None,
     enforce_eager: bool | None = None,
+    batch_invariant: bool = False,
 ) -> VLLMBackend:
     ok, why = vllm_usable()
     if not ok:
@@ -240,6 +326,7 @@ def load_vllm_backend(
         python=find_vllm_python(),
         dtype=dtype,
         chat_template=chat_template,
+        batch_invariant=batch_invariant,
         tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
@@ -255,8 +342,15 @@ class VLLMOptions:
     gpu_memory_utilization: float | None = None  # memory fraction of its two engines together
     max_model_len: int | None = None  # context length (None: the model's)
     enforce_eager: bool | None = None  # no CUDA graphs / compile (None: eager on a CPU only)
+    batch_invariant: str = "auto"  # VLLM_BATCH_INVARIANT: auto (on where vLLM and the GPU have it) | on | off
 
     def __post_init__(self) -> None:
+        check(
+            self.batch_invariant in BATCH_INVARIANT_MODES,
+            "batch_invariant",
+            "auto, on or off",
+            self.batch_invariant,
+        )
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1", self.tensor_parallel_size)
         u = self.gpu_memory_utilization
         check(u is None or 0 < u <= 1, "gpu_memory_utilization", "in (0, 1]", u)
@@ -287,17 +381,23 @@ class VLLMKind:
         device_kind = devices.check_device_name(request.device)
         # `auto` is measured here as for hf (the GEMM probe, cached per machine): the fingerprint records the
         # dtype the engine is then started with, never the literal "auto"
-        dtype, dtype_why = explain_dtype(request.dtype, request.device)
+        # (dtype_probe, not hf.explain_dtype: the hf scoring modules import transformers' modeling code, ~1.5 s)
+        dtype, dtype_why = dtype_probe.resolve(request.dtype, request.device, dtype_probe.default_cache_dir())
         asked = request.shard_rows or (recorded or {}).get("shard_rows")
         rows, rows_why = sizing.settle_shard_rows(request.device, asked, request.hidden_size)
         eager = device_kind == "cpu" if options.enforce_eager is None else options.enforce_eager
-        settled_options = replace(options, enforce_eager=eager)
+        ok, _ = vllm_usable()
+        has_env = ok and has_batch_invariant_env(find_vllm_python())
+        cap = cuda_capability(request.device) if device_kind == "cuda" else None
+        invariant, inv_why = explain_batch_invariant(options.batch_invariant, request.device, has_env, cap)
+        settled_options = replace(options, enforce_eager=eager, batch_invariant="on" if invariant else "off")
         engine = {
             k: getattr(settled_options, k)
             for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
         }
         identity = {
             "model": request.model.identity,
+            **({"batch_invariant": True} if invariant else {}),  # absent when off: older sets keep theirs
             **vllm_identity(dtype, request.chat_template),
             "device": device_kind,
             "accelerator": devices.accelerator(request.device),
@@ -307,15 +407,17 @@ class VLLMKind:
         }
         args = ["--dtype", dtype, "--device", device_kind, "--shard-rows", str(rows)]
         args += [a for k, v in engine.items() if v is not None for a in ("--backend-arg", f"{k}={v}")]
+        args += ["--backend-arg", f"batch_invariant={settled_options.batch_invariant}"]
         return Settled(
             kind=self.name,
             request=replace(request, dtype=dtype, batch_tokens=0, shard_rows=rows, est_tokens=None),
             options=settled_options,
             tier="batch-recorded",
             identity=identity,
-            why=(f"dtype {dtype_why}", f"{rows_why} (vLLM batches within each call itself)"),
+            why=(f"dtype {dtype_why}", f"{rows_why} (vLLM batches within each call itself)", inv_why),
             command_args=tuple(args),
             environment=("device", "accelerator", "vllm", "vllm_dist", "torch"),
+            derived=(TIER_KEY, BATCHING_KEY, "batch_invariant"),
         )
 
     def gpus_per_worker(self, settled: Settled) -> int:
@@ -331,6 +433,7 @@ class VLLMKind:
             gpu_memory_utilization=o.gpu_memory_utilization,
             max_model_len=o.max_model_len,
             enforce_eager=o.enforce_eager,
+            batch_invariant=o.batch_invariant == "on",
         )
 
 

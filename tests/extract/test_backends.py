@@ -131,7 +131,7 @@ def test_each_kind_spells_its_own_options_in_the_recorded_command():
         "vllm": (
             {"tensor_parallel_size": "4"},
             f"{head} vllm --dtype float32 --device cpu --shard-rows 256 --backend-arg tensor_parallel_size=4 "
-            "--backend-arg enforce_eager=True --size 30",
+            "--backend-arg enforce_eager=True --backend-arg batch_invariant=off --size 30",
         ),
     }
     gpus = {}

@@ -164,3 +164,47 @@ def test_dtype_probe_measures_a_realistic_gemm_on_cuda(tmp_path):
     assert choice.n == 8192 and "(8192x8192x8192, best of 3)" in choice.why() and "TFLOP/s" in choice.why()
     low = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     assert choice.gflops[low] > choice.gflops["float32"] > 0  # tensor cores vs plain fp32 (no TF32)
+
+
+def test_second_compile_on_cuda_is_served_from_the_cache(tmp_path, monkeypatch):
+    """torch's compile caches (AOT autograd, FX graphs, Triton kernels) under $WALLA_CACHE/compile/<key>/: the
+    same model and dtype compiled again, as a second run would, is a cache hit (inductor compiles no graph
+    afresh), in the same folder. Prints the seconds of both (pytest -s)."""
+    from tiny_model import compile_runs
+    from torch._dynamo.utils import counters
+    from walla.extract.backends import hf_compile
+
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after the test
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # Triton's kernels go under the keyed folder too
+    counters.clear()
+    times, folders = compile_runs(tmp_path, "cuda", ["bfloat16", "bfloat16"], **GPU_MODEL)
+    cold, warm = times[0].get("compile"), times[1].get("compile (cached)")
+    print(f"compile on cuda: first {cold} s, second {warm} s; counters {dict(counters['inductor'])}")
+    assert cold is not None and warm is not None and folders[0] == folders[1]
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and hf_compile.user_cache_dir() is None
+
+
+def test_vllm_batch_invariant_mode_gives_the_same_bits_in_any_mix(tmp_path, monkeypatch):
+    """`--backend vllm` on a GPU of compute capability >= 8.0 settles VLLM_BATCH_INVARIANT=1 (`auto`); a
+    prompt scored among others and alone then gives the same bits (what would let its tier be `bitwise`)."""
+    from walla.extract.backends import vllm as vb
+    from walla.extract.backends.registry import open_backend, settle_backend
+
+    if not vb.vllm_usable()[0]:
+        pytest.skip(f"vLLM is not installed here ({vb.SETUP_HINT})")
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    mdir = save_tiny_checkpoint(tmp_path / "vtiny", hidden_size=256, weight_scale=1.0)  # head_dim 64
+    rm = ResolvedModel("vtiny", str(mdir), None, None, {"source": "local", "path": str(mdir)})
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 256, shard_rows=64)
+    settled = settle_backend("vllm", req, {"gpu_memory_utilization": 0.3, "max_model_len": 256})
+    assert settled.identity.get("batch_invariant") is True, settled.why
+    backend = open_backend(settled)
+    try:
+        mix = [CORPUS[i % len(CORPUS)] + f" {i}" for i in range(9)]
+        together, alone = backend.score(mix, [5, 6]), backend.score(mix[3:4], [5, 6])
+    finally:
+        backend.close()
+    np.testing.assert_array_equal(together.raw_logprobs[3], alone.raw_logprobs[0])
+    np.testing.assert_array_equal(together.hidden[3], alone.hidden[0])
+    np.testing.assert_array_equal(together.prompt_nll[3], alone.prompt_nll[0])

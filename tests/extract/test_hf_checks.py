@@ -33,6 +33,21 @@ def test_self_check_runs_once_per_model_and_load_times_say_where_time_went(local
         load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
 
 
+def test_invariance_probes_have_their_own_seconds_on_the_load_line(local_tiny, monkeypatch):
+    """Batch-invariant loads run the row and packed probes before the self-check, timed apart (a cold cache's
+    '10.7 s self-check' of a tiny model was these probes); cached, they take no time."""
+    first = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
+    assert first.batch_invariant and first.rows_invariant is not None
+    assert list(first.load_times) == ["dtype", "tokenizer", "weights", "invariance probes", "self-check"]
+    probed = {"rows": 0, "packed": 0}
+    monkeypatch.setattr(hf_packed, "linear_rows_invariant", lambda *a: probed.update(rows=1) or (True, 1, ""))
+    monkeypatch.setattr(hf_checks, "probe_packed", lambda *a: probed.update(packed=1) or (True, ""))
+    second = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
+    assert probed == {"rows": 0, "packed": 0}  # both read from $WALLA_CACHE/hf-checks
+    assert (second.min_rows, second.attention_batched) == (first.min_rows, first.attention_batched)
+    assert "self-check (cached)" in second.load_times and "invariance probes" in second.load_times
+
+
 def test_a_failed_self_check_is_never_cached(local_tiny, monkeypatch):
     def broken(self, *a, **k):
         raise RuntimeError("self-check failed: option log-probs differ")

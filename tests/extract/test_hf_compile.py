@@ -7,10 +7,9 @@ import os
 
 import numpy as np
 import pytest
-import torch
-from tiny_model import CORPUS, save_tiny_checkpoint, tiny_model, tiny_tokenizer
+from tiny_model import CORPUS, compile_runs, tiny_model, tiny_tokenizer
 from walla.extract.backends import BackendRequest, hf_compile
-from walla.extract.backends.hf import HFBackend, load_hf_backend
+from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_compile import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, explain_compile
 from walla.extract.backends.registry import settle_backend
 from walla.extract.command import reproduce_command
@@ -79,24 +78,51 @@ def test_compile_cache_is_one_folder_per_model_dtype_and_device(tmp_path, monkey
         hf_compile.compile_cache_dir(a, "float32", "cpu", tmp_path),
     }
     assert base not in others and len(others) == 2 and base.parent == tmp_path / "compile"
-    monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", None)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
-    assert hf_compile.use_compile_cache(base) == base and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(base)
-    monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", "/theirs")  # set by the user before walla ran
-    assert hf_compile.use_compile_cache(tmp_path / "x") is None and os.environ[
-        "TORCHINDUCTOR_CACHE_DIR"
-    ] == str(base)
+
+
+def test_compile_cache_takes_over_torchs_default_but_not_the_users(tmp_path, monkeypatch):
+    """Importing torch._dynamo writes torch's default folder into TORCHINDUCTOR_CACHE_DIR: that is not the
+    user's choice (read as one, it had kept every compile in /tmp, unkeyed); a folder the user set is."""
+    import torch._dynamo  # noqa: F401  (what writes the default, as a model load does)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    folder, other = tmp_path / "compile" / "k1", tmp_path / "compile" / "k2"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert hf_compile.user_cache_dir() is None
+    assert hf_compile.use_compile_cache(folder) == folder and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(
+        folder
+    )
+    assert hf_compile.user_cache_dir() is None  # walla's own folder: the next model gets its own
+    assert hf_compile.use_compile_cache(other) == other and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(
+        other
+    )
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "theirs"))  # set by the user
+    assert hf_compile.user_cache_dir() == str(tmp_path / "theirs")
+    assert hf_compile.use_compile_cache(folder) is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert hf_compile.user_cache_dir() is None
+
+
+def test_served_from_cache_needs_a_hit_and_no_fresh_graph():
+    zero = dict.fromkeys(
+        ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit", "autograd_cache_miss"), 0
+    )
+    hit = {**zero, "fxgraph_cache_hit": 1, "autograd_cache_hit": 1, "autograd_cache_miss": 1}
+    assert hf_compile.served_from_cache(zero, hit) is True
+    assert hf_compile.served_from_cache(zero, {**hit, "fxgraph_cache_miss": 1}) is False  # one graph compiled
+    assert hf_compile.served_from_cache(zero, zero) is False  # nothing compiled: nothing was served
+    assert hf_compile.served_from_cache(hit, hit) is False  # counts are per process: the difference counts
 
 
 @pytest.mark.slow
-def test_compiled_load_fills_its_own_cache_folder(tmp_path, monkeypatch):
-    """load_hf_backend(compiled=True) writes inductor's caches under $WALLA_CACHE/compile/<key>/."""
+def test_second_compiled_load_is_served_from_its_own_cache_folder(tmp_path, monkeypatch):
+    """load_hf_backend(compiled=True) writes torch's compile caches under $WALLA_CACHE/compile/<key>/; the same
+    model and dtype again is a cache hit (`compile (cached)` on the load line), another dtype compiles afresh
+    in a folder of its own."""
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
-    mdir = save_tiny_checkpoint(tmp_path / "tiny", seed=5)
-    local_tiny = ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
-    monkeypatch.setattr(hf_compile, "_USER_CACHE_DIR", None)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
-    torch._dynamo.reset()  # an earlier test compiled the same layer class in this process: compile afresh
-    load_hf_backend(local_tiny, dtype="float32", device="cpu", batch_tokens=64, compiled=True)
-    want = hf_compile.compile_cache_dir(local_tiny.identity, "float32", "cpu", tmp_path)
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(want) and any(want.rglob("*"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))  # restored after the test
+    monkeypatch.setattr(hf_compile, "_ours", {str(tmp_path / "before")})  # as if walla had set it
+    times, folders = compile_runs(tmp_path, "cpu", ["float32", "float32", "bfloat16"])
+    assert "compile" in times[0] and "compile (cached)" in times[1]
+    assert folders[0] == folders[1] != folders[2] and "compile" in times[2]

@@ -7,6 +7,7 @@ import ast
 import inspect
 import json
 import subprocess
+import sys
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -86,6 +87,95 @@ def test_identity_and_unusable_message(monkeypatch, tmp_path):
         RuntimeError, match="--backend vllm cannot run here: WALLA_VLLM_PYTHON=.* does not exist"
     ):
         vb.VLLM.load(settled)
+
+
+def test_the_vllm_parent_imports_no_hf_scoring_code():
+    """The parent of --backend vllm keeps a tokenizer and runs the dtype probe: the hf scoring modules (and
+    transformers' modeling code, torch._dynamo, sympy: ~1.5-5 s of imports) stay out of it."""
+    code = (
+        "import sys, walla.extract.run, walla.extract.backends.vllm\n"
+        "heavy = ('walla.extract.backends.hf', 'transformers.modeling_utils', 'torch._dynamo', 'sympy')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_batch_invariant_mode_where_vllm_and_the_gpu_have_it():
+    h100, t4 = (9, 0), (7, 5)
+    on, why = vb.explain_batch_invariant("auto", "cuda", True, h100)
+    assert on and why.startswith("vLLM batch-invariant auto -> on: VLLM_BATCH_INVARIANT=1")
+    assert "compute capability 9.0" in why
+    for device, has_env, cap, reason in (
+        ("cpu", True, None, "runs on NVIDIA GPUs (compute capability >= 8.0), not on cpu"),
+        ("cuda", True, t4, "compute capability 7.5 < 8.0"),
+        ("cuda:1", False, h100, "the worker's vLLM has no VLLM_BATCH_INVARIANT"),
+        ("cuda", True, None, "CUDA is not visible to this process"),
+    ):
+        on, why = vb.explain_batch_invariant("auto", device, has_env, cap)
+        assert not on and why.startswith("vLLM batch-invariant auto -> off: ") and reason in why
+        with pytest.raises(ValueError, match=f"batch_invariant=on: .*{reason[:20]}"):
+            vb.explain_batch_invariant("on", device, has_env, cap)  # never claimed where it cannot run
+    assert vb.explain_batch_invariant("on", "cuda", True, h100)[0] is True
+    assert vb.explain_batch_invariant("off", "cuda", True, h100)[0] is False
+
+
+def test_installed_vllm_is_read_for_the_variable_without_importing_it(tmp_path):
+    py = vb.find_vllm_python()
+    if py is None or not vb.vllm_usable()[0]:
+        pytest.skip(f"vLLM is not installed ({vb.SETUP_HINT})")
+    assert vb.has_batch_invariant_env(py) is True  # vLLM 0.32's envs.py has VLLM_BATCH_INVARIANT
+    fake = tmp_path / "python"  # an interpreter without vLLM
+    fake.write_text('#!/bin/sh\nexec python3 -I -S "$@"\n')
+    fake.chmod(0o755)
+    assert vb.has_batch_invariant_env(str(fake)) is False
+
+
+def test_settled_invariance_is_in_the_identity_command_and_worker_env(monkeypatch, tmp_path):
+    """On an H100 with a vLLM that has the mode, `auto` turns it on: the identity says so (a fingerprint of
+    its own), the command repeats it, and the worker is started with VLLM_BATCH_INVARIANT=1; `off` starts it
+    with 0 over an exported 1 and keeps the identity of sets made before the option existed."""
+    from tiny_model import save_tiny_checkpoint
+    from walla.extract import device as devices
+    from walla.store.feature_spec import FeatureSetSpec
+
+    monkeypatch.setattr(vb, "vllm_usable", lambda: (True, ""))
+    monkeypatch.setattr(
+        vb, "vllm_versions", lambda py: {"vllm": "0.32.0", "vllm_dist": "vllm", "torch": "2.11"}
+    )
+    monkeypatch.setattr(vb, "find_vllm_python", lambda: "/vllm/python")
+    monkeypatch.setattr(vb, "has_batch_invariant_env", lambda py: True)
+    monkeypatch.setattr(vb, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(devices, "accelerator", lambda device: "NVIDIA H100 80GB HBM3")
+    mdir = save_tiny_checkpoint(tmp_path / "tiny", seed=5)
+    rm = ResolvedModel("m", str(mdir), None, None, {"source": "local", "path": str(mdir)})
+    req = BackendRequest(rm, "bfloat16", "cuda", False, 32, shard_rows=64)
+    on, off = settle_backend("vllm", req), settle_backend("vllm", req, {"batch_invariant": "off"})
+    assert on.identity["batch_invariant"] is True and "batch_invariant" not in off.identity
+    assert on.tier == off.tier == "batch-recorded"  # not yet checked bit for bit on a GPU: batching recorded
+    assert {k: v for k, v in on.identity.items() if k != "batch_invariant"} == off.identity
+    fp = [
+        FeatureSetSpec("m", "facts", "none", {"questions_fp": "q", **s.identity}).fingerprint
+        for s in (on, off)
+    ]
+    assert fp[0] != fp[1]
+    assert on.command_args[-2:] == ("--backend-arg", "batch_invariant=on")
+    assert off.command_args[-2:] == ("--backend-arg", "batch_invariant=off")
+    assert any(x.startswith("vLLM batch-invariant auto -> on") for x in on.why)
+
+    started: list[dict] = []
+
+    def popen(argv, **kw):  # the worker is never started: record its environment, then it "dies"
+        started.append(kw["env"])
+        return NS(poll=lambda: 1)
+
+    monkeypatch.setattr(vb.subprocess, "Popen", popen)
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # exported by the user: the settled option wins
+    for settled, want in ((on, "1"), (off, "0")):
+        with pytest.raises(RuntimeError, match="the vLLM worker died"):
+            vb.VLLM.load(settled)
+        assert started[-1]["VLLM_BATCH_INVARIANT"] == want
 
 
 # ----------------------------------------------------------------------------- against the installed vLLM

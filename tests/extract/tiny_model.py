@@ -4,6 +4,7 @@ the steps tests take to use one as a catalog model over a local jsonl dataset.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -120,3 +121,25 @@ def spy_from_pretrained(monkeypatch) -> list[dict]:
 
     monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
     return seen
+
+
+def compile_runs(tmp_path: Path, device: str, dtypes: list[str], **model_kw) -> tuple[list[dict], list[str]]:
+    """load_hf_backend(compiled=True) of one tiny checkpoint once per dtype in `dtypes`, as separate runs would
+    (dynamo reset before each: only torch's on-disk caches carry over), with WALLA_CACHE = `tmp_path` set by
+    the caller: ([load_times of each], [TORCHINDUCTOR_CACHE_DIR after each]); each folder is checked to be
+    the model's and dtype's own and to hold files. `model_kw` go to tiny_model (default: seed 5)."""
+    from walla.extract.backends import hf_compile
+    from walla.extract.models import ResolvedModel
+
+    mdir = save_tiny_checkpoint(tmp_path / "tiny", **({"seed": 5} | model_kw))
+    local_tiny = ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})
+    times, folders = [], []
+    for dtype in dtypes:
+        torch._dynamo.reset()  # a new run: nothing compiled in memory, only what the disk caches hold
+        be = hf.load_hf_backend(local_tiny, dtype=dtype, device=device, batch_tokens=64, compiled=True)
+        times.append(be.load_times)
+        folders.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        want = hf_compile.compile_cache_dir(local_tiny.identity, dtype, device, tmp_path)
+        assert folders[-1] == str(want) and any(want.rglob("*")), (folders[-1], want)
+        be.close()
+    return times, folders
