@@ -111,6 +111,18 @@ def test_self_check_passes_and_catches_a_wrong_head(tok):
         be.self_check()
 
 
+def test_self_check_in_bfloat16_tells_rounding_from_a_wrong_head(tok):
+    """bf16, batch-invariant (float32 attention sums vs the model's bf16 SDPA): the check passes on the model
+    as it is, and still fails for a head the model does not have (the head part compares our head with the
+    model's on the model's own hidden states, so rounding in the forward cannot hide or fake a difference)."""
+    model = tiny_model(len(tok), seed=1, weight_scale=1.0).to(torch.bfloat16)
+    be = HFBackend(model, tok, batch_invariant=True)
+    assert be.self_check() < 0.05
+    be.softcap = 0.5
+    with pytest.raises(RuntimeError, match="self-check failed: our LM head"):
+        be.self_check()
+
+
 def test_single_token_prompt_has_zero_nll(model):
     tok = tiny_tokenizer(bos=False)
     be = HFBackend(model, tok)
