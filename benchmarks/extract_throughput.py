@@ -400,7 +400,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--loop-batch", default="16,32,64,128,256", help="shapes: the bare loop's batch sizes (best)"
     )
-    ap.add_argument("--tokenizer", help="shapes: a saved SmolLM2 tokenizer dir (default: the embedded model's)")
+    ap.add_argument(
+        "--tokenizer", help="shapes: a saved SmolLM2 tokenizer dir (default: the embedded model's)"
+    )
     ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
     args = ap.parse_args()
     args.model = args.model or ("1b" if args.device.startswith("cuda") else "smollm2")

@@ -11,7 +11,7 @@ change, so no library can pick another kernel ("batch invariance at the cost of 
 - each prompt starts at a multiple of QUANTUM (Q) tokens in the stream (pad tokens fill the gaps and the
   tail); the stream is cut into P/Q query blocks, and `fixed_attention` lets every query block attend to the
   KEY_BLOCKS key blocks before it (relative to itself, so the same blocks of its own prompt in any mix), in
-  steps of one batched matmul of fixed shape [P/Q, Hkv, G*Q, D] x [P/Q, Hkv, D, KEY_BLOCKS*Q] in float32,
+  steps of one batched matmul of fixed shape [Hkv, P/Q, G*Q, D] x [Hkv, P/Q, D, KEY_BLOCKS*Q] in float32,
   with an online softmax in the fixed order nearest keys first. Keys outside the prompt are masked (-inf, so
   exact zeros), and a step whose keys are all masked multiplies by exp(0) = 1 and adds zeros: a prompt's rows
   are the same bits whichever prompts share the stream and however many steps the longest of them needs;
@@ -196,29 +196,30 @@ def fixed_attention_core(
     if masks is None:
         masks = stream.masks[window] = step_masks(stream.block_start, n_steps, window)
     scale = scaling if scaling is not None else d**-0.5
-    qf = query[0].float().view(hkv, g, nb, q, d).permute(2, 0, 1, 3, 4).reshape(nb, hkv, g * q, d)
-    kb = key[0].float().view(hkv, nb, q, d).transpose(0, 1)  # [nb, Hkv, Q, D]
-    vb = value[0].float().view(hkv, nb, q, d).transpose(0, 1)  # [nb, Hkv, Q, D]
-    m = torch.full((nb, hkv, g * q, 1), -torch.inf, device=query.device)  # running row max
-    total = torch.zeros(nb, hkv, g * q, 1, device=query.device)  # softmax denominators
-    acc = torch.zeros(nb, hkv, g * q, d, device=query.device)  # sum of e * v
+    # head-major [Hkv, nb, ...]: a step's gathered keys [Hkv, nb, W, Q, D] are then [Hkv, nb, WQ, D] as a view
+    qf = query[0].float().reshape(hkv, g, nb, q, d).transpose(1, 2).reshape(hkv, nb, g * q, d)
+    kb = key[0].float().reshape(hkv, nb, q, d).contiguous()  # [Hkv, nb, Q, D]
+    vb = value[0].float().reshape(hkv, nb, q, d).contiguous()  # [Hkv, nb, Q, D]
+    m = torch.full((hkv, nb, g * q, 1), -torch.inf, device=query.device)  # running row max
+    total = torch.zeros(hkv, nb, g * q, 1, device=query.device)  # softmax denominators
+    acc = torch.zeros(hkv, nb, g * q, d, device=query.device)  # sum of e * v
     for c in range(n_steps):  # nearest keys first, a fixed order
         idx = key_index(nb, c, query.device)  # [nb, W]
-        kc = kb[idx].transpose(1, 2).reshape(nb, hkv, w * q, d)  # [nb, Hkv, WQ, D]
-        vc = vb[idx].transpose(1, 2).reshape(nb, hkv, w * q, d)  # [nb, Hkv, WQ, D]
-        s = torch.matmul(qf, kc.transpose(-1, -2))  # [nb, Hkv, G*Q, WQ]
+        kc = kb[:, idx].reshape(hkv, nb, w * q, d)  # [Hkv, nb, WQ, D]
+        vc = vb[:, idx].reshape(hkv, nb, w * q, d)  # [Hkv, nb, WQ, D]
+        s = torch.matmul(qf, kc.transpose(-1, -2))  # [Hkv, nb, G*Q, WQ]
         s.mul_(scale)
         if softcap:
             s = torch.tanh(s / softcap) * softcap
-        s = s.view(nb, hkv, g, q, w * q).masked_fill_(~masks[c][:, None, None], -torch.inf)
-        s = s.view(nb, hkv, g * q, w * q)
+        s = s.view(hkv, nb, g, q, w * q).masked_fill_(~masks[c][None, :, None], -torch.inf)
+        s = s.view(hkv, nb, g * q, w * q)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # a step with no allowed key: m_new = m
         alpha = torch.exp(m - m_new)  # 1 exactly where nothing changed, 0 at the first step
         e = torch.exp(s - m_new)  # exact zeros where masked
         total = total * alpha + e.sum(-1, keepdim=True)
         acc = acc * alpha + torch.matmul(e, vc)
         m = m_new
-    out = (acc / total).view(nb, hkv, g, q, d).permute(0, 3, 1, 2, 4)  # [nb, Q, Hkv, G, D]
+    out = (acc / total).view(hkv, nb, g, q, d).permute(1, 3, 0, 2, 4)  # [nb, Q, Hkv, G, D]
     return out.reshape(1, length, hq, d).to(query.dtype)
 
 
