@@ -31,10 +31,12 @@ cached (padded bf16 batches moved an option log-prob by up to 0.6 nats); the fin
 `batch_invariant: true`. What this rests on is probed at the first packed score() (`settle_invariance`,
 cached per machine in hf_checks): where the whole-pack attention fails the probe, attention runs prompt by
 prompt without a prefix cache; where the GEMMs are not row-invariant, each prompt runs alone (both still
-invariant, slower). On a CUDA device `auto` keeps the padded batches of a bare loop: cuBLAS picks its kernels
-by row count, so the probe is expected to fail and each prompt would run alone (not measured on a GPU with
-this path yet). Its outputs then depend on which prompts share a pass, so the fingerprint records what fixes
-that (`batching`: batch tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix
+invariant, slower). On a CUDA device cuBLAS picks its kernels by row count, so that probe fails there (each
+prompt ran alone: 11.3x the padded run on an H200); `auto` (and `on`) runs the fixed-shape packs of
+extract/backends/hf_fixed.py instead (every kernel sees one shape whatever the mix; `batch_invariant=fixed`
+forces them on any device), or, with CUDA_INVARIANT_BY_DEFAULT off, padded batches, whose outputs depend on
+which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch tokens, shard
+rows, the order rule). float32 keeps the padded batches and the prefix
 cache without either key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below
 anything a feature is used for; `--backend-arg batch_invariant=on` runs the same probed path in float32 (GEMMs get at
 least the row count from which the probe found rows identical).
