@@ -130,7 +130,10 @@ class _Stream:
 
     block_start: torch.Tensor  # [nb] on the model's device
     span: int
-    masks: dict = field(default_factory=dict)  # window -> list of [nb, Q, KEY_BLOCKS * Q] bool, one per step
+    masks: dict = field(
+        default_factory=dict
+    )  # window -> per step: [nb, Q, KEY_BLOCKS * Q] bool, True = masked
+    keys: list = field(default_factory=list)  # per step: [nb, KEY_BLOCKS] key block index (key_index)
 
 
 _STREAM: contextvars.ContextVar[_Stream | None] = contextvars.ContextVar("walla_fixed", default=None)
@@ -193,8 +196,10 @@ def fixed_attention_core(
         raise ValueError(f"fixed attention: {key.shape[2]} keys for {length} queries (blocks of {q})")
     n_steps = steps(stream.span, window)
     masks = stream.masks.get(window)
-    if masks is None:
-        masks = stream.masks[window] = step_masks(stream.block_start, n_steps, window)
+    if masks is None:  # once per forward and window, for every layer
+        masks = stream.masks[window] = [~x for x in step_masks(stream.block_start, n_steps, window)]
+    while len(stream.keys) < n_steps:
+        stream.keys.append(key_index(nb, len(stream.keys), query.device))
     scale = scaling if scaling is not None else d**-0.5
     # head-major [Hkv, nb, ...]: a step's gathered keys [Hkv, nb, W, Q, D] are then [Hkv, nb, WQ, D] as a view
     qf = query[0].float().reshape(hkv, g, nb, q, d).transpose(1, 2).reshape(hkv, nb, g * q, d)
@@ -204,14 +209,14 @@ def fixed_attention_core(
     total = torch.zeros(hkv, nb, g * q, 1, device=query.device)  # softmax denominators
     acc = torch.zeros(hkv, nb, g * q, d, device=query.device)  # sum of e * v
     for c in range(n_steps):  # nearest keys first, a fixed order
-        idx = key_index(nb, c, query.device)  # [nb, W]
+        idx = stream.keys[c]  # [nb, W]
         kc = kb[:, idx].reshape(hkv, nb, w * q, d)  # [Hkv, nb, WQ, D]
         vc = vb[:, idx].reshape(hkv, nb, w * q, d)  # [Hkv, nb, WQ, D]
         s = torch.matmul(qf, kc.transpose(-1, -2))  # [Hkv, nb, G*Q, WQ]
         s.mul_(scale)
         if softcap:
             s = torch.tanh(s / softcap) * softcap
-        s = s.view(hkv, nb, g, q, w * q).masked_fill_(~masks[c][None, :, None], -torch.inf)
+        s = s.view(hkv, nb, g, q, w * q).masked_fill_(masks[c][None, :, None], -torch.inf)
         s = s.view(hkv, nb, g * q, w * q)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # a step with no allowed key: m_new = m
         alpha = torch.exp(m - m_new)  # 1 exactly where nothing changed, 0 at the first step

@@ -8,13 +8,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from test_batching import QUESTIONS
 from test_hf_backend import naive
 from test_hf_packed import gemma2
-from tiny_model import tiny_model, tiny_tokenizer
+from tiny_model import register_tiny_catalog, tiny_model, tiny_tokenizer
+from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, hf, hf_fixed, hf_fixed_probe
 from walla.extract.backends.hf import HFBackend, explain_batch_invariant, hf_identity, invariant_path
 from walla.extract.backends.hf_kind import HF, HFOptions
+from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
+from walla.store.featureset import read_feature_set
 
 PACK = 512  # tokens of every fixed-shape forward in these tests (the tiny models' positions go to 512)
 LENGTHS = (1, 5, 16, 17, 140, 300, 33, 700)  # 700 > PACK: alone in a stream of 1,024
@@ -183,3 +187,36 @@ def test_identity_and_settle_record_the_fixed_path():
         assert cuda.tier == "batch-recorded" and "fixed_shapes" not in cuda.identity
     on = HF.settle(replace(req, device="cuda"), HFOptions(compile="off", batch_invariant="on"))
     assert on.options.batch_invariant == "fixed" and on.identity["invariant_scoring"] == "fixed-v1"
+
+
+def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_size(tmp_path, monkeypatch):
+    """`walla extract --backend-arg batch_invariant=fixed` on the CPU: tier bitwise, the fixed-shape constants in
+    the fingerprint, and the same rows bit for bit whatever the shard size (other prompts share each pass)."""
+    data = register_tiny_catalog(tmp_path, monkeypatch, QUESTIONS, seed=3)
+    sets = []
+    for shard_rows in (2, 7):
+        cfg = ExtractConfig(
+            model="tiny",
+            dataset="mine",
+            backend="hf",
+            data_file=data,
+            progress=False,
+            device="cpu",
+            dtype="bfloat16",
+            store=tmp_path / f"s{shard_rows}",
+            shard_rows=shard_rows,
+            backend_args={"batch_invariant": "fixed"},
+        )
+        lines: list[str] = []
+        (path,) = run_mod.run(cfg, out=lines.append)
+        assert any(x.startswith("batch-invariant fixed (fixed path)") for x in lines), lines
+        sets.append(read_feature_set(path))
+    a, b = sets
+    inputs = a.meta["inputs"]
+    assert inputs["determinism"] == "bitwise" and inputs["invariant_scoring"] == hf_fixed.FIXED_SCORING
+    assert inputs["fixed_shapes"] == hf_fixed.fixed_identity() and "batching" not in inputs
+    assert "--backend-arg batch_invariant=fixed" in a.meta["command"]
+    assert a.path.name == b.path.name  # one fingerprint: the shard size is not an input of the bits
+    for col in ("raw_option_logprobs", "prompt_nll"):
+        assert a.rows[col].to_list() == b.rows[col].to_list(), col
+    np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
