@@ -194,7 +194,16 @@ class HFKind:
             why=(f"dtype {dtype_why}", compile_why, inv_why, sizes.why, f"determinism: {tier}"),
             command_args=tuple(args),
             environment=("device", "accelerator", "torch", "transformers"),
-            derived=(TIER_KEY, BATCHING_KEY, "tolerance", "batch_invariant", "compile"),
+            # what follows from the device through auto/on: the invariant path (packed on a CPU, fixed on CUDA)
+            derived=(
+                TIER_KEY,
+                BATCHING_KEY,
+                "tolerance",
+                "batch_invariant",
+                "invariant_scoring",
+                "fixed_shapes",
+                "compile",
+            ),
         )
 
     def gpus_per_worker(self, settled: Settled) -> int:

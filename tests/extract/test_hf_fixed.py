@@ -187,6 +187,12 @@ def test_identity_and_settle_record_the_fixed_path():
         assert cuda.tier == "batch-recorded" and "fixed_shapes" not in cuda.identity
     on = HF.settle(replace(req, device="cuda"), HFOptions(compile="off", batch_invariant="on"))
     assert on.options.batch_invariant == "fixed" and on.identity["invariant_scoring"] == "fixed-v1"
+    # `on` on a CPU (packed) and on CUDA (fixed): the path follows from the device, so a store set of one is
+    # "made elsewhere" for the other (extract/run.py refuses it) rather than a second set of its own
+    ids = (packed.identity, on.identity)
+    differ = {k for k in set(ids[0]) | set(ids[1]) if ids[0].get(k) != ids[1].get(k)}
+    assert differ == {"device", "invariant_scoring", "fixed_shapes"}
+    assert differ <= set(on.environment) | set(on.derived)
 
 
 def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_size(tmp_path, monkeypatch):
