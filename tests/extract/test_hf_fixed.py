@@ -10,12 +10,19 @@ import pytest
 import torch
 from test_batching import QUESTIONS
 from test_hf_backend import naive
-from test_hf_packed import gemma2
+from test_hf_packed import ARC, gemma2
 from tiny_model import register_tiny_catalog, tiny_model, tiny_tokenizer
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, hf, hf_fixed, hf_fixed_probe
-from walla.extract.backends.hf import HFBackend, explain_batch_invariant, hf_identity, invariant_path
+from walla.extract.backends.hf import (
+    HFBackend,
+    explain_batch_invariant,
+    hf_identity,
+    invariant_path,
+    load_hf_backend,
+)
 from walla.extract.backends.hf_kind import HF, HFOptions
+from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
 from walla.store.featureset import read_feature_set
@@ -226,3 +233,30 @@ def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_si
     for col in ("raw_option_logprobs", "prompt_nll"):
         assert a.rows[col].to_list() == b.rows[col].to_list(), col
     np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ARC.exists(), reason=f"{ARC} not present")
+def test_smollm2_bf16_arc_prompts_same_bits_alone_and_in_two_mixes_through_fixed_shapes():
+    """The embedded SmolLM2-135M in bfloat16 on 12 real ARC prompts through fixed-shape packs (1,024 tokens here,
+    to keep the CPU test short): the same bits alone and in two mixes; the probe passes on the real model."""
+    cfg = ExtractConfig(
+        model="smollm2-135m", dataset="arc-challenge", data_file=ARC, limit=18, progress=False
+    )
+    texts, _, rm = render_prompts(cfg)
+    be = load_hf_backend(rm, dtype="bfloat16", device="cpu", batch_invariant=False)  # loaded as usual, then:
+    be.batch_invariant, be.fixed_shapes, be.pack_tokens = True, True, 1024
+    assert be.self_check() < 5e-2  # the fixed path against the model's own forward (probes first)
+    enc = be.encode_batch([p.text for p in texts])
+    cand = [be.encode_bare(s)[0] for s in "ABCD"]
+    mine, others = enc[:12], enc[12:]
+    assert be.rows_invariant, be.invariance_why
+    alone = hf_fixed.score(be, mine, cand, max_rows=1)
+    together = hf_fixed.score(be, mine, cand)
+    mixed = hf_fixed.score(be, others[:3] + mine[::-1] + others[3:], cand)
+    for name, res, at in (("together", together, range(12)), ("mixed", mixed, range(14, 2, -1))):
+        for i, j in enumerate(at):
+            diff = hf_fixed_probe.first_difference(
+                hf_fixed_probe.rows_of(alone, i), hf_fixed_probe.rows_of(res, j)
+            )
+            assert diff is None, f"ARC prompt {i} ({len(mine[i])} tokens) {name} vs alone: {diff}"
