@@ -44,7 +44,6 @@ least the row count from which the probe found rows identical).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
@@ -439,6 +438,8 @@ class HFBackend:
         positions for the NLL (never fewer rows than `min_rows`); a prompt's NLL is the correctly rounded sum of
         its token NLLs (math.fsum: the same number whichever positions the prefix held).
         """
+        if self.fixed_shapes and prefix is None:  # the fixed-shape path (CUDA): its own stream and attention
+            return hf_fixed.forward(self, seqs, cand)
         p = prefix.length if prefix is not None else 0
         ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id, self.min_rows, offset=p)
         ids, pos = ids.to(self.device), pos.to(self.device)  # [1, T]
@@ -604,31 +605,24 @@ class HFBackend:
         Returns the max abs log-prob difference; raises RuntimeError when it is too large.
         """
         ids = self.encode(text)
-        n = len(ids)
         x = torch.tensor([ids], device=self.device)
-        own, inputs = contextlib.nullcontext(), {"input_ids": x}
-        if self.batch_invariant and self.fixed_shapes:
-            # the model's own forward (its head and logit processing) on the fixed path's stream and attention:
-            # in bf16 SmolLM2's option log-probs moved by 0.2-0.3 nats between two shapes of the same math
-            # (padded to 16 rows vs 12, or SDPA vs float32 attention), noise, not a missed architecture
-            own, inputs = hf_fixed.own_forward_inputs(self, ids)
         # the decoder's output as the model's own forward computes it (= hidden_states[-1]), caught by a hook
         # removed at once: output_hidden_states' capture hooks would stay on every layer and break a compiled
         # layer's graph, and a second decoder forward would cost one more pass at load
         seen: list = []
         hook = self.decoder.register_forward_hook(lambda _m, _a, out: seen.append(_last_hidden(out)))
         try:
-            with own:
-                full = self.model(use_cache=False, **inputs)
+            full = self.model(input_ids=x, use_cache=False)
         finally:
             hook.remove()
-        ref_lp = torch.log_softmax(full.logits[0, :n].float(), dim=-1)  # [L, V] (one short prompt)
+        ref_lp = torch.log_softmax(full.logits[0].float(), dim=-1)  # [L, V] (one short prompt)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
         if self.batch_invariant:
             self.settle_invariance()  # check the path scoring takes (one attention call per layer or per prompt)
-        opt, hid, nll, _ = self._forward()([ids], cand)
-        ref_nll = -ref_lp[:-1].gather(1, x[0, 1:n, None]).mean().item()
-        ref_h = seen[0][0, n - 1].float().cpu().numpy()
+        forward = self.forward_packed if self.batch_invariant else self.forward_batch
+        opt, hid, nll, _ = forward([ids], cand)
+        ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
+        ref_h = seen[0][0, -1].float().cpu().numpy()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         err = max(float(np.abs(opt[0] - ref_lp[-1, cand].cpu().numpy()).max()), abs(float(nll[0]) - ref_nll))
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
@@ -650,13 +644,8 @@ class HFBackend:
         ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
         if self.batch_invariant:
             self.settle_invariance()  # probed eager; traced below on the path scoring takes
-        self._forward()([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
-
-    def _forward(self):
-        """The forward scoring runs: fixed shapes, packed stream or padded batch."""
-        if self.batch_invariant and self.fixed_shapes:
-            return lambda seqs, cand: hf_fixed.forward(self, seqs, cand)
-        return self.forward_packed if self.batch_invariant else self.forward_batch
+        forward = self.forward_packed if self.batch_invariant else self.forward_batch
+        forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 
     def close(self) -> None:
         self.model = self.decoder = self.head = None

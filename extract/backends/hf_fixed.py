@@ -259,19 +259,6 @@ def fixed_decoder(decoder, lay: Layout, device) -> Iterator[None]:
         _STREAM.reset(token)
 
 
-def own_forward_inputs(backend, ids: list[int]) -> tuple[contextlib.AbstractContextManager, dict]:
-    """(context, inputs) to run the model's own forward (`model(**inputs)`) on the stream and attention of the
-    fixed path for one prompt: logits of its n positions only (the self-check's reference)."""
-    lay = layout([ids], backend.pad_id, backend.pack_tokens)
-    dev = backend.device
-    inputs = {
-        "input_ids": lay.ids.to(dev),
-        "position_ids": lay.pos.to(dev),
-        "logits_to_keep": torch.arange(len(ids), device=dev),
-    }
-    return fixed_decoder(backend.decoder, lay, dev), inputs
-
-
 def option_rows(h_last: torch.Tensor, cand: torch.Tensor, w, b, softcap) -> torch.Tensor:
     """Option log-probs [n, d] -> [n, U]: the LM head on exactly OPTION_ROWS rows per call (zero rows pad)."""
     parts = []
