@@ -87,6 +87,7 @@ class ShapeRun:
     loops: dict[int, float] | None = None  # bare loop seconds per batch size (`loop` is the best)
     cli_other: float = math.inf  # extraction with --batch-invariant flipped
     invariant_default: bool | None = None  # did the default-flags run score batch-invariantly
+    invariant_scoring: str = "?"  # the invariant side's path: fixed-v1 (hf_fixed, CUDA) or 2 (hf_packed, CPU)
 
     def tps(self, seconds: float) -> float:
         return self.tokens / seconds
@@ -273,8 +274,10 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
     fs = read_feature_set(path)
     r.invariant_default = bool(fs.meta.get("inputs", {}).get("batch_invariant", False))  # what the CLI chose
     flip = "off" if r.invariant_default else "on"
+    if r.invariant_default:
+        r.invariant_scoring = str(fs.meta["inputs"].get("invariant_scoring", "?"))
     for i in range(args.repeat):
-        _, extraction, _ = run_cli(
+        _, extraction, flip_lines = run_cli(
             model_dir,
             data,
             work / f"store-flip{i}",
@@ -283,6 +286,9 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
             ("--backend-arg", f"batch_invariant={flip}"),
         )
         r.cli_other = min(r.cli_other, extraction)
+        if not r.invariant_default and i == 0:
+            flipped = read_feature_set(Path(flip_lines[-1].strip()))
+            r.invariant_scoring = str(flipped.meta["inputs"].get("invariant_scoring", "?"))
     prompts = fs.rows["prompt"].to_list()
     r.tokens = int(fs.rows["n_prompt_tokens"].sum())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype], device_map=device).eval()
@@ -335,7 +341,8 @@ def report(r: ShapeRun) -> None:
         else "default run: batch-recorded (padded)"
     )
     print(
-        f"invariance_cost {inv / pad:.2f}: --batch-invariant on {inv:.2f} s (tier bitwise) vs off {pad:.2f} s "
+        f"invariance_cost {inv / pad:.2f}: --batch-invariant on {inv:.2f} s (tier bitwise, invariant_scoring "
+        f"{r.invariant_scoring}) vs off {pad:.2f} s "
         f"(tier batch-recorded), extraction as printed, same prompts and dtype; {tiers}"
     )
     print(

@@ -31,10 +31,12 @@ cached (padded bf16 batches moved an option log-prob by up to 0.6 nats); the fin
 `batch_invariant: true`. What this rests on is probed at the first packed score() (`settle_invariance`,
 cached per machine in hf_checks): where the whole-pack attention fails the probe, attention runs prompt by
 prompt without a prefix cache; where the GEMMs are not row-invariant, each prompt runs alone (both still
-invariant, slower). On a CUDA device `auto` keeps the padded batches of a bare loop: cuBLAS picks its kernels
-by row count, so the probe is expected to fail and each prompt would run alone (not measured on a GPU with
-this path yet). Its outputs then depend on which prompts share a pass, so the fingerprint records what fixes
-that (`batching`: batch tokens, shard rows, the order rule). float32 keeps the padded batches and the prefix
+invariant, slower). On a CUDA device cuBLAS picks its kernels by row count, so that probe fails there (each
+prompt ran alone: 11.3x the padded run on an H200); `auto` (and `on`) runs the fixed-shape packs of
+extract/backends/hf_fixed.py instead (every kernel sees one shape whatever the mix; `batch_invariant=fixed`
+forces them on any device), or, with CUDA_INVARIANT_BY_DEFAULT off, padded batches, whose outputs depend on
+which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch tokens, shard
+rows, the order rule). float32 keeps the padded batches and the prefix
 cache without either key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below
 anything a feature is used for; `--backend-arg batch_invariant=on` runs the same probed path in float32 (GEMMs get at
 least the row count from which the probe found rows identical).
@@ -60,6 +62,8 @@ from walla.extract.backends import (
     ScoreResult,
     hf_checks,
     hf_compile,
+    hf_fixed,
+    hf_fixed_probe,
     hf_packed,
     lm_head,
 )
@@ -109,7 +113,7 @@ def explain_dtype(name: str, device: str) -> tuple[str, str]:
     return dtype_probe.resolve(name, device, dtype_probe.default_cache_dir())
 
 
-BATCH_INVARIANT_MODES = ("auto", "on", "off")
+BATCH_INVARIANT_MODES = ("auto", "on", "off", "fixed")
 # version of the batch-invariant scoring's numerics, in the fingerprint of every invariant feature set: 2 = one
 # blocked attention call per layer, shared prefix cached, LM head over the pack, NLL by fsum (1, unrecorded:
 # per-prompt SDPA, per-prompt LM head). Bump it whenever invariant scoring computes other bits.
@@ -118,21 +122,44 @@ INVARIANT_SCORING = 2
 BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sorted longest first"
 
 
+# `batch_invariant=auto` on CUDA in reduced precision: the fixed-shape path (hf_fixed.py) when True, padded
+# batches when False. The one switch for the CUDA default (issue 31: on if it costs <= 1.3x the padded run).
+CUDA_INVARIANT_BY_DEFAULT = True
+
+
 def invariant_by_default(dtype: torch.dtype, device: str = "cpu") -> bool:
     """`batch_invariant=auto`: on in reduced precision on a CPU, where batch composition moves results
-    visibly and packing costs little; off on CUDA (see explain_batch_invariant) and in float32."""
-    return dtype != torch.float32 and not str(device).startswith("cuda")
+    visibly and packing costs little; on CUDA as CUDA_INVARIANT_BY_DEFAULT says (fixed shapes); off in
+    float32."""
+    if dtype == torch.float32:
+        return False
+    return CUDA_INVARIANT_BY_DEFAULT or not str(device).startswith("cuda")
+
+
+def invariant_path(mode: str, device: str) -> str:
+    """Which batch-invariant path a mode runs on `device`: `fixed` (hf_fixed.py: fixed shapes, for kernels that
+    pick by row count: CUDA) or `packed` (hf_packed.py: a packed stream, for row-invariant GEMMs: the CPU).
+    `batch_invariant=fixed` forces the fixed-shape path on any device."""
+    return "fixed" if mode == "fixed" or str(device).startswith("cuda") else "packed"
 
 
 def explain_batch_invariant(mode: str, dtype: torch.dtype, device: str) -> tuple[bool, str]:
-    """(batch-invariant scoring?, why) for --backend-arg batch_invariant=auto|on|off, a dtype and a device."""
-    if mode in ("on", "off"):
-        return mode == "on", f"batch-invariant {mode} [--backend-arg batch_invariant]"
+    """(batch-invariant scoring?, why) for --backend-arg batch_invariant=auto|on|off|fixed, a dtype and a
+    device (which path: `invariant_path`)."""
+    if mode in ("on", "off", "fixed"):
+        on = mode != "off"
+        path = f" ({invariant_path(mode, device)} path)" if on else ""
+        return on, f"batch-invariant {mode}{path} [--backend-arg batch_invariant]"
     if mode != "auto":
-        raise ValueError(f"--backend-arg batch_invariant must be auto, on or off, got {mode!r}")
+        raise ValueError(f"--backend-arg batch_invariant must be auto, on, off or fixed, got {mode!r}")
     on = invariant_by_default(dtype, device)
     if dtype == torch.float32:
         why = "float32: padded batches (batch composition moves results by ~1e-5 there)"
+    elif on and invariant_path(mode, device) == "fixed":
+        why = (
+            f"fixed-shape packs of {hf_fixed.PACK_TOKENS} tokens on {device} (hf_fixed.py: every kernel sees one "
+            "shape, so cuBLAS cannot pick another by row count): a prompt's numbers do not depend on its batch"
+        )
     elif on:
         why = (
             f"packed prompts, attention and LM head per prompt on {device}: a prompt's numbers do not depend "
@@ -160,19 +187,24 @@ def hf_identity(
     compiled: bool = False,
     batch_invariant: bool | None = None,
     batching: dict | None = None,
+    fixed: dict | None = None,
 ) -> dict:
     """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once).
 
     A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; so is
     batch-invariant scoring (other numbers than padded batches in reduced precision), and, in reduced
     precision without it, the batching that fixes which prompts share a pass (with invariant scoring, the
-    version of its numerics, INVARIANT_SCORING). Each key is absent when off,
+    version of its numerics, INVARIANT_SCORING; on the fixed-shape path, `fixed`: hf_fixed.fixed_identity(),
+    with hf_fixed.FIXED_SCORING as the version). Each key is absent when off,
     so feature sets extracted before the option existed keep their fingerprint.
     """
     invariant = invariant_by_default(dtype) if batch_invariant is None else batch_invariant
+    scoring = {"invariant_scoring": INVARIANT_SCORING}
+    if fixed is not None:
+        scoring = {"invariant_scoring": hf_fixed.FIXED_SCORING, "fixed_shapes": fixed}
     return {
         **({"compile": True} if compiled else {}),
-        **({"batch_invariant": True, "invariant_scoring": INVARIANT_SCORING} if invariant else {}),
+        **({"batch_invariant": True, **scoring} if invariant else {}),
         **({BATCHING_KEY: batching} if batching else {}),
         "backend": "hf",
         "transformers": transformers.__version__,
@@ -240,6 +272,8 @@ class HFBackend:
         compiled: bool = False,
         batch_invariant: bool | None = None,
         shard_rows: int | None = None,
+        fixed_shapes: bool | None = None,
+        pack_tokens: int = hf_fixed.PACK_TOKENS,
     ):
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -270,6 +304,13 @@ class HFBackend:
             invariant_by_default(self.dtype, self.device.type) if batch_invariant is None else batch_invariant
         )
         self.shard_rows = shard_rows  # rows per score() call of the run: part of `batching` in identity()
+        # the invariant path: fixed shapes (hf_fixed.py) or a packed stream (hf_packed.py); None: by device
+        self.fixed_shapes = (
+            invariant_path("auto", self.device.type) == "fixed"
+            if fixed_shapes is None
+            else bool(fixed_shapes)
+        )
+        self.pack_tokens = hf_fixed.check_pack_tokens(pack_tokens)  # tokens of every fixed-shape forward
         self._attention = None  # the model's own attention function, found at the first packed forward
         # measured at the first packed score() (settle_invariance): GEMM rows invariant from `min_rows` rows on,
         # attention over all prompts of a pack in one call
@@ -397,6 +438,8 @@ class HFBackend:
         positions for the NLL (never fewer rows than `min_rows`); a prompt's NLL is the correctly rounded sum of
         its token NLLs (math.fsum: the same number whichever positions the prefix held).
         """
+        if self.fixed_shapes and prefix is None:  # the fixed-shape path (CUDA): its own stream and attention
+            return hf_fixed.forward(self, seqs, cand)
         p = prefix.length if prefix is not None else 0
         ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id, self.min_rows, offset=p)
         ids, pos = ids.to(self.device), pos.to(self.device)  # [1, T]
@@ -490,6 +533,9 @@ class HFBackend:
         """
         enc = self.encode_batch(prompts) if enc is None else enc
         lengths = np.array([len(e) for e in enc])
+        if self.batch_invariant and self.fixed_shapes:
+            self.settle_invariance()  # the probe: several prompts per pack, or each alone
+            return hf_fixed.score(self, enc, token_ids, progress, None if self.rows_invariant else 1)
         if self.batch_invariant:
             return self._score_packed(enc, lengths, token_ids, progress)
         p = self.shared_prefix(enc)
@@ -532,6 +578,10 @@ class HFBackend:
         not, attention runs prompt by prompt, as before, and no prefix is cached.
         """
         if self.rows_invariant is not None:
+            return self.invariance_why
+        if self.fixed_shapes:  # rows_invariant: several prompts share a fixed-shape pack
+            self.rows_invariant, self.invariance_why = hf_fixed_probe.fixed_invariant(self)
+            log.info("batch-invariant scoring: %s", self.invariance_why)
             return self.invariance_why
         self.rows_invariant, min_rows, why = hf_checks.rows_invariant(self.model, max(self.batch_tokens, 2))
         # never fewer than 2: a 1-token stream changed a prompt's bits on the development CPU (bf16, SmolLM2)
@@ -634,6 +684,7 @@ def load_hf_backend(
     compiled: bool = False,
     batch_invariant: bool | None = None,
     shard_rows: int | None = None,
+    fixed_shapes: bool | None = None,
 ) -> HFBackend:
     """Load a resolved model and wrap it; runs the self-check (once per model and machine: cached), then
     compiles when `compiled`. `backend.load_times` says where the seconds went."""
@@ -653,6 +704,7 @@ def load_hf_backend(
         chunk_elems=lm_head.CHUNK_ELEMS_CUDA if cuda else lm_head.CHUNK_ELEMS,
         batch_invariant=batch_invariant,
         shard_rows=shard_rows,
+        fixed_shapes=fixed_shapes,
     )
     if rm.hidden_size and rm.hidden_size != backend.hidden_size:
         raise ValueError(

@@ -69,6 +69,7 @@ def self_check_once(backend, model_identity: dict, root: Path | None = None) -> 
         "dtype": str(backend.dtype),
         "device": backend.device.type,
         "packed": bool(backend.batch_invariant),
+        **({"fixed_shapes": True} if backend.batch_invariant and backend.fixed_shapes else {}),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

@@ -9,9 +9,10 @@ this order and before anything loads: the dtype (`auto` measured once per machin
 hf.py), the batch tokens and shard rows (free memory and the model's shape on CUDA, extract/sizing.py), and
 from those the determinism tier and the identity, so the fingerprint records what the model runs with:
 
-- `bitwise`: packed, batch-invariant scoring (hf_packed.py): a prompt's numbers do not depend on its batch
-  or shard (the row-invariance probe at load picks packs of several prompts or one each; both give the
-  same bits);
+- `bitwise`: batch-invariant scoring: a packed stream on the CPU (hf_packed.py), fixed-shape packs on
+  CUDA or with `batch_invariant=fixed` (hf_fixed.py, the constants recorded as `fixed_shapes`): a prompt's
+  numbers do not depend on its batch or shard (a probe at load picks packs of several prompts or one each;
+  both give the same bits);
 - `batch-recorded`: reduced precision on padded batches: the numbers depend on which prompts share a
   pass and on the kernels the accelerator picks, so the batching and the accelerator model are recorded;
 - `tolerance`: float32 on padded batches: batch composition moves results by float32 GEMM rounding only;
@@ -29,7 +30,7 @@ import torch
 from transformers import AutoConfig
 from walla.extract import device as devices
 from walla.extract import sizing
-from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Settled, lm_head
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Settled, hf_fixed, lm_head
 from walla.extract.backends.hf import (
     BATCH_INVARIANT_MODES,
     DTYPES,
@@ -38,6 +39,7 @@ from walla.extract.backends.hf import (
     explain_batch_invariant,
     explain_dtype,
     hf_identity,
+    invariant_path,
     load_hf_backend,
 )
 from walla.extract.backends.hf_compile import COMPILE_MODES, explain_compile
@@ -59,16 +61,16 @@ class HFOptions:
     """`--backend-arg` keys of the hf backend (`auto` is decided by `HF.settle`)."""
 
     compile: str = "auto"  # torch.compile the decoder layers: auto (by device and job size) | on | off
-    batch_invariant: str = (
-        "auto"  # packed per-prompt scoring: auto (on in reduced precision on a CPU) | on | off
-    )
+    # batch-invariant scoring: auto (on in reduced precision; on CUDA as hf.CUDA_INVARIANT_BY_DEFAULT) | on (the
+    # device's path: packed on a CPU, fixed shapes on CUDA) | off | fixed (the fixed-shape path on any device)
+    batch_invariant: str = "auto"
 
     def __post_init__(self) -> None:
         check(self.compile in COMPILE_MODES, "compile", "auto, on or off", self.compile)
         check(
             self.batch_invariant in BATCH_INVARIANT_MODES,
             "batch_invariant",
-            "auto, on or off",
+            "auto, on, off or fixed",
             self.batch_invariant,
         )
 
@@ -158,12 +160,14 @@ class HFKind:
         est = request.est_tokens() if options.compile == "auto" and request.est_tokens else 0
         compiled, compile_why = explain_compile(options.compile, est, request.device)
         invariant, inv_why = explain_batch_invariant(options.batch_invariant, dtype, request.device)
+        path = invariant_path(options.batch_invariant, request.device) if invariant else "off"
         sizes = _sizes(request, recorded or {}, dtype_name)
         tier = determinism_tier(dtype, invariant)
         batching = batching_identity(dtype, invariant, sizes.batch_tokens, sizes.shard_rows)
+        fixed = hf_fixed.fixed_identity() if path == "fixed" else None
         identity = {
             "model": request.model.identity,
-            **hf_identity(dtype, request.chat_template, compiled, invariant, batching),
+            **hf_identity(dtype, request.chat_template, compiled, invariant, batching, fixed),
             "device": device_kind,
             TIER_KEY: tier,
             **({"accelerator": devices.accelerator(request.device)} if tier == "batch-recorded" else {}),
@@ -171,7 +175,8 @@ class HFKind:
         }
         args = ["--dtype", dtype_name, "--device", device_kind]
         args += ["--backend-arg", f"compile={'on' if compiled else 'off'}"]
-        args += ["--backend-arg", f"batch_invariant={'on' if invariant else 'off'}"]
+        mode = {"off": "off", "packed": "on", "fixed": "fixed"}[path]  # re-settles to this path on any device
+        args += ["--backend-arg", f"batch_invariant={mode}"]
         if BATCHING_KEY in identity:  # the sizes that fix which prompts share a pass
             args += ["--batch-tokens", str(sizes.batch_tokens), "--shard-rows", str(sizes.shard_rows)]
         return Settled(
@@ -183,15 +188,22 @@ class HFKind:
                 shard_rows=sizes.shard_rows,
                 est_tokens=None,
             ),
-            options=HFOptions(
-                compile="on" if compiled else "off", batch_invariant="on" if invariant else "off"
-            ),
+            options=HFOptions(compile="on" if compiled else "off", batch_invariant=mode),
             tier=tier,
             identity=identity,
             why=(f"dtype {dtype_why}", compile_why, inv_why, sizes.why, f"determinism: {tier}"),
             command_args=tuple(args),
             environment=("device", "accelerator", "torch", "transformers"),
-            derived=(TIER_KEY, BATCHING_KEY, "tolerance", "batch_invariant", "compile"),
+            # what follows from the device through auto/on: the invariant path (packed on a CPU, fixed on CUDA)
+            derived=(
+                TIER_KEY,
+                BATCHING_KEY,
+                "tolerance",
+                "batch_invariant",
+                "invariant_scoring",
+                "fixed_shapes",
+                "compile",
+            ),
         )
 
     def gpus_per_worker(self, settled: Settled) -> int:
@@ -205,8 +217,9 @@ class HFKind:
             batch_tokens=settled.batch_tokens,
             chat_template=settled.request.chat_template,
             compiled=settled.options.compile == "on",
-            batch_invariant=settled.options.batch_invariant == "on",
+            batch_invariant=settled.options.batch_invariant in ("on", "fixed"),
             shard_rows=settled.shard_rows,
+            fixed_shapes=settled.options.batch_invariant == "fixed",
         )
         backend.n_params = non_embedding_params(backend.model)
         return backend

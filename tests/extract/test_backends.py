@@ -147,7 +147,7 @@ def test_options_are_each_kinds_own_and_checked_in_one_line():
     assert backend_options("vllm", {"max_model_len": "4096"}).max_model_len == 4096
     with pytest.raises(ConfigError, match=r"--backend-arg \(backend hf\)\.max_model_len: unknown key"):
         backend_options("hf", {"max_model_len": "4096"})
-    with pytest.raises(ConfigError, match="batch_invariant must be auto, on or off, got 'maybe'"):
+    with pytest.raises(ConfigError, match="batch_invariant must be auto, on, off or fixed, got 'maybe'"):
         backend_options("hf", {"batch_invariant": "maybe"})
     with pytest.raises(ConfigError, match="gpu_memory_utilization must be in"):
         backend_options("vllm", {"gpu_memory_utilization": "1.5"})

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_model import register_tiny_catalog
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest, hf_kind
+from walla.extract.backends import BackendRequest, hf, hf_kind
 from walla.extract.backends.dummy import DummyBackend
 from walla.extract.backends.hf import BATCH_ORDER, explain_batch_invariant
 from walla.extract.backends.hf_kind import FP32_PADDED_BOUND, HF, HFOptions
@@ -52,18 +52,23 @@ def _run(cfg: ExtractConfig) -> tuple[Path, list[str]]:
     return path, lines
 
 
-def test_batch_invariance_auto_by_dtype_and_device():
+def test_batch_invariance_auto_by_dtype_and_device(monkeypatch):
     bf16, fp32 = torch.bfloat16, torch.float32
     assert explain_batch_invariant("auto", bf16, "cpu")[0] is True
+    # CUDA: the one switch hf.CUDA_INVARIANT_BY_DEFAULT decides between fixed shapes and padded batches
+    monkeypatch.setattr(hf, "CUDA_INVARIANT_BY_DEFAULT", False)
     on_cuda, why = explain_batch_invariant("auto", bf16, "cuda:0")
     assert on_cuda is False and why.startswith("batch-invariant auto -> off: padded batches on cuda:0")
     assert "the fingerprint records batch tokens, shard rows and order" in why
+    monkeypatch.setattr(hf, "CUDA_INVARIANT_BY_DEFAULT", True)
+    on_cuda, why = explain_batch_invariant("auto", bf16, "cuda:0")
+    assert on_cuda is True and why.startswith("batch-invariant auto -> on: fixed-shape packs of 8192 tokens")
     assert explain_batch_invariant("auto", fp32, "cuda")[0] is False
     assert explain_batch_invariant("on", fp32, "cuda") == (
         True,
-        "batch-invariant on [--backend-arg batch_invariant]",
+        "batch-invariant on (fixed path) [--backend-arg batch_invariant]",
     )
-    with pytest.raises(ValueError, match="--backend-arg batch_invariant must be auto, on or off, got 'yes'"):
+    with pytest.raises(ValueError, match="batch_invariant must be auto, on, off or fixed, got 'yes'"):
         explain_batch_invariant("yes", bf16, "cpu")
 
 
@@ -235,8 +240,11 @@ def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny
     """The glue around extract/sizing.py, with the CUDA figures faked: config read without weights."""
     rm = ResolvedModel("tiny", str(tmp_path / "tiny"), None, None, {"source": "local"})
     req = BackendRequest(rm, "bfloat16", "cuda", False, 32)
+    default = HF.settle(req, HFOptions()).options.batch_invariant  # CUDA's default: one switch in hf.py
+    assert default == ("fixed" if hf.CUDA_INVARIANT_BY_DEFAULT else "off")
+    padded = HFOptions(batch_invariant="off")  # the sizes are recorded where the batching decides the bits
     # no CUDA in this process: the fallback, and why
-    settled = HF.settle(req, HFOptions())
+    settled = HF.settle(req, padded)
     assert (settled.batch_tokens, settled.shard_rows, settled.options.batch_invariant) == (
         16_384,
         8192,
@@ -246,11 +254,11 @@ def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 8 << 30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
-    settled = HF.settle(req, HFOptions())
+    settled = HF.settle(req, padded)
     why = " ".join(settled.why)
     assert settled.batch_tokens == 65_536 and "3.0 GiB free" in why and "2 layers, hidden 32" in why
     assert hf_kind.model_shape(rm, "bfloat16").intermediate == 64
-    kept = HF.settle(replace(req, batch_tokens=1024, shard_rows=16), HFOptions())
+    kept = HF.settle(replace(req, batch_tokens=1024, shard_rows=16), padded)
     assert (kept.batch_tokens, kept.shard_rows) == (1024, 16)
     assert settled.identity["batching"] == {"batch_tokens": 65_536, "shard_rows": 8192, "order": BATCH_ORDER}
     assert settled.identity["accelerator"] == "NVIDIA H200" and settled.identity["device"] == "cuda"

@@ -105,7 +105,7 @@ def test_size_and_batching_options_take_auto_or_a_number(tmp_path):
     r = runner.invoke(app, [*base, "--shard-rows", "0"])
     assert r.exit_code == 2 and "shard_rows must be >= 1, got 0" in r.output
     r = runner.invoke(app, [*base, "--backend", "hf", "--backend-arg", "batch_invariant=maybe"])
-    assert r.exit_code == 2 and "batch_invariant must be auto, on or off, got 'maybe'" in r.output
+    assert r.exit_code == 2 and "batch_invariant must be auto, on, off or fixed, got 'maybe'" in r.output
     assert len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, [*base, "--backend-arg", "compile"])
     assert r.exit_code == 2 and "--backend-arg must be key=value, got 'compile'" in r.output

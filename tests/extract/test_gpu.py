@@ -21,10 +21,10 @@ from tiny_model import (
     tiny_model,
     tiny_tokenizer,
 )
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 from walla.extract import dtype_probe, sizing
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest
+from walla.extract.backends import BackendRequest, hf, hf_fixed, hf_fixed_probe
 from walla.extract.backends.hf import HFBackend, load_hf_backend
 from walla.extract.backends.hf_compile import explain_compile
 from walla.extract.backends.hf_kind import HF
@@ -88,13 +88,23 @@ def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset)
     assert cfg.device is None  # the default device: cuda here
     lines: list[str] = []
     (path,) = run_mod.run(cfg, out=lines.append)
-    assert any(x.startswith("batch-invariant auto -> off: padded batches on cuda") for x in lines)
     assert any(x.startswith("batch tokens auto -> 65,536 on cuda: ") and "GiB free" in x for x in lines)
     assert any(x.startswith("compile auto -> off") for x in lines)  # a few hundred tokens
     fs = read_feature_set(path)
-    assert fs.meta["inputs"]["determinism"] == "batch-recorded" and fs.meta["inputs"]["device"] == "cuda"
-    assert fs.meta["inputs"]["batching"]["batch_tokens"] == 65_536
-    assert fs.meta["inputs"]["batching"]["shard_rows"] == 8192
+    inputs = fs.meta["inputs"]
+    assert inputs["device"] == "cuda"
+    if hf.CUDA_INVARIANT_BY_DEFAULT:  # fixed-shape packs: the tier is bitwise, the constants recorded
+        assert any(
+            x.startswith("batch-invariant auto -> on: fixed-shape packs of 8192 tokens") for x in lines
+        )
+        assert inputs["determinism"] == "bitwise", inputs
+        assert inputs["invariant_scoring"] == hf_fixed.FIXED_SCORING and inputs["batch_invariant"] is True
+        assert inputs["fixed_shapes"] == hf_fixed.fixed_identity() and "batching" not in inputs
+    else:
+        assert any(x.startswith("batch-invariant auto -> off: padded batches on cuda") for x in lines)
+        assert inputs["determinism"] == "batch-recorded", inputs
+        assert inputs["batching"]["batch_tokens"] == 65_536
+        assert inputs["batching"]["shard_rows"] == 8192
     assert fs.meta["compute"]["device"].startswith("cuda")
     tok = tiny_tokenizer()
     model = LlamaForCausalLM.from_pretrained(local_model, dtype=torch.bfloat16, device_map="cuda").eval()
@@ -110,7 +120,7 @@ def test_sizing_reads_the_real_free_memory_and_the_config(local_model):
     rm = ResolvedModel("gputiny", str(local_model), None, None, {"source": "local"})
     req = BackendRequest(rm, "bfloat16", "cuda", False, 64)
     free = torch.cuda.mem_get_info()[0]
-    settled = HF.settle(req, HF.Options())
+    settled = HF.settle(req, HF.Options(batch_invariant="off"))  # padded: the sizes decide the bits
     why = " ".join(settled.why)
     shape = sizing.ModelShape.from_config(LlamaConfig.from_pretrained(local_model), "bfloat16")
     want = sizing.settle_sizes("cuda", None, None, shape, free, fixed_bytes=0)
@@ -157,6 +167,116 @@ def test_batch_invariant_on_gives_the_same_bits_in_any_mix_on_cuda(tmp_path, mon
     np.testing.assert_array_equal(together.raw_logprobs[3], alone.raw_logprobs[0])
     np.testing.assert_array_equal(together.hidden[3], alone.hidden[0])
     np.testing.assert_array_equal(together.prompt_nll[3], alone.prompt_nll[0])
+
+
+# prompt lengths of the fixed-shape tests: each side of the quantum (16) and of a key step (128), several
+# prompts per 8,192-token pack, and one longer than a pack (alone in a stream of 16,384)
+FIXED_LENGTHS = (1, 2, 15, 16, 17, 40, 127, 128, 129, 300, 1000, 2500, 9000)
+OTHER_LENGTHS = (60, 7, 700, 3000)
+
+
+def medium_llama(vocab: int = 32_000):
+    """A Llama whose GEMMs are big enough for cuBLAS to choose among its kernels (hidden 2048, GQA 16/4)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=16_384,
+    )
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
+
+
+def gemma2_cuda(vocab: int):
+    """A small Gemma-2 on CUDA: attention soft-capping, a 64-token window on every other layer, final-logit
+    soft-capping, eager attention."""
+    torch.manual_seed(0)
+    cfg = Gemma2Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=16_384,
+        sliding_window=64,
+    )
+    cfg._attn_implementation = "eager"
+    return Gemma2ForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
+
+
+def random_prompts(vocab: int, lengths, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def assert_fixed_mixes_bit_identical(be: HFBackend, vocab: int) -> None:
+    """Each prompt alone (its own stream), all together, and in reverse after others: the same bits, per
+    field; a failure names the prompt, its length, the mix and the field."""
+    enc, others = random_prompts(vocab, FIXED_LENGTHS, 0), random_prompts(vocab, OTHER_LENGTHS, 1)
+    cand = list(range(0, vocab, max(1, vocab // 16)))
+    alone = hf_fixed.score(be, enc, cand, max_rows=1)
+    together = hf_fixed.score(be, enc, cand)
+    mixed = hf_fixed.score(be, others + enc[::-1], cand)
+    n, k = len(enc), len(others)
+    bad = []
+    for name, res, at in (("together", together, range(n)), ("mixed", mixed, range(k + n - 1, k - 1, -1))):
+        for i, j in enumerate(at):
+            diff = hf_fixed_probe.first_difference(
+                hf_fixed_probe.rows_of(alone, i), hf_fixed_probe.rows_of(res, j)
+            )
+            if diff is not None:
+                bad.append(f"prompt {i} ({len(enc[i])} tokens) {name} vs alone: {diff}")
+    assert not bad, "; ".join(bad)
+    assert np.isfinite(alone.raw_logprobs).all() and np.isfinite(alone.prompt_nll).all()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fixed_shapes_give_the_same_bits_alone_and_in_two_mixes_on_cuda(tmp_path, monkeypatch, compiled):
+    """bf16 on CUDA, a Llama large enough for cuBLAS to pick kernels by shape: fixed-shape packs (the CUDA
+    invariant path) give each prompt the same bits alone and in two mixes; the load probe agrees; the numbers
+    stay close to padded batches."""
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    tok = tiny_tokenizer()
+    model = medium_llama()
+    be = HFBackend(model, tok, batch_invariant=True, compiled=compiled)
+    assert be.fixed_shapes and be.pack_tokens == hf_fixed.PACK_TOKENS  # the CUDA default path
+    why = be.settle_invariance()
+    assert be.rows_invariant, why
+    assert_fixed_mixes_bit_identical(be, model.config.vocab_size)
+    enc = random_prompts(model.config.vocab_size, (40, 300, 129), 2)
+    got = hf_fixed.score(be, enc, [5, 6, 7])
+    padded = HFBackend(model, tok, batch_invariant=False, batch_tokens=4096)
+    ref = padded.score([""] * len(enc), [5, 6, 7], enc=enc)
+    assert np.abs(got.raw_logprobs - ref.raw_logprobs).max() <= 0.1
+    assert np.abs(got.hidden - ref.hidden).max() / np.abs(ref.hidden).max() <= TOL_HIDDEN
+
+
+def test_fixed_shapes_with_softcap_and_sliding_window_on_cuda(tmp_path, monkeypatch):
+    """Gemma-2 (eager, soft-capping, a 64-token window) in bf16 on CUDA: the same bits alone and in two mixes,
+    and in float32 the same numbers as the model's own forward."""
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    tok = tiny_tokenizer()
+    vocab = 4096
+    be = HFBackend(gemma2_cuda(vocab), tok, batch_invariant=True)
+    assert be.fixed_shapes
+    assert_fixed_mixes_bit_identical(be, vocab)
+    model = gemma2_cuda(vocab).float()
+    f32 = HFBackend(model, tok, batch_invariant=True)
+    enc = random_prompts(vocab, (3, 100, 300), 3)
+    got = hf_fixed.score(f32, enc, [5, 6, 7])
+    for i, ids in enumerate(enc):
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids], device="cuda")).logits[0, -1].float()
+        want = torch.log_softmax(logits, -1)[[5, 6, 7]].cpu().numpy()
+        np.testing.assert_allclose(
+            got.raw_logprobs[i], want, atol=1e-3, err_msg=f"prompt {i} ({len(ids)} tokens)"
+        )
 
 
 def test_dtype_probe_measures_a_realistic_gemm_on_cuda(tmp_path):

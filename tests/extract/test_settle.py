@@ -91,7 +91,7 @@ def fingerprint(settled: Settled) -> str:
 
 def test_cpu_and_cuda_settle_to_different_identities(chips):
     for args, sizes in (
-        ({"batch_invariant": "on"}, {}),
+        ({"batch_invariant": "fixed"}, {}),  # the fixed-shape path on both (`on` picks packed on a CPU)
         ({"batch_invariant": "off"}, {"batch_tokens": 4096}),
     ):
         cpu = settle_backend("hf", request("bfloat16", "cpu", shard_rows=256, **sizes), args)
@@ -114,7 +114,7 @@ def test_cpu_and_cuda_settle_to_different_identities(chips):
 def test_the_accelerator_is_recorded_only_where_the_numbers_are_batch_dependent(chips):
     packed = settle_backend("hf", request("bfloat16", "cuda", batch_tokens=4096), {"batch_invariant": "on"})
     fp32 = settle_backend("hf", request("float32", "cuda", batch_tokens=4096))
-    padded = settle_backend("hf", request("bfloat16", "cuda", batch_tokens=4096))  # CUDA's bf16 default
+    padded = settle_backend("hf", request("bfloat16", "cuda", batch_tokens=4096), {"batch_invariant": "off"})
     assert (packed.tier, fp32.tier, padded.tier) == ("bitwise", "tolerance", "batch-recorded")
     assert "accelerator" not in packed.identity and "accelerator" not in fp32.identity
     assert padded.identity["accelerator"] == CHIPS["cuda"] and "batching" in padded.identity
@@ -167,7 +167,7 @@ def test_vllm_identity_records_device_accelerator_and_batching(chips):
 def test_a_worker_that_settles_another_identity_stops_in_one_line(chips, monkeypatch):
     settled = settle_backend("dummy", request("float32", "cuda"))
     assert isinstance(open_backend(settled, resettle=True), DummyBackend)  # same machine: same identity
-    padded = settle_backend("hf", request("bfloat16", "cuda", batch_tokens=4096))
+    padded = settle_backend("hf", request("bfloat16", "cuda", batch_tokens=4096), {"batch_invariant": "off"})
     monkeypatch.setattr(devices, "accelerator", lambda device: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(ValueError, match="accelerator: 'NVIDIA H100 80GB HBM3' != 'NVIDIA A100-SXM4-80GB'"):
         open_backend(padded, resettle=True)
