@@ -9,10 +9,11 @@ a prompt computes depends on its batch mates:
 - no padding: the batch is ONE sequence [1, T] of the prompts' tokens back to back, position ids restarting
   at 0 (or at the length of a cached shared prefix) for each prompt (RoPE is per position);
 - attention (`segment_attention`, registered with transformers' AttentionInterface and switched on only
-  inside `packed_decoder`) runs every prompt in one `blocked_attention` call: each prompt is gathered into its
-  own row of a padded batch whose keys start at position 0 and are reduced in fixed blocks of KEY_BLOCK keys
-  in position order, so masked keys add exact zeros and a prompt's rows are the same bits in a pack of any
-  width, alone, or after a cached prefix of any length. Where that fails the probe, the fallback runs each
+  inside `packed_decoder`) runs every prompt in one `blocked_attention` call: each prompt's keys (a cached
+  prefix, then its own tokens) are reduced in fixed blocks of KEY_BLOCK keys from position 0, in position
+  order, so masked keys add exact zeros and a prompt's rows are the same bits in a pack of any width, alone,
+  or after a cached prefix of any length; the blocks wholly inside the prefix run once for every query row of
+  the pack, the rest per prompt, prompts grouped by length. Where that fails the probe, the fallback runs each
   prompt's q/k/v slice through the model's own attention function (SDPA or eager) with exactly its shapes
   alone, and no prefix is cached;
 - norms, RoPE, activations and residuals are per token;

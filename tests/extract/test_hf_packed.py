@@ -86,13 +86,18 @@ def test_bf16_prompt_gives_the_same_bits_in_any_batch_mix(tok, bf16_model):
     be.self_check()  # and the packed path still agrees with the model's own forward
 
 
-def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one(tok, bf16_model):
+@pytest.mark.parametrize("long_prefix", [False, True])
+def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one(
+    tok, bf16_model, long_prefix
+):
     """A score() call whose prompts share a prefix runs it once (KV cache); the same prompts in a call (a shard)
-    with other prompts, where nothing is shared, and alone give the same bits: one attention call per layer."""
-    be = HFBackend(bf16_model, tok, batch_tokens=120)
-    head = CORPUS[0] + " " + CORPUS[5]
+    with other prompts, where nothing is shared, and alone give the same bits: one attention call per layer.
+    A prefix longer than a key block has whole blocks that blocked_attention runs once for all prompts."""
+    be = HFBackend(bf16_model, tok, batch_tokens=400 if long_prefix else 120)
+    head = " ".join(CORPUS[:4] if long_prefix else [CORPUS[0], CORPUS[5]])
     prompts = [head + " " + c for c in CORPUS[1:5]]
-    assert be.shared_prefix(be.encode_batch(prompts)) >= MIN_PREFIX
+    p = be.shared_prefix(be.encode_batch(prompts))
+    assert p >= (hf_packed.KEY_BLOCK if long_prefix else MIN_PREFIX)
     cached = be.score(prompts, CAND)
     assert be.attention_batched, be.invariance_why  # the probe passed: one call per layer, prefix cached
     shard = be.score(OTHERS[:2] + prompts[:3] + OTHERS[2:], CAND)
