@@ -142,39 +142,57 @@ def blocked_attention(
         q = qf[:, q_idx]  # [Hkv, s, Lq, G, D]
         rows = s * lq * g
         kt, vt = kf[:, k_idx], vf[:, k_idx]  # [Hkv, s, Lt, D]
-        own = torch.matmul(q.view(hkv, s, lq * g, d), kt.transpose(-1, -2))  # [Hkv, s, Lq*G, Lt]
-        own.mul_(scale)
-        if softcap:
-            own = torch.tanh(own / softcap) * softcap
+        q4 = q.view(hkv, s, lq * g, d)
         pos_q = (prefix + j[0])[:, None]  # [Lq, 1] absolute position of each query row
-        allowed = p0 + c <= pos_q  # [Lq, Lt]
-        if window:
-            allowed &= p0 + c > pos_q - window
-        own.view(hkv, s, lq, g, lt).masked_fill_(~allowed[:, None], -torch.inf)
-        top = own.amax(-1).view(hkv, rows)  # [Hkv, R] row maxima
+        # per-prompt key blocks from p0: (first query row that sees any of its keys, its scores); rows before
+        # that one would only add exact zeros (all masked), so they are left out of its GEMMs
+        own, top = [], None
+        for b0 in range(0, lt, blk):
+            j0 = min(max(0, p0 + b0 - prefix), lq - -(-MIN_GEMM_ROWS // g))
+            sc = torch.matmul(
+                q4[:, :, j0 * g :], kt[:, :, b0 : b0 + blk].transpose(-1, -2)
+            )  # [Hkv, s, r, blk]
+            sc.mul_(scale)
+            if softcap:
+                sc = torch.tanh(sc / softcap) * softcap
+            key_pos = p0 + b0 + torch.arange(blk, device=dev)[None]  # [1, blk]
+            allowed = key_pos <= pos_q[j0:]  # [Lq - j0, blk]
+            if window:
+                allowed &= key_pos > pos_q[j0:] - window
+            sc.view(hkv, s, lq - j0, g, blk).masked_fill_(~allowed[:, None], -torch.inf)
+            m = sc.amax(-1)  # [Hkv, s, r]
+            if top is None:  # j0 = 0 in the first block
+                top = m
+            else:
+                torch.maximum(top[:, :, j0 * g :], m, out=top[:, :, j0 * g :])
+            own.append((j0, sc))
         if p0:
             shared = torch.matmul(q.view(hkv, rows, d), k_pre)  # [Hkv, R, p0]
             shared.mul_(scale)
             if softcap:
                 shared = torch.tanh(shared / softcap) * softcap
-            top = torch.maximum(top, shared.amax(-1))
-            e_pre = shared.sub_(top[..., None]).exp_()  # [Hkv, R, p0]
-        e_own = own.view(hkv, rows, lt).sub_(top[..., None]).exp_()  # [Hkv, R, Lt] 0 where masked
-        e_own4 = e_own.view(hkv, s, lq * g, lt)
-        total = acc = None
-        for b0 in range(0, p0 + lt, blk):  # position order, fixed block shapes
-            if b0 < p0:
-                e = e_pre[..., b0 : b0 + blk]  # [Hkv, R, blk]
-                part = torch.matmul(e, v_pre[:, b0 : b0 + blk])  # [Hkv, R, D]
+            top = torch.maximum(top, shared.amax(-1).view(hkv, s, lq * g))
+            e_pre = shared.sub_(top.view(hkv, rows, 1)).exp_()  # [Hkv, R, p0]
+        total = torch.empty(hkv, s, lq * g, 1, device=dev)  # softmax denominators
+        acc = torch.empty(hkv, s, lq * g, d, device=dev)  # sums of e * v
+        for b0 in range(0, p0, blk):  # position order, fixed block shapes
+            e = e_pre[..., b0 : b0 + blk]  # [Hkv, R, blk]
+            part = torch.matmul(e, v_pre[:, b0 : b0 + blk]).view(acc.shape)  # [Hkv, s, Lq*G, D]
+            if b0 == 0:
+                total.copy_(e.sum(-1, keepdim=True).view(total.shape))
+                acc.copy_(part)
             else:
-                e = e_own[..., b0 - p0 : b0 - p0 + blk]  # [Hkv, R, blk]
-                part = torch.matmul(e_own4[..., b0 - p0 : b0 - p0 + blk], vt[:, :, b0 - p0 : b0 - p0 + blk])
-                part = part.view(hkv, rows, d)  # [Hkv, R, D]
-            if total is None:
-                total, acc = e.sum(-1, keepdim=True), part  # [Hkv, R, 1], [Hkv, R, D]
-            else:
-                total += e.sum(-1, keepdim=True)
+                total += e.sum(-1, keepdim=True).view(total.shape)
                 acc += part
+        for i, (j0, sc) in enumerate(own):
+            e = sc.sub_(top[:, :, j0 * g :, None]).exp_()  # [Hkv, s, r, blk] 0 where masked
+            part = torch.matmul(e, vt[:, :, i * blk : (i + 1) * blk])  # [Hkv, s, r, D]
+            if i == 0 and not p0:
+                total.copy_(e.sum(-1, keepdim=True))
+                acc.copy_(part)
+            else:
+                total[:, :, j0 * g :] += e.sum(-1, keepdim=True)
+                acc[:, :, j0 * g :] += part
         o = (acc / total).view(hkv, s, lq, g, d).to(query.dtype)  # [Hkv, s, Lq, G, D]
         out[q_idx[real]] = o.permute(1, 2, 0, 3, 4)[real]  # [real rows, Hkv, G, D] back to their stream index
     return out.view(1, t, hq, d)  # [1, T, Hq, D]
