@@ -108,7 +108,9 @@ def rows_invariant(model, max_rows: int, root: Path | None = None) -> tuple[bool
 
 # prompt lengths of the packed-forward probe: a 1-token prompt, short ones, and each side of a key block edge
 PROBE_LENGTHS = (1, 3, 17, 40, 63, 64, 65, 130)
-PROBE_PREFIX = 20  # tokens of the probe's shared prefix
+PROBE_PREFIX = (
+    100  # tokens of the probe's shared prefix: one whole key block (run once for all prompts) and part of one
+)
 
 
 def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
@@ -127,6 +129,7 @@ def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
         "key_block": hf_packed.KEY_BLOCK,
         "attention_version": hf_packed.ATTENTION_VERSION,
         "lengths": list(PROBE_LENGTHS),
+        "prefix": PROBE_PREFIX,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

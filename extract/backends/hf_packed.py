@@ -9,10 +9,11 @@ a prompt computes depends on its batch mates:
 - no padding: the batch is ONE sequence [1, T] of the prompts' tokens back to back, position ids restarting
   at 0 (or at the length of a cached shared prefix) for each prompt (RoPE is per position);
 - attention (`segment_attention`, registered with transformers' AttentionInterface and switched on only
-  inside `packed_decoder`) runs every prompt in one `blocked_attention` call: each prompt is gathered into its
-  own row of a padded batch whose keys start at position 0 and are reduced in fixed blocks of KEY_BLOCK keys
-  in position order, so masked keys add exact zeros and a prompt's rows are the same bits in a pack of any
-  width, alone, or after a cached prefix of any length. Where that fails the probe, the fallback runs each
+  inside `packed_decoder`) runs every prompt in one `blocked_attention` call: each prompt's keys (a cached
+  prefix, then its own tokens) are reduced in fixed blocks of KEY_BLOCK keys from position 0, in position
+  order, so masked keys add exact zeros and a prompt's rows are the same bits in a pack of any width, alone,
+  or after a cached prefix of any length; the blocks wholly inside the prefix run once for every query row of
+  the pack, the rest per prompt, prompts grouped by length. Where that fails the probe, the fallback runs each
   prompt's q/k/v slice through the model's own attention function (SDPA or eager) with exactly its shapes
   alone, and no prefix is cached;
 - norms, RoPE, activations and residuals are per token;
@@ -50,8 +51,10 @@ SEGMENTS_IMPL = "walla_segments"  # the attention implementation name registered
 PROBE_ROWS = (*range(1, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513)
 
 KEY_BLOCK = 64  # keys per block of `blocked_attention`: sums run per block, blocks start at position 0
-ATTENTION_VERSION = 2  # of blocked_attention's numerics: in the packed probe's cache key (bump on any change)
-SCORE_ELEMS = 1 << 24  # float32 attention scores per chunk of prompts in blocked_attention (64 MiB)
+ATTENTION_VERSION = 3  # of blocked_attention's numerics: in the packed probe's cache key (bump on any change)
+SCORE_ELEMS = 1 << 24  # float32 attention scores per group of prompts in blocked_attention (64 MiB)
+MIN_GEMM_ROWS = 8  # fewest rows of blocked_attention's float32 GEMMs (MKL's rows differed at M <= 3)
+GROUP_SHORTEST = 0.75  # a group of prompts holds none shorter than this share of its longest (padding)
 
 
 @dataclass(frozen=True)
@@ -95,60 +98,121 @@ def blocked_attention(
     query [1, Hq, T, D] holds the prompts' tokens back to back (`lengths`, summing to T); key/value
     [1, Hkv, prefix + T, D] hold `prefix` shared cached positions, then the same stream. Returns [1, T, Hq, D].
 
-    Why it is batch-invariant: each prompt is gathered into its own row of a padded batch whose keys start at
-    position 0 (the prefix, then its own tokens) and run to a multiple of KEY_BLOCK. In float32, scores are
-    q.k (K = head size, whatever the batch), masked keys get -inf, so exp gives exact zeros; the row maximum is
-    exact in any order; the softmax sum and the value product are computed per block of KEY_BLOCK keys (fixed
-    shapes) and added block after block in position order. (A column of ones beside the values, to get the
-    sum from the same GEMM, broke the bits in float32 at head size 8: MKL's rows then depended on M.) Blocks past a prompt's end add exact zeros, so a
-    prompt's rows are the same bits in a batch of any width as alone, or after a cached prefix of any length.
-    That the kernels behave this way (row counts, batch counts) is checked at load (hf_checks.packed_invariant).
+    Keys are reduced in blocks of KEY_BLOCK from position 0 (the prefix, then the prompt's own tokens), in
+    float32: per query row, scores q.k (K = head size), masked keys -inf (exp gives exact zeros), the row
+    maximum (exact in any order), then the softmax sum and the value product of each block (a 64-key sum and a
+    GEMM with K = 64), added block after block in position order. Blocks wholly inside the cached prefix are
+    the same keys for every prompt: their scores and value products run once for all query rows (one GEMM per
+    kv head); the rest (the block the prefix ends in, then the prompt's own tokens) runs per prompt, prompts
+    grouped by length so little of that GEMM is padding. A block past a prompt's end adds exact zeros.
+
+    Why a prompt's rows are the same bits in any pack, alone, or after a cached prefix of any length: every
+    number of a row comes from the same operations on the same operands in the same order; only the GEMMs'
+    row counts (M) and the other rows differ, and float32 batched GEMMs of M >= MIN_GEMM_ROWS rows gave each
+    row the same bits on the development CPU (K = 64 and head size; M <= 3 did not). That the kernels behave
+    this way on the machine at hand is checked at load (hf_checks.packed_invariant).
     """
     _, hq, t, d = query.shape
     hkv = key.shape[1]
     if key.shape[2] != prefix + t:  # e.g. a sliding-window layer's cache kept only its window of the prefix
         raise ValueError(f"blocked attention: {key.shape[2]} keys for a {prefix}-token prefix and {t} tokens")
-    group = hq // hkv
-    n = torch.tensor(list(lengths), device=query.device)  # [S]
-    starts = torch.cumsum(n, 0) - n  # [S] first stream index of each prompt
-    lq = int(n.max())
-    lk = -(-(prefix + lq) // KEY_BLOCK) * KEY_BLOCK  # keys per row, a whole number of blocks
-    j = torch.arange(lq, device=query.device)  # [Lq]
-    real_q = j[None, :] < n[:, None]  # [S, Lq]
-    q_idx = torch.where(real_q, starts[:, None] + j[None, :], 0)  # [S, Lq] stream index of each query row
-    c = torch.arange(lk, device=query.device)  # [Lk]
-    k_idx = torch.where(c < prefix, c, prefix + starts[:, None] + (c - prefix)[None, :])  # [S, Lk]
-    k_idx = torch.where(c[None, :] < prefix + n[:, None], k_idx, 0)  # past a prompt's end: any key (masked)
-    pos_q = prefix + j  # [Lq] absolute position of each query row
-    allowed = c[None, :] <= pos_q[:, None]  # [Lq, Lk]
-    if window:
-        allowed &= c[None, :] > pos_q[:, None] - window
+    g, dev, blk = hq // hkv, query.device, KEY_BLOCK
     scale = scaling if scaling is not None else d**-0.5
-    out = torch.empty(t, hq, d, dtype=query.dtype, device=query.device)  # [T, Hq, D]
-    per_prompt = hq * lq * lk
-    step = max(1, SCORE_ELEMS // per_prompt)
-    for s0 in range(0, len(n), step):
-        qi, ki = q_idx[s0 : s0 + step], k_idx[s0 : s0 + step]  # [s, Lq], [s, Lk]
-        s = qi.shape[0]
-        q = query[0][:, qi].float().view(hkv, group, s, lq, d).permute(2, 0, 1, 3, 4)  # [s, Hkv, G, Lq, D]
-        q = q.reshape(s, hkv, group * lq, d)  # [s, Hkv, G*Lq, D]
-        k = key[0][:, ki].float().permute(1, 0, 2, 3)  # [s, Hkv, Lk, D]
-        v = value[0][:, ki].float().permute(1, 0, 2, 3)  # [s, Hkv, Lk, D]
-        scores = torch.matmul(q, k.transpose(-1, -2)).view(s, hkv, group, lq, lk)  # [s, Hkv, G, Lq, Lk]
-        scores.mul_(scale)
-        if softcap:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores.masked_fill_(~allowed, -torch.inf)
-        e = scores.sub_(scores.amax(-1, keepdim=True)).exp_().view(s, hkv, group * lq, lk)  # 0 where masked
-        total = e[..., :KEY_BLOCK].sum(-1, keepdim=True)  # [s, Hkv, G*Lq, 1] softmax denominators
-        acc = torch.matmul(e[..., :KEY_BLOCK], v[:, :, :KEY_BLOCK])  # [s, Hkv, G*Lq, D] sum of e * v
-        for b0 in range(KEY_BLOCK, lk, KEY_BLOCK):  # position order, fixed block shapes
-            total += e[..., b0 : b0 + KEY_BLOCK].sum(-1, keepdim=True)
-            acc += torch.matmul(e[..., b0 : b0 + KEY_BLOCK], v[:, :, b0 : b0 + KEY_BLOCK])
-        o = (acc / total).view(s, hq, lq, d).to(query.dtype)  # [s, Hq, Lq, D]
-        keep = real_q[s0 : s0 + step]  # [s, Lq]
-        out[qi[keep]] = o.permute(0, 2, 1, 3)[keep]  # [real rows, Hq, D] back to their stream index
-    return out[None]  # [1, T, Hq, D]
+    lens = [int(x) for x in lengths]
+    # shared blocks: whole blocks of the prefix (none where a sliding window would mask some for some queries)
+    p0 = prefix // blk * blk if not (window and prefix + max(lens) > window) else 0
+    qf = torch.empty(hkv, t, g, d, dtype=torch.float32, device=dev)  # [Hkv, T, G, D] rows (token, group)
+    qf.copy_(query[0].view(hkv, g, t, d).transpose(1, 2))
+    kf, vf = key[0].float(), value[0].float()  # [Hkv, P+T, D]
+    k_pre, v_pre = kf[:, :p0].transpose(1, 2), vf[:, :p0]  # [Hkv, D, p0], [Hkv, p0, D]
+    out = torch.empty(t, hkv, g, d, dtype=query.dtype, device=dev)  # [T, Hkv, G, D]
+    starts = np.cumsum([0, *lens[:-1]])
+    for idx, lq in _length_groups(lens, hq * (prefix - p0 + blk) + hq * p0):
+        s = len(idx)
+        lq = max(lq, -(-MIN_GEMM_ROWS // g))  # per-prompt GEMMs of at least MIN_GEMM_ROWS rows
+        lt = -(-(prefix - p0 + lq) // blk) * blk  # per-prompt keys from p0: a whole number of blocks
+        n = torch.tensor([lens[i] for i in idx], device=dev)[:, None]  # [s, 1]
+        st = torch.tensor(starts[idx], device=dev)[:, None]  # [s, 1]
+        j = torch.arange(lq, device=dev)[None]  # [1, Lq]
+        real = j < n  # [s, Lq]
+        q_idx = torch.where(real, st + j, 0)  # [s, Lq] stream index of each query row (pad rows: any)
+        c = torch.arange(lt, device=dev)[None]  # [1, Lt]
+        k_idx = torch.where(p0 + c < prefix, p0 + c, prefix + st + (p0 + c - prefix))  # [s, Lt]
+        k_idx = torch.where(p0 + c < prefix + n, k_idx, 0)  # past a prompt's end: any key (masked)
+        q = qf[:, q_idx]  # [Hkv, s, Lq, G, D]
+        rows = s * lq * g
+        kt, vt = kf[:, k_idx], vf[:, k_idx]  # [Hkv, s, Lt, D]
+        q4 = q.view(hkv, s, lq * g, d)
+        pos_q = (prefix + j[0])[:, None]  # [Lq, 1] absolute position of each query row
+        # per-prompt key blocks from p0: (first query row that sees any of its keys, its scores); rows before
+        # that one would only add exact zeros (all masked), so they are left out of its GEMMs
+        own, top = [], None
+        for b0 in range(0, lt, blk):
+            j0 = min(max(0, p0 + b0 - prefix), lq - -(-MIN_GEMM_ROWS // g))
+            sc = torch.matmul(
+                q4[:, :, j0 * g :], kt[:, :, b0 : b0 + blk].transpose(-1, -2)
+            )  # [Hkv, s, r, blk]
+            sc.mul_(scale)
+            if softcap:
+                sc = torch.tanh(sc / softcap) * softcap
+            key_pos = p0 + b0 + torch.arange(blk, device=dev)[None]  # [1, blk]
+            allowed = key_pos <= pos_q[j0:]  # [Lq - j0, blk]
+            if window:
+                allowed &= key_pos > pos_q[j0:] - window
+            sc.view(hkv, s, lq - j0, g, blk).masked_fill_(~allowed[:, None], -torch.inf)
+            m = sc.amax(-1)  # [Hkv, s, r]
+            if top is None:  # j0 = 0 in the first block
+                top = m
+            else:
+                torch.maximum(top[:, :, j0 * g :], m, out=top[:, :, j0 * g :])
+            own.append((j0, sc))
+        if p0:
+            shared = torch.matmul(q.view(hkv, rows, d), k_pre)  # [Hkv, R, p0]
+            shared.mul_(scale)
+            if softcap:
+                shared = torch.tanh(shared / softcap) * softcap
+            top = torch.maximum(top, shared.amax(-1).view(hkv, s, lq * g))
+            e_pre = shared.sub_(top.view(hkv, rows, 1)).exp_()  # [Hkv, R, p0]
+        total = torch.empty(hkv, s, lq * g, 1, device=dev)  # softmax denominators
+        acc = torch.empty(hkv, s, lq * g, d, device=dev)  # sums of e * v
+        for b0 in range(0, p0, blk):  # position order, fixed block shapes
+            e = e_pre[..., b0 : b0 + blk]  # [Hkv, R, blk]
+            part = torch.matmul(e, v_pre[:, b0 : b0 + blk]).view(acc.shape)  # [Hkv, s, Lq*G, D]
+            if b0 == 0:
+                total.copy_(e.sum(-1, keepdim=True).view(total.shape))
+                acc.copy_(part)
+            else:
+                total += e.sum(-1, keepdim=True).view(total.shape)
+                acc += part
+        for i, (j0, sc) in enumerate(own):
+            e = sc.sub_(top[:, :, j0 * g :, None]).exp_()  # [Hkv, s, r, blk] 0 where masked
+            part = torch.matmul(e, vt[:, :, i * blk : (i + 1) * blk])  # [Hkv, s, r, D]
+            if i == 0 and not p0:
+                total.copy_(e.sum(-1, keepdim=True))
+                acc.copy_(part)
+            else:
+                total[:, :, j0 * g :] += e.sum(-1, keepdim=True)
+                acc[:, :, j0 * g :] += part
+        o = (acc / total).view(hkv, s, lq, g, d).to(query.dtype)  # [Hkv, s, Lq, G, D]
+        out[q_idx[real]] = o.permute(1, 2, 0, 3, 4)[real]  # [real rows, Hkv, G, D] back to their stream index
+    return out.view(1, t, hq, d)  # [1, T, Hq, D]
+
+
+def _length_groups(lengths: Sequence[int], elems_per_row: int) -> Iterator[tuple[np.ndarray, int]]:
+    """(prompt indices, longest length) of groups of prompts of similar length, longest first: a group's query
+    rows are padded to its longest, so a group stops before a prompt shorter than GROUP_SHORTEST of it (or at
+    SCORE_ELEMS float32 scores). Grouping changes only GEMM row counts, never a prompt's numbers."""
+    lens = np.asarray(lengths)
+    order = np.argsort(-lens, kind="stable")
+    start = 0
+    while start < len(order):
+        lq = int(lens[order[start]])
+        end = start + 1
+        cap = max(1, SCORE_ELEMS // max(1, lq * elems_per_row))
+        while end < len(order) and end - start < cap and lens[order[end]] >= GROUP_SHORTEST * lq:
+            end += 1
+        yield order[start:end], lq
+        start = end
 
 
 @torch.compiler.disable  # a python loop over prompts: compiled layers break the graph here (no recompiles)

@@ -86,13 +86,18 @@ def test_bf16_prompt_gives_the_same_bits_in_any_batch_mix(tok, bf16_model):
     be.self_check()  # and the packed path still agrees with the model's own forward
 
 
-def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one(tok, bf16_model):
+@pytest.mark.parametrize("long_prefix", [False, True])
+def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one(
+    tok, bf16_model, long_prefix
+):
     """A score() call whose prompts share a prefix runs it once (KV cache); the same prompts in a call (a shard)
-    with other prompts, where nothing is shared, and alone give the same bits: one attention call per layer."""
-    be = HFBackend(bf16_model, tok, batch_tokens=120)
-    head = CORPUS[0] + " " + CORPUS[5]
+    with other prompts, where nothing is shared, and alone give the same bits: one attention call per layer.
+    A prefix longer than a key block has whole blocks that blocked_attention runs once for all prompts."""
+    be = HFBackend(bf16_model, tok, batch_tokens=400 if long_prefix else 120)
+    head = " ".join(CORPUS[:4] if long_prefix else [CORPUS[0], CORPUS[5]])
     prompts = [head + " " + c for c in CORPUS[1:5]]
-    assert be.shared_prefix(be.encode_batch(prompts)) >= MIN_PREFIX
+    p = be.shared_prefix(be.encode_batch(prompts))
+    assert p >= (hf_packed.KEY_BLOCK if long_prefix else MIN_PREFIX)
     cached = be.score(prompts, CAND)
     assert be.attention_batched, be.invariance_why  # the probe passed: one call per layer, prefix cached
     shard = be.score(OTHERS[:2] + prompts[:3] + OTHERS[2:], CAND)
@@ -122,6 +127,55 @@ def test_blocked_attention_equals_sdpa_and_reads_a_cached_prefix():
     assert torch.equal(full[p:], suffix)
     with pytest.raises(ValueError, match="keys for a 5-token prefix"):
         hf_packed.blocked_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], [10], prefix=5)
+
+
+def reference_attention(q, k, v, n: int, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """The numbers of invariant scoring 2, written plainly for one prompt alone ([1, H, n, D] each ->
+    [n, Hq, D]): float32; per kv head, rows (token, group); scores of all keys padded to 64-key blocks (masked:
+    -inf); the row maximum; then per block in position order the 64-key sum of exp and the value GEMM, added."""
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[-1]
+    g, lk = hq // hkv, -(-n // 64) * 64
+    out = torch.empty(n, hkv, g, d)
+    for h in range(hkv):
+        rows = q[0, h * g : (h + 1) * g].float().transpose(0, 1).reshape(n * g, d)  # [n*G, D]
+        keys, vals = (torch.zeros(lk, d) for _ in range(2))
+        keys[:n], vals[:n] = k[0, h].float(), v[0, h].float()
+        s = (rows @ keys.T) * scale  # [n*G, Lk]
+        s = torch.tanh(s / softcap) * softcap if softcap else s
+        allowed = torch.arange(lk)[None] <= torch.arange(n).repeat_interleave(g)[:, None]
+        e = torch.exp(
+            s.masked_fill(~allowed, -torch.inf) - s.masked_fill(~allowed, -torch.inf).amax(-1)[:, None]
+        )
+        total, acc = e[:, :64].sum(-1, keepdim=True), e[:, :64] @ vals[:64]
+        for b0 in range(64, lk, 64):
+            total += e[:, b0 : b0 + 64].sum(-1, keepdim=True)
+            acc += e[:, b0 : b0 + 64] @ vals[b0 : b0 + 64]
+        out[:, h] = (acc / total).view(n, g, d)
+    return out.view(n, hq, d).to(q.dtype)
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_blocked_attention_numbers_are_those_its_version_names(softcap):
+    """Pins what INVARIANT_SCORING (in every invariant fingerprint) stands for: blocked_attention over a pack
+    (shared prefix blocks run once for all rows, the rest per prompt in length groups) gives each prompt the
+    same bits as the plain per-prompt reference above. Change the numbers and this fails until the reference
+    and INVARIANT_SCORING change together (hf_packed.ATTENTION_VERSION re-keys the load-time probe)."""
+    assert INVARIANT_SCORING == 2
+    gen = torch.Generator().manual_seed(1)
+    hq, hkv, d, p = 4, 2, 16, 100  # 100 cached prefix tokens: one whole shared block, one shared in part
+    lengths = [4, 30, 29, 60, 5, 23]
+    q, k, v = (torch.randn(1, h, p + sum(lengths), d, generator=gen).bfloat16() for h in (hq, hkv, hkv))
+    scale = d**-0.5
+    plain = hf_packed.blocked_attention(q[:, :, p:], k, v, lengths, p, scale, None, softcap)[0]  # [T, Hq, D]
+    alone = hf_packed.blocked_attention(q[:, :, : p + 30], k[:, :, : p + 30], v[:, :, : p + 30], [p + 30])[0]
+    start = p
+    for i, n in enumerate(lengths):
+        own = torch.cat([torch.arange(p), torch.arange(start, start + n)])  # the prefix, then its own tokens
+        want = reference_attention(q[:, :, own], k[:, :, own], v[:, :, own], p + n, scale, softcap)[p:]
+        assert torch.equal(plain[start - p : start - p + n], want), f"prompt {i} ({n} tokens)"
+        start += n
+    want = reference_attention(q[:, :, : p + 30], k[:, :, : p + 30], v[:, :, : p + 30], p + 30, scale)
+    assert torch.equal(alone, want)
 
 
 def test_one_token_prompt_alone_is_padded_to_two_rows(bf16_model):
