@@ -302,11 +302,11 @@ class HostRead:
         self.shapes = {key: t.shape for key, t in tensors.items()}
         self.event = None
         if not tensors:
-            self.flat = torch.zeros(0, dtype=torch.float64)
+            self.flat = torch.zeros(0, dtype=torch.float64, device="cpu")
             return
         flat = torch.cat([t.detach().reshape(-1).double() for t in tensors.values()])
         if flat.device.type == "cuda":
-            self.flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self.flat = torch.empty(flat.shape, dtype=flat.dtype, device="cpu", pin_memory=True)
             self.flat.copy_(flat, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()

@@ -103,6 +103,13 @@ class _PackedPrefix:
     token_nll: list[float]  # the prefix's own next-token NLLs (positions 1..P-1), summed per prompt with fsum
 
 
+# self-check: how far our forward's last hidden state may be from the model's own, relative to its largest value,
+# in reduced precision. Rounding alone measured (bf16, the float32-summed invariant attention vs the model's SDPA):
+# SmolLM2-135M 3.0% (CPU), random Llama-3.2-1B shape 2.6% and Llama-3.1-8B shape 5.4% (H100; 0.05 failed it).
+# A forward that is wrong rather than rounded (a mask, a position, a layer, the wrong row) is off by O(1).
+HIDDEN_TOL_REDUCED = 0.15
+
+
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     """`auto`: the dtype this machine runs GEMMs fastest, measured once per machine (extract/dtype_probe.py)."""
     return DTYPES[explain_dtype(name, device)[0]]
@@ -607,8 +614,9 @@ class HFBackend:
           can differ: in reduced precision up to a unit roundoff of the largest logit per side.
         - The forward: our last hidden state vs the model's, relative to its largest value (the attention of
           batch-invariant scoring sums in float32 where the model's SDPA runs in the model's dtype: in bf16 the
-          two differ by ~3% of max |h| on SmolLM2-135M and a Llama-3.2-1B shape, and the model's bf16 logits
-          of tokens far down the distribution then differ by tenths of a nat, as both sides round).
+          two differ by ~3% of max |h| on SmolLM2-135M and a Llama-3.2-1B shape, 5.4% on a random Llama-3.1-8B
+          shape on an H100 (HIDDEN_TOL_REDUCED), and the model's bf16 logits of tokens far down the
+          distribution then differ by tenths of a nat, as both sides round).
 
         Returns the head's max abs log-prob difference; raises RuntimeError when either part is too large.
         """
@@ -640,13 +648,29 @@ class HFBackend:
         _opt, hid, _nll, _ = forward([ids], cand)
         ref_h = h_model[-1].float().cpu().numpy()
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
-        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
-        if err > head_tol or herr > tol:
+        tol = 1e-3 if self.dtype == torch.float32 else HIDDEN_TOL_REDUCED
+        failed = [
+            *(
+                [
+                    f"our LM head on the model's own hidden states gives log-probs/NLL {err:.2e} from "
+                    f"model(...).logits (tolerance {head_tol:.2e})"
+                ]
+                if err > head_tol
+                else []
+            ),
+            *(
+                [
+                    f"our forward's last hidden state is {herr:.2e} of its largest value from the model's "
+                    f"(tolerance {tol})"
+                ]
+                if herr > tol
+                else []
+            ),
+        ]
+        if failed:
             raise RuntimeError(
-                f"self-check failed: our LM head on the model's own hidden states gives log-probs/NLL "
-                f"{err:.2e} from model(...).logits (tolerance {head_tol:.2e}), our forward's last hidden state "
-                f"is {herr:.2e} of its largest value from the model's (tolerance {tol}); this architecture "
-                "computes its logits or hidden states in a way the hf backend does not reproduce"
+                f"self-check failed: {'; '.join(failed)}; this architecture computes its logits or hidden "
+                "states in a way the hf backend does not reproduce"
             )
         return err
 

@@ -119,7 +119,20 @@ def test_self_check_in_bfloat16_tells_rounding_from_a_wrong_head(tok):
     be = HFBackend(model, tok, batch_invariant=True)
     assert be.self_check() < 0.05
     be.softcap = 0.5
-    with pytest.raises(RuntimeError, match="self-check failed: our LM head"):
+    with pytest.raises(
+        RuntimeError, match=r"self-check failed: our LM head.*logits \(tolerance [^;]*\); this"
+    ):
+        be.self_check()
+
+
+def test_self_check_in_bfloat16_catches_a_wrong_forward(tok):
+    """A forward that is wrong rather than rounded (here: the hidden state of another position) is off by far
+    more than bf16 rounding (hf.HIDDEN_TOL_REDUCED), so the hidden part of the check fails it."""
+    model = tiny_model(len(tok), seed=1, weight_scale=1.0).to(torch.bfloat16)
+    be = HFBackend(model, tok, batch_invariant=True)
+    right = be.forward_packed
+    be.forward_packed = lambda enc, cand, *a, **k: right([ids[:-2] for ids in enc], cand, *a, **k)
+    with pytest.raises(RuntimeError, match="self-check failed: our forward.s last hidden state"):
         be.self_check()
 
 
