@@ -32,9 +32,10 @@ cached (padded bf16 batches moved an option log-prob by up to 0.6 nats); the fin
 cached per machine in hf_checks): where the whole-pack attention fails the probe, attention runs prompt by
 prompt without a prefix cache; where the GEMMs are not row-invariant, each prompt runs alone (both still
 invariant, slower). On a CUDA device cuBLAS picks its kernels by row count, so that probe fails there (each
-prompt ran alone: 11.3x the padded run on an H200); `auto` (and `on`) runs the fixed-shape packs of
+prompt ran alone: 11.3x the padded run on an H200); `on` runs the fixed-shape packs of
 extract/backends/hf_fixed.py instead (every kernel sees one shape whatever the mix; `batch_invariant=fixed`
-forces them on any device), or, with CUDA_INVARIANT_BY_DEFAULT off, padded batches, whose outputs depend on
+forces them on any device: 1.42x the padded run on an H100, so CUDA_INVARIANT_BY_DEFAULT is off), and `auto`
+padded batches, whose outputs depend on
 which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch tokens, shard
 rows, the order rule). float32 keeps the padded batches and the prefix
 cache without either key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below
@@ -131,7 +132,9 @@ BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sor
 
 # `batch_invariant=auto` on CUDA in reduced precision: the fixed-shape path (hf_fixed.py) when True, padded
 # batches when False. The one switch for the CUDA default (issue 31: on if it costs <= 1.3x the padded run).
-CUDA_INVARIANT_BY_DEFAULT = True
+# Measured on an H100 (random Llama-3.1-8B shape, 213k ARC prompt tokens, bf16, extraction as printed): fixed
+# shapes 9.20 s vs padded 6.50 s = 1.42x, so off; `--backend-arg batch_invariant=on` turns it on.
+CUDA_INVARIANT_BY_DEFAULT = False
 
 
 def invariant_by_default(dtype: torch.dtype, device: str = "cpu") -> bool:
