@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -126,40 +127,25 @@ def blocked_attention(
     kf, vf = key[0].float(), value[0].float()  # [Hkv, P+T, D]
     k_pre, v_pre = kf[:, :p0].transpose(1, 2), vf[:, :p0]  # [Hkv, D, p0], [Hkv, p0, D]
     out = torch.empty(t, hkv, g, d, dtype=query.dtype, device=dev)  # [T, Hkv, G, D]
-    starts = np.cumsum([0, *lens[:-1]])
-    for idx, lq in _length_groups(lens, hq * (prefix - p0 + blk) + hq * p0):
+    for idx, lq, _lt, q_idx, k_idx, real, out_rows, blocks in _attention_plan(
+        tuple(lens), prefix, p0, hq, g, window, str(dev)
+    ):
         s = len(idx)
-        lq = max(lq, -(-MIN_GEMM_ROWS // g))  # per-prompt GEMMs of at least MIN_GEMM_ROWS rows
-        lt = -(-(prefix - p0 + lq) // blk) * blk  # per-prompt keys from p0: a whole number of blocks
-        n = torch.tensor([lens[i] for i in idx], device=dev)[:, None]  # [s, 1]
-        st = torch.tensor(starts[idx], device=dev)[:, None]  # [s, 1]
-        j = torch.arange(lq, device=dev)[None]  # [1, Lq]
-        real = j < n  # [s, Lq]
-        q_idx = torch.where(real, st + j, 0)  # [s, Lq] stream index of each query row (pad rows: any)
-        c = torch.arange(lt, device=dev)[None]  # [1, Lt]
-        k_idx = torch.where(p0 + c < prefix, p0 + c, prefix + st + (p0 + c - prefix))  # [s, Lt]
-        k_idx = torch.where(p0 + c < prefix + n, k_idx, 0)  # past a prompt's end: any key (masked)
         q = qf[:, q_idx]  # [Hkv, s, Lq, G, D]
         rows = s * lq * g
         kt, vt = kf[:, k_idx], vf[:, k_idx]  # [Hkv, s, Lt, D]
         q4 = q.view(hkv, s, lq * g, d)
-        pos_q = (prefix + j[0])[:, None]  # [Lq, 1] absolute position of each query row
         # per-prompt key blocks from p0: (first query row that sees any of its keys, its scores); rows before
         # that one would only add exact zeros (all masked), so they are left out of its GEMMs
         own, top = [], None
-        for b0 in range(0, lt, blk):
-            j0 = min(max(0, p0 + b0 - prefix), lq - -(-MIN_GEMM_ROWS // g))
+        for b0, j0, masked in blocks:
             sc = torch.matmul(
                 q4[:, :, j0 * g :], kt[:, :, b0 : b0 + blk].transpose(-1, -2)
             )  # [Hkv, s, r, blk]
             sc.mul_(scale)
             if softcap:
                 sc = torch.tanh(sc / softcap) * softcap
-            key_pos = p0 + b0 + torch.arange(blk, device=dev)[None]  # [1, blk]
-            allowed = key_pos <= pos_q[j0:]  # [Lq - j0, blk]
-            if window:
-                allowed &= key_pos > pos_q[j0:] - window
-            sc.view(hkv, s, lq - j0, g, blk).masked_fill_(~allowed[:, None], -torch.inf)
+            sc.view(hkv, s, lq - j0, g, blk).masked_fill_(masked, -torch.inf)
             m = sc.amax(-1)  # [Hkv, s, r]
             if top is None:  # j0 = 0 in the first block
                 top = m
@@ -194,8 +180,43 @@ def blocked_attention(
                 total[:, :, j0 * g :] += e.sum(-1, keepdim=True)
                 acc[:, :, j0 * g :] += part
         o = (acc / total).view(hkv, s, lq, g, d).to(query.dtype)  # [Hkv, s, Lq, G, D]
-        out[q_idx[real]] = o.permute(1, 2, 0, 3, 4)[real]  # [real rows, Hkv, G, D] back to their stream index
+        out[out_rows] = o.permute(1, 2, 0, 3, 4)[real]  # [real rows, Hkv, G, D] back to their stream index
     return out.view(1, t, hq, d)  # [1, T, Hq, D]
+
+
+@functools.lru_cache(maxsize=8)
+def _attention_plan(
+    lens: tuple[int, ...], prefix: int, p0: int, hq: int, g: int, window: int | None, dev: str
+):
+    """blocked_attention's index work for one pack, which every layer of a forward repeats (computed once per
+    layer kind: the cache holds a full-attention and a sliding-window plan). Per length group: (prompts, query
+    rows Lq, keys Lt from p0, query stream index [s, Lq], key index [s, Lt], real query rows [s, Lq], their
+    stream indices, and per key block from p0 (b0, first query row that sees it, masked [Lq - j0, 1, blk]))."""
+    blk = KEY_BLOCK
+    starts = np.cumsum([0, *lens[:-1]])
+    plan = []
+    for idx, lq in _length_groups(lens, hq * (prefix - p0 + blk) + hq * p0):
+        lq = max(lq, -(-MIN_GEMM_ROWS // g))  # per-prompt GEMMs of at least MIN_GEMM_ROWS rows
+        lt = -(-(prefix - p0 + lq) // blk) * blk  # per-prompt keys from p0: a whole number of blocks
+        n = torch.tensor([lens[i] for i in idx], device=dev)[:, None]  # [s, 1]
+        st = torch.tensor(starts[idx], device=dev)[:, None]  # [s, 1]
+        j = torch.arange(lq, device=dev)[None]  # [1, Lq]
+        real = j < n  # [s, Lq]
+        q_idx = torch.where(real, st + j, 0)  # [s, Lq] stream index of each query row (pad rows: any)
+        c = torch.arange(lt, device=dev)[None]  # [1, Lt]
+        k_idx = torch.where(p0 + c < prefix, p0 + c, prefix + st + (p0 + c - prefix))  # [s, Lt]
+        k_idx = torch.where(p0 + c < prefix + n, k_idx, 0)  # past a prompt's end: any key (masked)
+        pos_q = (prefix + j[0])[:, None]  # [Lq, 1] absolute position of each query row
+        blocks = []
+        for b0 in range(0, lt, blk):
+            j0 = min(max(0, p0 + b0 - prefix), lq - -(-MIN_GEMM_ROWS // g))
+            key_pos = p0 + b0 + torch.arange(blk, device=dev)[None]  # [1, blk]
+            allowed = key_pos <= pos_q[j0:]  # [Lq - j0, blk]
+            if window:
+                allowed &= key_pos > pos_q[j0:] - window
+            blocks.append((b0, j0, ~allowed[:, None]))
+        plan.append((idx, lq, lt, q_idx, k_idx, real, q_idx[real], tuple(blocks)))
+    return tuple(plan)
 
 
 def _length_groups(lengths: Sequence[int], elems_per_row: int) -> Iterator[tuple[np.ndarray, int]]:
