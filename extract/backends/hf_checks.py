@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -113,33 +114,49 @@ PROBE_PREFIX = (
 )
 
 
-def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
-    """hf_packed's one-attention-call-per-layer path gives each prompt the same bits in any mix and after a
-    cached prefix: probed once per machine, dtype, model shape, versions and minimum rows (probe_packed)."""
+def model_probe_key(backend) -> dict:
+    """What a probe of a loaded backend's forward depends on besides its own constants: the machine, dtype,
+    model class and shape, attention implementation, compile and library versions (the cache keys of
+    packed_invariant and hf_fixed_probe.fixed_invariant)."""
     cfg = backend.model.config.get_text_config() if hasattr(backend.model.config, "get_text_config") else None
     cfg = cfg or backend.model.config
-    key = {
+    return {
         "machine": dtype_probe.machine_key(backend.device.type),
         "dtype": str(backend.dtype),
         "class": type(backend.model).__name__,
         "shape": {k: getattr(cfg, k, None) for k in SHAPE_KEYS},
         "attention": getattr(cfg, "_attn_implementation", None),
         "compiled": bool(backend.compiled),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def cached_probe(
+    kind: str, key: dict, root: Path | None, probe: Callable[[], tuple[bool, str]]
+) -> tuple[bool, str]:
+    """(ok, why) of `probe()`, run once per `key` and remembered under the checks' cache (a pass or a failure)."""
+    path = _path(kind, key, root)
+    hit = _read(path)
+    if hit is not None and isinstance(hit.get("invariant"), bool):
+        return hit["invariant"], f"{hit.get('why', '')} (cached in {path})"
+    ok, why = probe()
+    _write(path, {"invariant": ok, "why": why})
+    return ok, why
+
+
+def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
+    """hf_packed's one-attention-call-per-layer path gives each prompt the same bits in any mix and after a
+    cached prefix: probed once per machine, dtype, model shape, versions and minimum rows (probe_packed)."""
+    key = {
+        **model_probe_key(backend),
         "min_rows": int(backend.min_rows),
         "key_block": hf_packed.KEY_BLOCK,
         "attention_version": hf_packed.ATTENTION_VERSION,
         "lengths": list(PROBE_LENGTHS),
         "prefix": PROBE_PREFIX,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
     }
-    path = _path("packed", key, root)
-    hit = _read(path)
-    if hit is not None and isinstance(hit.get("invariant"), bool):
-        return hit["invariant"], f"{hit.get('why', '')} (cached in {path})"
-    ok, why = probe_packed(backend)
-    _write(path, {"invariant": ok, "why": why})
-    return ok, why
+    return cached_probe("packed", key, root, lambda: probe_packed(backend))
 
 
 SHAPE_KEYS = (

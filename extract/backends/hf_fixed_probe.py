@@ -13,8 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
-from walla.extract import dtype_probe
 from walla.extract.backends import hf_checks, hf_fixed
 
 # prompt lengths of the probe: a 1-token prompt, short ones, and each side of quantum and key-step edges
@@ -25,28 +23,13 @@ FIELDS = ("option log-probs", "hidden state", "prompt NLL", "token count")
 
 def fixed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
     """probe_fixed, once per machine, dtype, model shape, attention, constants and versions: (ok, why)."""
-    cfg = backend.model.config.get_text_config() if hasattr(backend.model.config, "get_text_config") else None
-    cfg = cfg or backend.model.config
     key = {
-        "machine": dtype_probe.machine_key(backend.device.type),
-        "dtype": str(backend.dtype),
-        "class": type(backend.model).__name__,
-        "shape": {k: getattr(cfg, k, None) for k in hf_checks.SHAPE_KEYS},
-        "attention": getattr(cfg, "_attn_implementation", None),
-        "compiled": bool(backend.compiled),
+        **hf_checks.model_probe_key(backend),
         "scoring": hf_fixed.FIXED_SCORING,
         "fixed": hf_fixed.fixed_identity(backend.pack_tokens),
         "lengths": list(PROBE_LENGTHS),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
     }
-    path = hf_checks._path("fixed", key, root)
-    hit = hf_checks._read(path)
-    if hit is not None and isinstance(hit.get("invariant"), bool):
-        return hit["invariant"], f"{hit.get('why', '')} (cached in {path})"
-    ok, why = probe_fixed(backend)
-    hf_checks._write(path, {"invariant": ok, "why": why})
-    return ok, why
+    return hf_checks.cached_probe("fixed", key, root, lambda: probe_fixed(backend))
 
 
 def first_difference(a, b) -> str | None:
