@@ -93,3 +93,19 @@ def restore_order(batches: Sequence[np.ndarray], results: Sequence[np.ndarray], 
     if not filled.all():
         raise AssertionError(f"{int((~filled).sum())} row(s) lost by the batching")
     return out
+
+
+def run_groups(
+    groups: Sequence[np.ndarray],
+    run: Callable[[np.ndarray], tuple[np.ndarray, ...]],
+    lengths: np.ndarray,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[np.ndarray]:
+    """Each field of `run(idx)` over groups of row indices (batches or packs), put back in input order (checked:
+    every row once); `progress(rows, tokens)` after each group (`lengths`: each row's tokens)."""
+    parts = []
+    for idx in groups:
+        parts.append(run(idx))
+        if progress is not None:
+            progress(len(idx), int(lengths[idx].sum()))
+    return [restore_order(groups, [x[k] for x in parts], len(lengths)) for k in range(len(parts[0]))]

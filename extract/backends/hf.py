@@ -76,7 +76,7 @@ from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf
     quiet_transformers,
 )
 from walla.extract.models import ResolvedModel
-from walla.extract.scoring import plan_batches, restore_order
+from walla.extract.scoring import plan_batches, run_groups
 
 log = logging.getLogger(__name__)
 
@@ -552,13 +552,11 @@ class HFBackend:
         prefix = self.run_prefix(enc[0][:p]) if p else None
         batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)  # the cache counts as tokens
         cand = torch.tensor(token_ids, dtype=torch.long)
-        parts: list[tuple[np.ndarray, ...]] = []
-        for idx in batches:
-            parts.append(self.forward_batch([enc[i][p:] for i in idx], cand, prefix))
-            if progress is not None:
-                progress(len(idx), int(lengths[idx].sum()))
-        fields = [restore_order(batches, [x[k] for x in parts], len(prompts)) for k in range(4)]
-        return ScoreResult(*fields)
+
+        def run(idx: np.ndarray) -> tuple[np.ndarray, ...]:
+            return self.forward_batch([enc[i][p:] for i in idx], cand, prefix)
+
+        return ScoreResult(*run_groups(batches, run, lengths, progress))
 
     def _score_packed(self, enc, lengths: np.ndarray, token_ids: list[int], progress) -> ScoreResult:
         """score() when batch-invariant: packs of prompts, one attention call per layer over a pack, a shared
@@ -570,13 +568,11 @@ class HFBackend:
         rows = self.max_batch_rows if self.rows_invariant else 1
         packs = hf_packed.plan_packs(lengths - p, self.batch_tokens, rows)
         cand = torch.tensor(token_ids, dtype=torch.long)
-        parts: list[tuple[np.ndarray, ...]] = []
-        for idx in packs:
-            parts.append(self.forward_packed([enc[i][p:] for i in idx], cand, prefix))
-            if progress is not None:
-                progress(len(idx), int(lengths[idx].sum()))
-        fields = [restore_order(packs, [x[k] for x in parts], len(enc)) for k in range(4)]
-        return ScoreResult(*fields)
+
+        def run(idx: np.ndarray) -> tuple[np.ndarray, ...]:
+            return self.forward_packed([enc[i][p:] for i in idx], cand, prefix)
+
+        return ScoreResult(*run_groups(packs, run, lengths, progress))
 
     def settle_invariance(self) -> str:
         """Run (or read from the cache) the probes batch-invariant scoring rests on, once; returns why.

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from walla.extract.backends import ScoreResult, hf_packed, lm_head
-from walla.extract.scoring import restore_order
+from walla.extract.scoring import run_groups
 
 FIXED_IMPL = "walla_fixed"  # the attention implementation name registered below
 FIXED_SCORING = (
@@ -325,10 +325,8 @@ def score(backend, enc: list[list[int]], token_ids: list[int], progress=None, ma
     lengths = np.array([len(e) for e in enc])
     packs = plan(lengths, backend.pack_tokens, max_rows)
     cand = torch.tensor(token_ids, dtype=torch.long)
-    parts: list[tuple[np.ndarray, ...]] = []
-    for idx in packs:
-        parts.append(forward(backend, [enc[i] for i in idx], cand))
-        if progress is not None:
-            progress(len(idx), int(lengths[idx].sum()))
-    fields = [restore_order(packs, [x[k] for x in parts], len(enc)) for k in range(4)]
-    return ScoreResult(*fields)
+
+    def run(idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        return forward(backend, [enc[i] for i in idx], cand)
+
+    return ScoreResult(*run_groups(packs, run, lengths, progress))
