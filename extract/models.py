@@ -50,9 +50,8 @@ def sha256_file(path: Path, block: int = 1 << 22) -> str:
 def file_sha256(path: Path) -> str:
     """sha256 of a weights file, read once per version of the file (module docstring); a cache that cannot be
     read or written only costs the hash."""
-    from walla.extract.gguf_cache import (
-        cache_root,
-    )  # torch + transformers: loaded by every backend that hashes
+    # imported here: gguf_cache loads torch and transformers, which every backend that hashes loads anyway
+    from walla.extract.gguf_cache import cache_root
     from walla.store import atomic
 
     st = path.stat()
