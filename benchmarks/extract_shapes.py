@@ -35,7 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -80,14 +80,17 @@ class ShapeRun:
     n_prompts: int = 0
     non_emb: int = 0
     cli_wall: float = math.inf
+    cli_walls: list[float] = field(default_factory=list)  # whole command per run: the first with cold caches
+    cli_loads: list[str] = field(default_factory=list)  # the CLI's model-load line per run
     cli: float = math.inf  # extraction as the CLI prints it
     loop: float = math.inf
     cli_lines: tuple[str, ...] = ()
     outputs: dict | None = None
     loops: dict[int, float] | None = None  # bare loop seconds per batch size (`loop` is the best)
     cli_other: float = math.inf  # extraction with --batch-invariant flipped
+    cli_other_walls: list[float] = field(default_factory=list)  # its whole command per run
     invariant_default: bool | None = None  # did the default-flags run score batch-invariantly
-    invariant_scoring: str = "?"  # the invariant side's path: fixed-v1 (hf_fixed, CUDA) or 2 (hf_packed, CPU)
+    invariant_scoring: str = "?"  # the invariant side's path: fixed-vN (hf_fixed, CUDA) or 2 (hf_packed, CPU)
 
     def tps(self, seconds: float) -> float:
         return self.tokens / seconds
@@ -268,6 +271,8 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         store = work / f"store{i}"
         wall, extraction, lines = run_cli(model_dir, data, store, dtype, device)
         r.cli_wall, r.cli, r.cli_lines = min(r.cli_wall, wall), min(r.cli, extraction), tuple(lines)
+        r.cli_walls.append(wall)
+        r.cli_loads += [x for x in lines if re.match(r"model .* loaded ", x)][:1]
         path = Path(lines[-1].strip())
         if i + 1 < args.repeat:
             shutil.rmtree(store)
@@ -277,7 +282,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
     if r.invariant_default:
         r.invariant_scoring = str(fs.meta["inputs"].get("invariant_scoring", "?"))
     for i in range(args.repeat):
-        _, extraction, flip_lines = run_cli(
+        flip_wall, extraction, flip_lines = run_cli(
             model_dir,
             data,
             work / f"store-flip{i}",
@@ -286,6 +291,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
             ("--backend-arg", f"batch_invariant={flip}"),
         )
         r.cli_other = min(r.cli_other, extraction)
+        r.cli_other_walls.append(flip_wall)
         if not r.invariant_default and i == 0:
             flipped = read_feature_set(Path(flip_lines[-1].strip()))
             r.invariant_scoring = str(flipped.meta["inputs"].get("invariant_scoring", "?"))
@@ -326,14 +332,29 @@ def report(r: ShapeRun) -> None:
     print(
         "walla-extract said: " + " | ".join(x for x in r.cli_lines if not x.startswith(("questions:", "  ")))
     )
-    print(f"{'what':<52} {'seconds':>8} {'tok/s':>9} {'MFU':>6}")
-    for what, s in (
-        ("walla-extract, default flags, whole command", r.cli_wall),
+    flipped = "on" if not r.invariant_default else "off"
+    rows = (
+        *(
+            (
+                f"walla-extract, default flags, whole command, run {i + 1}"
+                + (" (caches cold)" if i == 0 else " (compile + probe caches warm)"),
+                w,
+            )
+            for i, w in enumerate(r.cli_walls)
+        ),
         ("walla-extract, default flags, extraction as printed", r.cli),
+        *(
+            (f"walla-extract --batch-invariant {flipped}, whole command, run {i + 1}", w)
+            for i, w in enumerate(r.cli_other_walls)
+        ),
+        (f"walla-extract --batch-invariant {flipped}, extraction as printed", r.cli_other),
         *((f"bare loop, batch {b} (no prompt NLL)", s) for b, s in (r.loops or {}).items()),
         ("bare loop, best batch (the baseline below)", r.loop),
-    ):
-        print(f"{what:<52} {s:8.2f} {r.tps(s):9.0f} {r.mfu(s):6.3f}")
+    )
+    width = max(len(what) for what, _ in rows)
+    print(f"{'what':<{width}} {'seconds':>8} {'tok/s':>9} {'MFU':>6}")
+    for what, s in rows:
+        print(f"{what:<{width}} {s:8.2f} {r.tps(s):9.0f} {r.mfu(s):6.3f}")
     inv, pad = (r.cli, r.cli_other) if r.invariant_default else (r.cli_other, r.cli)
     tiers = (
         "default run: bitwise (batch-invariant)"
@@ -345,9 +366,12 @@ def report(r: ShapeRun) -> None:
         f"{r.invariant_scoring}) vs off {pad:.2f} s "
         f"(tier batch-recorded), extraction as printed, same prompts and dtype; {tiers}"
     )
+    for i, line in enumerate(r.cli_loads):
+        print(f"run {i + 1}: {line}")
+    cold = f" (first run, caches cold: {r.loop / r.cli_walls[0]:.2f}x)" if len(r.cli_walls) > 1 else ""
     print(
         f"CLI vs bare loop ({r.dtype} both): extraction {r.loop / r.cli:.2f}x; whole command incl. start-up, "
-        f"model load and compile {r.loop / r.cli_wall:.2f}x"
+        f"model load and compile {r.loop / r.cli_wall:.2f}x{cold}"
     )
     o = r.outputs
     print(

@@ -11,8 +11,10 @@ change, so no library can pick another kernel ("batch invariance at the cost of 
 - each prompt starts at a multiple of QUANTUM (Q) tokens in the stream (pad tokens fill the gaps and the
   tail); the stream is cut into P/Q query blocks, and `fixed_attention` lets every query block attend to the
   KEY_BLOCKS key blocks before it (relative to itself, so the same blocks of its own prompt in any mix), in
-  steps of one batched matmul of fixed shape [Hkv, P/Q, G*Q, D] x [Hkv, P/Q, D, KEY_BLOCKS*Q] in float32,
-  with an online softmax in the fixed order nearest keys first. Keys outside the prompt are masked (-inf, so
+  steps of one batched matmul of fixed shape [Hkv*P/Q, G*Q, D] x [Hkv*P/Q, D, KEY_BLOCKS*Q] (the keys a
+  strided view, no copy) with float32 scores (`attention_matmul`: reduced-precision inputs with exact
+  products where the device has the mixed-dtype kernel, CUDA; float32 elsewhere), with an online softmax in
+  the fixed order nearest keys first. Keys outside the prompt are masked (-inf, so
   exact zeros), and a step whose keys are all masked multiplies by exp(0) = 1 and adds zeros: a prompt's rows
   are the same bits whichever prompts share the stream and however many steps the longest of them needs;
 - the LM head runs on OPTION_ROWS rows per call (the prompts' last rows, zero-padded) and the prompt NLL on
@@ -41,7 +43,7 @@ from walla.extract.scoring import run_groups
 
 FIXED_IMPL = "walla_fixed"  # the attention implementation name registered below
 FIXED_SCORING = (
-    "fixed-v1"  # version of these numerics (the fingerprint's invariant_scoring): bump on any change
+    "fixed-v2"  # version of these numerics (the fingerprint's invariant_scoring): bump on any change
 )
 PACK_TOKENS = 8192  # P: tokens of every forward (not sized from free memory: the fingerprint records it)
 QUANTUM = 16  # Q: prompts start at multiples of Q tokens; attention runs in blocks of Q queries and Q keys
@@ -50,10 +52,11 @@ OPTION_ROWS = 256  # rows of every option LM-head call
 NLL_ROWS = 1024  # rows of every prompt-NLL LM-head chunk
 
 
-def fixed_identity(pack_tokens: int = PACK_TOKENS) -> dict:
+def fixed_identity(device_type: str, dtype: torch.dtype, pack_tokens: int = PACK_TOKENS) -> dict:
     """What decides the bits of fixed-shape scoring besides the model and dtype (in the fingerprint)."""
     return {
         "pack_tokens": int(pack_tokens),
+        "attention_matmul": str(attention_matmul(device_type, dtype)).removeprefix("torch."),
         "quantum": QUANTUM,
         "key_blocks": KEY_BLOCKS,
         "option_rows": OPTION_ROWS,
@@ -133,7 +136,6 @@ class _Stream:
     masks: dict = field(
         default_factory=dict
     )  # window -> per step: [nb, Q, KEY_BLOCKS * Q] bool, True = masked
-    keys: list = field(default_factory=list)  # per step: [nb, KEY_BLOCKS] key block index (key_index)
 
 
 _STREAM: contextvars.ContextVar[_Stream | None] = contextvars.ContextVar("walla_fixed", default=None)
@@ -168,10 +170,36 @@ def step_masks(block_start: torch.Tensor, n_steps: int, window: int | None) -> l
     return out
 
 
-def key_index(nb: int, c: int, device) -> torch.Tensor:
-    """[nb, KEY_BLOCKS] key block of each slot group of step c (clamped at 0; what is before is masked)."""
-    back = c * KEY_BLOCKS + (KEY_BLOCKS - 1) - torch.arange(KEY_BLOCKS, device=device)
-    return (torch.arange(nb, device=device)[:, None] - back[None, :]).clamp(min=0)
+def attention_matmul(device_type: str, dtype: torch.dtype) -> torch.dtype:
+    """Input dtype of fixed_attention's two matmuls: the model's reduced dtype where the device has torch's
+    mixed-dtype batched matmul (`bmm(..., out_dtype=float32)`: exact products, float32 sums and scores, as
+    flash attention computes them; CUDA), else float32. Decided from the build, never by running a kernel,
+    so the fingerprint can record it before the model loads."""
+    if dtype in (torch.bfloat16, torch.float16) and torch._C._dispatch_has_kernel_for_dispatch_key(
+        "aten::bmm.dtype", device_type.upper()
+    ):
+        return dtype
+    return torch.float32
+
+
+def _bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b (batched) with float32 results: float32 inputs as they are, reduced ones by out_dtype."""
+    if a.dtype == torch.float32:
+        return torch.bmm(a, b)
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _windows(x: torch.Tensor, pad: int, mm: torch.dtype) -> torch.Tensor:
+    """[1, Hkv, L, D] keys or values -> one flat [pad + Hkv*L, D] buffer of dtype `mm`, `pad` zero rows first.
+
+    Step c's keys of query block b (head-major, b = h * L/Q + qb) are then the W*Q rows from row
+    b*Q + (n_steps - 1 - c)*W*Q of this buffer: a strided view (`as_strided`) with no copy, where a gather
+    wrote W copies of every key. Rows before a head's own (the zero pad, or the previous head's last keys)
+    are masked, so they add exact zeros."""
+    _, hkv, length, d = x.shape
+    buf = x.new_zeros(pad + hkv * length, d, dtype=mm)
+    buf[pad:].view(hkv, length, d).copy_(x[0])
+    return buf
 
 
 def fixed_attention_core(
@@ -185,8 +213,11 @@ def fixed_attention_core(
 ) -> torch.Tensor:
     """Causal attention of a fixed-shape stream: q [1, Hq, L, D], k/v [1, Hkv, L, D] -> [1, L, Hq, D].
 
-    Fixed shapes whatever the prompts: every step is one batched matmul over all L/Q query blocks; a
-    prompt's scores and sums do not depend on the other blocks (module docstring).
+    Fixed shapes whatever the prompts: every step is one batched matmul over all Hkv * L/Q query blocks (the
+    G query heads of a kv head and Q positions as G*Q rows) against W*Q keys; a prompt's scores and sums do
+    not depend on the other blocks (module docstring). Step 0 starts the online softmax (sums of exp(score -
+    max)); a later step rescales by exp(old max - new max), which is exactly 1 and adds exact zeros for a row
+    whose keys in that step are all masked, so a prompt's bits do not depend on how many steps its pack needs.
     """
     _, hq, length, d = query.shape
     hkv = key.shape[1]
@@ -198,33 +229,34 @@ def fixed_attention_core(
     masks = stream.masks.get(window)
     if masks is None:  # once per forward and window, for every layer
         masks = stream.masks[window] = [~x for x in step_masks(stream.block_start, n_steps, window)]
-    while len(stream.keys) < n_steps:
-        stream.keys.append(key_index(nb, len(stream.keys), query.device))
     scale = scaling if scaling is not None else d**-0.5
-    # head-major [Hkv, nb, ...]: a step's gathered keys [Hkv, nb, W, Q, D] are then [Hkv, nb, WQ, D] as a view
-    qf = query[0].float().reshape(hkv, g, nb, q, d).transpose(1, 2).reshape(hkv, nb, g * q, d)
-    kb = key[0].float().reshape(hkv, nb, q, d).contiguous()  # [Hkv, nb, Q, D]
-    vb = value[0].float().reshape(hkv, nb, q, d).contiguous()  # [Hkv, nb, Q, D]
-    m = torch.full((hkv, nb, g * q, 1), -torch.inf, device=query.device)  # running row max
-    total = torch.zeros(hkv, nb, g * q, 1, device=query.device)  # softmax denominators
-    acc = torch.zeros(hkv, nb, g * q, d, device=query.device)  # sum of e * v
+    mm = attention_matmul(query.device.type, query.dtype)
+    b, pad = hkv * nb, (n_steps * w - 1) * q
+    qf = query[0].reshape(hkv, g, nb, q, d).transpose(1, 2).reshape(b, g * q, d).to(mm)  # [B, G*Q, D]
+    kf, vf = _windows(key, pad, mm), _windows(value, pad, mm)
+    total = acc = m = None
     for c in range(n_steps):  # nearest keys first, a fixed order
-        idx = stream.keys[c]  # [nb, W]
-        kc = kb[:, idx].reshape(hkv, nb, w * q, d)  # [Hkv, nb, WQ, D]
-        vc = vb[:, idx].reshape(hkv, nb, w * q, d)  # [Hkv, nb, WQ, D]
-        s = torch.matmul(qf, kc.transpose(-1, -2))  # [Hkv, nb, G*Q, WQ]
-        s.mul_(scale)
+        offset = (n_steps - 1 - c) * w * q * d
+        kc = kf.as_strided((b, w * q, d), (q * d, d, 1), offset)  # [B, W*Q, D], a view
+        vc = vf.as_strided((b, w * q, d), (q * d, d, 1), offset)
+        s = _bmm32(qf, kc.transpose(1, 2))  # [B, G*Q, W*Q] float32
         if softcap:
-            s = torch.tanh(s / softcap) * softcap
-        s = s.view(hkv, nb, g, q, w * q).masked_fill_(masks[c][None, :, None], -torch.inf)
-        s = s.view(hkv, nb, g * q, w * q)
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # a step with no allowed key: m_new = m
-        alpha = torch.exp(m - m_new)  # 1 exactly where nothing changed, 0 at the first step
-        e = torch.exp(s - m_new)  # exact zeros where masked
-        total = total * alpha + e.sum(-1, keepdim=True)
-        acc = acc * alpha + torch.matmul(e, vc)
-        m = m_new
-    out = (acc / total).view(hkv, nb, g, q, d).permute(1, 3, 0, 2, 4)  # [nb, Q, Hkv, G, D]
+            s = torch.tanh(s * (scale / softcap)) * softcap
+        factor = 1.0 if softcap else scale  # applied to (score - max): one pass fewer than scaling scores
+        s.view(hkv, nb, g, q, w * q).masked_fill_(masks[c][None, :, None], -torch.inf)
+        if c == 0:  # every row sees at least its own key here
+            m = s.amax(-1, keepdim=True)
+            e = s.sub_(m).mul_(factor).exp_()  # exact zeros where masked
+            total = e.sum(-1, keepdim=True)
+            acc = _bmm32(e.to(mm), vc)  # [B, G*Q, D]
+        else:
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # a step with no allowed key: m_new = m
+            alpha = (m - m_new).mul_(factor).exp_()  # 1 exactly where nothing changed
+            e = s.sub_(m_new).mul_(factor).exp_()
+            total = total * alpha + e.sum(-1, keepdim=True)
+            acc = acc * alpha + _bmm32(e.to(mm), vc)
+            m = m_new
+    out = acc.div_(total).view(hkv, nb, g, q, d).permute(1, 3, 0, 2, 4)  # [nb, Q, Hkv, G, D]
     return out.reshape(1, length, hq, d).to(query.dtype)
 
 

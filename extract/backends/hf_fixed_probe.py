@@ -26,7 +26,7 @@ def fixed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
     key = {
         **hf_checks.model_probe_key(backend),
         "scoring": hf_fixed.FIXED_SCORING,
-        "fixed": hf_fixed.fixed_identity(backend.pack_tokens),
+        "fixed": hf_fixed.fixed_identity(backend.device.type, backend.dtype, backend.pack_tokens),
         "lengths": list(PROBE_LENGTHS),
     }
     return hf_checks.cached_probe("fixed", key, root, lambda: probe_fixed(backend))

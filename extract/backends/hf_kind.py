@@ -164,7 +164,7 @@ class HFKind:
         sizes = _sizes(request, recorded or {}, dtype_name)
         tier = determinism_tier(dtype, invariant)
         batching = batching_identity(dtype, invariant, sizes.batch_tokens, sizes.shard_rows)
-        fixed = hf_fixed.fixed_identity() if path == "fixed" else None
+        fixed = hf_fixed.fixed_identity(device_kind, dtype) if path == "fixed" else None
         identity = {
             "model": request.model.identity,
             **hf_identity(dtype, request.chat_template, compiled, invariant, batching, fixed),

@@ -99,7 +99,10 @@ def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset)
         )
         assert inputs["determinism"] == "bitwise", inputs
         assert inputs["invariant_scoring"] == hf_fixed.FIXED_SCORING and inputs["batch_invariant"] is True
-        assert inputs["fixed_shapes"] == hf_fixed.fixed_identity() and "batching" not in inputs
+        assert (
+            inputs["fixed_shapes"] == hf_fixed.fixed_identity("cuda", torch.bfloat16)
+            and "batching" not in inputs
+        )
     else:
         assert any(x.startswith("batch-invariant auto -> off: padded batches on cuda") for x in lines)
         assert inputs["determinism"] == "batch-recorded", inputs

@@ -98,6 +98,61 @@ def test_fixed_attention_equals_each_prompts_own_attention(window, softcap):
         torch.testing.assert_close(out[sl], ref.transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 
+def _bmm32_emulated(a, b):
+    """What CUDA's bmm(bf16, bf16, out_dtype=float32) computes (exact products, float32 sums), on the CPU."""
+    return torch.bmm(a.float(), b.float())
+
+
+@pytest.mark.parametrize("reduced", [False, True], ids=["float32-matmul", "bf16-matmul"])
+def test_fixed_attention_bits_do_not_depend_on_neighbours_offset_or_step_count(reduced, monkeypatch):
+    """One prompt's rows of fixed_attention_core: the same bits at another offset among other prompts, and in a
+    pack whose longest prompt needs 3 key steps where its own needs 1 (later steps rescale by exactly 1 and add
+    exact zeros). `reduced`: the CUDA path's bf16 matmul inputs (its bmm emulated here)."""
+    if reduced:
+        monkeypatch.setattr(hf_fixed, "attention_matmul", lambda device_type, dtype: torch.bfloat16)
+        monkeypatch.setattr(hf_fixed, "_bmm32", _bmm32_emulated)
+    g = torch.Generator().manual_seed(0)
+    hq, hkv, d, n = 4, 2, 8, 37
+
+    def run(lengths, at):
+        lay = hf_fixed.layout([[0] * k for k in lengths], pad_id=0, pack_tokens=512)
+        q, k, v = (torch.randn(1, h, 512, d, generator=g, dtype=torch.bfloat16) for h in (hq, hkv, hkv))
+        s0 = lay.starts[at]
+        for x, y in zip((q, k, v), own, strict=True):
+            x[0, :, s0 : s0 + n] = y
+        out = hf_fixed.fixed_attention_core(q, k, v, hf_fixed._Stream(lay.block_start, lay.span), 0.3)
+        return out[0, s0 : s0 + n], hf_fixed.steps(lay.span, None)
+
+    own = [torch.randn(h, n, d, generator=g, dtype=torch.bfloat16) for h in (hq, hkv, hkv)]
+    alone, one = run([n], 0)
+    mixed, _ = run([20, 5, n, 64], 2)
+    long, three = run([n, 300], 0)
+    assert (one, three) == (1, 3)
+    assert torch.equal(alone, mixed) and torch.equal(alone, long)
+
+
+def test_attention_matmul_is_float32_without_the_mixed_dtype_kernel():
+    assert hf_fixed.attention_matmul("cpu", torch.bfloat16) == torch.float32  # no bmm out_dtype on the CPU
+    assert hf_fixed.attention_matmul("cuda", torch.float32) == torch.float32
+    has = torch._C._dispatch_has_kernel_for_dispatch_key("aten::bmm.dtype", "CUDA")
+    assert hf_fixed.attention_matmul("cuda", torch.bfloat16) == (torch.bfloat16 if has else torch.float32)
+
+
+def test_bf16_matmul_path_gives_the_same_bits_in_two_mixes_and_right_numbers(tok, monkeypatch):
+    """The CUDA path's reduced-precision attention matmuls (emulated here) through the whole model."""
+    monkeypatch.setattr(hf_fixed, "attention_matmul", lambda device_type, dtype: dtype)
+    monkeypatch.setattr(hf_fixed, "_bmm32", _bmm32_emulated)
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    be = fixed(model, tok)
+    enc = prompts(tok)
+    assert_mixes_bit_identical(be, enc)
+    res = hf_fixed.score(be, enc, CAND)
+    for i, ids in enumerate(enc[:4]):
+        _, hid = naive(model.float(), ids)
+        model.to(torch.bfloat16)
+        np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=0.1, rtol=0.05)
+
+
 def test_fixed_scoring_matches_the_naive_full_computation(tok):
     model = tiny_model(len(tok))
     be = fixed(model, tok)
@@ -166,10 +221,11 @@ def test_identity_and_settle_record_the_fixed_path():
         True,
         "batch-invariant fixed (fixed path) [--backend-arg batch_invariant]",
     )
-    ident = hf_identity(bf16, False, batch_invariant=True, fixed=hf_fixed.fixed_identity())
-    assert ident["invariant_scoring"] == "fixed-v1" == hf_fixed.FIXED_SCORING
+    ident = hf_identity(bf16, False, batch_invariant=True, fixed=hf_fixed.fixed_identity("cpu", bf16))
+    assert ident["invariant_scoring"] == "fixed-v2" == hf_fixed.FIXED_SCORING
     assert ident["fixed_shapes"] == {
         "pack_tokens": 8192,
+        "attention_matmul": "float32",  # no mixed-dtype bmm on the CPU
         "quantum": 16,
         "key_blocks": 8,
         "option_rows": 256,
@@ -178,22 +234,26 @@ def test_identity_and_settle_record_the_fixed_path():
     rm = ResolvedModel("m", "/models/m", None, None, {"source": "local", "path": "/models/m"})
     req = BackendRequest(rm, "bfloat16", "cpu", False, None, batch_tokens=4096, shard_rows=64)
     s = HF.settle(req, HFOptions(compile="off", batch_invariant="fixed"))
-    assert s.tier == "bitwise" and s.identity["invariant_scoring"] == "fixed-v1"
+    assert s.tier == "bitwise" and s.identity["invariant_scoring"] == "fixed-v2"
     assert s.options.batch_invariant == "fixed" and "batch_invariant=fixed" in s.command_args
     packed = HF.settle(req, HFOptions(compile="off", batch_invariant="on"))
     assert packed.identity["invariant_scoring"] == 2 and "fixed_shapes" not in packed.identity
     cuda = HF.settle(replace(req, device="cuda"), HFOptions(compile="off"))  # auto on CUDA
     if hf.CUDA_INVARIANT_BY_DEFAULT:
-        assert cuda.tier == "bitwise" and cuda.identity["fixed_shapes"] == hf_fixed.fixed_identity()
+        assert cuda.tier == "bitwise" and cuda.identity["fixed_shapes"] == hf_fixed.fixed_identity(
+            "cuda", bf16
+        )
         assert cuda.options.batch_invariant == "fixed" and "batching" not in cuda.identity
         assert HF.settle(replace(req, device="cpu"), cuda.options).identity == {
             **cuda.identity,
             "device": "cpu",
+            "fixed_shapes": hf_fixed.fixed_identity("cpu", bf16),
         }
     else:
         assert cuda.tier == "batch-recorded" and "fixed_shapes" not in cuda.identity
     on = HF.settle(replace(req, device="cuda"), HFOptions(compile="off", batch_invariant="on"))
-    assert on.options.batch_invariant == "fixed" and on.identity["invariant_scoring"] == "fixed-v1"
+    assert on.options.batch_invariant == "fixed" and on.identity["invariant_scoring"] == "fixed-v2"
+    assert on.identity["fixed_shapes"] == hf_fixed.fixed_identity("cuda", bf16)
     # `on` on a CPU (packed) and on CUDA (fixed): the path follows from the device, so a store set of one is
     # "made elsewhere" for the other (extract/run.py refuses it) rather than a second set of its own
     ids = (packed.identity, on.identity)
@@ -227,7 +287,9 @@ def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_si
     a, b = sets
     inputs = a.meta["inputs"]
     assert inputs["determinism"] == "bitwise" and inputs["invariant_scoring"] == hf_fixed.FIXED_SCORING
-    assert inputs["fixed_shapes"] == hf_fixed.fixed_identity() and "batching" not in inputs
+    assert (
+        inputs["fixed_shapes"] == hf_fixed.fixed_identity("cpu", torch.bfloat16) and "batching" not in inputs
+    )
     assert "--backend-arg batch_invariant=fixed" in a.meta["command"]
     assert a.path.name == b.path.name  # one fingerprint: the shard size is not an input of the bits
     for col in ("raw_option_logprobs", "prompt_nll"):
