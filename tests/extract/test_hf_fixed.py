@@ -3,6 +3,7 @@ prompt's bits the same alone and in two batch mixes (Llama: GQA; Gemma-2: soft-c
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import numpy as np
@@ -151,6 +152,19 @@ def test_bf16_matmul_path_gives_the_same_bits_in_two_mixes_and_right_numbers(tok
         _, hid = naive(model.float(), ids)
         model.to(torch.bfloat16)
         np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=0.1, rtol=0.05)
+
+
+def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes(tok, monkeypatch):
+    """compile on: the decoder layers and `attend` compiled (one graph per step count), still a prompt's bits the
+    same alone and in two mixes, and other bits than eager (the fingerprint's `compile` key tells them apart)."""
+    monkeypatch.setattr(hf_fixed, "_COMPILED", [])
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    be = fixed(copy.deepcopy(model), tok, compiled=True)
+    enc = prompts(tok, (1, 17, 140, 300, 33))
+    assert_mixes_bit_identical(be, enc)
+    assert hf_fixed._COMPILED, "the compiled forward ran eager attention"
+    eager = hf_fixed.score(fixed(model, tok), enc, CAND)
+    assert not np.array_equal(eager.hidden, hf_fixed.score(be, enc, CAND).hidden)
 
 
 def test_fixed_scoring_matches_the_naive_full_computation(tok):
