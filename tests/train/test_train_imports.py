@@ -34,7 +34,10 @@ class Hide(importlib.abc.MetaPathFinder):  # walla's own environment has no torc
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, Hide())
-import walla.train.run
+import importlib, walla.train.run
+from walla.train.methods import REGISTRY
+for info in REGISTRY.values():  # every method's module: the routers' encoders load transformers on use
+    importlib.import_module(info.path)
 print(json.dumps(sorted(m for m in sys.modules if m.partition(".")[0] in WATCH)))
 """
 
@@ -95,7 +98,8 @@ def test_dependency_walk_sees_a_requirement_that_pulls_torchmetrics():
 
 
 def test_train_recipe_imports_fabric_without_torchmetrics_or_transformers():
-    """`import walla.train.run` in a fresh interpreter. Where torchmetrics is installed anyway (a user's
+    """`import walla.train.run` and every method's module in a fresh interpreter (transformers loads only
+    where a router encodes texts that are not cached). Where torchmetrics is installed anyway (a user's
     `lightning` for --logger wandb), the child hides it, as walla's own environment has none."""
     hide = ["torchmetrics"] if importlib.util.find_spec("torchmetrics") else []
     watch = [*NOT_IMPORTED, "lightning_fabric", "torch"]
@@ -104,6 +108,4 @@ def test_train_recipe_imports_fabric_without_torchmetrics_or_transformers():
     assert proc.returncode == 0, proc.stderr[-3000:]
     roots = {m.partition(".")[0] for m in json.loads(proc.stdout.strip().splitlines()[-1])}
     assert {"lightning_fabric", "torch"} <= roots, roots  # the test looks at a real training import
-    assert not roots & set(NOT_IMPORTED), (
-        f"import walla.train.run imported {sorted(roots & set(NOT_IMPORTED))}"
-    )
+    assert not roots & set(NOT_IMPORTED), f"the train recipe imported {sorted(roots & set(NOT_IMPORTED))}"
