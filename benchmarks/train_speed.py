@@ -801,11 +801,13 @@ def cli_wall(
     return wall, sum(m["wall_time_s"] for m in metas)
 
 
-def import_wall() -> float:
-    """Wall seconds of a process that only imports the train recipe (torch, Lightning, the store)."""
+def import_wall() -> tuple[float, list[str]]:
+    """Wall seconds of a process that only imports the train recipe (torch, Lightning Fabric, the store),
+    and which of torchmetrics / transformers it imported (Fabric imports torchmetrics where installed)."""
+    code = "import sys, walla.train.run; print(*(m for m in ('torchmetrics', 'transformers') if m in sys.modules))"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import walla.train.run"], check=True)
-    return time.perf_counter() - t0
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return time.perf_counter() - t0, done.stdout.split()
 
 
 def cli_section(args, device: str) -> None:
@@ -820,8 +822,9 @@ def cli_section(args, device: str) -> None:
             "projection 4096), "
             f"H={args.hidden} N={args.rows}; a fresh process each:"
         )
-        imports = import_wall()
-        print(f"  python -c 'import walla.train.run': {imports:.2f} s")
+        imports, heavy = import_wall()
+        said = ", ".join(f"{m} {'yes' if m in heavy else 'no'}" for m in ("torchmetrics", "transformers"))
+        print(f"  python -c 'import walla.train.run': {imports:.2f} s; imported: {said}")
         for n in (1, args.seeds):
             wall, fits = cli_wall(store, Path(tmp, f"runs-{n}"), args.agents, n, device, args.share_epochs)
             print(

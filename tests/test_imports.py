@@ -35,7 +35,7 @@ PRELOAD = (  # third-party only: a walla module here would hide the cycles this 
     "polars",
     "pyarrow",
     "zarr",
-    "lightning",
+    "lightning_fabric",
     "matplotlib.pyplot",
     "scipy.stats",
     "sklearn.metrics",

@@ -34,8 +34,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
-from transformers.utils import logging as hf_logging
 from walla.store.schema import VARIANT_CODE
 
 OFFLINE_DEFAULT = "all-minilm-l6-v2"
@@ -105,6 +103,11 @@ def load_encoder(name: str, truncation_side: str = "right") -> tuple[object, nn.
     Raises:
         ValueError: one line naming the id when it is neither local nor downloadable.
     """
+    # imported here: a run whose frozen embeddings are cached (the demo's) never loads an encoder, and
+    # transformers is ~0.3 s of every `walla train` on this machine, seconds on slow-import machines
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     source, local = _model_source(name)
     hf_logging.disable_progress_bar()
     offline = local or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

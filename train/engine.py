@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.fabric import Fabric
-from lightning.fabric.utilities.apply_func import apply_to_collection
+from lightning_fabric import Fabric
+from lightning_fabric.utilities.apply_func import apply_to_collection
 from torch import nn
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -168,7 +168,8 @@ def resolve_precision(name: str, device: str) -> str:
 
 
 def _quiet_lightning() -> None:
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+    # Fabric's loggers; the `lightning` ones where an installed `lightning` serves --logger wandb (loggers.py)
+    for name in ("lightning_fabric", "lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*GPU available.*")
     # lightning's own pytree deprecation notice

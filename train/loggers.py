@@ -5,8 +5,10 @@
     rows = logs.finish()                             # the rows, also in <run_dir>/logs/metrics.csv
 
 The CSV log (`logs/metrics.csv`, Lightning's CSVLogger) is part of the run format (train/runs.py): the
-plots read it. `kind` adds one more Lightning logger; a logger whose package is not installed is one
-line naming the package to install.
+plots read it. `kind` adds one more Lightning logger; a logger whose packages are not installed is one
+line naming the packages to install. walla depends on Fabric alone (`lightning_fabric`), which has no W&B
+logger: `--logger wandb` uses the one of the full `lightning` package, imported only then (the full
+package also installs torchmetrics, which Fabric imports wherever it is installed: seconds per command).
 """
 
 from __future__ import annotations
@@ -14,19 +16,25 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
 
 LOGGERS = ("csv", "tensorboard", "wandb")
-_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+# per logger, the packages it needs: each entry is one requirement, met by any of its alternatives
+_PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"),), "wandb": (("wandb",), ("lightning",))}
 
 
 def check_logger(kind: str) -> None:
-    """Raise ValueError (one line) for an unknown logger or one whose package is missing."""
+    """Raise ValueError (one line) for an unknown logger or one whose packages are missing."""
     if kind not in LOGGERS:
         raise ValueError(f"--logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
-    pkgs = _PACKAGES.get(kind, ())
-    if pkgs and not any(importlib.util.find_spec(p) for p in pkgs):
-        raise ValueError(f"--logger {kind} needs the {pkgs[0]!r} package: pip install {pkgs[0]}")
+    missing = [
+        alts[0] for alts in _PACKAGES.get(kind, ()) if not any(importlib.util.find_spec(p) for p in alts)
+    ]
+    if missing:
+        names = ", ".join(repr(p) for p in missing)
+        raise ValueError(
+            f"--logger {kind} needs the package{'s' * (len(missing) > 1)} {names}: pip install {' '.join(missing)}"
+        )
 
 
 class RunLogger:
@@ -39,7 +47,8 @@ class RunLogger:
         if kind == "tensorboard":
             self.loggers.append(TensorBoardLogger(str(run_dir), name="logs", version="tensorboard"))
         elif kind == "wandb":
-            from lightning.pytorch.loggers import WandbLogger  # optional: needs the wandb package
+            # the full `lightning` package's (Fabric has none): needs `lightning` and `wandb` (check_logger)
+            from lightning.pytorch.loggers import WandbLogger
 
             self.loggers.append(WandbLogger(name=run_name, save_dir=str(run_dir)))
 

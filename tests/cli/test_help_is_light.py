@@ -19,7 +19,7 @@ from walla.cli.main import COMMANDS
 from walla.market.cli import COMMANDS as MARKET_COMMANDS
 from walla.store.cli import app as store_app
 
-HEAVY = ("torch", "transformers", "lightning", "fastapi", "sqlalchemy")
+HEAVY = ("torch", "transformers", "lightning_fabric", "fastapi", "sqlalchemy")
 ALIASES = ("extract", "store", "train", "eval", "market")
 
 CHILD = r"""

@@ -84,3 +84,29 @@ def test_main_is_the_console_entry_point():
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "walla-train"]
     assert ep.value == "walla.cli.main:walla_train"
+
+
+@pytest.mark.parametrize(
+    ("installed", "message"),
+    [
+        ((), "--logger wandb needs the packages 'wandb', 'lightning': pip install wandb lightning"),
+        (("wandb",), "--logger wandb needs the package 'lightning': pip install lightning"),
+        (("lightning",), "--logger wandb needs the package 'wandb': pip install wandb"),
+        (("wandb", "lightning"), None),
+        (("tensorboardX",), None),
+    ],
+)
+def test_logger_names_every_missing_package(monkeypatch, installed, message):
+    """W&B's logger is the full `lightning` package's (walla depends on Fabric alone): both are named."""
+    import importlib.util
+    import re
+
+    from walla.train import loggers
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    kind = "tensorboard" if "tensorboardX" in installed else "wandb"
+    if message is None:
+        loggers.check_logger(kind)
+    else:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            loggers.check_logger(kind)
