@@ -257,6 +257,11 @@ def compare(
     return {"logprob": d_lp, "hidden": d_h, "cos_min": float(cos.min()), "ok": ok}
 
 
+def step(text: str) -> None:
+    """A measured step as it ends (flushed): a run stopped by a time limit still shows what it measured."""
+    print(f"measured: {text}", flush=True)
+
+
 def measure(args, work: Path, arc_file: Path) -> ShapeRun:
     """Everything of one run, in the order that keeps one model in device memory at a time."""
     device, dtype = args.device, args.dtype
@@ -264,6 +269,10 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
     tok = smollm2_tokenizer(getattr(args, "tokenizer", None))
     model_dir, data = work / f"random-{args.model}", work / "arc-repeated.jsonl"
     r.non_emb = save_random_model(args.model, tok, DTYPES[dtype], device, model_dir)
+    if sys.flags.dont_write_bytecode:  # e.g. PYTHONDONTWRITEBYTECODE=1 in a GPU host's image
+        step(
+            "python writes no bytecode here: every process compiles what it imports, whole-command times include it"
+        )
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the CLI sizes its batches from the memory free now
     r.n_prompts = repeated_arc(arc_file, tok, args.tokens or DEFAULT_TOKENS[args.model], data)
@@ -272,6 +281,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         wall, extraction, lines = run_cli(model_dir, data, store, dtype, device)
         r.cli_wall, r.cli, r.cli_lines = min(r.cli_wall, wall), min(r.cli, extraction), tuple(lines)
         r.cli_walls.append(wall)
+        step(f"default flags, run {i + 1}: whole command {wall:.2f} s, extraction {extraction:.2f} s")
         r.cli_loads += [x for x in lines if re.match(r"model .* loaded ", x)][:1]
         path = Path(lines[-1].strip())
         if i + 1 < args.repeat:
@@ -292,6 +302,9 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         )
         r.cli_other = min(r.cli_other, extraction)
         r.cli_other_walls.append(flip_wall)
+        step(
+            f"--batch-invariant {flip}, run {i + 1}: whole command {flip_wall:.2f} s, extraction {extraction:.2f} s"
+        )
         if not r.invariant_default and i == 0:
             flipped = read_feature_set(Path(flip_lines[-1].strip()))
             r.invariant_scoring = str(flipped.meta["inputs"].get("invariant_scoring", "?"))
@@ -306,6 +319,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         for b in sizes:
             lp_b, hid_b, seconds = bare_loop(model, tok, prompts, cand, b, device)
             r.loops[b] = min(r.loops[b], seconds)
+            step(f"bare loop, batch {b}: {seconds:.2f} s")
             if seconds <= r.loop:
                 r.loop, lp, hid = seconds, lp_b, hid_b
     cli_hidden = np.asarray(fs.hidden[:]).astype(np.float32)
