@@ -676,8 +676,12 @@ class HFBackend:
     def compile(self) -> None:
         """Compile the decoder layers and trace them once on a 2-row batch of the scoring path, so the first
         real batches reuse that graph (sizes 1 and 2+ compile separately: torch specializes size 1)."""
-        if self.batch_invariant:  # probed eager, before the layers compile: one verdict and one cache entry,
-            self.settle_invariance()  # whether the self-check ran it first or was cached (then it ran compiled)
+        # the packed path (CPU) is probed eager, before the layers compile: one verdict and one cache entry,
+        # whether the self-check ran it first or was cached (its probe's many shapes would each recompile); the
+        # fixed-shape path is probed after, on the compiled forward that will run (one shape: one graph per
+        # step count), see probe_after_compile
+        if self.batch_invariant and not self.probe_after_compile(True):
+            self.settle_invariance()
         compile_layers(self.model)
         # no shared-prefix KV cache when compiled: a layer reads its own cache slot, so dynamo would recompile
         # the layer graph for every layer index (and fall back to eager past its recompile limit)
@@ -685,6 +689,12 @@ class HFBackend:
         ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
         forward = self.forward_packed if self.batch_invariant else self.forward_batch
         forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
+
+    def probe_after_compile(self, compiled: bool) -> bool:
+        """Whether the invariance probe runs on the compiled forward (fixed shapes, compiled) rather than eager
+        before compiling (the packed path): the fixed path's compiled attention has other bits than its eager
+        one, so a probe of the eager forward would not vouch for what runs."""
+        return compiled and self.batch_invariant and self.fixed_shapes
 
     def close(self) -> None:
         self.model = self.decoder = self.head = None
@@ -734,9 +744,8 @@ def load_hf_backend(
             f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
             f"{backend.hidden_size}; fix manifests/models.yaml"
         )
-    if (
-        backend.batch_invariant
-    ):  # the probes invariant scoring rests on (cached per machine): their own seconds
+    probe_late = backend.probe_after_compile(compiled)
+    if backend.batch_invariant and not probe_late:  # the probes invariant scoring rests on (cached): timed
         t = time.perf_counter()
         backend.settle_invariance()
         times["invariance probes"] = time.perf_counter() - t
@@ -752,5 +761,9 @@ def load_hf_backend(
         backend.compile()
         cached = hf_compile.served_from_cache(before, hf_compile.cache_counts())
         times["compile (cached)" if cached else "compile"] = time.perf_counter() - t
+    if probe_late:  # on the compiled forward that will run (probe_after_compile)
+        t = time.perf_counter()
+        backend.settle_invariance()
+        times["invariance probes (compiled)"] = time.perf_counter() - t
     backend.load_times = times
     return backend

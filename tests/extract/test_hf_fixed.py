@@ -154,13 +154,23 @@ def test_bf16_matmul_path_gives_the_same_bits_in_two_mixes_and_right_numbers(tok
         np.testing.assert_allclose(res.hidden[i], hid[-1].numpy(), atol=0.1, rtol=0.05)
 
 
-def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes(tok, monkeypatch):
-    """compile on: the decoder layers and `attend` compiled (one graph per step count), still a prompt's bits the
-    same alone and in two mixes, and other bits than eager (the fingerprint's `compile` key tells them apart)."""
+def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes(tok, monkeypatch, tmp_path):
+    """compile on: the decoder layers and `attend` compiled (one graph per step count), the load-time probe run on
+    that compiled forward, still a prompt's bits the same alone and in two mixes, and other bits than eager (the
+    fingerprint's `compile` key tells them apart)."""
     monkeypatch.setattr(hf_fixed, "_COMPILED", [])
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    probed_compiled = []
+    probe = hf_fixed_probe.probe_fixed
+    monkeypatch.setattr(
+        hf_fixed_probe, "probe_fixed", lambda be: probed_compiled.append(be.compiled) or probe(be)
+    )
     model = tiny_model(len(tok)).to(torch.bfloat16)
     be = fixed(copy.deepcopy(model), tok, compiled=True)
+    assert be.rows_invariant is None  # not probed eager before compiling (probe_after_compile)
     enc = prompts(tok, (1, 17, 140, 300, 33))
+    be.score(["x"] * len(enc), CAND, enc=enc)
+    assert probed_compiled == [True] and be.rows_invariant is True  # the probe ran the compiled forward
     assert_mixes_bit_identical(be, enc)
     assert hf_fixed._COMPILED, "the compiled forward ran eager attention"
     eager = hf_fixed.score(fixed(model, tok), enc, CAND)
