@@ -158,7 +158,7 @@ def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes
     """compile on: the decoder layers and `attend` compiled (one graph per step count), the load-time probe run on
     that compiled forward, still a prompt's bits the same alone and in two mixes, and other bits than eager (the
     fingerprint's `compile` key tells them apart)."""
-    monkeypatch.setattr(hf_fixed, "_COMPILED", [])
+    hf_fixed.compiled_attend.cache_clear()
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
     probed_compiled = []
     probe = hf_fixed_probe.probe_fixed
@@ -172,7 +172,7 @@ def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes
     be.score(["x"] * len(enc), CAND, enc=enc)
     assert probed_compiled == [True] and be.rows_invariant is True  # the probe ran the compiled forward
     assert_mixes_bit_identical(be, enc)
-    assert hf_fixed._COMPILED, "the compiled forward ran eager attention"
+    assert hf_fixed.compiled_attend.cache_info().currsize, "the compiled forward ran eager attention"
     eager = hf_fixed.score(fixed(model, tok), enc, CAND)
     assert not np.array_equal(eager.hidden, hf_fixed.score(be, enc, CAND).hidden)
 
