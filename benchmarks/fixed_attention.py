@@ -7,12 +7,13 @@ One pack of ARC-like prompts (lengths ~N(84, 25) tokens, as the ARC prompts of t
 out as hf_fixed lays them (starts at multiples of 16, padded to `--tokens`), random bf16 q/k/v of the 8B shape's
 heads (32 query heads, 8 kv heads, 128 dims). Timed, best of `--repeat`, same inputs:
 
-- `attend` eager (the fixed path with --compile off) and compiled (`compiled_attend`, with --compile on);
+- `attend` eager (the fixed path with --compile off) and compiled (`compiled_steps`, with --compile on);
 - SDPA on the same prompts as a right-padded batch [prompts, heads, longest, 128], causal (what the padded
   path's attention costs; it needs no mask per block because each prompt is its own row).
 
 It also checks what the fixed path promises, bit for bit: the first prompt's rows are the same at another
-offset among other prompts, and in a pack whose longest prompt needs 3 key steps where its own needs 1.
+offset among other prompts, and in packs whose longest prompt needs 3 and many (9 at 8,192 tokens) key steps
+where its own needs 1 (the compiled steps: the same graphs for any step count).
 Last line: `RESULT device=.. eager_ms=.. compiled_ms=.. sdpa_ms=.. same_bits=..`.
 """
 
@@ -111,9 +112,12 @@ def main() -> None:
     # the promise: a prompt's rows the same bits at another offset among others, and with 3 key steps vs 1
     n0, s0 = lengths[0], lay.starts[0]
     checks = {}
+    long_ = min(1100, n_tok - hf_fixed.aligned(n0) - hf_fixed.QUANTUM)  # 9 key steps at 8,192 tokens
+    many = hf_fixed.steps(hf_fixed.aligned(long_) // hf_fixed.QUANTUM, None)
     for name, lens, at in (
         ("another mix", [*lengths[1:5], n0, *lengths[5:]], 4),
         ("3 key steps", [n0, 300], 0),
+        (f"{many} key steps", [n0, long_], 0),
     ):
         lay2, st2 = stream(lens, n_tok, dev)
         s2 = lay2.starts[at]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31's CUDA checks in one go (~8 minutes on an H100), for a GPU host where walla and its dependencies
+# Issue 31's CUDA checks in one go (~8 minutes on an H100; the most wanted first), for a GPU host where walla and its dependencies
 # import (`python3 -c "import walla.extract.run, walla.train.run"`), run from the repository root:
 #
 #     bash benchmarks/gpu_check.sh OUT_DIR TOKENIZER_DIR ARC_DATA_DIR
@@ -21,10 +21,10 @@ T0=$SECONDS
 python3 -c "import walla.extract.run, walla.train.run, transformers.models.llama.modeling_llama"
 echo "bytecode written in $((SECONDS - T0)) s" | tee "$OUT/bytecode.log"
 /usr/bin/time -f "import walla.extract.run: %e s" python3 -c "import walla.extract.run" 2>&1 | tee -a "$OUT/bytecode.log"
-timeout 90 python3 benchmarks/fixed_attention.py --device cuda 2>&1 | tee "$OUT/fixed_attention.log"
 timeout 330 python3 benchmarks/extract_throughput.py --device cuda --model 8b --tokenizer "$TOK" \
-    --loop-batch 128,256 --repeat 2 2>&1 | tee "$OUT/extract_8b.log"
+    --loop-batch 64,128 --repeat 2 2>&1 | tee "$OUT/extract_8b.log"
 timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/extract/test_gpu.py tests/train 2>&1 |
     tee "$OUT/gpu_tests.log"
 timeout 90 python3 benchmarks/train_speed.py --device cuda --only-share --cli 2>&1 | tee "$OUT/train_speed.log"
+timeout 60 python3 benchmarks/fixed_attention.py --device cuda 2>&1 | tee "$OUT/fixed_attention.log"
 echo "gpu_check: done in $((SECONDS - T0)) s"

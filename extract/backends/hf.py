@@ -687,6 +687,9 @@ class HFBackend:
         # the layer graph for every layer index (and fall back to eager past its recompile limit)
         self.compiled, self.prefix_cache = True, False
         ids = self.encode("The capital of France is Paris. The capital of Italy is Rome.")
+        if self.batch_invariant and self.fixed_shapes:  # one key step and more: every attention graph now
+            step = hf_fixed.KEY_BLOCKS * hf_fixed.QUANTUM
+            ids = (ids * step)[: step + 1]
         forward = self.forward_packed if self.batch_invariant else self.forward_batch
         forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 

@@ -44,7 +44,7 @@ from walla.extract.scoring import run_groups
 
 FIXED_IMPL = "walla_fixed"  # the attention implementation name registered below
 FIXED_SCORING = (
-    "fixed-v2"  # version of these numerics (the fingerprint's invariant_scoring): bump on any change
+    "fixed-v3"  # version of these numerics (the fingerprint's invariant_scoring): bump on any change
 )
 PACK_TOKENS = 8192  # P: tokens of every forward (not sized from free memory: the fingerprint records it)
 QUANTUM = 16  # Q: prompts start at multiples of Q tokens; attention runs in blocks of Q queries and Q keys
@@ -137,7 +137,7 @@ class _Stream:
     masks: dict = field(
         default_factory=dict
     )  # window -> per step: [nb, Q, KEY_BLOCKS * Q] bool, True = masked
-    compiled: bool = False  # the decoder layers are compiled: so is the attention (compiled_attend)
+    compiled: bool = False  # the decoder layers are compiled: so are the attention steps (compiled_steps)
 
 
 _STREAM: contextvars.ContextVar[_Stream | None] = contextvars.ContextVar("walla_fixed", default=None)
@@ -216,7 +216,7 @@ def fixed_attention_core(
     """Causal attention of a fixed-shape stream: q [1, Hq, L, D], k/v [1, Hkv, L, D] -> [1, L, Hq, D].
 
     The step masks are built once per forward and window (every layer reuses them); `attend` does the rest,
-    compiled where the stream's forward is (`_Stream.compiled`: the decoder layers are compiled).
+    its steps compiled where the stream's forward is (`_Stream.compiled`: the decoder layers are compiled).
     """
     length = query.shape[2]
     if key.shape[2] != length or length % QUANTUM:
@@ -227,8 +227,7 @@ def fixed_attention_core(
         masks = stream.masks[window] = [~x for x in step_masks(stream.block_start, n_steps, window)]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     mm = attention_matmul(query.device.type, query.dtype)
-    fn = compiled_attend() if stream.compiled else attend
-    return fn(query, key, value, masks, scale, softcap, mm)
+    return attend(query, key, value, masks, scale, softcap, mm, compiled=stream.compiled)
 
 
 def attend(
@@ -239,6 +238,7 @@ def attend(
     scale: float,
     softcap: float | None,
     mm: torch.dtype,
+    compiled: bool = False,
 ) -> torch.Tensor:
     """fixed_attention_core's arithmetic over len(masks) key steps (`masks[c]`: [nb, Q, W*Q], True = masked).
 
@@ -247,6 +247,7 @@ def attend(
     not depend on the other blocks (module docstring). Step 0 starts the online softmax (sums of exp(score -
     max)); a later step rescales by exp(old max - new max), which is exactly 1 and adds exact zeros for a row
     whose keys in that step are all masked, so a prompt's bits do not depend on how many steps its pack needs.
+    `compiled`: each step through one compiled graph (compiled_steps), so any step count runs the same graphs.
     """
     _, hq, length, d = query.shape
     hkv = key.shape[1]
@@ -256,46 +257,66 @@ def attend(
     qf = query[0].reshape(hkv, g, nb, q, d).transpose(1, 2).reshape(b, g * q, d).to(mm)  # [B, G*Q, D]
     kf, vf = _windows(key, pad, mm), _windows(value, pad, mm)
     factor = 1.0 if softcap else scale  # applied to (score - max): one pass fewer than scaling the scores
-    total = acc = m = None
+    first, later, finish = compiled_steps() if compiled else (first_step, later_step, finish_steps)
+    state = ()
     for c in range(n_steps):  # nearest keys first, a fixed order
         offset = (n_steps - 1 - c) * w * q * d
         kc = kf.as_strided((b, w * q, d), (q * d, d, 1), offset)  # [B, W*Q, D], a view
         vc = vf.as_strided((b, w * q, d), (q * d, d, 1), offset)
-        s = _bmm32(qf, kc.transpose(1, 2))  # [B, G*Q, W*Q] float32
-        if softcap:
-            s = torch.tanh(s * (scale / softcap)) * softcap
-        s = (
-            s.view(hkv, nb, g, q, w * q)
-            .masked_fill(masks[c][None, :, None], -torch.inf)
-            .view(b, g * q, w * q)
-        )
-        if c == 0:  # every row sees at least its own key here
-            m = s.amax(-1, keepdim=True)
-            e = ((s - m) * factor).exp()  # exact zeros where masked
-            total = e.sum(-1, keepdim=True)
-            acc = _bmm32(e.to(mm), vc)  # [B, G*Q, D]
-        else:
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # a step with no allowed key: m_new = m
-            alpha = ((m - m_new) * factor).exp()  # 1 exactly where nothing changed
-            e = ((s - m_new) * factor).exp()
-            total = total * alpha + e.sum(-1, keepdim=True)
-            acc = acc * alpha + _bmm32(e.to(mm), vc)
-            m = m_new
-    out = (acc / total).view(hkv, nb, g, q, d).permute(1, 3, 0, 2, 4)  # [nb, Q, Hkv, G, D]
-    return out.reshape(1, length, hq, d).to(query.dtype)
+        step = later if c else first
+        state = step(qf, kc, vc, masks[c], *state, scale=scale, factor=factor, softcap=softcap)
+    return finish(state[2], state[1], hkv, query.dtype)
+
+
+def _step_scores(qf, kc, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    """One step's float32 scores [B, G*Q, W*Q], -inf where `mask` ([nb, Q, W*Q]) is True."""
+    b, gq, _ = qf.shape
+    nb, q, wq = mask.shape
+    s = _bmm32(qf, kc.transpose(1, 2))
+    if softcap:
+        s = torch.tanh(s * (scale / softcap)) * softcap
+    return s.view(b // nb, nb, gq // q, q, wq).masked_fill(mask[None, :, None], -torch.inf).view(b, gq, wq)
+
+
+def first_step(qf, kc, vc, mask, *, scale: float, factor: float, softcap: float | None):
+    """Step 0 of the online softmax: (max, sum of exp, exp-weighted values); every row sees its own key here."""
+    s = _step_scores(qf, kc, mask, scale, softcap)
+    m = s.amax(-1, keepdim=True)
+    e = ((s - m) * factor).exp()  # exact zeros where masked
+    return m, e.sum(-1, keepdim=True), _bmm32(e.to(kc.dtype), vc)  # acc: [B, G*Q, D]
+
+
+def later_step(qf, kc, vc, mask, m, total, acc, *, scale: float, factor: float, softcap: float | None):
+    """A later step: rescale what came before by exp(old max - new max) (exactly 1 where this step's keys are
+    all masked: then it adds exact zeros) and add this step's keys."""
+    s = _step_scores(qf, kc, mask, scale, softcap)
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # a step with no allowed key: m_new = m
+    alpha = ((m - m_new) * factor).exp()  # 1 exactly where nothing changed
+    e = ((s - m_new) * factor).exp()
+    return m_new, total * alpha + e.sum(-1, keepdim=True), acc * alpha + _bmm32(e.to(kc.dtype), vc)
+
+
+def finish_steps(acc: torch.Tensor, total: torch.Tensor, hkv: int, dtype: torch.dtype) -> torch.Tensor:
+    """[Hkv*nb, G*Q, D] sums -> attention output [1, L, Hq, D] in the model's dtype."""
+    b, gq, d = acc.shape
+    nb, q = b // hkv, QUANTUM
+    out = (acc / total).view(hkv, nb, gq // q, q, d).permute(1, 3, 0, 2, 4)  # [nb, Q, Hkv, G, D]
+    return out.reshape(1, nb * q, hkv * gq // q, d).to(dtype)
 
 
 @functools.cache  # made at the first compiled forward, then reused
-def compiled_attend():
-    """`attend` through torch.compile with static shapes (every stream has one shape; one graph per step count,
-    softcap and dtype): inductor fuses each step's mask, max, exp and sum into a few kernels where eager torch
-    runs ~8 passes over the float32 scores (H100, 8B shape: 0.47 vs 1.38 ms a layer). Its numbers are those
-    of the compiled forward the fingerprint's `compile` records."""
-    return torch.compile(attend, dynamic=False)
+def compiled_steps():
+    """(first_step, later_step, finish_steps) through torch.compile with static shapes: one graph each per stream
+    shape, softcap and dtype, whatever the step count (a loop compiled whole would unroll into one graph per
+    count: a 9,000-token prompt has 71 steps, and past dynamo's recompile limit a count would silently run
+    eager, with other bits). Inductor fuses each step's mask, max, exp and sum into a few kernels where eager
+    torch runs ~8 passes over the float32 scores. Their numbers are those of the compiled forward the
+    fingerprint's `compile` records."""
+    return tuple(torch.compile(f, dynamic=False) for f in (first_step, later_step, finish_steps))
 
 
 # compiled layers break the graph here: this reads the stream (a context variable, its mask cache) outside any
-# graph; `attend` itself is compiled on its own where the layers are (compiled_attend)
+# graph; its steps are compiled on their own where the layers are (compiled_steps)
 @torch.compiler.disable
 def fixed_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers attention function of the fixed-shape stream: [1, H, L, D] q/k/v -> ([1, L, H, D], None)."""

@@ -155,10 +155,10 @@ def test_bf16_matmul_path_gives_the_same_bits_in_two_mixes_and_right_numbers(tok
 
 
 def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes(tok, monkeypatch, tmp_path):
-    """compile on: the decoder layers and `attend` compiled (one graph per step count), the load-time probe run on
+    """compile on: the decoder layers and the attention steps compiled (compiled_steps), the load-time probe run on
     that compiled forward, still a prompt's bits the same alone and in two mixes, and other bits than eager (the
     fingerprint's `compile` key tells them apart)."""
-    hf_fixed.compiled_attend.cache_clear()
+    hf_fixed.compiled_steps.cache_clear()
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
     probed_compiled = []
     probe = hf_fixed_probe.probe_fixed
@@ -172,9 +172,36 @@ def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes
     be.score(["x"] * len(enc), CAND, enc=enc)
     assert probed_compiled == [True] and be.rows_invariant is True  # the probe ran the compiled forward
     assert_mixes_bit_identical(be, enc)
-    assert hf_fixed.compiled_attend.cache_info().currsize, "the compiled forward ran eager attention"
+    assert hf_fixed.compiled_steps.cache_info().currsize, "the compiled forward ran eager attention"
     eager = hf_fixed.score(fixed(model, tok), enc, CAND)
     assert not np.array_equal(eager.hidden, hf_fixed.score(be, enc, CAND).hidden)
+
+
+def test_compiled_attention_runs_the_same_graphs_for_any_step_count(monkeypatch):
+    """The compiled attention steps: packs needing 1, 2, 5 and 9 key steps run the graphs compiled for the first
+    (a recompile raises here: a loop compiled whole would unroll one graph per count and, past dynamo's
+    recompile limit, silently run eager with other bits), and a prompt's rows are the same bits in each."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    hf_fixed.compiled_steps.cache_clear()
+    torch._dynamo.reset()
+    tokens, n0 = 1280, 40
+    g = torch.Generator().manual_seed(0)
+    q0, k0, v0 = (torch.randn(1, h, n0, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+    rows, counts = [], []
+    for other in (None, 130, 600, 1100):  # the other prompt's key steps: -, 2, 5, 9
+        lens = [n0] if other is None else [n0, other]
+        lay = hf_fixed.layout([[1] * n for n in lens], 0, tokens)
+        q, k, v = (torch.randn(1, h, tokens, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+        for dst, src in zip((q, k, v), (q0, k0, v0), strict=True):
+            dst[0, :, :n0] = src[0]
+        st = hf_fixed._Stream(lay.block_start, lay.span, compiled=True)
+        counts.append(hf_fixed.steps(lay.span, None))
+        rows.append(hf_fixed.fixed_attention_core(q, k, v, st)[0, :n0])
+    assert counts == [1, 2, 5, 9]
+    for c, r in zip(counts[1:], rows[1:], strict=True):
+        assert torch.equal(r, rows[0]), f"{c} key steps: other bits than 1 step"
 
 
 def test_fixed_scoring_matches_the_naive_full_computation(tok):
@@ -246,7 +273,7 @@ def test_identity_and_settle_record_the_fixed_path():
         "batch-invariant fixed (fixed path) [--backend-arg batch_invariant]",
     )
     ident = hf_identity(bf16, False, batch_invariant=True, fixed=hf_fixed.fixed_identity("cpu", bf16))
-    assert ident["invariant_scoring"] == "fixed-v2" == hf_fixed.FIXED_SCORING
+    assert ident["invariant_scoring"] == "fixed-v3" == hf_fixed.FIXED_SCORING
     assert ident["fixed_shapes"] == {
         "pack_tokens": 8192,
         "attention_matmul": "float32",  # no mixed-dtype bmm on the CPU
@@ -258,7 +285,7 @@ def test_identity_and_settle_record_the_fixed_path():
     rm = ResolvedModel("m", "/models/m", None, None, {"source": "local", "path": "/models/m"})
     req = BackendRequest(rm, "bfloat16", "cpu", False, None, batch_tokens=4096, shard_rows=64)
     s = HF.settle(req, HFOptions(compile="off", batch_invariant="fixed"))
-    assert s.tier == "bitwise" and s.identity["invariant_scoring"] == "fixed-v2"
+    assert s.tier == "bitwise" and s.identity["invariant_scoring"] == "fixed-v3"
     assert s.options.batch_invariant == "fixed" and "batch_invariant=fixed" in s.command_args
     packed = HF.settle(req, HFOptions(compile="off", batch_invariant="on"))
     assert packed.identity["invariant_scoring"] == 2 and "fixed_shapes" not in packed.identity
@@ -276,7 +303,7 @@ def test_identity_and_settle_record_the_fixed_path():
     else:
         assert cuda.tier == "batch-recorded" and "fixed_shapes" not in cuda.identity
     on = HF.settle(replace(req, device="cuda"), HFOptions(compile="off", batch_invariant="on"))
-    assert on.options.batch_invariant == "fixed" and on.identity["invariant_scoring"] == "fixed-v2"
+    assert on.options.batch_invariant == "fixed" and on.identity["invariant_scoring"] == "fixed-v3"
     assert on.identity["fixed_shapes"] == hf_fixed.fixed_identity("cuda", bf16)
     # `on` on a CPU (packed) and on CUDA (fixed): the path follows from the device, so a store set of one is
     # "made elsewhere" for the other (extract/run.py refuses it) rather than a second set of its own
