@@ -177,28 +177,28 @@ def test_compiled_layers_and_attention_give_the_same_bits_alone_and_in_two_mixes
     assert not np.array_equal(eager.hidden, hf_fixed.score(be, enc, CAND).hidden)
 
 
-def test_compiled_attention_runs_the_same_graphs_for_any_step_count(monkeypatch):
+def test_compiled_attention_runs_the_same_graphs_for_any_step_count():
     """The compiled attention steps: packs needing 1, 2, 5 and 9 key steps run the graphs compiled for the first
     (a recompile raises here: a loop compiled whole would unroll one graph per count and, past dynamo's
     recompile limit, silently run eager with other bits), and a prompt's rows are the same bits in each."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     hf_fixed.compiled_steps.cache_clear()
     torch._dynamo.reset()
     tokens, n0 = 1280, 40
     g = torch.Generator().manual_seed(0)
     q0, k0, v0 = (torch.randn(1, h, n0, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
     rows, counts = [], []
-    for other in (None, 130, 600, 1100):  # the other prompt's key steps: -, 2, 5, 9
-        lens = [n0] if other is None else [n0, other]
-        lay = hf_fixed.layout([[1] * n for n in lens], 0, tokens)
-        q, k, v = (torch.randn(1, h, tokens, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
-        for dst, src in zip((q, k, v), (q0, k0, v0), strict=True):
-            dst[0, :, :n0] = src[0]
-        st = hf_fixed._Stream(lay.block_start, lay.span, compiled=True)
-        counts.append(hf_fixed.steps(lay.span, None))
-        rows.append(hf_fixed.fixed_attention_core(q, k, v, st)[0, :n0])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for other in (None, 130, 600, 1100):  # the other prompt's key steps: -, 2, 5, 9
+            lens = [n0] if other is None else [n0, other]
+            lay = hf_fixed.layout([[1] * n for n in lens], 0, tokens)
+            q, k, v = (torch.randn(1, h, tokens, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+            for dst, src in zip((q, k, v), (q0, k0, v0), strict=True):
+                dst[0, :, :n0] = src[0]
+            st = hf_fixed._Stream(lay.block_start, lay.span, compiled=True)
+            counts.append(hf_fixed.steps(lay.span, None))
+            rows.append(hf_fixed.fixed_attention_core(q, k, v, st)[0, :n0])
     assert counts == [1, 2, 5, 9]
     for c, r in zip(counts[1:], rows[1:], strict=True):
         assert torch.equal(r, rows[0]), f"{c} key steps: other bits than 1 step"
@@ -346,6 +346,36 @@ def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_si
     for col in ("raw_option_logprobs", "prompt_nll"):
         assert a.rows[col].to_list() == b.rows[col].to_list(), col
     np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
+
+
+def test_compiled_fixed_path_probes_the_compiled_forward_once_then_reads_its_verdict(tmp_path, monkeypatch):
+    """`--backend-arg batch_invariant=fixed --backend-arg compile=on`, run twice: the probe runs once, on the
+    compiled forward, and the second run reads its verdict (the self-check used to settle the probe eager, cached
+    under the eager key, so the first run's verdict came from eager and every later run probed again: 48.7 s
+    of a 58 s load of SmolLM2 on the CPU, ~11 s of each 8B run on an H100)."""
+    data = register_tiny_catalog(tmp_path, monkeypatch, QUESTIONS, seed=3)
+    seen: list[bool] = []
+    probe = hf_fixed_probe.probe_fixed
+    monkeypatch.setattr(hf_fixed_probe, "probe_fixed", lambda be: seen.append(be.compiled) or probe(be))
+    loads = []
+    for i in range(2):
+        cfg = ExtractConfig(
+            model="tiny",
+            dataset="mine",
+            backend="hf",
+            data_file=data,
+            progress=False,
+            device="cpu",
+            dtype="bfloat16",
+            store=tmp_path / f"s{i}",
+            backend_args={"batch_invariant": "fixed", "compile": "on"},
+        )
+        lines: list[str] = []
+        run_mod.run(cfg, out=lines.append)
+        loads += [x for x in lines if x.startswith("model tiny loaded")]
+    assert seen == [True], seen  # once, compiled
+    assert len(loads) == 2 and "self-check (cached)" in loads[1], loads
+    assert all("invariance probes (compiled)" in x for x in loads), loads
 
 
 @pytest.mark.slow
