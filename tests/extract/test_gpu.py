@@ -144,7 +144,7 @@ def test_weights_load_straight_onto_the_gpu(local_model, monkeypatch):
 
 
 def test_compile_auto_on_cuda_and_compiled_equals_eager():
-    assert explain_compile("auto", 200_000, "cuda")[0] is True
+    assert explain_compile("auto", 2_000_000, "cuda")[0] is True
     tok = tiny_tokenizer()
     model = tiny_model(len(tok), **GPU_MODEL).to("cuda", torch.bfloat16)
     eager = HFBackend(model, tok, batch_tokens=256, batch_invariant=False)
