@@ -82,6 +82,7 @@ class ShapeRun:
     cli_wall: float = math.inf
     cli_walls: list[float] = field(default_factory=list)  # whole command per run: the first with cold caches
     cli_loads: list[str] = field(default_factory=list)  # the CLI's model-load line per run
+    cli_timelines: list[str] = field(default_factory=list)  # where each CLI run's time went (where_it_went)
     cli: float = math.inf  # extraction as the CLI prints it
     loop: float = math.inf
     cli_lines: tuple[str, ...] = ()
@@ -195,9 +196,20 @@ def timed_cli(cmd: list[str]) -> tuple[float, float, list[str]]:
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"walla-extract failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    lines = proc.stdout.splitlines()
+    # the stderr line saying where the whole command went (walla.extract.timeline) first, the stored path last
+    done = [x for x in proc.stderr.splitlines() if x.startswith("walla extract: done in ")]
+    lines = done + proc.stdout.splitlines()
     m = next(re.search(r"rows in ([0-9.]+) s", x) for x in lines if x.startswith("wrote "))
     return wall, float(m.group(1)), lines
+
+
+def where_it_went(wall: float, lines: list[str]) -> str:
+    """The CLI's last line (where the command's time went) and what came after it: process exit."""
+    done = next((x for x in lines if x.startswith("walla extract: done in ")), None)
+    if done is None:
+        return "(no timeline line)"
+    said = float(re.search(r"done in ([0-9.]+) s", done).group(1))
+    return f"{done.removeprefix('walla extract: ')}; then exit {max(0.0, wall - said):.1f} s"
 
 
 def sync(device: str) -> None:
@@ -283,6 +295,7 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         r.cli_walls.append(wall)
         step(f"default flags, run {i + 1}: whole command {wall:.2f} s, extraction {extraction:.2f} s")
         r.cli_loads += [x for x in lines if re.match(r"model .* loaded ", x)][:1]
+        r.cli_timelines.append(f"default flags, run {i + 1}: {where_it_went(wall, lines)}")
         path = Path(lines[-1].strip())
         if i + 1 < args.repeat:
             shutil.rmtree(store)
@@ -302,6 +315,10 @@ def measure(args, work: Path, arc_file: Path) -> ShapeRun:
         )
         r.cli_other = min(r.cli_other, extraction)
         r.cli_other_walls.append(flip_wall)
+        load = [x for x in flip_lines if re.match(r"model .* loaded ", x)][:1]
+        r.cli_timelines.append(
+            f"--batch-invariant {flip}, run {i + 1}: {where_it_went(flip_wall, flip_lines)}; {' '.join(load)}"
+        )
         step(
             f"--batch-invariant {flip}, run {i + 1}: whole command {flip_wall:.2f} s, extraction {extraction:.2f} s"
         )
@@ -344,7 +361,8 @@ def report(r: ShapeRun) -> None:
     n = dtype_probe.probe_shape(r.device)[0]
     print(f"GEMM peak ({n}x{n}x{n} {r.dtype} on {r.device}, this run): {r.peak / scale:.1f} {unit}")
     print(
-        "walla-extract said: " + " | ".join(x for x in r.cli_lines if not x.startswith(("questions:", "  ")))
+        "walla-extract said: "
+        + " | ".join(x for x in r.cli_lines if not x.startswith(("questions:", "  ", "walla extract: done")))
     )
     flipped = "on" if not r.invariant_default else "off"
     rows = (
@@ -382,6 +400,8 @@ def report(r: ShapeRun) -> None:
     )
     for i, line in enumerate(r.cli_loads):
         print(f"run {i + 1}: {line}")
+    for line in r.cli_timelines:
+        print(f"where it went, {line}")
     cold = f" (first run, caches cold: {r.loop / r.cli_walls[0]:.2f}x)" if len(r.cli_walls) > 1 else ""
     print(
         f"CLI vs bare loop ({r.dtype} both): extraction {r.loop / r.cli:.2f}x; whole command incl. start-up, "

@@ -18,10 +18,11 @@ exit codes for everything else. `walla --install-completion` sets up shell compl
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 
 import typer
+from walla.cli.finish import finish
 from walla.cli.lazy import Lazy, lazy_group, load, run
 
 COMMANDS = {  # the one list of walla's subcommands: name -> where it lives, its one-line help
@@ -75,16 +76,20 @@ def _root(
     """walla: aggregate LLM predictions with wagering mechanisms (extract -> store -> train -> eval)."""
 
 
+def _subcommand(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main() -> None:
     """`walla ...`"""
-    sys.exit(run(app, sys.argv[1:], "walla"))
+    finish(run(app, sys.argv[1:], "walla"), _subcommand(sys.argv[1:]))
 
 
 def _alias(name: str) -> Callable[[], None]:
     """`walla-<name> ...` is `walla <name> ...` (the console scripts of earlier versions)."""
 
     def alias() -> None:
-        sys.exit(run(load(COMMANDS[name]), sys.argv[1:], f"walla-{name}"))
+        finish(run(load(COMMANDS[name]), sys.argv[1:], f"walla-{name}"), name)
 
     alias.__doc__ = f"`walla-{name} ...`: `walla {name} ...`"
     return alias

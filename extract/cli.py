@@ -116,11 +116,14 @@ def extract(
     # the recipe imports torch and transformers: only when the command runs, so parsing and --help stay fast
     from walla.extract.hub import HubUnavailableError
     from walla.extract.run import run
+    from walla.extract.timeline import Timeline
     from walla.manifests.validate import ConfigError
     from walla.store.files import describe_os_error
 
     try:
-        run(cfg, out=typer.echo)
+        timeline = Timeline()  # after the imports: start-up includes them
+        run(cfg, out=typer.echo, timeline=timeline)
+        typer.echo(timeline.line(), err=True)  # on stderr: stdout's last line stays the feature set's path
     except KeyError as e:
         _fail(str(e.args[0] if e.args else e), 2)
     except ConfigError as e:  # a bad --backend-arg, checked against the chosen backend's options
@@ -136,7 +139,11 @@ def extract(
 
 
 def main() -> None:
-    app(prog_name="walla-extract")
+    """`python -m walla.extract.cli ...`: `walla extract ...`."""
+    from walla.cli.finish import finish
+    from walla.cli.lazy import run as run_command
+
+    finish(run_command(app, sys.argv[1:], "walla-extract"), "extract")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.progress import Progress
 from walla.extract.prompts import PromptTemplate, build_prompts, get_template
 from walla.extract.splits import SplitProtocol
+from walla.extract.timeline import Timeline
 from walla.extract.variant import prepare_variant, score_and_write
 from walla.manifests import catalog  # module attribute: tests swap catalog.load_models / load_datasets
 from walla.store.featureset import FeatureSetSpec, find_complete, open_writer, read_feature_set, writer_lock
@@ -155,31 +156,35 @@ def settle_run(
     return settle_backend(kind, request, backend_args(cfg, model_entry, kind), recorded)
 
 
-def run(cfg: ExtractConfig, out=print) -> list[Path]:
+def run(cfg: ExtractConfig, out=print, timeline: Timeline | None = None) -> list[Path]:
     """Extract every requested variant of (model, dataset) into the store; return the feature-set paths.
+    `timeline` (the CLI's) gets the seconds of each phase: inputs, settle, model load, extraction.
 
     Raises:
         KeyError: unknown model or dataset name (message lists close matches).
         hub.HubUnavailableError: hub model/dataset unreachable, gated or not cached (one line).
         ValueError: malformed data, bad settings, store problems (one line naming the input).
     """
+    tl = timeline or Timeline()
     # 1. resolve names (a models.yaml name, or an ad hoc hf:org/x, a directory, a .gguf) ------------------
-    model_name, m_entry = catalog.resolve_model_name(cfg.model, catalog.load_models())
-    d_entry = _lookup(catalog.load_datasets(), cfg.dataset, "dataset")
-    template = get_template(default_template(d_entry.loader, d_entry.prompt))
-    variants = _variants(cfg, d_entry, template)
-    kind = choose_backend(cfg, m_entry)
-    device = cfg.device or kind.default_device()
-    if not cfg.ray_address:  # on a cluster the workers' devices count, not the driver's (they check)
-        kind.check_device(device)
-    rm = resolve_model(m_entry)
+    with tl.phase("inputs"):
+        model_name, m_entry = catalog.resolve_model_name(cfg.model, catalog.load_models())
+        d_entry = _lookup(catalog.load_datasets(), cfg.dataset, "dataset")
+        template = get_template(default_template(d_entry.loader, d_entry.prompt))
+        variants = _variants(cfg, d_entry, template)
+        kind = choose_backend(cfg, m_entry)
+        device = cfg.device or kind.default_device()
+        if not cfg.ray_address:  # on a cluster the workers' devices count, not the driver's (they check)
+            kind.check_device(device)
+        rm = resolve_model(m_entry)
 
-    # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
-    rm, table, source = _load_inputs(kind, rm, d_entry, cfg)
+        # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
+        rm, table, source = _load_inputs(kind, rm, d_entry, cfg)
 
     # 3. settle the backend once: what it decides is what the fingerprint records ------------------------
     est_tokens = functools.cache(functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg))
-    settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens)
+    with tl.phase("settle"):
+        settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens)
     command = reproduce_command(cfg, variants, settled.kind, list(settled.command_args))
     qfp = write_question_table(cfg.store, cfg.dataset, table, source, command)
     counts = table["split"].value_counts().sort("split")
@@ -195,7 +200,8 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
     if recorded is not None:  # the sizes the store's sets of these inputs were made with: their fingerprints
         batching, why = recorded
         out(why)
-        settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens, recorded=batching)
+        with tl.phase("settle"):
+            settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens, recorded=batching)
         inputs = {v: _inputs(v, qfp, source, settled.identity, d_entry, template, cfg) for v in variants}
     _refuse_other_machine(cfg, model_name, inputs, settled)
     specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]
@@ -206,7 +212,7 @@ def run(cfg: ExtractConfig, out=print) -> list[Path]:
         if cfg.workers or cfg.ray_address:  # 4'. the same, in Ray actors over row ranges
             return paths + extract_parallel(todo, table, template, d_entry, cfg, settled, out)
         # 4. load the model once, extract each remaining variant ----------------------------------------
-        return paths + _extract_here(todo, table, template, d_entry, cfg, settled, model_name, out)
+        return paths + _extract_here(todo, table, template, d_entry, cfg, settled, model_name, out, tl)
 
 
 def _lock_and_skip_complete(
@@ -380,11 +386,12 @@ def _option_tokens_input(d_entry, template) -> list[str] | str:
 
 
 def _extract_here(
-    todo, table, template, d_entry, cfg: ExtractConfig, settled: Settled, model_name: str, out
+    todo, table, template, d_entry, cfg: ExtractConfig, settled: Settled, model_name: str, out, tl: Timeline
 ) -> list[Path]:
     """Step 4 in this process: load the model once, then extract each variant of `todo` [(variant, spec)]."""
     t_load = time.perf_counter()
-    backend = open_backend(settled)
+    with tl.phase("model load"):
+        backend = open_backend(settled)
     times = backend.load_times
     parts = f": {', '.join(f'{k} {v:.1f} s' for k, v in times.items())}" if times else ""
     ident = settled.identity
@@ -397,9 +404,12 @@ def _extract_here(
         with Progress(cfg.progress) as bar:
             for variant, spec in todo:
                 command = reproduce_command(cfg, [variant], settled.kind, list(settled.command_args))
-                paths.append(
-                    _extract_variant(backend, spec, table, template, d_entry, cfg, settled, bar, out, command)
-                )
+                with tl.phase("extraction"):
+                    paths.append(
+                        _extract_variant(
+                            backend, spec, table, template, d_entry, cfg, settled, bar, out, command
+                        )
+                    )
     finally:
         backend.close()
     return paths
