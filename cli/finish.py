@@ -17,11 +17,12 @@ FAST_EXIT = ("extract",)
 
 
 def finish(code: int, command: str | None) -> NoReturn:
-    """Exit with `code`. After a successful command of FAST_EXIT, the exit handlers run (logging flushes, file
+    """Exit with `code`. After a successful command of FAST_EXIT that imported torch (not `--help`, which
+    imports nothing heavy and has nothing to tear down), the exit handlers run (logging flushes, file
     locks are released, temporary folders removed, child processes joined, zarr's loop stops), stdout and
     stderr are flushed, and the process ends without the interpreter's teardown (os._exit): every store write
     is committed before the command returns, so nothing waits on it."""
-    if code == 0 and command in FAST_EXIT:
+    if code == 0 and command in FAST_EXIT and "torch" in sys.modules:
         atexit._run_exitfuncs()  # CPython's own exit handlers, as sys.exit would run them
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
