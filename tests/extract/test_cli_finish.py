@@ -13,9 +13,11 @@ from tiny_model import save_tiny_checkpoint
 from walla.store.featureset import read_feature_set
 
 CHILD = r"""
-import atexit, json, sys
+import atexit, json, sys, threading, time
 handler_file, how, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 atexit.register(lambda: open(handler_file, "w").write("ran"))  # a library's exit handler, e.g. a lock release
+# a worker thread still busy when the command returns: joined before the process ends, as at a normal exit
+threading.Thread(target=lambda: (time.sleep(2), open(handler_file + ".thread", "w").write("done"))).start()
 sys.argv = ["walla-extract", *argv]
 if how == "alias":
     from walla.cli.main import walla_extract
@@ -46,6 +48,7 @@ def test_a_successful_extraction_runs_exit_handlers_and_ends_with_its_timeline_a
         proc, handler = _extract(tmp_path, how, [*argv, "--device", "cpu", "--no-progress"])
         assert proc.returncode == 0, proc.stderr
         assert handler.read_text() == "ran"  # exit handlers ran before the fast exit
+        assert Path(f"{handler}.thread").read_text() == "done"  # and other threads were joined
         path = Path(proc.stdout.strip().splitlines()[-1].strip())  # stdout flushed; the set's path last
         assert len(read_feature_set(path).rows) > 0
         (done,) = [x for x in proc.stderr.splitlines() if x.startswith("walla extract: done in ")]
