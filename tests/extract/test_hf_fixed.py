@@ -313,26 +313,32 @@ def test_identity_and_settle_record_the_fixed_path():
     assert differ <= set(on.environment) | set(on.derived)
 
 
+def tiny_bf16_cpu(data, store, shard_rows: int | None = None, **backend_args) -> ExtractConfig:
+    """`walla extract` of the catalog's `tiny` on dataset `mine`, bf16 on the CPU, fixed-shape packs."""
+    return ExtractConfig(
+        model="tiny",
+        dataset="mine",
+        backend="hf",
+        data_file=data,
+        progress=False,
+        device="cpu",
+        dtype="bfloat16",
+        store=store,
+        shard_rows=shard_rows,
+        backend_args={"batch_invariant": "fixed", **backend_args},
+    )
+
+
 def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_size(tmp_path, monkeypatch):
     """`walla extract --backend-arg batch_invariant=fixed` on the CPU: tier bitwise, the fixed-shape constants in
     the fingerprint, and the same rows bit for bit whatever the shard size (other prompts share each pass)."""
     data = register_tiny_catalog(tmp_path, monkeypatch, QUESTIONS, seed=3)
     sets = []
     for shard_rows in (2, 7):
-        cfg = ExtractConfig(
-            model="tiny",
-            dataset="mine",
-            backend="hf",
-            data_file=data,
-            progress=False,
-            device="cpu",
-            dtype="bfloat16",
-            store=tmp_path / f"s{shard_rows}",
-            shard_rows=shard_rows,
-            backend_args={"batch_invariant": "fixed"},
-        )
         lines: list[str] = []
-        (path,) = run_mod.run(cfg, out=lines.append)
+        (path,) = run_mod.run(
+            tiny_bf16_cpu(data, tmp_path / f"s{shard_rows}", shard_rows=shard_rows), lines.append
+        )
         assert any(x.startswith("batch-invariant fixed (fixed path)") for x in lines), lines
         sets.append(read_feature_set(path))
     a, b = sets
@@ -359,19 +365,8 @@ def test_compiled_fixed_path_probes_the_compiled_forward_once_then_reads_its_ver
     monkeypatch.setattr(hf_fixed_probe, "probe_fixed", lambda be: seen.append(be.compiled) or probe(be))
     loads = []
     for i in range(2):
-        cfg = ExtractConfig(
-            model="tiny",
-            dataset="mine",
-            backend="hf",
-            data_file=data,
-            progress=False,
-            device="cpu",
-            dtype="bfloat16",
-            store=tmp_path / f"s{i}",
-            backend_args={"batch_invariant": "fixed", "compile": "on"},
-        )
         lines: list[str] = []
-        run_mod.run(cfg, out=lines.append)
+        run_mod.run(tiny_bf16_cpu(data, tmp_path / f"s{i}", compile="on"), lines.append)
         loads += [x for x in lines if x.startswith("model tiny loaded")]
     assert seen == [True], seen  # once, compiled
     assert len(loads) == 2 and "self-check (cached)" in loads[1], loads
