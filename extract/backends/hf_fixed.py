@@ -259,13 +259,20 @@ def attend(
     factor = 1.0 if softcap else scale  # applied to (score - max): one pass fewer than scaling the scores
     first, later, finish = compiled_steps() if compiled else (first_step, later_step, finish_steps)
     state = ()
-    for c in range(n_steps):  # nearest keys first, a fixed order
-        offset = (n_steps - 1 - c) * w * q * d
-        kc = kf.as_strided((b, w * q, d), (q * d, d, 1), offset)  # [B, W*Q, D], a view
-        vc = vf.as_strided((b, w * q, d), (q * d, d, 1), offset)
-        step = later if c else first
-        state = step(qf, kc, vc, masks[c], *state, scale=scale, factor=factor, softcap=softcap)
-    return finish(state[2], state[1], hkv, query.dtype)
+    try:
+        for c in range(n_steps):  # nearest keys first, a fixed order
+            offset = (n_steps - 1 - c) * w * q * d
+            kc = kf.as_strided((b, w * q, d), (q * d, d, 1), offset)  # [B, W*Q, D], a view
+            vc = vf.as_strided((b, w * q, d), (q * d, d, 1), offset)
+            step = later if c else first
+            state = step(qf, kc, vc, masks[c], *state, scale=scale, factor=factor, softcap=softcap)
+        return finish(state[2], state[1], hkv, query.dtype)
+    except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # compiled_steps' fullgraph: never eager instead
+        raise RuntimeError(
+            f"fixed-shape attention: a stream of {length:,} tokens is one shape more than torch.compile's "
+            f"recompile limit ({torch._dynamo.config.recompile_limit}) allows, and running it eager would give "
+            "other bits; rerun with --backend-arg compile=off (eager attention, the same bits for every shape)"
+        ) from e
 
 
 def _step_scores(qf, kc, mask, scale: float, softcap: float | None) -> torch.Tensor:
@@ -311,8 +318,11 @@ def compiled_steps():
     count: a 9,000-token prompt has 71 steps, and past dynamo's recompile limit a count would silently run
     eager, with other bits). Inductor fuses each step's mask, max, exp and sum into a few kernels where eager
     torch runs ~8 passes over the float32 scores. Their numbers are those of the compiled forward the
-    fingerprint's `compile` records."""
-    return tuple(torch.compile(f, dynamic=False) for f in (first_step, later_step, finish_steps))
+    fingerprint's `compile` records. `fullgraph`: a shape past dynamo's recompile limit (streams of 9
+    lengths: prompts longer than a pack) raises instead of running eager with other bits (see attend)."""
+    return tuple(
+        torch.compile(f, dynamic=False, fullgraph=True) for f in (first_step, later_step, finish_steps)
+    )
 
 
 # compiled layers break the graph here: this reads the stream (a context variable, its mask cache) outside any

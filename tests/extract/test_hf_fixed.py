@@ -204,6 +204,27 @@ def test_compiled_attention_runs_the_same_graphs_for_any_step_count():
         assert torch.equal(r, rows[0]), f"{c} key steps: other bits than 1 step"
 
 
+def test_compiled_attention_past_the_recompile_limit_stops_rather_than_run_eager():
+    """A stream shape past dynamo's recompile limit (here 1) is an error naming the fix, never a silent eager
+    run with other bits."""
+    import torch._dynamo
+
+    hf_fixed.compiled_steps.cache_clear()
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for tokens in (512, 1024):
+            lay = hf_fixed.layout([[1] * 40], 0, tokens)
+            q, k, v = (torch.randn(1, h, tokens, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+            st = hf_fixed._Stream(lay.block_start, lay.span, compiled=True)
+            if tokens == 512:
+                hf_fixed.fixed_attention_core(q, k, v, st)
+            else:
+                with pytest.raises(RuntimeError, match="1,024 tokens .* --backend-arg compile=off"):
+                    hf_fixed.fixed_attention_core(q, k, v, st)
+    torch._dynamo.reset()
+
+
 def test_fixed_scoring_matches_the_naive_full_computation(tok):
     model = tiny_model(len(tok))
     be = fixed(model, tok)
