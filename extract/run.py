@@ -389,7 +389,6 @@ def _extract_here(
     todo, table, template, d_entry, cfg: ExtractConfig, settled: Settled, model_name: str, out, tl: Timeline
 ) -> list[Path]:
     """Step 4 in this process: load the model once, then extract each variant of `todo` [(variant, spec)]."""
-    t_load = time.perf_counter()
     with tl.phase("model load"):
         backend = open_backend(settled)
     times = backend.load_times
@@ -397,7 +396,7 @@ def _extract_here(
     ident = settled.identity
     out(
         f"model {model_name} loaded ({settled.kind}, {ident.get('dtype', 'n/a')}"
-        f"{', compiled' if ident.get('compile') else ''}) in {time.perf_counter() - t_load:.1f} s{parts}"
+        f"{', compiled' if ident.get('compile') else ''}) in {tl.phases['model load']:.1f} s{parts}"
     )
     paths = []
     try:

@@ -636,9 +636,8 @@ class HFBackend:
         ref_lp = torch.log_softmax(z, dim=-1)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
         h_model = seen[0][0]  # [L, d] the model's own decoder output, in its dtype
-        with torch.inference_mode():
-            opt_head = self._option_logprobs(h_model[-1:], cand.to(self.device))[0].float().cpu().numpy()
-            nll_head = self._token_nll(h_model[:-1], x[0, 1:]).float().mean().item()
+        opt_head = self._option_logprobs(h_model[-1:], cand.to(self.device))[0].float().cpu().numpy()
+        nll_head = self._token_nll(h_model[:-1], x[0, 1:]).float().mean().item()
         ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
         err = max(float(np.abs(opt_head - ref_lp[-1, cand].cpu().numpy()).max()), abs(nll_head - ref_nll))
         unit = 0.0 if self.dtype == torch.float32 else torch.finfo(self.dtype).eps / 2  # unit roundoff
@@ -653,24 +652,17 @@ class HFBackend:
         ref_h = h_model[-1].float().cpu().numpy()
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
         tol = 1e-3 if self.dtype == torch.float32 else HIDDEN_TOL_REDUCED
-        failed = [
-            *(
-                [
-                    f"our LM head on the model's own hidden states gives log-probs/NLL {err:.2e} from "
-                    f"model(...).logits (tolerance {head_tol:.2e})"
-                ]
-                if err > head_tol
-                else []
-            ),
-            *(
-                [
-                    f"our forward's last hidden state is {herr:.2e} of its largest value from the model's "
-                    f"(tolerance {tol})"
-                ]
-                if herr > tol
-                else []
-            ),
-        ]
+        failed = []
+        if err > head_tol:
+            failed.append(
+                f"our LM head on the model's own hidden states gives log-probs/NLL {err:.2e} from "
+                f"model(...).logits (tolerance {head_tol:.2e})"
+            )
+        if herr > tol:
+            failed.append(
+                f"our forward's last hidden state is {herr:.2e} of its largest value from the model's "
+                f"(tolerance {tol})"
+            )
         if failed:
             raise RuntimeError(
                 f"self-check failed: {'; '.join(failed)}; this architecture computes its logits or hidden "
@@ -683,8 +675,8 @@ class HFBackend:
         real batches reuse that graph (sizes 1 and 2+ compile separately: torch specializes size 1)."""
         # the packed path (CPU) is probed eager, before the layers compile: one verdict and one cache entry,
         # whether the self-check ran it first or was cached (its probe's many shapes would each recompile); the
-        # fixed-shape path is probed after, on the compiled forward that will run (one shape: one graph per
-        # step count), see probe_after_compile
+        # fixed-shape path is probed after, on the compiled forward that will run (one stream shape: the same
+        # graphs for every prompt), see probe_after_compile
         if self.batch_invariant and not self.probe_after_compile(True):
             self.settle_invariance()
         compile_layers(self.model)

@@ -104,10 +104,8 @@ def vllm_usable() -> tuple[bool, str]:
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 BATCH_INVARIANT_MODES = ("auto", "on", "off")
-MIN_CAPABILITY = (
-    8,
-    0,
-)  # vLLM 0.32 docs (features/batch_invariance): NVIDIA GPUs of compute capability >= 8.0
+# vLLM 0.32 docs (features/batch_invariance): NVIDIA GPUs of compute capability >= 8.0
+MIN_CAPABILITY = (8, 0)
 
 
 @functools.lru_cache(maxsize=8)
