@@ -30,25 +30,17 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from walla.extract import hub
-from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, BackendKind, BackendRequest, Settled
-from walla.extract.backends.registry import (
-    DEFAULT_BACKEND,
-    backend_kind,
-    backend_names,
-    identity_difference,
-    open_backend,
-    settle_backend,
-    unknown_backend,
-)
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, BackendKind, Settled
+from walla.extract.backends.registry import identity_difference, open_backend
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, default_template, load_dataset_table
 from walla.extract.distributed import extract_parallel
-from walla.extract.models import ResolvedModel, resolve_model
+from walla.extract.door import settle_for, target_for, with_pinned
+from walla.extract.models import ResolvedModel
 from walla.extract.progress import Progress
 from walla.extract.prompts import PromptTemplate, build_prompts, get_template
 from walla.extract.splits import SplitProtocol
@@ -102,60 +94,6 @@ def dataset_request(entry, cfg: ExtractConfig) -> DatasetRequest:
     )
 
 
-def choose_backend(cfg: ExtractConfig, model_entry) -> BackendKind:
-    """--backend, else the manifest hint; a hinted backend that cannot run here falls back to the default (hf)."""
-    if cfg.backend:
-        return backend_kind(cfg.backend)
-    hint = model_entry.backend or DEFAULT_BACKEND
-    if hint not in backend_names():  # models.yaml names any string; the registry is the one list
-        raise KeyError(f"models.yaml: {model_entry.name}.backend: {unknown_backend(hint)}")
-    kind = backend_kind(hint)
-    ok, why = kind.usable()
-    if not ok:
-        log.info(
-            "model %s prefers the %s backend, but %s: using %s",
-            model_entry.name,
-            kind.name,
-            why,
-            DEFAULT_BACKEND,
-        )
-        return backend_kind(DEFAULT_BACKEND)
-    return kind
-
-
-def backend_args(cfg: ExtractConfig, model_entry, kind: str) -> dict:
-    """The backend's own options: the model's manifest `backend_args` (for its hinted backend), then --backend-arg."""
-    manifest = dict(model_entry.backend_args) if model_entry.backend == kind else {}
-    return {**manifest, **cfg.backend_args}
-
-
-def settle_run(
-    cfg: ExtractConfig,
-    model_entry,
-    rm: ResolvedModel,
-    kind: str,
-    device: str,
-    est_tokens: Callable[[], int] | None = None,
-    recorded: dict | None = None,
-) -> Settled:
-    """What `kind` settles for this model and these options (walla-extract and the market agent alike).
-
-    Raises:
-        ConfigError: a bad --backend-arg / manifest backend_args. ValueError: a setting the kind refuses.
-    """
-    request = BackendRequest(
-        model=rm,
-        dtype=cfg.dtype or model_entry.dtype or "auto",
-        device=device,
-        chat_template=model_entry.chat_template if cfg.chat_template is None else cfg.chat_template,
-        hidden_size=model_entry.hidden_size,
-        batch_tokens=cfg.batch_tokens,  # None: auto, settled by the kind
-        shard_rows=cfg.shard_rows,
-        est_tokens=est_tokens,
-    )
-    return settle_backend(kind, request, backend_args(cfg, model_entry, kind), recorded)
-
-
 def run(cfg: ExtractConfig, out=print, timeline: Timeline | None = None) -> list[Path]:
     """Extract every requested variant of (model, dataset) into the store; return the feature-set paths.
     `timeline` (the CLI's) gets the seconds of each phase: inputs, settle, model load, extraction.
@@ -168,23 +106,21 @@ def run(cfg: ExtractConfig, out=print, timeline: Timeline | None = None) -> list
     tl = timeline or Timeline()
     # 1. resolve names (a models.yaml name, or an ad hoc hf:org/x, a directory, a .gguf) ------------------
     with tl.phase("inputs"):
-        model_name, m_entry = catalog.resolve_model_name(cfg.model, catalog.load_models())
+        # on a cluster the workers' devices count, not the driver's (they check)
+        target = target_for(cfg, check_device=not cfg.ray_address, pin=False)
+        model_name = target.name
         d_entry = _lookup(catalog.load_datasets(), cfg.dataset, "dataset")
         template = get_template(default_template(d_entry.loader, d_entry.prompt))
         variants = _variants(cfg, d_entry, template)
-        kind = choose_backend(cfg, m_entry)
-        device = cfg.device or kind.default_device()
-        if not cfg.ray_address:  # on a cluster the workers' devices count, not the driver's (they check)
-            kind.check_device(device)
-        rm = resolve_model(m_entry)
 
         # 2. dataset -> question table (a hub model that cannot load is reported together with a hub dataset)
-        rm, table, source = _load_inputs(kind, rm, d_entry, cfg)
+        rm, table, source = _load_inputs(target.kind, target.model, d_entry, cfg)
+        target = with_pinned(target, rm)
 
     # 3. settle the backend once: what it decides is what the fingerprint records ------------------------
     est_tokens = functools.cache(functools.partial(_estimate_tokens, table, template, variants, d_entry, cfg))
     with tl.phase("settle"):
-        settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens)
+        settled = settle_for(cfg, target, est_tokens=est_tokens)
     command = reproduce_command(cfg, variants, settled.kind, list(settled.command_args))
     qfp = write_question_table(cfg.store, cfg.dataset, table, source, command)
     counts = table["split"].value_counts().sort("split")
@@ -201,7 +137,7 @@ def run(cfg: ExtractConfig, out=print, timeline: Timeline | None = None) -> list
         batching, why = recorded
         out(why)
         with tl.phase("settle"):
-            settled = settle_run(cfg, m_entry, rm, kind.name, device, est_tokens, recorded=batching)
+            settled = settle_for(cfg, target, est_tokens=est_tokens, recorded=batching)
         inputs = {v: _inputs(v, qfp, source, settled.identity, d_entry, template, cfg) for v in variants}
     _refuse_other_machine(cfg, model_name, inputs, settled)
     specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]

@@ -19,14 +19,12 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
-from walla.extract.backends.registry import open_backend
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
-from walla.extract.models import resolve_model
+from walla.extract.door import open_for
 from walla.extract.prompts import get_template, option_strings, render
-from walla.extract.run import choose_backend, settle_run
 from walla.extract.scoring import renormalize, resolve_option_token_ids
-from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
+from walla.manifests.catalog import load_datasets
 from walla.market.client import MarketClient, MarketError
 from walla.market.head import AgentHead
 
@@ -52,19 +50,14 @@ class LLMFeatures:
         dtype: str | None = None,
         backend: str | None = None,
     ) -> None:
-        _, m_entry = resolve_model_name(model, load_models())
         datasets = load_datasets()
         if dataset not in datasets:
             raise KeyError(f"--dataset {dataset!r}: not in datasets.yaml ({', '.join(sorted(datasets))})")
         self.d_entry = datasets[dataset]
         self.template = get_template(default_template(self.d_entry.loader, self.d_entry.prompt))
         cfg = ExtractConfig(model=model, dataset=dataset, backend=backend, device=device, dtype=dtype)
-        kind = choose_backend(cfg, m_entry)
-        device = device or kind.default_device()
-        kind.check_device(device)
-        # settled and opened as walla-extract does (extract/backends/registry.py): the same identity
-        self.settled = settle_run(cfg, m_entry, kind.pin_model(resolve_model(m_entry)), kind.name, device)
-        self.backend = open_backend(self.settled)
+        # settled and opened through walla extract's door (extract/door.py): the same identity
+        self.settled, self.backend = open_for(cfg)
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
         prompt = self.backend.format_prompt(render(self.template, rnd["question"], rnd["options"]))

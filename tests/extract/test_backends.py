@@ -22,8 +22,8 @@ from walla.extract.backends.registry import (
 from walla.extract.backends.vllm import VLLM
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
+from walla.extract.door import choose_backend
 from walla.extract.models import ResolvedModel
-from walla.extract.run import choose_backend
 from walla.manifests import catalog
 from walla.manifests.validate import ConfigError
 

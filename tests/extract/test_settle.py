@@ -22,12 +22,14 @@ from typer.testing import CliRunner
 from walla.cli.main import app as walla_root
 from walla.extract import check as check_mod
 from walla.extract import device as devices
+from walla.extract import door
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, Settled
 from walla.extract.backends.dummy import DummyBackend
 from walla.extract.backends.hf_kind import FP32_PADDED_BOUND, HF
 from walla.extract.backends.registry import (
     BACKEND_KINDS,
+    backend_kind,
     backend_names,
     identity_difference,
     open_backend,
@@ -72,8 +74,8 @@ def tiny(tmp_path, monkeypatch):
     """Catalog model `tiny` (a local random checkpoint) and dataset `mine` (a jsonl file); returns the file."""
     data = register_tiny_catalog(tmp_path, monkeypatch, ROWS, seed=5)
     # modules that bound the catalog's functions by name see the same tables
+    monkeypatch.setattr(check_mod, "load_models", catalog.load_models)
     for mod in (check_mod, agent_mod):
-        monkeypatch.setattr(mod, "load_models", catalog.load_models)
         monkeypatch.setattr(mod, "load_datasets", catalog.load_datasets)
     return data
 
@@ -320,13 +322,13 @@ def test_the_registry_checks_the_catalogs_backend_and_the_catalog_carries_its_op
     with pytest.raises(
         KeyError, match=r"models.yaml: a.backend: unknown backend 'tgi' \(available: hf, vllm"
     ):
-        run_mod.choose_backend(ExtractConfig(model="a", dataset="facts"), tgi)
+        door.choose_backend(ExtractConfig(model="a", dataset="facts"), tgi)
     (tmp_path / "models.yaml").write_text(
         "b:\n  source: local\n  path: /m\n  hidden_size: 8\n  backend: vllm\n  backend_args: {max_model_len: 4096}\n"
     )
     entry = catalog.load_models(tmp_path / "models.yaml")["b"]
     cfg = ExtractConfig(model="b", dataset="facts", backend_args={"enforce_eager": "false"})
-    assert run_mod.backend_args(cfg, entry, "vllm") == {"max_model_len": 4096, "enforce_eager": "false"}
-    assert run_mod.backend_args(cfg, entry, "hf") == {"enforce_eager": "false"}  # the hint's options only
-    settled = run_mod.settle_run(cfg, entry, RM, "vllm", "cpu")
+    assert door.backend_args(cfg, entry, "vllm") == {"max_model_len": 4096, "enforce_eager": "false"}
+    assert door.backend_args(cfg, entry, "hf") == {"enforce_eager": "false"}  # the hint's options only
+    settled = door.settle_for(cfg, door.Target("b", entry, backend_kind("vllm"), "cpu", RM))
     assert settled.options.max_model_len == 4096 and settled.identity["batching"]["enforce_eager"] is False
