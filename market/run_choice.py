@@ -98,7 +98,7 @@ def _no_runs(where: str, method: str, runs: dict, problems: list[Problem]) -> Ru
         return RunChoiceError(f"{where}: no current {method} runs: {mine[0].line()}{more}")
     have = sorted({next(iter(g.values())).method for g in runs.values()})
     return RunChoiceError(
-        f"{where}: no {method} runs (methods with runs: {', '.join(have) or 'none'}); run walla-train first"
+        f"{where}: no {method} runs (methods with runs: {', '.join(have) or 'none'}); run walla train first"
     )
 
 

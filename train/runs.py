@@ -587,6 +587,11 @@ def read_current_run_meta(path: str | Path) -> dict:
     return meta
 
 
+def read_scenario_meta(path: str | Path) -> dict:
+    """A scenario directory's scenario.json (RunFormatError naming it when missing or unreadable)."""
+    return _read_json(Path(path) / SCENARIO_META)
+
+
 def read_key_file(path: str | Path) -> dict:
     """A key directory's key.json (see write_key_file)."""
     return _read_json(Path(path) / KEY_FILE)
