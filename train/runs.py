@@ -578,7 +578,8 @@ def read_current_run_meta(path: str | Path) -> dict:
     kdir = path.parent
     scenario = kdir.parent.parent
     scen = _read_json(scenario / SCENARIO_META)
-    retrain = f"rerun {train_command(scen, scenario.name, kdir)} --methods {kdir.parent.name}"
+    seed = f" --seed-list {m.group(1)}" if (m := SEED_DIR.match(path.name)) else ""
+    retrain = f"rerun {train_command(scen, scenario.name, kdir)} --methods {kdir.parent.name}{seed}"
     why = stale_run_reason(path, meta, scen.get("inputs_id"))
     if why is None and (key_id(key) != kdir.name or key.get("method") != kdir.parent.name):
         why = f"its run key is not the one of directory {kdir.parent.name}/{kdir.name} (moved or edited by hand)"

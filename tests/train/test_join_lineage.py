@@ -111,7 +111,8 @@ def test_the_suggested_fix_rejoins_and_the_row_holds_both_seeds(sequence, tmp_pa
     (stale,) = [p for p in load_scenario_runs(mine, JOINED).problems if p.method == "walla-i"]
     argv = fix_command(stale.detail.replace(str(runs), str(mine)), "not counted: rerun ")
     assert argv[argv.index("--scenario") + 1] == "hetero" and "--drop-agent" in argv  # the join's own command
-    train([*argv, "--seed-list", "18"])  # run as suggested (the real resolver), seed 18 only
+    assert argv[-4:] == ["--methods", "walla-i", "--seed-list", "18"]
+    train(argv)  # run as suggested (the real resolver): rejoins seed 18
     found = load_scenario_runs(mine, JOINED)
     assert sorted(found.runs["walla-i"]) == [18, 19] and not found.problems
     (base18,) = (mine / BASE / "walla-i").glob("*/seed=18")
