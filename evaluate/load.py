@@ -3,7 +3,9 @@
 Nothing here recomputes a prediction or knows a file name: `walla.train.runs` reads, this module only
 decides which runs count and how they form rows. A run counts when it is complete, readable, carries a
 run key (run.json `run_key`) and was trained from the scenario's CURRENT inputs by this schema of
-walla-train; every other run becomes a `Problem` listed in the report and is never aggregated into a row.
+walla train, and, for a joined run (--add-agent / --drop-agent), while the base run it continued is still
+the current run of its key (train/runs.py stale_run_reason, the check every reader of runs makes); every
+other run becomes a `Problem` listed in the report and is never aggregated into a row.
 
 Seeds are averaged only within one run key: a method trained under several keys (another lr, another
 precision, ...) gives one row per key, each labelled by the fields that differ (`WALLA I (lr=0.001)`),
@@ -35,7 +37,8 @@ from walla.train.runs import (
     read_key_file,
     read_run,
     read_scenario_table,
-    stale_reason,
+    stale_run_reason,
+    train_command,
 )
 
 Run = RunRecord  # evaluation reads RunRecords; the alias keeps plots/report signatures short
@@ -90,7 +93,8 @@ def _stale(name: str, d: RunDir, why: str, fix: str) -> Problem:
 def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRecord | None:
     """The run of directory `d` if it counts; else None, with the reason appended to `problems`."""
     name = table.name
-    retrain = f"rerun walla-train --scenario {name} --methods {d.method}"
+    kdir = d.path.parent if d.key_id is not None else None
+    retrain = f"rerun {train_command(table.meta, name, kdir)} --methods {d.method} --seed-list {d.seed}"
     if d.key_id is None:
         why = "written by a walla-train without run keys (layout <method>/seed=<s>)"
         problems.append(_stale(name, d, why, f"{retrain}, then delete this directory"))
@@ -106,7 +110,7 @@ def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRec
         problems.append(Problem("unreadable", name, d.method, d.seed, str(e)))
         return None
     key = run.run_key
-    why = stale_reason(key, table.meta.get("inputs_id"))  # the one staleness rule (train/runs.py)
+    why = stale_run_reason(d.path, run.meta, table.meta.get("inputs_id"))  # the one rule (train/runs.py)
     if why is not None:
         problems.append(_stale(name, d, why, retrain))
     elif key_id(key) != d.key_id or key.get("method") != d.method:
@@ -252,7 +256,7 @@ def orphan_runs(runs_dir: Path) -> list[Problem]:
             d.name,
             None,
             None,
-            f"{d / SCENARIO_META}: missing, so its runs cannot be read; rerun walla-train --scenario {d.name}",
+            f"{d / SCENARIO_META}: missing, so its runs cannot be read; rerun the walla train command that built {d.name}",
         )
         for d in sorted(Path(runs_dir).iterdir())
         if d.is_dir() and d.name not in listed and list_run_dirs(runs_dir, d.name)

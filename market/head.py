@@ -27,7 +27,7 @@ from walla.train.engine import TrainEnv, make_fabric, make_optimizer
 from walla.train.heads import StackedHeads
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
-from walla.train.runs import STATE, read_current_run_meta
+from walla.train.runs import STATE, read_current_run_meta, read_scenario_meta, train_command
 from walla.train.wager_training import optimizer_step, wager_loss
 
 
@@ -87,9 +87,11 @@ class AgentHead:
                 f"{run}: a {method} run; live agents need a WALLA run (walla-i, walla-ii, walla-i-log)"
             )
         if not (run / STATE).exists():
+            scenario = run.parent.parent.parent
+            command = train_command(read_scenario_meta(scenario), scenario.name, run.parent)
             raise HeadError(
-                f"{run}: no {STATE}: walla-train writes one only with --save-states; rerun walla-train "
-                f"--scenario {meta.get('scenario', '<scenario>')} --methods {method} --save-states {method}"
+                f"{run}: no {STATE}: walla train writes one only with --save-states; rerun {command} "
+                f"--methods {method} --save-states {method}"
             )
         # engine.save_checkpoint wrote it with a single-device Fabric, i.e. torch.save of this dict: read it
         # with torch.load (engine.load_checkpoint would import Lightning, seconds per agent process)

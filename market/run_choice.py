@@ -10,8 +10,10 @@ directory or one of its seed directories) or `key` (a key id, or a unique prefix
 method's only key is taken when there is one, and with several RunChoiceError lists them on one line.
 
 The runs are those walla-eval counts (evaluate/load.py load_scenario_runs: complete, with a run key, of
-the scenario's current inputs and walla-train schema): a replay checks the same runs the tables report,
-never a stale or pre-run-key one.
+the scenario's current inputs and walla-train schema, and a joined run only while the base run it
+continued is current: train/runs.py stale_run_reason): a replay, and `walla serve`, play the same runs
+the tables report, never a stale, pre-run-key or orphaned joined one. `choose_runs` is the function every
+consumer of "the current runs of a method's key" calls.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _no_runs(where: str, method: str, runs: dict, problems: list[Problem]) -> Ru
         return RunChoiceError(f"{where}: no current {method} runs: {mine[0].line()}{more}")
     have = sorted({next(iter(g.values())).method for g in runs.values()})
     return RunChoiceError(
-        f"{where}: no {method} runs (methods with runs: {', '.join(have) or 'none'}); run walla-train first"
+        f"{where}: no {method} runs (methods with runs: {', '.join(have) or 'none'}); run walla train first"
     )
 
 

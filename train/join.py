@@ -1,7 +1,7 @@
 """Agents joining and leaving a trained WALLA market, without retraining everyone.
 
-    walla-train --scenario demo-homo-facts --add-agent gemma3-270m     # runs of "<scenario>+gemma3-270m"
-    walla-train --scenario demo-homo-facts --drop-agent smollm2-135m   # runs of "<scenario>-smollm2-135m"
+    walla train --scenario demo-homo-facts --add-agent gemma3-270m     # runs of "<scenario>+gemma3-270m"
+    walla train --scenario demo-homo-facts --drop-agent smollm2-135m   # runs of "<scenario>-smollm2-135m"
 
 The joined scenario is the base scenario's spec with the agent slot added (or the last slot of that model
 removed). Every WALLA run of it continues, per seed, from the base run's trained heads (state.pt): each
@@ -16,18 +16,24 @@ market/head.py takes only current runs): the run key the base scenario's plan gi
 command's settings (train/run_keys.py plan_key, on the base scenario as assembled now), one key for every seed.
 A seed whose base run is missing or of another key (another lr, precision, device or calibration), or whose
 base run is stale (other inputs, another TRAIN_SCHEMA), stops the join with one line naming the keys and
-what differs. The joined runs' key names that base key (`init: {continued_from, base_key_id}`), and each
-seed's inputs id covers its base run's: a joined run of another base is another row, never averaged in.
+what differs. The joined runs' key names that base key (`init: {continued_from, base_key_id}`) and the
+base scenario's inputs id (`base_inputs_id`), and each seed's run.json the base run it continued
+(`continued`): a joined run counts only while that base run is still the current run of its key
+(train/runs.py lineage_reason, checked wherever a run is read), so a join of a base since retrained from
+other inputs is stale, never averaged with a join of the new base. Every refusal names the `walla train`
+command that fixes it, with the options that built the base scenario (train_command: a kind's too).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 
 import torch
 from walla.manifests.validate import replace
 from walla.store.scenario_data import ScenarioData
+from walla.train.config import TrainConfig
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
 from walla.train.run_keys import Continued, plan_key
@@ -43,9 +49,48 @@ from walla.train.runs import (
     read_key_file,
     read_run_meta,
     run_dir,
-    stale_reason,
+    stale_run_reason,
 )
 from walla.train.wager_training import init_heads
+
+
+def train_command(cfg: TrainConfig, *, base: bool = False, settings: bool = False) -> str:
+    """The `walla train` command of `cfg`'s scenario: --scenario with a kind's options, the agents joining
+    or leaving (`base`: without them, the base scenario's command), the rows and where the store and runs
+    are; `settings`: also what picks the run key (--set, --device, --precision, --calibrated). Messages
+    name it so that their fix works for a kind-built or joined scenario, whose name is no manifest."""
+    default = TrainConfig(scenario=cfg.scenario)
+    out = ["walla", "train", "--scenario", cfg.scenario]
+
+    def opt(flag: str, value, skip=None) -> None:
+        if value is not None and value != skip:
+            out.extend([flag, str(value)])
+
+    opt("--dataset", cfg.dataset)
+    opt("--models", ",".join(cfg.models) if cfg.models else None)
+    opt("--model", cfg.model)
+    opt("--agents", cfg.agents)
+    out += ["--irrelevant"] if cfg.irrelevant else []
+    opt("--eval-dataset", cfg.eval_dataset)
+    opt("--preset", cfg.preset)
+    if not base:
+        for a in cfg.add_agent:
+            opt("--add-agent", a)
+        for d in cfg.drop_agent:
+            opt("--drop-agent", d)
+        out += ["--from-scratch"] if cfg.from_scratch else []
+        opt("--join-epochs", cfg.join_epochs, default.join_epochs)
+    opt("--limit-rows", cfg.limit_rows)
+    opt("--store", cfg.store, default.store)
+    opt("--runs", cfg.runs, default.runs)
+    if settings:
+        for item in cfg.sets:
+            opt("--set", item)
+        opt("--device", cfg.device, default.device)
+        opt("--precision", cfg.precision, default.precision)
+        if cfg.calibrated is not None:
+            out.append("--calibrated" if cfg.calibrated else "--uncalibrated")
+    return shlex.join(out)
 
 
 def joined_plan(
@@ -103,10 +148,12 @@ def _differences(want: dict, have: dict) -> str:
     return ", ".join(f"{k} {b.get(k)!r} (not {a.get(k)!r})" for k in sorted({*a, *b}) if a.get(k) != b.get(k))
 
 
-def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
+def base_run(runs: Path, base: str, key: dict, seed: int, command: str | None = None) -> tuple[Path, dict]:
     """(run directory, run.json) of the base scenario's run of run key `key` and `seed`: the run a joined
     run continues. The key is the one the base plan gives under this command's settings (run_keys.plan_key),
-    so a base run of another config, precision, device or calibration is never taken instead.
+    so a base run of another config, precision, device or calibration is never taken instead. `command`:
+    the base scenario's `walla train` command with this command's settings (train_command(cfg, base=True,
+    settings=True)); None: the one of a base scenario manifest named `base`.
 
     Raises:
         FileNotFoundError: no complete run of that key and seed (names the keys the seed has instead and
@@ -115,10 +162,8 @@ def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
     """
     method, kid = key["method"], key_id(key)
     path = run_dir(runs, base, method, kid, seed)
-    retrain = (
-        f"walla-train --scenario {base} --methods {method} --seed-list {seed} --save-states {method} with "
-        "this command's --set / --precision / --device / --calibrated"
-    )
+    command = command or f"walla train --scenario {shlex.quote(base)}"
+    retrain = f"{command} --methods {method} --seed-list {seed} --save-states {method}"
     if not is_complete(path):
         have = _other_keys(runs, base, key, seed) or f"no trained {method} run of seed {seed}"
         raise FileNotFoundError(
@@ -127,7 +172,7 @@ def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
         )
     meta = read_run_meta(path)
     have = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
-    why = stale_reason(have, key["scenario_inputs_id"])
+    why = stale_run_reason(path, meta, key["scenario_inputs_id"])  # a base that is a join: its lineage too
     if why is None and have != jsonable(key):
         why = f"its run key differs from its directory's: {_differences(key, have)}"
     if why is not None:
@@ -168,6 +213,7 @@ def initial_params(
     data: ScenarioData,
     runs: Path,
     env: TrainEnv,
+    command: str | None = None,
 ) -> dict[str, Continued]:
     """method -> the base runs its joined runs continue from (run_keys.Continued), with each seed's stacked
     head parameters for the joined scenario.
@@ -175,7 +221,8 @@ def initial_params(
     Every seed continues the base run of ONE run key: the key `base_plan` gives the method on `base_data`
     (the base scenario as assembled now) under `env` -- the runs `walla-train --scenario <base>` with this
     command's settings trains. A seed whose base run is missing, of another key, or stale stops the join
-    with one line naming the keys (base_run).
+    with one line naming the keys and the command that trains it (base_run; `command`: the base
+    scenario's, train_command(cfg, base=True, settings=True)).
 
     Raises:
         FileNotFoundError: a base run is missing (named, with the keys the seed has instead).
@@ -189,7 +236,7 @@ def initial_params(
         _, key = plan_key(base_plan, base_plan.method(mp.name), base_data, env)
         ids, by_seed = {}, {}
         for seed in plan.seeds:
-            path, meta = base_run(runs, base_plan.spec.name, key, seed)
+            path, meta = base_run(runs, base_plan.spec.name, key, seed, command)
             ids[seed] = str(meta.get("inputs_id"))
             old = load_checkpoint(path / STATE)
             n_kinds, m_old = old["n_kinds"], len(old["in_dims"])

@@ -54,7 +54,7 @@ from walla.train import mechanism
 from walla.train.calibration import apply_calibration, fit_calibration
 from walla.train.config import TrainConfig
 from walla.train.engine import TrainEnv, resolve_device, resolve_precision, save_checkpoint
-from walla.train.join import initial_params, joined_plan
+from walla.train.join import initial_params, joined_plan, train_command
 from walla.train.kinds import KINDS, plan_for_kind
 from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
@@ -235,6 +235,7 @@ def run_plan(
     note: Callable[[str], None] = print,
     initial: dict[str, Continued] | None = None,
     save_states: Collection[str] = (),
+    command: str | None = None,
 ) -> list[dict]:
     """Train and predict every (method, seed) of a plan; returns the run.json of every run, in order.
 
@@ -243,7 +244,9 @@ def run_plan(
 
     `initial` (train/join.py): method -> the base runs its runs continue from; their run key names the
     base key, and each seed's inputs id its base run's. `save_states`: the methods whose runs write
-    state.pt (states_to_save); the others write none.
+    state.pt (states_to_save); the others write none. `command`: the `walla train` command of this
+    scenario and settings (join.train_command), recorded in scenario.json and each key's key.json for the
+    messages that say how to retrain.
     """
     runs = Path(runs_dir)
     if runs.exists() and not runs.is_dir():
@@ -252,7 +255,7 @@ def run_plan(
     spec = to_dict(plan.spec)
     results: list[dict] = []
     with runs_lock(runs, data.name):
-        scen = write_scenario_table(runs, data, spec, [m.name for m in plan.methods], plan.seeds)
+        scen = write_scenario_table(runs, data, spec, [m.name for m in plan.methods], plan.seeds, command)
         raw = data
         if plan.calibrated:  # one calibration for every method
             cal = fit_calibration(data, plan.calibration, env)
@@ -264,12 +267,12 @@ def run_plan(
         for mp in plan.methods:
             module = method_module(mp.name)
             cont = (initial or {}).get(mp.name)
-            cfg, key = plan_key(plan, mp, raw, env, cont.init if cont else "default init")
+            cfg, key = plan_key(plan, mp, raw, env, cont)
             cfg_dict = to_dict(cfg)
             assert key["scenario_inputs_id"] == scen["inputs_id"]  # the key's inputs are the table's
             kid = key_id(key)
             ids = {s: inputs_id(key, s, *([cont.base_ids[s]] if cont else [])) for s in plan.seeds}
-            write_key_file(runs, data.name, key, plan.seeds)
+            write_key_file(runs, data.name, key, plan.seeds, command)
             keep_state = mp.name in save_states
             pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force, keep_state)
             notes += _beside(runs, data.name, mp.name, kid)
@@ -322,6 +325,7 @@ def run_plan(
                     "key_id": kid,
                     "inputs_id": ids[seed],
                     "initialized": cont.init if cont else "default init",
+                    **({"continued": cont.base_run(seed)} if cont else {}),
                     "scenario_inputs_id": scen["inputs_id"],
                     "fingerprints": dict(data.fingerprints),
                     "wall_time_s": fit_s + time.perf_counter() - t1,
@@ -415,7 +419,8 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
         base_data = assemble_scenario(base_plan.scenario, store)
         if cfg.limit_rows is not None:
             base_data = base_data.limit_rows(cfg.limit_rows)
-        initial = initial_params(base_plan, plan, origin, base_data, data, cfg.runs, env)
+        base_command = train_command(cfg, base=True, settings=True)
+        initial = initial_params(base_plan, plan, origin, base_data, data, cfg.runs, env, base_command)
     console.print(
         f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
         f"{len(plan.methods)} methods x {len(plan.seeds)} seeds on {env.device} ({env.precision}) -> {cfg.runs}"
@@ -441,6 +446,7 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
             note=lambda s: console.print(f"note: {s}", highlight=False),
             initial=initial,
             save_states=states,
+            command=train_command(cfg, settings=True),
         )
     console.print(summary_table(results, data.name))
     console.print(f"runs written under {cfg.runs / data.name}")

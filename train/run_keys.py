@@ -21,7 +21,9 @@ class Continued:
     """What one method's runs continue from (train/join.py): the base scenario's runs of ONE run key.
 
     The runs' key names the base key (`init`), so joined runs of different bases never share a row, and
-    each seed's inputs id covers its base run's, so a joined run is redone when its base run changed."""
+    holds the base scenario's inputs id (`base_inputs_id`, a validity field); each seed's inputs id covers
+    its base run's, so a joined run is redone when its base run changed, and counts only while its base run
+    is current (runs.lineage_reason)."""
 
     scenario: str  # the base scenario
     base_key: dict  # the base runs' run key (validity fields included)
@@ -32,12 +34,23 @@ class Continued:
     def init(self) -> dict:
         return {"continued_from": self.scenario, "base_key_id": key_id(self.base_key)}
 
+    def base_run(self, seed: int) -> dict:
+        """run.json `continued` of a joined run of `seed`: the base run it continued, read back by
+        runs.lineage_reason."""
+        return {
+            "scenario": self.scenario,
+            "key_id": key_id(self.base_key),
+            "seed": int(seed),
+            "inputs_id": self.base_ids[seed],
+        }
+
 
 def plan_key(
-    plan: TrainPlan, mp: MethodPlan, data: ScenarioData, env: TrainEnv, init: str | dict = "default init"
+    plan: TrainPlan, mp: MethodPlan, data: ScenarioData, env: TrainEnv, continued: Continued | None = None
 ):
     """(resolved config, run key) of method `mp`'s runs of `plan` on `data`: the one place a run key is
-    made (run_plan, and train/join.py for the base runs a joined run must continue).
+    made (run_plan, and train/join.py for the base runs a joined run must continue). `continued`: the base
+    runs a joined method's runs continue (its key's `init` and `base_inputs_id`; None: default init).
 
     A learning-free method never computes with the device or precision (only calibration does), so
     neither is part of its identity: a bf16 rerun of WALLA does not make UniformAvg's runs a second row.
@@ -53,6 +66,7 @@ def plan_key(
         calibration=calibration,
         precision=env.precision if uses_env else None,
         device=env.device if uses_env else None,
-        init=init,
+        init=continued.init if continued else "default init",
+        base_inputs_id=continued.base_key["scenario_inputs_id"] if continued else None,
     )
     return cfg, key

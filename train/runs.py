@@ -4,7 +4,8 @@
                                           option_mask [K], agent_probs [M*K] (agent-major), variant [M]
     <runs>/<scenario>/scenario.json      agents, dataset, soft_target, K, M, N, splits, fingerprints
                                           (feature sets used: "<model>/<variant>" -> fp), inputs_id,
-                                          methods and seeds ever planned, the resolved spec
+                                          methods and seeds ever planned, the resolved spec, the
+                                          `walla train` command that builds it (train_command)
     <runs>/<scenario>/.lock              one walla-train per runs dir and scenario at a time
     <runs>/<scenario>/<method>/<key-id>/key.json   the run key of the runs below, and the seeds planned
     <runs>/<scenario>/<method>/<key-id>/seed=<s>/
@@ -17,14 +18,17 @@
         state.pt             the trained state, only for the methods of --save-states (train/run.py): WALLA
                              heads continued by --add-agent and played by walla market
         run.json             method, display_name, group, seed, run_key, key_id, config (resolved),
-                             inputs_id, fingerprints, device, precision, wall_time_s, test_brier, test_acc;
+                             inputs_id, fingerprints, device, precision, wall_time_s, test_brier, test_acc,
+                             continued (a joined run: the base run's scenario, key_id, seed, inputs_id);
                              written LAST: marks the run complete
 
 A run's identity is its RUN KEY (`run_key`): everything that changes its result except the seed -- the
 training code's schema version (TRAIN_SCHEMA), the scenario's inputs id, the method, its resolved config,
 the calibration config, the precision and device kind (for methods that compute with them) and where
-its initial parameters came from. Its first two fields say whether a run is still valid (a run of other
-inputs or of another schema is stale and is retrained in place); the rest are what the user chose, and
+its initial parameters came from (a joined run: the base key, and the base scenario's inputs id as a
+third validity field, `base_inputs_id`). Its validity fields say whether a run is still valid (a run of
+other inputs or of another schema is stale and is retrained in place; a joined run counts only while the
+base run it continued is current: lineage_reason); the rest are what the user chose, and
 their hash is the directory `<key-id>`: a second configuration of a method lives beside the first, never
 over it, and walla-eval never averages seeds of different keys. `inputs_id` (the run key and the seed)
 tells walla-train whether a finished run can be kept. Directories `<method>/seed=<s>/` directly under the
@@ -60,7 +64,8 @@ KEY_DIR = re.compile(r"^[0-9a-f]{10}$")  # key_id(): 10 hex digits
 # numbers change -- tests/train/test_golden.py fails until you do (train/golden.py, train/golden.json).
 # 2: one optimizer path through the engine (f370f1e: MasterAdam C kernel and hand-written backward removed)
 TRAIN_SCHEMA = 2
-VALIDITY = ("schema", "scenario_inputs_id")  # run-key fields whose change makes a run stale (same key_id)
+# run-key fields whose change makes a run stale (same key_id); base_inputs_id: a joined run's only
+VALIDITY = ("schema", "scenario_inputs_id", "base_inputs_id")
 
 
 class RunFormatError(ValueError):  # a run or scenario file that cannot be read as this format (names it)
@@ -121,12 +126,16 @@ def run_key(
     calibration: Any = None,
     precision: str | None = None,
     device: str | None = None,
-    init: str = "default init",
+    init: str | dict = "default init",
+    base_inputs_id: str | None = None,
 ) -> dict:
     """A run's identity (see the module docstring), as plain JSON data.
 
     `precision` / `device`: None for a method whose result cannot depend on them (it computes nothing
     with torch's device or Lightning's precision); `calibration`: None when the agents are not calibrated.
+    `base_inputs_id`: a joined run's (init {continued_from, base_key_id}) base scenario's inputs id, a
+    validity field like the scenario's own: a join of a base retrained from other inputs is stale, and
+    retrained in place (lineage_reason).
     """
     key = {
         "schema": TRAIN_SCHEMA,
@@ -142,6 +151,8 @@ def run_key(
         # CUDA runs draw their init on the device (engine.init_generator), other values than the host-drawn
         # init of CUDA runs before it: another key. CPU keys are unchanged (the CPU init is the same).
         key["init_drawn_on"] = "cuda"
+    if base_inputs_id is not None:
+        key["base_inputs_id"] = base_inputs_id
     return key
 
 
@@ -162,11 +173,15 @@ def _list_col(name: str, arr: np.ndarray | None, n: int) -> pl.Series:
     return pl.Series(name, arr).cast(pl.List(pl.Float32))
 
 
-def write_scenario_table(runs: str | Path, data, spec: dict, methods=(), seeds=()) -> dict:
+def write_scenario_table(
+    runs: str | Path, data, spec: dict, methods=(), seeds=(), command: str | None = None
+) -> dict:
     """scenario.parquet + scenario.json under <runs>/<scenario>/ (atomic); returns scenario.json.
 
     The table is rewritten only when the scenario's inputs change; `methods` and `seeds` are merged with
     those already recorded (for the same inputs), so walla-eval knows every run it should expect.
+    `command`: the `walla train` command that builds this scenario (train/join.py train_command; None keeps
+    the recorded one), named by every message that says how to retrain its runs (train_command here).
     """
     d = scenario_dir(runs, data.name)
     d.mkdir(parents=True, exist_ok=True)
@@ -193,6 +208,8 @@ def write_scenario_table(runs: str | Path, data, spec: dict, methods=(), seeds=(
         "seeds": sorted({*map(int, old.get("seeds", []) if same else []), *map(int, seeds)}),
         "meta": jsonable({k2: v for k2, v in data.meta.items() if not isinstance(v, np.ndarray)}),
     }
+    if command or old.get("command"):
+        meta["command"] = command or old["command"]
     if not same:
         df = pl.DataFrame(
             [
@@ -250,9 +267,11 @@ def write_run(path: Path, question_id, split, output, meta: dict) -> Path:
     return path
 
 
-def write_key_file(runs: str | Path, scenario: str, key: dict, seeds) -> Path:
+def write_key_file(runs: str | Path, scenario: str, key: dict, seeds, command: str | None = None) -> Path:
     """<method>/<key-id>/key.json: the run key and every seed planned for it (merged with those already
-    recorded for the same key), so walla-eval can name a planned run that never started."""
+    recorded for the same key), so walla-eval can name a planned run that never started; `command`: the
+    `walla train` command that trains this key (its settings included; None keeps the recorded one), what
+    a message about its runs says to rerun (train_command)."""
     d = key_dir(runs, scenario, key["method"], key_id(key))
     d.mkdir(parents=True, exist_ok=True)
     try:
@@ -261,6 +280,8 @@ def write_key_file(runs: str | Path, scenario: str, key: dict, seeds) -> Path:
         old = {}
     kept = old.get("seeds", []) if old.get("run_key") == jsonable(key) else []
     meta = {"run_key": jsonable(key), "seeds": sorted({*map(int, kept), *map(int, seeds)})}
+    if command or old.get("command"):
+        meta["command"] = command or old["command"]
     if meta != old:
         write_json(d / KEY_FILE, meta)
     return d / KEY_FILE
@@ -480,10 +501,73 @@ def stale_reason(key: dict | None, current_inputs_id: str | None) -> str | None:
     return None
 
 
+def lineage_reason(path: str | Path, meta: dict) -> str | None:
+    """Why a joined run (run key `init: {continued_from, base_key_id}`) no longer counts although its own
+    inputs are current (None: it does, or it is not a joined run): a joined run is current only while the
+    base run it continued is still the current run of its base key and seed -- the base scenario's inputs
+    are the ones it was joined from (key `base_inputs_id`), and that run is complete, current and not
+    retrained since (run.json `continued.inputs_id`). The rule of walla-eval,
+    the market's heads and replays (stale_run_reason), so a join of an old base is never averaged with a
+    join of the new one."""
+    path = Path(path)
+    key = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else {}
+    init = key.get("init")
+    if not (isinstance(init, dict) and "continued_from" in init):
+        return None
+    cont = meta.get("continued")
+    if "base_inputs_id" not in key or not isinstance(cont, dict):
+        return "a joined run without the record of the base run it continued (joined by an older walla train)"
+    runs, base = path.parents[3], str(init["continued_from"])
+    bpath = run_dir(
+        runs, base, str(key.get("method")), str(init.get("base_key_id")), int(meta.get("seed", -1))
+    )
+    if not is_complete(bpath):
+        return f"the base run it continued ({bpath}) is gone"
+    try:
+        bmeta = read_run_meta(bpath)
+        current = _read_json(scenario_dir(runs, base) / SCENARIO_META).get("inputs_id")
+    except RunFormatError as e:
+        return f"its base run cannot be read ({e})"
+    if key["base_inputs_id"] != current:
+        return (
+            f"it continued runs of base scenario {base} of inputs {key['base_inputs_id']}, the base "
+            f"scenario's inputs are now {current} (re-extracted or retrained since)"
+        )
+    bkey = bmeta.get("run_key") if isinstance(bmeta.get("run_key"), dict) else None
+    why = stale_reason(bkey, current)  # a base run is never itself a join (its key: plan_key, default init)
+    if why is not None:
+        return f"the base run it continued ({bpath}) does not count: {why}"
+    if bmeta.get("inputs_id") != cont.get("inputs_id"):
+        return f"the base run it continued ({bpath}) was retrained since it was continued"
+    return None
+
+
+def stale_run_reason(path: str | Path, meta: dict, current_inputs_id: str | None) -> str | None:
+    """Why the run at `path` (its run.json `meta`) does not count for a scenario whose current inputs id
+    is `current_inputs_id` (None: it counts): stale_reason, then lineage_reason. The ONE check of every
+    reader of runs: walla-eval (evaluate/load.py), what the market plays (read_current_run_meta; replays
+    and `walla serve` through market/run_choice.py choose_runs) and joining (train/join.py)."""
+    key = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
+    return stale_reason(key, current_inputs_id) or lineage_reason(path, meta)
+
+
+def train_command(scenario_meta: dict, name: str, key_dir_path: str | Path | None = None) -> str:
+    """The `walla train` command that trains a scenario's runs, as the command that trained them recorded
+    it (key.json `command` of `key_dir_path`, with that key's settings; else scenario.json's; written from
+    the options that built the scenario, which a kind or a join needs), else the one of a named manifest."""
+    recorded = None
+    if key_dir_path is not None and (Path(key_dir_path) / KEY_FILE).exists():
+        try:
+            recorded = read_key_file(key_dir_path).get("command")
+        except RunFormatError:
+            recorded = None
+    return str(recorded or scenario_meta.get("command") or f"walla train --scenario {name}")
+
+
 def read_current_run_meta(path: str | Path) -> dict:
     """run.json of a run another run may start from (a live market head): complete, its run key that of
-    its directory <runs>/<scenario>/<method>/<key-id>/seed=<s>, and current (stale_reason) for the
-    scenario's scenario.json -- the runs walla-eval counts.
+    its directory <runs>/<scenario>/<method>/<key-id>/seed=<s>, and current for the scenario's
+    scenario.json (stale_run_reason, lineage included) -- the runs walla-eval counts.
 
     Raises:
         RunFormatError: one line naming the run, why it does not count and the fix.
@@ -493,14 +577,20 @@ def read_current_run_meta(path: str | Path) -> dict:
     key = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
     kdir = path.parent
     scenario = kdir.parent.parent
-    retrain = f"rerun walla-train --scenario {scenario.name} --methods {kdir.parent.name}"
-    current = _read_json(scenario / SCENARIO_META).get("inputs_id")
-    why = stale_reason(key, current)
+    scen = _read_json(scenario / SCENARIO_META)
+    seed = f" --seed-list {m.group(1)}" if (m := SEED_DIR.match(path.name)) else ""
+    retrain = f"rerun {train_command(scen, scenario.name, kdir)} --methods {kdir.parent.name}{seed}"
+    why = stale_run_reason(path, meta, scen.get("inputs_id"))
     if why is None and (key_id(key) != kdir.name or key.get("method") != kdir.parent.name):
         why = f"its run key is not the one of directory {kdir.parent.name}/{kdir.name} (moved or edited by hand)"
     if why is not None:
         raise RunFormatError(f"{path}: stale run: {why}; not used: {retrain}")
     return meta
+
+
+def read_scenario_meta(path: str | Path) -> dict:
+    """A scenario directory's scenario.json (RunFormatError naming it when missing or unreadable)."""
+    return _read_json(Path(path) / SCENARIO_META)
 
 
 def read_key_file(path: str | Path) -> dict:

@@ -7,7 +7,9 @@ import copy
 
 import numpy as np
 import pytest
-from walla.train import golden
+import torch
+from walla.train import engine, golden
+from walla.train.heads import StackedHeads
 from walla.train.methods import REGISTRY
 from walla.train.runs import TRAIN_SCHEMA
 
@@ -18,7 +20,7 @@ def current() -> dict[str, dict]:
 
 
 def test_training_numbers_match_the_digests_of_train_schema(current):
-    assert set(current) == set(REGISTRY)  # every method, each with its payouts where it has them
+    assert {m for m in current if "@" not in m} == set(REGISTRY)  # every method, with its payouts if any
     assert {"wagers", "payouts", "advantage"} <= set(current["walla-i"]["columns"])
     problems = golden.check(golden.read_golden(), current)
     assert not problems, "\n".join(problems)
@@ -75,3 +77,83 @@ def test_write_refuses_moved_digests_under_the_same_schema(current, tmp_path):
     golden.write(current, path, schema=8, setup="t")  # another golden setup: stored
     assert golden.read_golden(path)["setup"] == "t"
     assert golden.setup_id() == golden.setup_id() == golden.read_golden()["setup"]
+
+
+# ------------------------------------------------------------------ every numeric path (issue 37, finding 3)
+
+
+def _path_digests(*paths: str) -> dict[str, dict]:
+    return {f"{m}@{p}": d for p, ms in golden.compute_paths(paths).items() for m, d in ms.items()}
+
+
+def test_every_selectable_numeric_path_has_a_digest():
+    stored = golden.read_golden()["methods"]
+    assert set(golden.PATHS) == {
+        "bf16-mixed",
+        "projection",
+        "batched-seeds",
+        "early-stopping",
+        "calibrated",
+        "join",
+    }
+    for path, spec in golden.PATHS.items():
+        assert {f"{m}@{path}" for m in spec["methods"]} <= set(stored)
+    assert stored["walla-i@batched-seeds"]["n"] == 2 * stored["walla-i"]["n"]  # both seeds of one fit
+    assert "agent_probs" in stored["walla-i@calibrated"]["columns"]  # the calibrated probs it pooled
+
+
+def test_bf16_true_forced_where_bf16_mixed_is_asked_fails_the_golden_check(monkeypatch):
+    """The mutation of the issue: train/engine.py handing Lightning bf16-true for a bf16-mixed run."""
+    real = engine.Fabric
+
+    def forced(*args, precision=None, **kw):
+        return real(*args, precision="bf16-true" if precision == "bf16-mixed" else precision, **kw)
+
+    monkeypatch.setattr(engine, "Fabric", forced)
+    # WALLA's fit runs under it (stacked-gen's mixes dtypes in bf16-true and raises: caught anyway)
+    monkeypatch.setitem(golden.PATHS, "bf16-mixed", {**golden.PATHS["bf16-mixed"], "methods": ["walla-i"]})
+    moved = golden.changes(golden.read_golden(), _path_digests("bf16-mixed"))
+    assert any(line.startswith("walla-i@bf16-mixed: moved by") for line in moved), moved
+
+
+def test_a_projection_bias_dropped_in_predict_fails_the_golden_check(monkeypatch):
+    """The mutation of the issue: StackedHeads.predict folding the projection without its bias bp."""
+
+    def predict(self, x):
+        if not self.n_proj or x.shape[1] * (x.shape[2] + self.dims[2]) <= x.shape[2] * self.dims[2]:
+            return self(x)
+        wp, w1, b1 = self.weights[0], self.weights[1], self.biases[1]
+        h = torch.relu(torch.baddbmm(b1.unsqueeze(1), x, torch.bmm(wp, w1)))  # bp left out
+        for j in range(2, len(self.weights)):
+            h = torch.baddbmm(self.biases[j].unsqueeze(1), h, self.weights[j])
+            h = torch.relu(h) if j < len(self.weights) - 1 else h
+        return h.squeeze(-1)
+
+    monkeypatch.setattr(StackedHeads, "predict", predict)
+    moved = golden.changes(golden.read_golden(), _path_digests("projection"))
+    assert any(line.startswith("walla-i@projection: moved by") for line in moved), moved
+
+
+def test_the_early_stopping_path_stops_early():
+    (runs_stopped,) = golden.compute_paths(["early-stopping"]).values()  # _check_stopped raised otherwise
+    assert runs_stopped["walla-i"]["n"] == golden.read_golden()["methods"]["walla-i"]["n"]
+
+
+@pytest.mark.gpu
+def test_cuda_training_numbers_match_their_digests():
+    """The golden runs and every path on a CUDA device (its own init draw, cuBLAS, bf16-mixed on the GPU),
+    against train/golden_cuda.json within golden.CUDA_TOLERANCE; written there by
+    `python -m walla.train.golden --write --device cuda` on a CUDA machine."""
+    current = golden.compute(device="cuda")
+    file, tolerance, _ = golden.golden_file("cuda")
+    assert tolerance == golden.CUDA_TOLERANCE and file.name == "golden_cuda.json"
+    problems = golden.check(golden.read_golden(file), current, device="cuda")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_cuda_golden_reports_missing_digests_with_the_command_that_writes_them():
+    (line,) = golden.check({}, {}, device="cuda")
+    assert line == (
+        "golden_cuda.json holds digests of TRAIN_SCHEMA None, the code is schema "
+        f"{TRAIN_SCHEMA}: regenerate them: python -m walla.train.golden --write --device cuda (on a CUDA machine)"
+    )

@@ -16,7 +16,18 @@ from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.join import initial_params, joined_plan
 from walla.train.plan import Overrides, build_plan
 from walla.train.run import run_plan
-from walla.train.runs import RUN_META, STATE, TRAIN_SCHEMA, inputs_id, list_run_dirs, read_run_meta
+from walla.train.runs import (
+    RUN_META,
+    STATE,
+    TRAIN_SCHEMA,
+    RunFormatError,
+    inputs_id,
+    lineage_reason,
+    list_run_dirs,
+    read_current_run_meta,
+    read_run_meta,
+    stale_run_reason,
+)
 
 HP = {"walla": {"lr": 3.0e-3, "epochs": 2, "hidden": [8], "projection_dim": None, "batch_size": 20}}
 
@@ -200,3 +211,27 @@ def test_a_base_run_trained_without_its_state_names_the_flag(trained, tmp_path):
     assert not any((d.path / STATE).exists() for d in list_run_dirs(runs, "base"))
     with pytest.raises(ValueError, match="no trained heads .state.pt.*--seed-list 18 --save-states walla-i"):
         join(plan, runs, full)
+
+
+def test_a_joined_run_counts_only_while_its_base_run_is_current(trained, tmp_path):
+    """Issue 37 finding 2: the lineage check (runs.lineage_reason) that eval, replays and live heads make."""
+    full, plan, base_runs = trained
+    runs = tmp_path / "runs"
+    shutil.copytree(base_runs, runs)
+    joined, data, init = join(plan, runs, full)
+    run_plan(joined, data, runs, TrainEnv(), note=lambda s: None, initial=init, save_states={"walla-i"})
+    path = one_run(runs, "base+b", "walla-i", 18)
+    meta, base18 = read_run_meta(path), one_run(runs, "base", "walla-i", 18)
+    current = json.loads((runs / "base+b" / "scenario.json").read_text())["inputs_id"]
+    assert meta["run_key"]["base_inputs_id"] == read_run_meta(base18)["run_key"]["scenario_inputs_id"]
+    assert stale_run_reason(path, meta, current) is None
+    _edit_run(base18, lambda m: m.update(inputs_id="0" * 16))  # the base run retrained since
+    assert "was retrained since it was continued" in stale_run_reason(path, meta, current)
+    with pytest.raises(RunFormatError, match="stale run: the base run it continued .* was retrained since"):
+        read_current_run_meta(path)
+    _edit_run(base18, lambda m: m["run_key"].update(schema=TRAIN_SCHEMA - 1))  # ... or stale itself
+    assert f"does not count: trained by walla-train schema {TRAIN_SCHEMA - 1}" in lineage_reason(path, meta)
+    (base18 / RUN_META).unlink()
+    assert lineage_reason(path, meta) == f"the base run it continued ({base18}) is gone"
+    del meta["continued"]  # joined by a walla train before lineage was recorded
+    assert "without the record of the base run it continued" in lineage_reason(path, meta)
