@@ -15,12 +15,12 @@ import threading
 import time
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger, Principal, hash_token
-from walla.market.models import MAX_ID
+from walla.market.models import DIGITS, MAX_ID
 
 MAX_BUCKETS = 100_000
 bearer = HTTPBearer(auto_error=False, description="an agent's or the operator's token")
@@ -95,5 +95,8 @@ async def require_operator(who: CurrentPrincipal) -> Principal:
 
 Operator = Annotated[Principal, Depends(require_operator)]
 
-# a round id in the path: 1..MAX_ID (PostgreSQL int4); anything else is an unknown round (404)
-RoundId = Annotated[int, Path(ge=1, le=MAX_ID, description="a round's id")]
+# a round id in the path: plain decimal digits, 1..MAX_ID (PostgreSQL int4); anything else ('+1', '1.0',
+# 2**31) is an unknown round (404)
+RoundId = Annotated[int, Path(ge=1, le=MAX_ID, description="a round's id"), DIGITS]
+# an id or a count in the query string: plain decimal digits too (a 400 naming the parameter otherwise)
+AfterId = Annotated[int, Query(ge=0, le=MAX_ID, description="only ids above this one"), DIGITS]

@@ -81,6 +81,25 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class HeadAsGet:
+    """Answer HEAD wherever GET is served (RFC 9110 9.3.2; FastAPI's routes take GET only): the app sees a
+    GET, the client gets its status and headers without the body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 async def _send(send: Send, resp: Response) -> None:
     await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
     await send({"type": "http.response.body", "body": resp.body})
@@ -111,6 +130,7 @@ def create_app(
         return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
 
     app.add_middleware(BodyLimit, limit=max_body, timeout=read_timeout)
+    app.add_middleware(HeadAsGet)
     return app
 
 
