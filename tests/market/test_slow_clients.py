@@ -8,22 +8,30 @@ Each test is bounded: a few seconds, a few sockets.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import secrets
 import select
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 from market_fixtures import OP_TOKEN, reset_ledger, snapshot, wait_until
+from walla.market.cli_operator import TOKEN_ENV
+from walla.market.client import wait_ready
 from walla.market.deps import UNKNOWN_TOKEN_BURST
 from walla.market.ledger import Ledger
-from walla.market.local import LocalServer
+from walla.market.local import LocalServer, free_port
+from walla.market.server import create_app
 
 READ_TIMEOUT = 1.0
 PER_CLIENT = 6
 DRIP_EVERY = 0.25  # s between bytes: well inside the read timeout, so only a whole-request deadline trips
+SERVE = "from walla.market.cli_operator import app; app(prog_name='walla market')"  # as test_fault.py
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +179,74 @@ def test_unknown_tokens_are_rate_limited_per_address_before_the_database(market,
     assert last.json()["error"].startswith("authorization: too many unknown tokens from this address")
     assert int(last.headers["retry-after"]) >= 1
     assert len(reads) < len(codes)  # a 429 answered without reading the database
+
+
+def test_walla_market_serve_is_guarded(tmp_path):
+    """The command a user starts serves through the same guard, with its options."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE, "serve", "--db", str(tmp_path / "m.db"), "--port", str(port)]
+        + ["--read-timeout", "1", "--max-client-connections", "2"],
+        env={**os.environ, TOKEN_ENV: OP_TOKEN},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", timeout=60)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        with socket.create_connection(("127.0.0.1", port)) as extra:
+            assert status_and_error(read_all(extra, time.monotonic() + 2))[0] == 429
+        answers = [read_all(s, time.monotonic() + 4) for s in held]  # silent: 408 after 1 s, then closed
+        assert [status_and_error(a)[0] for a in answers] == [408, 408]
+        for s in held:
+            s.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_the_body_deadline_holds_under_any_asgi_server(tmp_path):
+    """BodyLimit alone (no guard: another ASGI server, or the TestClient) times the whole body, not each
+    chunk: chunks 0.1 s apart under a 0.3 s timeout still end in a 408."""
+    ledger = Ledger.open(str(tmp_path / "m.db"))
+    try:
+        ledger.ensure_operator(OP_TOKEN)
+        token = ledger.add_agent("alice")
+        app = create_app(ledger, read_timeout=0.3)
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "PUT",
+            "scheme": "http",
+            "path": "/rounds/1/report",
+            "raw_path": b"/rounds/1/report",
+            "query_string": b"",
+            "root_path": "",
+            "server": ("127.0.0.1", 80),
+            "client": ("127.0.0.1", 1),
+            "headers": [
+                (b"authorization", f"Bearer {token}".encode()),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(BODY)).encode()),
+            ],
+        }
+        chunks = iter(BODY)
+        sent = []
+
+        async def trickle() -> dict:
+            await asyncio.sleep(0.1)
+            b = next(chunks, None)
+            return {
+                "type": "http.request",
+                "body": bytes([b]) if b is not None else b"",
+                "more_body": b is not None,
+            }
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        asyncio.run(asyncio.wait_for(app(scope, trickle, send), 10))
+        assert sent[0]["status"] == 408 and b"body: not received within 0.3 s" in sent[1]["body"]
+    finally:
+        ledger.close()
