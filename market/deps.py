@@ -26,8 +26,8 @@ from walla.market.ledger import Ledger, Principal, hash_token
 from walla.market.models import DIGITS, MAX_ID
 
 MAX_BUCKETS = 100_000
-UNKNOWN_TOKEN_RATE = 1.0  # unknown tokens per second per client address, after a burst of
-UNKNOWN_TOKEN_BURST = 20
+UNKNOWN_TOKEN_BURST = 20  # unknown tokens a client address may send at once (each is a database read) ...
+UNKNOWN_TOKEN_RATE = 1.0  # ... and per second after them; then 429 before the read
 bearer = HTTPBearer(auto_error=False, description="an agent's or the operator's token")
 
 

@@ -15,8 +15,8 @@ Errors are JSON `{"error": "<field>: <what is wrong>"}` on one line: 400 malform
 missing/unknown token, 403 not allowed for this token, 404 unknown round/report/path, 405 method, 408
 request not received within the read timeout, 409 state conflict (closed round, different resolution,
 taken name, over a limit), 413 body over MAX_BODY, 429 over the token's rate, too many unknown tokens or
-open connections from one address (with Retry-After). HEAD is answered wherever GET is. A server-side bug is a 500
-`{"error": "internal error"}`; a client's mistake never is, and a refused write writes nothing.
+open connections from one address (with Retry-After). A server-side bug is a 500 `{"error": "internal
+error"}`; a client's mistake never is, and a refused write writes nothing. HEAD is answered wherever GET is.
 """
 
 from __future__ import annotations

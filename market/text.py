@@ -52,8 +52,8 @@ def clean_text(value: str, newlines: bool = False) -> str:
 
 
 def visible_key(value: str) -> str:
-    """What a reader sees of `value`: invisible characters dropped, NFKC-normalised ('ａ' and 'ﬁ' are 'a' and
-    'fi'), whitespace runs one space, no leading or trailing space."""
+    """What a reader sees of `value`: invisible characters dropped, NFKC-normalised ('ａ' and 'ﬁ' are 'a'
+    and 'fi'), whitespace runs one space, no leading or trailing space."""
     seen = "".join(ch for ch in value if not is_invisible(ch))
     seen = "".join(ch for ch in unicodedata.normalize("NFKC", seen) if not is_invisible(ch))
     return " ".join(seen.split())
@@ -66,7 +66,7 @@ def check_distinct(values: list[str], field: str) -> list[str]:
         j = first.setdefault(visible_key(v), i)
         if j != i:
             raise ValueError(
-                f"{field}: {field}[{j}] {ascii(values[j])[:40]} and {field}[{i}] {ascii(v)[:40]} read the same "
+                f"{field}: {ascii(values[j])[:40]} and {ascii(v)[:40]} (items {j} and {i}) read the same "
                 "(they must differ in visible characters, after NFKC normalisation)"
             )
     return values

@@ -157,8 +157,10 @@ def test_connections_per_address_are_capped(market):
     finally:
         for s in held:
             s.close()
-    ok = lambda: httpx.get(f"{srv.url}/rounds/{rid}", headers={"Authorization": f"Bearer {token}"})  # noqa: E731
-    assert wait_until(lambda: ok().status_code == 200, timeout=5)
+    auth = {"Authorization": f"Bearer {token}"}
+    assert wait_until(
+        lambda: httpx.get(f"{srv.url}/rounds/{rid}", headers=auth).status_code == 200, timeout=5
+    )
 
 
 def test_unknown_tokens_are_rate_limited_per_address_before_the_database(market, monkeypatch):
