@@ -135,16 +135,27 @@ def serve(
     read_timeout: float = typer.Option(
         None,
         "--read-timeout",
-        help="seconds a request body may take to arrive (default: the server's READ_TIMEOUT_S)",
+        help="seconds a request (headers and body) may take to arrive, from its first byte "
+        "(default: the server's READ_TIMEOUT_S); else 408",
+    ),
+    max_client_connections: int = typer.Option(
+        None,
+        "--max-client-connections",
+        help="open connections per client address (default: the server's MAX_CLIENT_CONNECTIONS); "
+        "more are refused with 429",
     ),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
     import uvicorn  # the server stack is imported when it serves, not for --help: walla.cli.lazy
-    from walla.market.server import MAX_BODY, RATE, READ_TIMEOUT_S, create_app
+    from walla.market.guard import guarded_protocol
+    from walla.market.server import MAX_BODY, MAX_CLIENT_CONNECTIONS, RATE, READ_TIMEOUT_S, create_app
 
     max_body = MAX_BODY if max_body is None else max_body
     rate = RATE if rate is None else rate
     read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
+    per_client = MAX_CLIENT_CONNECTIONS if max_client_connections is None else max_client_connections
+    if not 1 <= per_client <= 100_000:
+        raise fail(f"--max-client-connections: expected 1..100000, got {per_client}")
     if max_body < 1024:
         raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
     if not 0 <= rate < float("inf"):
@@ -155,5 +166,8 @@ def serve(
     ledger = open_ledger(db)
     _setup_operator(ledger, operator_token_file)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
-    app = create_app(ledger, max_body, rate=rate, read_timeout=read_timeout)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    app = create_app(
+        ledger, max_body, rate=rate, read_timeout=read_timeout, max_client_connections=per_client
+    )
+    http = guarded_protocol(read_timeout, per_client)  # guard.py: whole-request deadline, connections cap
+    uvicorn.run(app, http=http, host=host, port=port, log_level="warning", access_log=False)

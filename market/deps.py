@@ -5,55 +5,79 @@ per-token rate limit.
     def open_round(body: RoundIn, ledger: LedgerDep, op: Operator) -> RoundOut: ...
 
 The dependencies are async: current_principal reads the ledger in the threadpool only for a token it has
-not seen in the last AUTH_TTL_S (ledger.py). The bearer scheme is documented in the OpenAPI schema. Every
-refusal is a ClientError: 401 no or unknown token, 403 not the operator, 429 over the token's rate.
+not seen in the last AUTH_TTL_S (ledger.py); an address that sent more than UNKNOWN_TOKEN_BURST unknown
+tokens (UNKNOWN_TOKEN_RATE per second after them) gets a 429 before that read. The bearer scheme is
+documented in the OpenAPI schema. Every refusal is a ClientError: 401 no or unknown token, 403 not the
+operator, 429 over the token's rate or the address's unknown tokens (with Retry-After).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger, Principal, hash_token
-from walla.market.models import MAX_ID
+from walla.market.models import DIGITS, MAX_ID
 
 MAX_BUCKETS = 100_000
+UNKNOWN_TOKEN_BURST = 20  # unknown tokens a client address may send at once (each is a database read) ...
+UNKNOWN_TOKEN_RATE = 1.0  # ... and per second after them; then 429 before the read
 bearer = HTTPBearer(auto_error=False, description="an agent's or the operator's token")
 
 
 class RateLimit:
-    """A token bucket per token: `rate` requests per second on average, bursts of `burst` (0: no limit).
+    """A token bucket per key: `rate` requests per second on average, bursts of `burst` (rate 0: no limit).
 
-    In-process and per server: one `walla market serve` is one ledger's writer anyway. A token over its rate
-    gets 429 and writes nothing.
+    In-process and per server: one `walla market serve` is one ledger's writer anyway. A key over its rate
+    gets `what` (a 429 line, with Retry-After) and writes nothing. Keys are token hashes (--rate) or client
+    addresses (unknown tokens: current_principal).
     """
 
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self.buckets: dict[str, tuple[float, float]] = {}  # token hash -> (tokens left, last time)
+    def __init__(
+        self, rate: float, burst: int, what: str = "authorization: over this token's rate limit"
+    ) -> None:
+        self.rate, self.burst, self.what = rate, burst, what
+        self.buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens left, last time)
         self.lock = threading.Lock()
 
+    def _left(self, key: str, now: float) -> float:
+        left, last = self.buckets.get(key, (float(self.burst), now))
+        return min(float(self.burst), left + (now - last) * self.rate)
+
+    def _refuse(self, left: float) -> ClientError:
+        wait = max(1, math.ceil((1.0 - left) / self.rate))
+        return ClientError(
+            429, f"{self.what} of {self.rate:g} requests/s; retry after {wait} s", {"Retry-After": str(wait)}
+        )
+
     def take(self, key: str) -> None:
+        """Spend one request of `key`'s, or ClientError 429 when it has none left."""
         if self.rate <= 0:
             return
         now = time.monotonic()
         with self.lock:
-            left, last = self.buckets.get(key, (float(self.burst), now))
-            left = min(float(self.burst), left + (now - last) * self.rate)
+            left = self._left(key, now)
             if left < 1.0:
                 self.buckets[key] = (left, now)
-                raise ClientError(
-                    429, f"authorization: over this token's rate limit of {self.rate:g} requests/s"
-                )
+                raise self._refuse(left)
             self.buckets[key] = (left - 1.0, now)
-            if len(self.buckets) > MAX_BUCKETS:  # random tokens must not grow memory: forget refilled buckets
+            if len(self.buckets) > MAX_BUCKETS:  # random keys must not grow memory: forget refilled buckets
                 full = now - self.burst / self.rate
                 self.buckets = {k: v for k, v in self.buckets.items() if v[1] > full}
+
+    def check(self, key: str) -> None:
+        """ClientError 429 when `key` has no request left; spends nothing."""
+        if self.rate > 0:
+            with self.lock:
+                left = self._left(key, time.monotonic())
+            if left < 1.0:
+                raise self._refuse(left)
 
 
 async def get_ledger(request: Request) -> Ledger:
@@ -78,9 +102,14 @@ async def current_principal(
     token = cred.credentials.strip()
     key = hash_token(token)
     request.app.state.rate_limit.take(key)
-    who = ledger.cached_principal(key) or await run_in_threadpool(ledger.authenticate, token)
-    if who is None:
-        raise ClientError(401, "authorization: unknown or revoked token")
+    who = ledger.cached_principal(key)
+    if who is None:  # a database read: an address sending unknown tokens gets a 429 before it, not 401s
+        unknown, address = request.app.state.unknown_tokens, request.client.host if request.client else "?"
+        unknown.check(address)
+        who = await run_in_threadpool(ledger.authenticate, token)
+        if who is None:
+            unknown.take(address)
+            raise ClientError(401, "authorization: unknown or revoked token")
     return who
 
 
@@ -95,5 +124,8 @@ async def require_operator(who: CurrentPrincipal) -> Principal:
 
 Operator = Annotated[Principal, Depends(require_operator)]
 
-# a round id in the path: 1..MAX_ID (PostgreSQL int4); anything else is an unknown round (404)
-RoundId = Annotated[int, Path(ge=1, le=MAX_ID, description="a round's id")]
+# a round id in the path: plain decimal digits, 1..MAX_ID (PostgreSQL int4); anything else ('+1', '1.0',
+# 2**31) is an unknown round (404)
+RoundId = Annotated[int, Path(ge=1, le=MAX_ID, description="a round's id"), DIGITS]
+# an id or a count in the query string: plain decimal digits too (a 400 naming the parameter otherwise)
+AfterId = Annotated[int, Query(ge=0, le=MAX_ID, description="only ids above this one"), DIGITS]

@@ -508,6 +508,7 @@ class Ledger:
                 "probabilities": probs,
                 "wager": wager,
                 "version": version,
+                "submitted_at": values["submitted_at"],
             }
 
         return self._write(txn)
@@ -660,9 +661,8 @@ class Ledger:
                 )
             cur = self._current(conn, rid)
             if _same(json.loads(cur.target), target):
-                raise bad(
-                    "label" if label is not None else "target", f"round {rid} is already resolved so", 409
-                )
+                field = "label" if label is not None else "target"
+                raise bad(field, f"round {rid} is already resolved with this answer; nothing to correct", 409)
             out = self._entry(
                 conn, row, "correct", cur.seq + 1, label, target, note, self._paid(conn, rid, cur.seq)
             )

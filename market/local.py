@@ -11,6 +11,7 @@ import threading
 
 import uvicorn
 from walla.market.client import wait_ready
+from walla.market.guard import guarded_config
 from walla.market.ledger import Ledger
 from walla.market.server import MAX_BODY, create_app
 
@@ -22,13 +23,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class LocalServer:
-    """uvicorn serving create_app(ledger) on 127.0.0.1:<free port> until stop()."""
+    """uvicorn serving create_app(ledger, max_body, **app_kwargs) on 127.0.0.1:<free port> until stop()."""
 
-    def __init__(self, ledger: Ledger, max_body: int = MAX_BODY, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, ledger: Ledger, max_body: int = MAX_BODY, host: str = "127.0.0.1", **app_kwargs
+    ) -> None:
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(
-            create_app(ledger, max_body),
+        config = guarded_config(  # the connection limits of `walla market serve` (guard.py)
+            create_app(ledger, max_body, **app_kwargs),
             host=host,
             port=self.port,
             log_level="warning",

@@ -9,19 +9,22 @@ the transaction that writes it):
     c1              finite, |c1| <= C_MAX;  c2, c3 in [C_MIN, C_MAX]: the deficit bound c2^2/c3 <= 1e18 and
                     a payout |w (A - c3 w)| <= MAX_WAGER (2 c2 + c3 MAX_WAGER) <= 1e18 (|A| <= 2 c2)
     ids             1 .. MAX_ID (PostgreSQL's int4, the ledger's integer columns)
+    ids in a URL    plain decimal digits ('+1', ' 1', '1.0' are not ids)
     text            no NUL, no control characters but newline and tab in a question, no lone surrogates
-                    (PostgreSQL and UTF-8 refuse them); agent names are matched whole and unique case-folded
-                    (the database's unique index on lower(name))
+                    (PostgreSQL and UTF-8 refuse them), no bidirectional controls, something visible
+                    (market/text.py); options distinct as a reader sees them (NFKC, invisible characters
+                    dropped); agent names are matched whole and unique case-folded (the database's unique
+                    index on lower(name))
 """
 
 from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from walla.market.text import check_distinct, clean_text, plain_digits
 from walla.train import mechanism
 from walla.train.mechanism_checks import SIMPLEX_ATOL
 
@@ -38,31 +41,19 @@ NAME_RE = re.compile(NAME_PATTERN.replace("$", r"\Z"))
 PUBLISH = ("never", "close", "resolution")  # when agents may read a round's pooled forecast
 
 
-def _clean_text(value: str, newlines: bool) -> str:
-    """Refuse NUL, control characters (newline and tab allowed in a question) and lone surrogates."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("contains a lone surrogate (not valid UTF-8)") from None
-    allowed = "\n\t" if newlines else ""
-    for ch in value:
-        if unicodedata.category(ch) == "Cc" and ch not in allowed:
-            raise ValueError(f"contains the control character {ascii(ch)}")
-    if not value.strip():
-        raise ValueError("expected a non-empty string")
-    return value
-
-
 def _question(value: str) -> str:
-    return _clean_text(value, newlines=True)
+    return clean_text(value, newlines=True)
 
 
 def _line(value: str) -> str:
-    return _clean_text(value, newlines=False)
+    return clean_text(value, newlines=False)
 
 
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Id = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
+# an id in a path or a query string: plain decimal digits (text.plain_digits), checked before the int's
+# range (put it after Path/Query in an Annotated, so that the schema states the range as minimum/maximum)
+DIGITS = BeforeValidator(plain_digits)
 Question = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_question)]
 Line = Annotated[str, Field(min_length=1, max_length=MAX_OPTION_TEXT), AfterValidator(_line)]
 Note = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_question)]
@@ -127,8 +118,7 @@ class RoundIn(RoundSettings):
 
     @model_validator(mode="after")
     def _distinct(self) -> RoundIn:
-        if len(set(self.options)) != len(self.options):
-            raise ValueError("options: must be distinct")
+        check_distinct(list(self.options), "options")
         return self
 
     @property

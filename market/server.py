@@ -12,10 +12,11 @@ another agent's report only once the round is resolved, a round's pool only once
 agents.py.
 
 Errors are JSON `{"error": "<field>: <what is wrong>"}` on one line: 400 malformed body or value, 401
-missing/unknown token, 403 not allowed for this token, 404 unknown round/report/path, 405 method, 408 body
-not received within the read timeout, 409 state conflict (closed round, different resolution, taken name,
-over a limit), 413 body over MAX_BODY, 429 over the token's rate. A server-side bug is a 500
-`{"error": "internal error"}`; a client's mistake never is, and a refused write writes nothing.
+missing/unknown token, 403 not allowed for this token, 404 unknown round/report/path, 405 method, 408
+request not received within the read timeout, 409 state conflict (closed round, different resolution,
+taken name, over a limit), 413 body over MAX_BODY, 429 over the token's rate, too many unknown tokens or
+open connections from one address (with Retry-After). A server-side bug is a 500 `{"error": "internal
+error"}`; a client's mistake never is, and a refused write writes nothing. HEAD is answered wherever GET is.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
-from walla.market.deps import RateLimit
+from walla.market.deps import UNKNOWN_TOKEN_BURST, UNKNOWN_TOKEN_RATE, RateLimit
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger
 from walla.market.models import RoundSettings
@@ -38,22 +39,25 @@ from walla.market.payouts import pooled_forecast, round_payouts
 from walla.market.routes import agents, reports, rounds
 
 MAX_BODY = 64 * 1024  # bytes; a report of 26 options is < 1 KiB
-READ_TIMEOUT_S = 10.0  # a request body must arrive within this long of the headers
+READ_TIMEOUT_S = 10.0  # a request's headers and body must arrive within this long of its first byte
+MAX_CLIENT_CONNECTIONS = 64  # open connections per client address (guard.py; a load run's agents share one)
 RATE = 0.0  # requests per second per token (0: unlimited); `walla market serve --rate` sets it
 BURST = 200
 DASHBOARD = Path(__file__).with_name("dashboard.html")
 log = logging.getLogger("walla.market")
 
 
-def error_response(status: int, message: object) -> Response:
+def error_response(status: int, message: object, headers: dict[str, str] | None = None) -> Response:
     """One-line JSON error; ASCII-escaped, so a lone surrogate echoed from the input cannot break encoding."""
     body = json.dumps({"error": " ".join(str(message).split())}, ensure_ascii=True)
-    return Response(body, status_code=status, media_type="application/json")
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 class BodyLimit:
     """Refuse a request body over `limit` bytes (413, by Content-Length or while streaming it in) or one that
-    does not arrive within `timeout` seconds (408)."""
+    is not whole within `timeout` seconds of the app's call (408). Served by uvicorn, guard.py's deadline
+    (headers and body within `timeout` of the request's first byte) comes first; this one holds under any
+    ASGI server."""
 
     def __init__(self, app: ASGIApp, limit: int, timeout: float = READ_TIMEOUT_S) -> None:
         self.app, self.limit, self.timeout = app, limit, timeout
@@ -65,20 +69,39 @@ class BodyLimit:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             return await _send(send, error_response(413, f"body: larger than {self.limit} bytes"))
         seen = 0
+        deadline = anyio.current_time() + self.timeout  # for the whole body, not per chunk
 
         async def limited() -> dict:
             nonlocal seen
-            try:
-                with anyio.fail_after(self.timeout):  # a cancel scope: no task per chunk (asyncio.wait_for's)
-                    message = await receive()
-            except TimeoutError:
-                raise HTTPException(408, f"body: not received within {self.timeout:g} s") from None
+            with anyio.CancelScope(deadline=deadline) as scope:  # no task per chunk (asyncio.wait_for's)
+                message = await receive()
+            if scope.cancelled_caught:
+                raise HTTPException(408, f"body: not received within {self.timeout:g} s")
             seen += len(message.get("body", b""))
             if seen > self.limit:
                 raise HTTPException(413, f"body: larger than {self.limit} bytes")
             return message
 
         await self.app(scope, limited, send)
+
+
+class HeadAsGet:
+    """Answer HEAD wherever GET is served (RFC 9110 9.3.2; FastAPI's routes take GET only): the app sees a
+    GET, the client gets its status and headers without the body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 async def _send(send: Send, resp: Response) -> None:
@@ -92,8 +115,12 @@ def create_app(
     rate: float = RATE,
     burst: int = BURST,
     read_timeout: float = READ_TIMEOUT_S,
+    max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+    unknown_token_rate: float = UNKNOWN_TOKEN_RATE,
 ) -> FastAPI:
-    """The API over `ledger` (see module docstring); `rate` requests/s per token (0: unlimited)."""
+    """The API over `ledger` (see module docstring); `rate` requests/s per token (0: unlimited). The
+    connection limits (read_timeout, max_client_connections) hold when it is served by guard.py's
+    guarded_config, as `walla market serve` and LocalServer do."""
     warm_up()
     app = FastAPI(
         title="walla market",
@@ -102,6 +129,12 @@ def create_app(
     )
     app.state.ledger = ledger
     app.state.rate_limit = RateLimit(rate, burst)
+    app.state.unknown_tokens = RateLimit(  # per client address (deps.current_principal); 0: no limit
+        unknown_token_rate,
+        UNKNOWN_TOKEN_BURST,
+        "authorization: too many unknown tokens from this address, over",
+    )
+    app.state.read_timeout, app.state.max_client_connections = read_timeout, max_client_connections
     _error_handlers(app)
     for module in (rounds, reports, agents):
         app.include_router(module.router)
@@ -111,6 +144,7 @@ def create_app(
         return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
 
     app.add_middleware(BodyLimit, limit=max_body, timeout=read_timeout)
+    app.add_middleware(HeadAsGet)
     return app
 
 
@@ -160,7 +194,7 @@ def validation_message(errors: list[dict]) -> tuple[int, str]:
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientError)
     async def _client(_req: Request, e: ClientError) -> Response:
-        return error_response(e.status, e.message)
+        return error_response(e.status, e.message, e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, e: RequestValidationError) -> Response:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from walla.market.deps import CurrentPrincipal, LedgerDep, Operator
-from walla.market.models import MAX_ID, NAME_PATTERN, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
+from walla.market.deps import AfterId, CurrentPrincipal, LedgerDep, Operator
+from walla.market.models import DIGITS, NAME_PATTERN, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
 from walla.market.stats import market_stats
 
 router = APIRouter(tags=["agents"])
@@ -30,8 +30,8 @@ def me(ledger: LedgerDep, who: CurrentPrincipal) -> MeOut:
 def my_payouts(
     ledger: LedgerDep,
     who: CurrentPrincipal,
-    after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
-    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    after: AfterId = 0,
+    limit: Annotated[int, Query(ge=1, le=10000), DIGITS] = 1000,
 ) -> list[PayoutOut]:
     return ledger.agent_payouts(who, after, limit)
 

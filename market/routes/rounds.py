@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from walla.market.deps import CurrentPrincipal, LedgerDep, Operator, RoundId
+from walla.market.deps import AfterId, CurrentPrincipal, LedgerDep, Operator, RoundId
 from walla.market.errors import bad
 from walla.market.ledger import Principal
-from walla.market.models import MAX_ID, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut, VoidIn
+from walla.market.models import DIGITS, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut, VoidIn
 
 router = APIRouter(prefix="/rounds", tags=["rounds"])
 
@@ -35,8 +35,8 @@ def list_rounds(
     ledger: LedgerDep,
     who: CurrentPrincipal,
     status: Literal["open", "closed", "resolved", "void"] | None = None,
-    after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: AfterId = 0,
+    limit: Annotated[int, Query(ge=1, le=1000), DIGITS] = 100,
 ) -> list[RoundOut]:
     return [for_viewer(r, who) for r in ledger.list_rounds(status, after, limit)]
 

@@ -299,6 +299,13 @@ def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[
             1,
             "--read-timeout",
         ),
+        (
+            "no connections per client",
+            ["serve", "--db", db_arg, "--port", "1", "--max-client-connections", "0"],
+            {},
+            1,
+            "--max-client-connections",
+        ),
         ("short operator token", ["init", "--db", db_arg], {TOKEN_ENV: "short"}, 1, TOKEN_ENV),
         (
             "missing token file",

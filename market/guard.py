@@ -1,0 +1,138 @@
+"""Slow and greedy clients, at the connection: uvicorn's h11 protocol with a whole-request deadline and a cap
+on the connections one client address holds open (issue 37, finding 8).
+
+    uvicorn.Server(guarded_config(create_app(ledger), host="127.0.0.1", port=8765))
+
+- **Deadline.** A request's headers and body must all arrive within `read_timeout` seconds of its first
+  byte (of the connection, for its first request): a client dripping a byte every few seconds, or never
+  finishing its headers, gets a 408 JSON error line and the connection is closed. (uvicorn's own timeouts
+  do not cover this: timeout_keep_alive runs only between requests, and an ASGI middleware cannot see the
+  headers before they are whole.) A request whose answer has already started (a 413 sent before its body
+  was read) is just closed.
+- **Connections per address.** A client address with `per_client` connections open gets a 429 JSON line
+  with Retry-After on any further one, which is closed at once: 400 idle sockets from one host cannot hold
+  the server. Clients behind one proxy or NAT share an address (raise `--max-client-connections` there).
+
+The limits come from create_app's app.state (read_timeout, max_client_connections); `walla market serve`
+and LocalServer build their uvicorn.Config here. Only the h11 protocol (uvicorn's pure-Python one) is
+guarded, and it is the one used, whether or not httptools is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+RETRY_AFTER_S = 1  # a refused connection's Retry-After
+
+
+def raw_error(status: int, reason: str, message: str, retry_after: int | None = None) -> bytes:
+    """A whole HTTP/1.1 answer with the API's one-line JSON error, closing the connection (written outside
+    h11's state machine: there may be no request yet to answer)."""
+    body = json.dumps({"error": " ".join(message.split())}, ensure_ascii=True).encode()
+    head = [
+        f"HTTP/1.1 {status} {reason}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *([f"retry-after: {retry_after}"] if retry_after is not None else []),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class GuardedH11(H11Protocol):
+    """H11Protocol plus the deadline and the per-address cap (module docstring). One subclass per server:
+    guarded_protocol() binds its limits and its table of open connections."""
+
+    read_timeout: float
+    per_client: int
+    open_per_client: dict[str, int]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline: asyncio.TimerHandle | None = None
+        self.address: str | None = None  # counted in open_per_client while this connection is open
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        address = self.client[0] if self.client else "?"
+        held = self.open_per_client.get(address, 0)
+        if held >= self.per_client:
+            what = f"connection: {address} already holds {held} open connections (at most {self.per_client})"
+            transport.write(raw_error(429, "Too Many Requests", what, RETRY_AFTER_S))
+            transport.close()
+            return
+        self.open_per_client[address] = held + 1
+        self.address = address
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.address is not None:
+            left = self.open_per_client.get(self.address, 1) - 1
+            if left > 0:
+                self.open_per_client[self.address] = left
+            else:
+                self.open_per_client.pop(self.address, None)
+            self.address = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.deadline is None and self.conn.their_state is h11.IDLE:  # the first byte of a new request
+            self._arm()
+        super().data_received(data)
+        self._disarm_when_received()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start a pipelined request already in h11's buffer
+        if self.deadline is None and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._arm()
+        self._disarm_when_received()
+
+    def _disarm_when_received(self) -> None:
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):  # whole (DONE, MUST_CLOSE) or failed
+            self._disarm()
+
+    def _arm(self) -> None:
+        if self.address is not None and not self.transport.is_closing():
+            self.deadline = self.loop.call_later(self.read_timeout, self._expire)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _expire(self) -> None:
+        """The request is not whole after read_timeout: 408 unless its answer has started; close."""
+        self.deadline = None
+        if self.transport.is_closing():
+            return
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # nothing of an answer sent yet
+            what = "request" if self.conn.their_state is h11.IDLE else "body"
+            self.transport.write(
+                raw_error(408, "Request Timeout", f"{what}: not received within {self.read_timeout:g} s")
+            )
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the app's receive() gets http.disconnect; its answer is dropped
+            self.cycle.message_event.set()
+        self.transport.close()
+
+
+def guarded_protocol(read_timeout: float, per_client: int) -> type[GuardedH11]:
+    """A GuardedH11 subclass with these limits and its own table of open connections (one per server)."""
+    if not read_timeout > 0 or per_client < 1:
+        raise ValueError(f"expected read_timeout > 0 and per_client >= 1, got {read_timeout}, {per_client}")
+    attrs = {"read_timeout": float(read_timeout), "per_client": int(per_client), "open_per_client": {}}
+    return type("GuardedH11Server", (GuardedH11,), attrs)
+
+
+def guarded_config(app: Any, **uvicorn_kwargs: Any) -> uvicorn.Config:
+    """uvicorn.Config serving `app` (create_app's) through GuardedH11 with the app's read_timeout and
+    max_client_connections."""
+    protocol = guarded_protocol(app.state.read_timeout, app.state.max_client_connections)
+    return uvicorn.Config(app, http=protocol, **uvicorn_kwargs)
