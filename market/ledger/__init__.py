@@ -16,7 +16,8 @@ Invariants (each enforced by one transaction and a uniqueness constraint, not by
     * a round's total net payout (the market's deficit for it) is recorded with its bound c2^2/c3.
 Concurrency: writers start with BEGIN IMMEDIATE on SQLite (one writer at a time, readers never blocked);
 on PostgreSQL the round's row is locked FOR UPDATE to resolve/close and FOR SHARE to submit, so a report
-can never slip in after the resolution read the reports.
+can never slip in after the resolution read the reports, and the agent's row FOR UPDATE to submit, so its
+reports' limit checks (the floor) run one at a time, each seeing the one before (reports.agent_lock).
 
 The Ledger class holds the connection, the transaction loop and the event chain's last link; its methods
 are plain functions of the modules along the ledger's seams, bound below:

@@ -36,7 +36,7 @@ def submit_report(ledger: Ledger, rid: int, agent: Principal, probs: list[float]
         if len(probs) != row.n_options:
             raise bad("probabilities", f"expected {row.n_options} numbers (one per option), got {len(probs)}")
         check_finite("report", [*probs, wager])
-        check_limits(conn, row, agent, wager)
+        check_limits(conn, row, agent_lock(conn, agent), wager)
         r = db.reports.c
         old = conn.execute(select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))).first()
         values = {"probabilities": dumps(probs), "wager": wager, "submitted_at": ledger.clock()}
@@ -59,22 +59,40 @@ def submit_report(ledger: Ledger, rid: int, agent: Principal, probs: list[float]
     return ledger._write(txn)
 
 
-def check_limits(conn: Connection, row, agent: Principal, wager: float) -> None:
+def agent_lock(conn: Connection, agent: Principal):
+    """The agent's row, locked FOR UPDATE until the transaction ends (SQLite: the writer lock already is):
+    the agent's reports are checked against its limits one at a time, each seeing the one before committed.
+    401 when the token was revoked meanwhile (another server's revoke, within its AUTH_TTL_S)."""
+    row = conn.execute(select(db.agents).where(db.agents.c.id == agent.id).with_for_update()).first()
+    if row is None or row.revoked_at is not None:
+        raise ClientError(401, "authorization: unknown or revoked token")
+    return row
+
+
+def check_limits(conn: Connection, row, agent, wager: float) -> None:
     """The round's and the agent's maximum wager, and the agent's floor: its balance minus the worst-case
-    loss of every unpaid report (this one instead of its old report) may not go below it (409)."""
+    loss of every unpaid report (this one instead of its old report) may not go below it (409).
+
+    `agent`: its locked row (agent_lock). The balance and the unpaid reports are read in one statement, so a
+    resolution committing meanwhile is either wholly in it (paid, no longer unpaid) or not at all."""
     for who, cap in (("round", row.max_wager), ("agent", agent.max_wager)):
         if cap is not None and wager > cap:
             raise bad("wager", f"{wager:g} is over the {who}'s maximum wager {cap:g}", 409)
     if agent.floor is None:
         return
-    p, r, rd = db.payouts.c, db.reports.c, db.rounds.c
-    balance = conn.execute(select(func.coalesce(func.sum(p.payout), 0.0)).where(p.agent_id == agent.id))
-    unpaid = conn.execute(
-        select(r.wager, rd.c2, rd.c3)
-        .join(db.rounds, rd.id == r.round_id)
-        .where((r.agent_id == agent.id) & rd.status.in_(OPEN_STATES) & (r.round_id != row.id))
+    a, p, r, rd = db.agents.c, db.payouts.c, db.reports.c, db.rounds.c
+    balance = select(func.coalesce(func.sum(p.payout), 0.0)).where(p.agent_id == agent.id).scalar_subquery()
+    unpaid = db.reports.join(db.rounds, rd.id == r.round_id)
+    mine = (r.agent_id == a.id) & rd.status.in_(OPEN_STATES) & (r.round_id != row.id)
+    q = (
+        select(balance.label("balance"), r.wager, rd.c2, rd.c3)
+        .select_from(db.agents.outerjoin(unpaid, mine))
+        .where(a.id == agent.id)
     )
-    worst = float(balance.scalar_one()) + sum(worst_payout(u.wager, u.c2, u.c3) for u in unpaid)
+    rows = conn.execute(q).all()  # one row per unpaid report; one row of NULLs when there is none
+    worst = float(rows[0].balance) + sum(
+        worst_payout(u.wager, u.c2, u.c3) for u in rows if u.wager is not None
+    )
     worst += worst_payout(wager, row.c2, row.c3)
     if worst < agent.floor:
         raise bad(
