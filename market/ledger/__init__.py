@@ -25,6 +25,7 @@ are plain functions of the modules along the ledger's seams, bound below:
     rounds.py       open, read, list and close rounds
     reports.py      submit a report (limits and floor), read and pool the reports
     resolution.py   resolve, correct or void a round: the resolutions entry, its payout rows and event
+    tokens.py       the cache of tokens found valid, which a revoke or rotation empties after its commit
     common.py       the shared constants, Principal, token hashing, row helpers
 """
 
@@ -55,6 +56,7 @@ from walla.market.ledger.common import (
     new_token,
     walla_version,
 )
+from walla.market.ledger.tokens import TokenCache
 
 __all__ = [
     "AUTH_TTL_S",
@@ -90,7 +92,7 @@ class Ledger:
         # is kept here and an append is one INSERT; another process's append makes it stale, and the insert
         # then fails on the events' primary key and the transaction is retried with the link read afresh.
         self._sqlite = sqlite
-        self._auth: dict[str, tuple[Principal, float]] = {}  # token hash -> (principal, expiry): authenticate
+        self._tokens = TokenCache()  # the tokens authenticate found valid (tokens.py)
         self._head: tuple[int, str] | None = None
         self._pending: tuple[int, str] | None = None
 

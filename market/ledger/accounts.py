@@ -5,14 +5,12 @@ Each function is a method of Ledger (ledger/__init__.py binds them), so `ledger`
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, func, insert, select, update
 from walla.market import db
 from walla.market.errors import ClientError, bad
 from walla.market.ledger.common import (
-    AUTH_TTL_S,
     OPERATOR,
     Principal,
     check_finite,
@@ -98,7 +96,10 @@ def ensure_operator(ledger: Ledger, token: str | None = None) -> str | None:
             ledger._append(conn, "operator_token_set", now, agent_id=row.id)
         return new
 
-    return ledger._write(txn)
+    try:
+        return ledger._write(txn)
+    finally:  # after the commit: the operator's old token is forgotten too
+        ledger._tokens.invalidate()
 
 
 def revoke(ledger: Ledger, name: str) -> dict:
@@ -110,11 +111,13 @@ def revoke(ledger: Ledger, name: str) -> dict:
             raise ClientError(409, f"name: {row.name}'s token is already revoked")
         now = ledger.clock()
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(revoked_at=now))
-        ledger._auth.clear()
         ledger._append(conn, "token_revoked", now, agent_id=row.id)
         return {"name": row.name, "revoked_at": now}
 
-    return ledger._write(txn)
+    try:
+        return ledger._write(txn)
+    finally:  # after the commit: a lookup that read the old row before it cannot re-cache it (tokens.py)
+        ledger._tokens.invalidate()
 
 
 def rotate(ledger: Ledger, name: str) -> str:
@@ -125,10 +128,12 @@ def rotate(ledger: Ledger, name: str) -> str:
         row = agent_row(conn, name)
         values = {"token_hash": hash_token(token), "revoked_at": None}
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
-        ledger._auth.clear()
         ledger._append(conn, "token_rotated", ledger.clock(), agent_id=row.id)
 
-    ledger._write(txn)
+    try:
+        ledger._write(txn)
+    finally:  # after the commit, as revoke
+        ledger._tokens.invalidate()
     return token
 
 
@@ -145,24 +150,23 @@ def agent_row(conn: Connection, name: str):
 
 def authenticate(ledger: Ledger, token: str) -> Principal | None:
     """Who holds `token`; None for an unknown or revoked token. A known token is remembered for
-    AUTH_TTL_S (cached_principal); this process's revoke/rotate forget it at once."""
+    AUTH_TTL_S (cached_principal); this process's revoke/rotate forget it for every lookup after they
+    answered, this one included when it read the row before their commit (tokens.TokenCache)."""
     key = hash_token(token)
+    generation = ledger._tokens.generation()  # before the read: a change committed after it wins
     with ledger.engine.connect() as conn:
         row = conn.execute(select(db.agents).where(db.agents.c.token_hash == key)).first()
     if row is None or row.revoked_at is not None:
         return None
     who = Principal(row.id, row.name, row.role, row.max_wager, row.floor)
-    if len(ledger._auth) > 10_000:
-        ledger._auth.clear()
-    ledger._auth[key] = (who, time.monotonic() + AUTH_TTL_S)
+    ledger._tokens.put(key, who, generation)
     return who
 
 
 def cached_principal(ledger: Ledger, token_hash: str) -> Principal | None:
     """The principal authenticate found for this token hash less than AUTH_TTL_S ago (no database read:
     the API's hot path), else None."""
-    hit = ledger._auth.get(token_hash)
-    return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+    return ledger._tokens.get(token_hash)
 
 
 def agent_summary(ledger: Ledger, agent: Principal) -> dict:

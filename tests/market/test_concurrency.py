@@ -15,7 +15,7 @@ from market_fixtures import wait_until
 from sqlalchemy import event
 from walla.market.client import MarketClient, MarketError
 from walla.market.errors import ClientError
-from walla.market.ledger import Ledger, hash_token
+from walla.market.ledger import Ledger, Principal, hash_token
 from walla.market.models import RoundSettings
 from walla.market.payouts import worst_payout
 
@@ -130,3 +130,17 @@ def test_no_request_started_after_a_revoke_answered_gets_in(market):
         for t in threads:
             t.join(timeout=60)
         assert not late, f"{change}: {len(late)} requests started after it answered were let in"
+
+
+def test_a_lookup_older_than_the_invalidation_cannot_cache():
+    """The other interleaving: the lookup read the old row before the commit and comes to cache it after
+    the invalidation; its generation is older, so nothing is cached."""
+    from walla.market.ledger.tokens import TokenCache
+
+    cache, who = TokenCache(), Principal(2, "alice", "agent")
+    before = cache.generation()
+    cache.invalidate()
+    cache.put("k", who, before)
+    assert cache.get("k") is None
+    cache.put("k", who, cache.generation())
+    assert cache.get("k") == who
