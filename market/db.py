@@ -143,7 +143,7 @@ events = Table(  # append-only, hash-chained: hash = sha256(prev_hash + canonica
     Column("id", Integer, primary_key=True, autoincrement=False),  # 1, 2, ...: the chain's order
     Column("at", Double, nullable=False),
     Column("kind", String(24), nullable=False),
-    Column("round_id", Integer),
+    Column("round_id", Integer, index=True),  # a resolution reads its round's round_opened event
     Column("agent_id", Integer),
     Column("data", Text, nullable=False),  # canonical JSON (sorted keys, floats as repr)
     Column("prev_hash", String(64), nullable=False),

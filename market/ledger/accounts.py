@@ -16,6 +16,7 @@ from walla.market.ledger.common import (
     check_finite,
     hash_token,
     new_token,
+    token_check,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ def add_agent(
             )
         ).inserted_primary_key[0]
         limits = {"name": name, "role": role, "max_wager": max_wager, "floor": floor}
+        limits["token"] = token_check(hash_token(token))
         ledger._append(conn, "agent_added", now, agent_id=aid, data=limits)
 
     ledger._write(txn)
@@ -90,10 +92,12 @@ def ensure_operator(ledger: Ledger, token: str | None = None) -> str | None:
                     name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=now
                 )
             ).inserted_primary_key[0]
-            ledger._append(conn, "operator_added", now, agent_id=aid)
+            data = {"name": OPERATOR, "token": token_check(hash_token(new))}
+            ledger._append(conn, "operator_added", now, agent_id=aid, data=data)
         elif row.token_hash != hash_token(new):
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new)))
-            ledger._append(conn, "operator_token_set", now, agent_id=row.id)
+            data = {"token": token_check(hash_token(new))}
+            ledger._append(conn, "operator_token_set", now, agent_id=row.id, data=data)
         return new
 
     try:
@@ -128,7 +132,8 @@ def rotate(ledger: Ledger, name: str) -> str:
         row = agent_row(conn, name)
         values = {"token_hash": hash_token(token), "revoked_at": None}
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
-        ledger._append(conn, "token_rotated", ledger.clock(), agent_id=row.id)
+        data = {"token": token_check(values["token_hash"])}
+        ledger._append(conn, "token_rotated", ledger.clock(), agent_id=row.id, data=data)
 
     try:
         ledger._write(txn)

@@ -61,6 +61,12 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def token_check(token_hash: str) -> str:
+    """What the event log records of a token: sha256 of its stored hash (the hash itself never leaves the
+    agents table), so the audit can prove every agents.token_hash from the events."""
+    return hashlib.sha256(token_hash.encode("utf-8")).hexdigest()
+
+
 def new_token() -> str:
     return "wm_" + secrets.token_urlsafe(32)
 

@@ -42,17 +42,18 @@ def submit_report(ledger: Ledger, rid: int, agent: Principal, probs: list[float]
         values = {"probabilities": dumps(probs), "wager": wager, "submitted_at": ledger.clock()}
         if old is None:
             version = 1
-            conn.execute(REPORT_INSERT, {"round_id": rid, "agent_id": agent.id, "version": 1, **values})
+            new = conn.execute(REPORT_INSERT, {"round_id": rid, "agent_id": agent.id, "version": 1, **values})
+            report_id = new.inserted_primary_key[0]
         else:
-            version = old.version + 1
-            conn.execute(REPORT_UPDATE, {"report_id": old.id, "version": version, **values})
+            version, report_id = old.version + 1, old.id
+            conn.execute(REPORT_UPDATE, {"report_id": report_id, "version": version, **values})
         ledger._append(
             conn,
             "report",
             values["submitted_at"],
             round_id=rid,
             agent_id=agent.id,
-            data={"probabilities": probs, "wager": wager, "version": version},
+            data={"probabilities": probs, "wager": wager, "version": version, "id": report_id},
         )
         return {"round": rid, "agent": agent.name, "probabilities": probs, "wager": wager, "version": version}
 
@@ -114,10 +115,12 @@ def report_history(ledger: Ledger, rid: int) -> list[dict]:
     )
     with ledger.engine.connect() as conn:
         round_row(conn, rid)
-        return [
-            {"round": rid, "agent": row.name, **json.loads(row.data), "submitted_at": row.at}
-            for row in conn.execute(q)
-        ]
+        out = []
+        for row in conn.execute(q):
+            data = json.loads(row.data)
+            data.pop("id", None)  # the report's row id: the audit's, not the API's
+            out.append({"round": rid, "agent": row.name, **data, "submitted_at": row.at})
+        return out
 
 
 def get_report(ledger: Ledger, rid: int, agent: Principal) -> dict:

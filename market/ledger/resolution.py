@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, insert, select, update
 from walla.market import db
 from walla.market.errors import ClientError, bad
-from walla.market.ledger.common import check_finite, dumps, same, settings_of
+from walla.market.ledger.common import LedgerInvariantError, check_finite, dumps, same
 from walla.market.ledger.reports import reports_of
 from walla.market.ledger.rounds import current, round_dict, round_row, status
+from walla.market.models import RoundSettings
 from walla.market.payouts import round_payouts
 
 if TYPE_CHECKING:
@@ -97,6 +98,17 @@ def void(ledger: Ledger, rid: int, reason: str) -> dict:
     return ledger._write(txn)
 
 
+def recorded_settings(conn: Connection, rid: int) -> RoundSettings:
+    """The settings the round's round_opened event recorded: what a resolution pays with, whatever its
+    rounds row says now (an edit of that row is the audit's to name, not a payout's to follow)."""
+    e = db.events.c
+    q = select(e.data).where((e.round_id == rid) & (e.kind == "round_opened"))
+    data = conn.execute(q).scalar_one_or_none()
+    if data is None:
+        raise LedgerInvariantError(f"round {rid} has no round_opened event; run `walla market audit`")
+    return RoundSettings.model_construct(**json.loads(data)["settings"])
+
+
 def paid(conn: Connection, rid: int, seq: int) -> list:
     """The pay rows of entry `seq` (what a correction or a void reverses), in agent-id order."""
     p = db.payouts.c
@@ -119,7 +131,7 @@ def entry(
     report computed from the stored reports. Every number is checked finite before anything is written."""
     rid = row.id
     reps = reports_of(conn, rid) if kind != "void" else []
-    s = settings_of(row)
+    s = recorded_settings(conn, rid)
     pay = round_payouts([json.loads(r.probabilities) for r in reps], [r.wager for r in reps], target, s)
     for what, values in vars(pay).items():
         check_finite(what, values)
