@@ -205,7 +205,11 @@ def rebuild(event_rows: list) -> State:
             raise Mismatch(f"events: row {e.id} has an unknown kind {e.kind!r}")
         try:
             fn(s, e, json.loads(e.data))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        except KeyError as err:
+            raise Mismatch(
+                f"events: row {e.id} ({e.kind}) data lacks {err} (written by an older walla, or edited)"
+            ) from None
+        except (TypeError, ValueError, IndexError, AttributeError) as err:
             raise Mismatch(
                 f"events: row {e.id} ({e.kind}) data is malformed ({type(err).__name__}: {err})"
             ) from None

@@ -41,7 +41,7 @@ def audit_command(
 ) -> None:
     """Prove the ledger's state from its event chain, the chain from the recorded heads, and recompute every
     payout from the reports (train/mechanism.py). Opens the database read-only."""
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
     from walla.market.audit import audit, head_line, key_from, not_a_ledger, open_readonly, read_heads
 
     try:
@@ -60,7 +60,11 @@ def audit_command(
         if why is not None:
             raise fail(f"audit of {db}: not a walla market ledger ({why})")
         problem, s = audit(engine, heads, key, head_source=str(head))
-    except SQLAlchemyError as e:
+    except OperationalError as e:  # unreachable server, unreadable file
+        raise fail(
+            f"audit of {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})"
+        ) from None
+    except SQLAlchemyError as e:  # e.g. SQLite's "file is not a database"
         why = str(getattr(e, "orig", e) or e).splitlines()[0]
         raise fail(f"audit of {db}: not a walla market ledger ({why})") from None
     finally:
@@ -69,8 +73,11 @@ def audit_command(
         raise fail(f"audit of {db}: {problem}")
     eid, h = s["head"]
     if head is not None and (not heads or heads[-1][1:3] != (eid, h)):
-        with head.open("a", encoding="utf-8") as f:  # append-only: the past heads stay as they were checked
-            f.write(head_line(eid, h, key) + "\n")
+        try:
+            with head.open("a", encoding="utf-8") as f:  # append-only: past heads stay as they were checked
+                f.write(head_line(eid, h, key) + "\n")
+        except OSError as e:
+            raise fail(f"--head {head}: cannot record the head ({e.strerror or e})") from None
     typer.echo(
         f"walla market audit: OK ({s['events']} events chained, every row proved from them, {s['payouts']} "
         f"payout rows recomputed over {s['rounds']} rounds, max |stored - recomputed| {s['max_diff']:.2e}; "

@@ -216,6 +216,8 @@ def test_a_rewritten_chain_is_caught_by_the_recorded_head(market, capfd, tmp_pat
     assert rc == 0 and "head " in out and not err, (out, err)
     recorded = heads.read_text().split()
     assert len(recorded) == 3 and int(recorded[0]) == market.ledger.counts()["events"]
+    assert _audit(db, capfd, "--head", str(heads), "--key-file", str(key))[0] == 0
+    assert heads.read_text().split() == recorded  # an unchanged head is not appended twice
     with market.ledger.engine.begin() as conn:
         rewrite(conn)
         _rechain(conn)
