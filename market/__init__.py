@@ -1,6 +1,6 @@
 """walla market: a live wagering market on walla's mechanism (DESIGN.md "The live market", docs/market.md).
 
-    ledger.py      the database (SQLAlchemy Core): agents, rounds, reports, resolutions, payouts
+    ledger/        the database (SQLAlchemy Core): agents, rounds, reports, resolutions, payouts
     payouts.py     a round's payouts and pooled forecast, through walla.train.mechanism (never re-derived)
     models.py      the API's pydantic request/response types: every constraint in the types
     deps.py        FastAPI dependencies: the ledger, the bearer token's principal, the operator check

@@ -1,6 +1,7 @@
 """`walla market audit | export`: check a ledger end to end, or write it out as Parquet.
 
     walla market audit --db market.db            # exit 0 "OK", or exit 1 with one line naming the first bad row
+    walla market audit --db market.db --head market.heads --key-file audit.key   # the chain anchored
     walla market export --db market.db --to out/  # out/{reports,resolutions,payouts,events,...}.parquet
 
 The ledger and the audit are imported inside the commands: `walla market --help` stays light.
@@ -27,20 +28,60 @@ def _existing_ledger(db: str):
 
 
 @app.command("audit")
-def audit_command(db: str = DB) -> None:
-    """Verify the event chain and recompute every payout from the stored reports (train/mechanism.py)."""
-    from walla.market.audit import audit
+def audit_command(
+    db: str = DB,
+    head: Path | None = typer.Option(
+        None, "--head", help="head file: every recorded head is checked, then the current one appended"
+    ),
+    key_file: Path | None = typer.Option(
+        None,
+        "--key-file",
+        help="HMAC key that signs and checks the head file's lines (or $WALLA_MARKET_AUDIT_KEY)",
+    ),
+) -> None:
+    """Prove the ledger's state from its event chain, the chain from the recorded heads, and recompute every
+    payout from the reports (train/mechanism.py). Opens the database read-only."""
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
+    from walla.market.audit import audit, head_line, key_from, not_a_ledger, open_readonly, read_heads
 
-    ledger = _existing_ledger(db)
     try:
-        problem, s = audit(ledger)
+        key = key_from(key_file)
+        heads = read_heads(head) if head is not None else []
+    except (OSError, UnicodeDecodeError) as e:
+        raise fail(f"--head/--key-file: {e}") from None
+    except ValueError as e:
+        raise fail(f"--head {e}") from None
+    try:
+        engine = open_readonly(db)
+    except (FileNotFoundError, ValueError) as e:
+        raise fail(f"--db {db}: {e}") from None
+    try:
+        why = not_a_ledger(engine)
+        if why is not None:
+            raise fail(f"audit of {db}: not a walla market ledger ({why})")
+        problem, s = audit(engine, heads, key, head_source=str(head))
+    except OperationalError as e:  # unreachable server, unreadable file
+        raise fail(
+            f"audit of {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})"
+        ) from None
+    except SQLAlchemyError as e:  # e.g. SQLite's "file is not a database"
+        why = str(getattr(e, "orig", e) or e).splitlines()[0]
+        raise fail(f"audit of {db}: not a walla market ledger ({why})") from None
     finally:
-        ledger.close()
+        engine.dispose()
     if problem is not None:
         raise fail(f"audit of {db}: {problem}")
+    eid, h = s["head"]
+    if head is not None and (not heads or heads[-1][1:3] != (eid, h)):
+        try:
+            with head.open("a", encoding="utf-8") as f:  # append-only: past heads stay as they were checked
+                f.write(head_line(eid, h, key) + "\n")
+        except OSError as e:
+            raise fail(f"--head {head}: cannot record the head ({e.strerror or e})") from None
     typer.echo(
-        f"walla market audit: OK ({s['events']} events chained, {s['payouts']} payout rows recomputed over "
-        f"{s['rounds']} rounds, max |stored - recomputed| {s['max_diff']:.2e})"
+        f"walla market audit: OK ({s['events']} events chained, every row proved from them, {s['payouts']} "
+        f"payout rows recomputed over {s['rounds']} rounds, max |stored - recomputed| {s['max_diff']:.2e}; "
+        f"head {eid} {h})"
     )
 
 

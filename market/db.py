@@ -7,7 +7,8 @@ SQLite: WAL journal (readers never block the writer), synchronous=NORMAL (a comm
 being killed; only an OS crash or power loss may drop the last commits, never half of one), foreign keys on,
 and write transactions start with BEGIN IMMEDIATE (they take the write lock first instead of upgrading a
 read lock, which would deadlock two concurrent writers into SQLITE_BUSY). PostgreSQL: READ COMMITTED with
-row locks (ledger.py takes the round's row FOR UPDATE to resolve and FOR SHARE to submit a report).
+row locks (ledger/ takes the round's row FOR UPDATE to resolve and FOR SHARE to submit a report, and the
+agent's row FOR UPDATE to submit: its limit checks run one at a time).
 
 Floats are DOUBLE PRECISION; probability vectors are JSON text written with Python's repr (round-trips
 every float exactly). Tables: agents, rounds, reports (one current report per agent and round),
@@ -142,7 +143,7 @@ events = Table(  # append-only, hash-chained: hash = sha256(prev_hash + canonica
     Column("id", Integer, primary_key=True, autoincrement=False),  # 1, 2, ...: the chain's order
     Column("at", Double, nullable=False),
     Column("kind", String(24), nullable=False),
-    Column("round_id", Integer),
+    Column("round_id", Integer, index=True),  # a resolution reads its round's round_opened event
     Column("agent_id", Integer),
     Column("data", Text, nullable=False),  # canonical JSON (sorted keys, floats as repr)
     Column("prev_hash", String(64), nullable=False),

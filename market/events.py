@@ -9,7 +9,8 @@ every hash from the stored columns. The id is the primary key and written explic
 writers that read the same last link cannot both append: one insert fails and its transaction is retried.
 Appends queue on a PostgreSQL advisory lock; SQLite has one writer at a time, and the ledger keeps the
 last link in memory there (one INSERT per event). An edited, deleted or inserted event breaks the chain at
-that row; the audit cross-checks the tail (every report, resolution, agent and round has its event).
+that row. The chain has no key: rewriting it whole (every hash recomputed) is caught by the heads the
+operator records outside the database, and the audit replays the log against every table (audit.py).
 """
 
 from __future__ import annotations

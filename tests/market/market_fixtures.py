@@ -148,5 +148,7 @@ def reset_ledger(ledger: Ledger) -> None:
         else:  # SQLite: ids restart from max(id) + 1 (no AUTOINCREMENT), i.e. from 1
             for t in reversed(tables):
                 conn.execute(t.delete())
-    ledger._head = None  # the event chain's last link this process keeps (ledger.py): the log is gone
-    ledger._auth.clear()  # and the tokens it has seen
+    ledger._head = (
+        None  # the event chain's last link this process keeps (ledger/__init__.py): the log is gone
+    )
+    ledger._tokens.invalidate()  # and the tokens it has seen

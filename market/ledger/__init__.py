@@ -1,0 +1,168 @@
+"""The market's ledger: every agent, round, report, resolution and payout, in one database (db.py).
+
+    ledger = Ledger.open("market.db")                       # or a postgresql:// URL
+    token = ledger.add_agent("alice")                        # printed once; only its sha256 is stored
+    rid = ledger.open_round("Is it red?", ["yes", "no"], RoundSettings())["id"]
+    ledger.submit_report(rid, agent_id, [0.8, 0.2], 0.3)     # replaces the agent's report until close
+    ledger.resolve(rid, label=0, target=[1.0, 0.0])          # pays once, in one transaction
+
+Invariants (each enforced by one transaction and a uniqueness constraint, not by the caller's care):
+    * one current report per (round, agent); a report is accepted only while its round is open
+      (status open and before close_at) -- checked inside the transaction that writes it;
+    * a resolution is one transaction: resolution row + every payout row + the round's status, or
+      nothing. Retrying with the same answer returns the recorded result and pays nothing; another
+      answer is refused (409). resolutions.round_id is the primary key, so two racing resolvers cannot
+      both commit;
+    * a round's total net payout (the market's deficit for it) is recorded with its bound c2^2/c3.
+Concurrency: writers start with BEGIN IMMEDIATE on SQLite (one writer at a time, readers never blocked);
+on PostgreSQL the round's row is locked FOR UPDATE to resolve/close and FOR SHARE to submit, so a report
+can never slip in after the resolution read the reports, and the agent's row FOR UPDATE to submit, so its
+reports' limit checks (the floor) run one at a time, each seeing the one before (reports.agent_lock).
+
+The Ledger class holds the connection, the transaction loop and the event chain's last link; its methods
+are plain functions of the modules along the ledger's seams, bound below:
+    accounts.py     agents, the operator, tokens (add, revoke, rotate, authenticate), balances and payouts
+    rounds.py       open, read, list and close rounds
+    reports.py      submit a report (limits and floor), read and pool the reports
+    resolution.py   resolve, correct or void a round: the resolutions entry, its payout rows and event
+    tokens.py       the cache of tokens found valid, which a revoke or rotation empties after its commit
+    common.py       the shared constants, Principal, token hashing, row helpers
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from walla.market import db, events
+from walla.market.ledger import accounts, reports, resolution, rounds
+from walla.market.ledger.common import (
+    AUTH_TTL_S,
+    OPEN_STATES,
+    OPERATOR,
+    RETRIES,
+    ROUND_STAMP,
+    SAME_ANSWER_ATOL,
+    LedgerInvariantError,
+    Principal,
+    check_finite,
+    hash_token,
+    new_token,
+    walla_version,
+)
+from walla.market.ledger.tokens import TokenCache
+
+__all__ = [
+    "AUTH_TTL_S",
+    "OPEN_STATES",
+    "OPERATOR",
+    "RETRIES",
+    "ROUND_STAMP",
+    "SAME_ANSWER_ATOL",
+    "Ledger",
+    "LedgerInvariantError",
+    "Principal",
+    "check_finite",
+    "hash_token",
+    "new_token",
+    "walla_version",
+]
+
+
+class Ledger:
+    """All reads and writes of the market's database; raises ClientError for what a client got wrong."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.writer = engine.execution_options(**db.WRITE)
+        self.clock = clock
+        self.version = walla_version()
+        # SQLite has one writer at a time and makes waiters poll (sleeps of up to 100 ms: p99 spikes of ~1 s
+        # under 16 concurrent writers); queueing this process's writers on a lock instead keeps waits short.
+        # Other processes (the CLI) still meet SQLite's busy timeout. PostgreSQL: row locks, no queue.
+        sqlite = engine.dialect.name == "sqlite"
+        self._queue = threading.Lock() if sqlite else contextlib.nullcontext()
+        # SQLite: this process's writers run one at a time (the lock above), so the event chain's last link
+        # is kept here and an append is one INSERT; another process's append makes it stale, and the insert
+        # then fails on the events' primary key and the transaction is retried with the link read afresh.
+        self._sqlite = sqlite
+        self._tokens = TokenCache()  # the tokens authenticate found valid (tokens.py)
+        self._head: tuple[int, str] | None = None
+        self._pending: tuple[int, str] | None = None
+
+    @classmethod
+    def open(cls, database: str | Path) -> Ledger:
+        return cls(db.make_engine(database))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _write(self, fn: Callable[[Connection], Any]) -> Any:
+        """fn(conn) in one write transaction, retried when it lost a race to another writer."""
+        for attempt in range(RETRIES):
+            try:
+                with self._queue:
+                    self._pending = None
+                    try:
+                        with self.writer.begin() as conn:
+                            out = fn(conn)
+                    except (IntegrityError, OperationalError):
+                        self._head = None  # maybe a stale link (another process appended): read it again
+                        raise
+                    if self._pending is not None:
+                        self._head = self._pending
+                    return out
+            except (IntegrityError, OperationalError):
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _append(self, conn: Connection, kind: str, at: float, **kw) -> None:
+        """Append one event to the hash chain inside the caller's write transaction (events.py)."""
+        head = (self._pending or self._head) if self._sqlite else None
+        link = events.append(conn, kind, at, head=head, **kw)
+        if self._sqlite:
+            self._pending = link
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of every table (audits and the load test)."""
+        with self.engine.connect() as conn:
+            return {
+                t.name: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+                for t in db.metadata.sorted_tables
+            }
+
+    # agents, the operator and tokens (accounts.py)
+    add_agent = accounts.add_agent
+    ensure_operator = accounts.ensure_operator
+    revoke = accounts.revoke
+    rotate = accounts.rotate
+    authenticate = accounts.authenticate
+    cached_principal = accounts.cached_principal
+    agent_summary = accounts.agent_summary
+    agent_payouts = accounts.agent_payouts
+    agents_overview = accounts.agents_overview
+    # rounds (rounds.py)
+    open_round = rounds.open_round
+    get_round = rounds.get_round
+    round_options = rounds.round_options
+    list_rounds = rounds.list_rounds
+    close_round = rounds.close_round
+    is_resolved = rounds.is_resolved
+    # reports (reports.py)
+    submit_report = reports.submit_report
+    report_history = reports.report_history
+    get_report = reports.get_report
+    round_reports = reports.round_reports
+    pooled = reports.pooled
+    # resolution and payouts (resolution.py)
+    resolve = resolution.resolve
+    correct = resolution.correct
+    void = resolution.void
