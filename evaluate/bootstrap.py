@@ -206,8 +206,8 @@ def max_t_critical(
     computed when not given) -> [...] (a float for one family). On each resample the largest
     |D*_hb - d_h| / se_h over the family (Westfall & Young 1993; Romano & Wolf 2005, single step); its
     Monte-Carlo `level` critical value (`monte_carlo_quantile`), read as a normal quantile and moved to
-    Student's t with n - 1 degrees of freedom (the same tail probability), because the test divides by an
-    estimated standard error. With `null_se`, marking the rows with |d_h| > c null_se_h makes any false
+    Student's t (the same tail probability), because the test divides by an estimated standard error:
+    n - 1 degrees of freedom from the questions, combined with B - 1 from the resamples that estimate it. With `null_se`, marking the rows with |d_h| > c null_se_h makes any false
     mark in the family a <= 1 - level event: checked by simulation for independent and correlated rows on
     140 and 1000 questions (evaluate/simulate.py); the plain bootstrap quantile with the resamples' sd
     gave 7% on 140 questions.
@@ -217,7 +217,11 @@ def max_t_critical(
     scale = np.where(keep, se, np.inf)[..., None]  # a difference left out counts 0 on every resample
     t = np.abs(differences - observed[..., None]) / scale  # [..., H, B]
     normal = monte_carlo_quantile(t.max(axis=-2), level)  # [...]
-    critical = stats.t.isf(stats.norm.sf(normal), df=max(n - 1, 1))
+    b = differences.shape[-1]
+    # se carries the questions' sampling noise (n - 1 df) and the resamples' Monte-Carlo noise (B - 1 df):
+    # their variances of log se add, 1/df = 1/(n - 1) + 1/(B - 1) (Satterthwaite)
+    df = 1.0 / (1.0 / max(n - 1, 1) + 1.0 / max(b - 1, 1))
+    critical = stats.t.isf(stats.norm.sf(normal), df=df)
     return float(critical) if np.ndim(critical) == 0 else critical
 
 

@@ -46,8 +46,7 @@ BASELINE_GROUPS = ("learning_free", "learning_based")  # candidates for the ‡ 
 MULTIPLICITY_RULE = (
     f"marks control the family-wise error at {100 * (1 - LEVEL):g}% per column of a table (the family: every "
     "row compared in that column, against UniformAvg and against the ‡ reference) by a max-statistic "
-    "bootstrap over the rows' paired differences, read on Student's t (n - 1 degrees of freedom) with "
-    "standard errors taken about 0"
+    "bootstrap over the rows' paired differences, read on Student's t with standard errors taken about 0"
 )
 FWER_CLAIM = (  # what benchmarks/marks_coverage.py and tests/evaluate/test_eval_simulation.py check
     "5% (simulated on null tables of 140 and 1000 questions, independent and correlated rows)"
@@ -222,7 +221,7 @@ def bootstrap_note(
         + ("" if uniform else " (no UniformAvg row here)")
         + f"; {chosen}. A mark is shown when the difference's simultaneous {pct} interval over the column's "
         "family excludes 0 (max-statistic bootstrap over the paired differences, its critical value read on "
-        "Student's t with one degree of freedom less than the questions, each standard error taken about 0), "
+        "Student's t, each standard error taken about 0), "
         "and so does its unadjusted interval (in the CSV); the family is every row compared in this column "
         f"against either reference, so the chance of any false mark in a column is at most {FWER_CLAIM}. "
         + (

@@ -201,16 +201,18 @@ def test_null_se_adds_the_difference_about_zero():
 
 def test_max_t_critical_by_hand():
     # one hypothesis, resamples symmetric about the observed 1.0 with sd 1: |t| = 0, 0, 1.2247.., ...
-    # 4 draws: the Monte-Carlo 95% critical value is the largest; then Student's t on n - 1 = 9 df
+    # 4 draws: the Monte-Carlo 95% critical value is the largest; then Student's t on the df of n = 10
+    # questions and B = 4 resamples, 1 / (1/9 + 1/3) = 2.25
+    df = 1 / (1 / 9 + 1 / 3)
     diffs = np.array([[1.0, 1.0, 1.0 - np.sqrt(1.5), 1.0 + np.sqrt(1.5)]])
     t = np.abs(diffs[0] - 1.0) / diffs[0].std(ddof=1)
-    on_t = stats.t.isf(stats.norm.sf(t.max()), df=9)
+    on_t = stats.t.isf(stats.norm.sf(t.max()), df=df)
     assert max_t_critical(np.array([1.0]), diffs, n=10) == pytest.approx(on_t)
     assert on_t > t.max()  # heavier tails: a larger critical value
     # two hypotheses: the max over them on each resample
     two = np.stack([diffs[0], diffs[0][::-1] * 2])
     t2 = np.maximum(t, np.abs(two[1] - 2.0) / two[1].std(ddof=1))
-    want = stats.t.isf(stats.norm.sf(t2.max()), df=9)
+    want = stats.t.isf(stats.norm.sf(t2.max()), df=df)
     assert max_t_critical(np.array([1.0, 2.0]), two, n=10) == pytest.approx(want)
     # a difference left out of the family (valid False) does not raise the critical value
     three = np.concatenate([two, 100 * diffs])
