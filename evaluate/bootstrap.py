@@ -8,11 +8,12 @@ interval of those B values is the row's question interval; the percentile interv
 differences between two rows is the interval of their difference (pairing: both rows see the same
 questions in every resample, so what the questions share cancels).
 
-A calibration error (ECE) is not a mean and sits at a boundary (0 for a calibrated predictor); its
-interval is `calibration_interval`: the resamples moved to centre on the (debiased) estimate, and 0 as
-the lower end whenever the estimate is within what a perfectly calibrated predictor with the same
-confidences shows 95% of the time. The marks (significance.py) compare many rows at once: `max_t_critical`
-is the family-wise critical value of a max-statistic bootstrap over those rows' paired differences.
+A calibration error (ECE) is not a mean and sits at a boundary (0 for a calibrated predictor), and its
+debiased estimator still reads high on few questions; its interval is `calibration_interval`: from the
+estimate less what a perfectly calibrated predictor with the same confidences reads in 97.5% of label
+draws (0 when the estimate is within that) to the resamples' 99th percentile centred on the estimate. The
+marks (significance.py) compare many rows at once: `simultaneous_bounds` gives the family-wise intervals
+of a max-statistic bootstrap over those rows' paired differences (`max_t_critical`, `null_se`).
 
 A resample is a column of counts [N, B]: how often each question is drawn. Per-question additive metrics
 (ACC, MRR, K-Tau, DRegret, KLD, ...) are terms @ counts / N; AUC and ECE are recomputed per resample by
@@ -207,10 +208,11 @@ def max_t_critical(
     |D*_hb - d_h| / se_h over the family (Westfall & Young 1993; Romano & Wolf 2005, single step); its
     Monte-Carlo `level` critical value (`monte_carlo_quantile`), read as a normal quantile and moved to
     Student's t (the same tail probability), because the test divides by an estimated standard error:
-    n - 1 degrees of freedom from the questions, combined with B - 1 from the resamples that estimate it. With `null_se`, marking the rows with |d_h| > c null_se_h makes any false
-    mark in the family a <= 1 - level event: checked by simulation for independent and correlated rows on
-    140 and 1000 questions (evaluate/simulate.py); the plain bootstrap quantile with the resamples' sd
-    gave 7% on 140 questions.
+    n - 1 degrees of freedom from the questions, combined with B - 1 from the resamples that estimate it.
+    With `null_se`, marking the rows with |d_h| > c null_se_h makes any false mark in the family a
+    <= 1 - level event: checked by simulation for independent and correlated rows on 140 and 1000
+    questions (evaluate/simulate.py); the plain bootstrap quantile with the resamples' sd gave 6-7% on
+    140 questions.
     """
     se = differences.std(axis=-1, ddof=1) if se is None else se  # [..., H]
     keep = se > 0 if valid is None else valid & (se > 0)

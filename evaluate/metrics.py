@@ -16,7 +16,9 @@ forms that recompute them on every resample at once; either form agrees with the
 resampled questions (tests/evaluate/test_eval_bootstrap.py). The tables' ECE is the debiased binned estimator
 (`ece_debiased`, Kumar, Liang & Ma 2019): SPEC §8's plug-in `ece` is biased upward by its bins' noise
 (~0.08 for a perfectly calibrated predictor on 140 questions), so its bootstrap interval sat above it
-(issue 28); `ece` stays for the reliability plots.
+(issue 28); `ece` stays for the reliability plots. The debiased one still reads high on few questions
+(about 0.05 to 0.07 for a calibrated predictor on 140: `ece_debiased_resampled`), which the ECE interval
+allows for (bootstrap.calibration_interval; issue 37).
 
 Shapes: N questions, M agents, K options; a set of B resamples is given as counts [N, B] (how often
 each question is drawn in each resample; questions first, so per-question gathers and running sums
@@ -395,8 +397,8 @@ class MetricInfo:
     resampled: Resampled | None = field(default=None, repr=False, compare=False)  # non-additive metrics
     scored_on_agents: bool = False  # the value depends on which agent probabilities a row is scored against
     # a calibration error: its value on label draws from a perfectly calibrated predictor with the same
-    # confidences (arrays, uniforms [N, B]) -> [B]; set, the question interval is bias-corrected and reaches
-    # 0 when the estimate is within that null's 95% (bootstrap.calibration_interval)
+    # confidences (arrays, uniforms [N, B]) -> [B]; set, the question interval's lower end subtracts that
+    # null's 97.5% quantile from the estimate, reaching 0 within it (bootstrap.calibration_interval)
     calibrated_draws: Callable[[EvalArrays, np.ndarray], np.ndarray] | None = field(
         default=None, repr=False, compare=False
     )
