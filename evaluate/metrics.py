@@ -168,7 +168,7 @@ def ece_debiased_resampled(
     The correction is one step, evaluated at the noisy gap, so it removes only part of the bias where
     bins are small: a perfectly calibrated predictor still reads about 0.05 (2 options) to 0.07 (4
     options) on 140 questions and 0.02 on 1000 (its plug-in: 0.08 to 0.11 and 0.03 to 0.04), and a gap of
-    0.10 reads about 0.003 low on 1000 (benchmarks/marks_coverage.py prints these); the interval
+    0.10 reads 0.003-0.004 low on 1000 (benchmarks/marks_coverage.py prints these); the interval
     (`bootstrap.calibration_interval`) is built to cover the population ECE despite this.
     """
     member = _bin_members(p_agg, n_bins)  # [..., bins, N]
