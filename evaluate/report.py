@@ -245,7 +245,7 @@ def metric_table(ev: ScenarioEval, key: str, subset: str, names: list[str], titl
     questions = (
         f"the {n_rows} questions of the hard subset" if subset == "hard" else f"the {n_rows} test questions"
     )
-    annotate(table, questions, ev.validation.questions.get(subset))
+    annotate(table, questions, ev.validation.questions.get(subset), n=n_rows)
     return table
 
 

@@ -3,18 +3,21 @@
 Every cell of a metric table carries the seed mean of its metric on the same B question resamples
 (bootstrap.py). Here, per column:
 * the cell's question interval: the percentile interval of those B values (a calibration error:
-  `bootstrap.calibration_interval`, bias-corrected and reaching 0 where calibration cannot be ruled out);
+  `bootstrap.calibration_interval`, which allows for the estimator's bias and reaches 0 where
+  calibration cannot be ruled out);
 * its paired difference to UniformAvg (mark †) and to the column's ‡ reference: the unadjusted 95%
   percentile interval of (row - reference) over the B resamples (kept in the CSV), and a simultaneous
   interval over the column's FAMILY, every (row, reference) pair compared in that column of that table:
-  a max-statistic bootstrap (`bootstrap.max_t_critical`) keeps the chance of any false mark in the
-  family at 5% or less. A mark is shown when both intervals exclude 0.
+  a max-statistic bootstrap read on Student's t, with standard errors taken about 0
+  (`bootstrap.simultaneous_bounds`), keeps the chance of any false mark in the family at 5% or less.
+  A mark is shown when both intervals exclude 0 (`family_marks`, which the simulations call too).
 The ‡ reference is chosen without the test questions: the learning-free or learning-based row (no
 individual agent, no WALLA row) with the best seed mean on the scenario's VALIDATION questions, in the
 column's direction; a scenario without validation questions gets no ‡. Columns without a direction
 (Inv. HHI) get intervals but no marks, and so do cells scored against other agent probabilities than the
 rest of the column (`Cell.comparable`, the calibrated block) or not shown (UniformAvg's MRR). The marks'
-error rates are checked by simulation (tests/evaluate/test_eval_simulation.py).
+error rate, their power and the ECE interval's coverage are checked by simulation (evaluate/simulate.py:
+tests/evaluate/test_eval_simulation.py, benchmarks/marks_coverage.py).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from walla.evaluate.bootstrap import (
     Interval,
     calibration_interval,
     difference_interval,
-    max_t_critical,
+    percentile_bounds,
     percentile_interval,
+    power_difference,
+    simultaneous_bounds,
 )
 from walla.evaluate.metrics import METRICS
 from walla.evaluate.tables import MARKS, Cell, Column, Table, cell_value
@@ -41,7 +46,10 @@ BASELINE_GROUPS = ("learning_free", "learning_based")  # candidates for the ‡ 
 MULTIPLICITY_RULE = (
     f"marks control the family-wise error at {100 * (1 - LEVEL):g}% per column of a table (the family: every "
     "row compared in that column, against UniformAvg and against the ‡ reference) by a max-statistic "
-    "bootstrap over the rows' paired differences"
+    "bootstrap over the rows' paired differences, read on Student's t with standard errors taken about 0"
+)
+FWER_CLAIM = (  # what benchmarks/marks_coverage.py and tests/evaluate/test_eval_simulation.py check
+    "5% (simulated on null tables of 140 and 1000 questions, independent and correlated rows)"
 )
 REFERENCE_RULE = (
     "per column, the learning-free or learning-based baseline with the best mean on the validation "
@@ -91,9 +99,26 @@ def question_interval(cell: Cell, col: Column) -> Interval | None:
     return percentile_interval(cell.resamples)
 
 
-def mark_column(table: Table, col: Column, references: dict[str, int | None]) -> None:
+def family_marks(
+    observed: np.ndarray, differences: np.ndarray, n: int, valid: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The marks of one column's family, or of a batch of families: observed [..., H] differences,
+    their resamples [..., H, B], n questions, valid [..., H] (False: not in the family) -> (marked,
+    sim_lo, sim_hi) [..., H]; a difference equal on every resample (a row against itself) is not tested
+    (NaN bounds, never marked). A difference is marked when its simultaneous interval
+    (`bootstrap.simultaneous_bounds`) and its unadjusted percentile interval both exclude 0. The tables
+    (`mark_column`) and the simulations of benchmarks/marks_coverage.py both call this."""
+    lo, hi = simultaneous_bounds(observed, differences, n, valid)  # NaN: not tested (never marked)
+    marked = (lo > 0) | (hi < 0)
+    plo, phi = percentile_bounds(differences[marked])  # the unadjusted interval, where it can matter
+    marked[marked] = (plo > 0) | (phi < 0)
+    return marked, lo, hi
+
+
+def mark_column(table: Table, col: Column, references: dict[str, int | None], n: int) -> float | None:
     """Unadjusted and simultaneous difference intervals of every comparable row to each reference, and
-    the marks that survive the column's family-wise control."""
+    the marks that survive the column's family-wise control; -> the difference the family detects with
+    80% power (`bootstrap.power_difference`), None without a family."""
     family: list[tuple[Cell, str, float, np.ndarray]] = []  # (cell, reference key, observed, resamples)
     for row in table.rows:
         cell = row.cells.get(col.key)
@@ -111,24 +136,26 @@ def mark_column(table: Table, col: Column, references: dict[str, int | None]) ->
             if np.ptp(diff) > 0:  # a difference equal on every resample (a row vs itself) is not tested
                 family.append((cell, key, cell.summary.mean - ref.summary.mean, diff))
     if not family:
-        return
+        return None
     observed = np.array([f[2] for f in family])
     diffs = np.stack([f[3] for f in family])
-    crit = max_t_critical(observed, diffs)
-    se = diffs.std(axis=1, ddof=1)
-    for (cell, key, d, _), s in zip(family, se, strict=True):
-        cell.sim[key] = simultaneous = Interval(float(d - crit * s), float(d + crit * s))
-        if simultaneous.excludes_zero and cell.vs[key].excludes_zero:
+    marked, lo, hi = family_marks(observed, diffs, n)
+    for (cell, key, _, _), m, a, b in zip(family, marked, lo, hi, strict=True):
+        cell.sim[key] = Interval(float(a), float(b))
+        if m:
             cell.significant.add(key)
+    return power_difference(observed, diffs, n)
 
 
-def annotate(table: Table, questions: str, validation: str | None = None) -> None:
+def annotate(table: Table, questions: str, validation: str | None = None, *, n: int) -> None:
     """Fill every cell's question interval and paired differences, record each column's ‡ reference,
     and add the note that explains the brackets and marks. `questions`: what was resampled ("the 140 test
     questions"); `validation`: the questions the ‡ reference is chosen on ("the 60 validation questions"),
-    or why there is none. A table without resamples (an empty subset) is left as it is."""
+    or why there is none; `n`: how many questions were resampled (the marks' small-sample correction).
+    A table without resamples (an empty subset) is left as it is."""
     if not any(c.resamples is not None for row in table.rows for c in row.cells.values()):
         return
+    power: dict[str, float] = {}  # column label -> the difference its family detects 80% of the time
     for col in table.columns:
         for row in table.rows:
             cell = row.cells.get(col.key)
@@ -139,20 +166,29 @@ def annotate(table: Table, questions: str, validation: str | None = None) -> Non
         references = {"uniform": reference_row(table, col), "best": best_baseline(table, col)}
         if references["best"] is not None:
             table.baselines[col.key] = table.rows[references["best"]].label
-        mark_column(table, col, references)
+        detectable = mark_column(table, col, references, n)
+        if detectable is not None and math.isfinite(detectable):
+            power[col.label] = round(detectable * col.scale, col.decimals)
     missing = any(
         c.resamples is not None and c.boot is None and cell_value(c, col) is not None
         for row in table.rows
         for col in table.columns
         if (c := row.cells.get(col.key)) is not None
     )
-    table.notes.append(bootstrap_note(table, questions, validation, missing))
+    table.notes.append(bootstrap_note(table, questions, validation, missing, power))
 
 
-def bootstrap_note(table: Table, questions: str, validation: str | None, missing: bool = False) -> str:
+def bootstrap_note(
+    table: Table,
+    questions: str,
+    validation: str | None,
+    missing: bool = False,
+    power: dict[str, float] | None = None,
+) -> str:
     """What the brackets and the marks mean: the resample count and seed, the family each mark controls
     and how each column's ‡ reference was chosen (and which it is); `missing`: some shown cell has no
-    brackets (its metric is undefined on some resample)."""
+    brackets (its metric is undefined on some resample); `power`: column label -> the difference (display
+    scale) its family detects 80% of the time."""
     pct = f"{100 * LEVEL:g}%"
     references = ", ".join(
         f"{c.label} {table.baselines[c.key]}" for c in table.columns if c.key in table.baselines
@@ -172,19 +208,31 @@ def bootstrap_note(table: Table, questions: str, validation: str | None, missing
         f"resamples with replacement, numpy default_rng({RESAMPLE_SEED}); on each resample the metric is "
         "computed per seed and averaged over seeds; every row uses the same resamples)"
         + (
-            f"; {', '.join(calibration)} is the debiased binned estimator (Kumar et al. 2019), its interval "
-            "the resamples centred on the estimate, with lower end 0 when the estimate is within what a "
-            "perfectly calibrated predictor with the same confidences shows in 95% of label draws "
-            f"({N_RESAMPLES} draws, numpy default_rng({DRAW_SEED}))"
+            f"; {', '.join(calibration)} is the debiased binned estimator (Kumar et al. 2019), which still "
+            "reads high on few questions (a perfectly calibrated predictor reads about 5 with 2 options and 7 "
+            "with 4 on 140 questions, 2 on 1000); its interval runs from the estimate less what a perfectly "
+            "calibrated predictor with the same confidences reads in 97.5% of label draws (0 when the "
+            f"estimate is within that; {N_RESAMPLES} draws, numpy default_rng({DRAW_SEED})) to the "
+            "resamples' 99th percentile centred on the estimate"
             if calibration
             else ""
         )
         + f". {MARKS['uniform']} : the row differs from UniformAvg"
         + ("" if uniform else " (no UniformAvg row here)")
         + f"; {chosen}. A mark is shown when the difference's simultaneous {pct} interval over the column's "
-        "family excludes 0 (max-statistic bootstrap over the paired differences), and so does its "
-        "unadjusted interval (in the CSV); the family is every row compared in this column against either "
-        "reference, so the chance of any false mark in a column is at most 5%. Direction is either way; "
+        "family excludes 0 (max-statistic bootstrap over the paired differences, its critical value read on "
+        "Student's t, each standard error taken about 0), "
+        "and so does its unadjusted interval (in the CSV); the family is every row compared in this column "
+        f"against either reference, so the chance of any false mark in a column is at most {FWER_CLAIM}. "
+        + (
+            f"Power: with {questions} a true difference of about "
+            + ", ".join(f"{label} {value:g}" for label, value in power.items())
+            + " is marked 80% of the time or more (the column's median standard error x (critical value + "
+            "0.84)); smaller ones mostly go unmarked. "
+            if power
+            else ""
+        )
+        + "Direction is either way; "
         "the marks hold the trained seeds fixed, so a marked difference inside the seed intervals (±) is "
         "still within training noise."
         + (

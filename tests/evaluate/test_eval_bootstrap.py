@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 from sklearn.metrics import roc_auc_score
 from walla.evaluate import metrics as M
 from walla.evaluate.bootstrap import (
     Interval,
+    calibration_bounds,
     calibration_interval,
     counts_from_indices,
     difference_interval,
     max_t_critical,
     metric_resamples,
+    monte_carlo_quantile,
+    null_se,
     percentile_interval,
     resample_indices,
     row_resamples,
@@ -155,23 +159,65 @@ def test_excludes_zero_is_strict():
     assert not Interval(0.0, 0.2).excludes_zero and not Interval(-0.1, 0.0).excludes_zero
 
 
-def test_calibration_interval_is_centred_on_the_estimate_and_reaches_zero_under_the_null():
+def test_calibration_interval_by_hand():
     values = np.array([0.10, 0.12, 0.14, 0.16, 0.18])  # resamples running 0.04 above the estimate
-    moved = calibration_interval(values, 0.10, None)
-    want = percentile_interval(values - 0.04)
-    assert (moved.lo, moved.hi) == pytest.approx((want.lo, want.hi))
-    calibrated = np.linspace(0.0, 0.2, 101)  # a calibrated predictor reaches 0.19 in 5% of draws
+    moved = calibration_interval(values, 0.10, None)  # no null draws: the centred percentile interval
+    assert moved.lo == pytest.approx(np.percentile(values, 2.5) - 0.04)
+    assert moved.hi == pytest.approx(np.percentile(values, 99) - 0.04)  # the upper end's 1% tail
+    # with null draws the lower end is the estimate minus their Monte-Carlo 97.5% quantile: of 101
+    # draws the ceil(0.975 x 102) = 100th smallest
+    calibrated = np.linspace(0.0, 0.2, 101)  # a calibrated predictor reads up to 0.198 by noise
     assert calibration_interval(values, 0.10, calibrated).lo == 0.0
-    assert calibration_interval(values, 0.10, calibrated / 10).lo == pytest.approx(want.lo)
+    assert calibration_interval(values, 0.10, calibrated / 10).lo == pytest.approx(0.10 - 0.0198)
+    assert calibration_interval(values, 0.10, calibrated / 10).hi == pytest.approx(moved.hi)
     assert calibration_interval(values - 0.2, 0.01, None).lo == 0.0  # never below 0
+    wide = calibration_interval(values, 0.30, None)  # the interval always holds its estimate
+    assert wide.lo <= 0.30 <= wide.hi
+    assert calibration_interval(np.array([0.1, np.nan]), 0.1, None) is None
+
+
+def test_calibration_bounds_batch_equals_one_by_one():
+    rng = np.random.default_rng(3)
+    values, estimate, draws = rng.random((5, 40)) / 5, rng.random(5) / 5, rng.random((5, 40)) / 5
+    lo, hi = calibration_bounds(values, estimate, draws)
+    for i in range(5):
+        one = calibration_interval(values[i], float(estimate[i]), draws[i])
+        assert (one.lo, one.hi) == pytest.approx((lo[i], hi[i]), abs=1e-15)
+
+
+def test_monte_carlo_quantile_counts_the_table_as_one_more_draw():
+    draws = np.arange(1.0, 20.0)  # 19 draws: a statistic drawn like them exceeds the 19th in 1 of 20
+    assert monte_carlo_quantile(draws, 0.95) == 19.0
+    assert monte_carlo_quantile(np.arange(1000.0), 0.95) == 950.0  # the 951st smallest, not 949.05
+    assert monte_carlo_quantile(np.arange(4.0), 0.95) == 3.0  # too few draws: the largest
+    batch = np.stack([np.arange(1.0, 20.0), np.arange(1.0, 20.0)[::-1] * 2])
+    assert monte_carlo_quantile(batch, 0.95).tolist() == [19.0, 38.0]
+
+
+def test_null_se_adds_the_difference_about_zero():
+    se, d = np.array([0.03, 0.0]), np.array([0.1, 0.0])
+    assert null_se(d, se, 100) == pytest.approx([np.sqrt(0.03**2 + 0.01 / 100), 0.0])
 
 
 def test_max_t_critical_by_hand():
     # one hypothesis, resamples symmetric about the observed 1.0 with sd 1: |t| = 0, 0, 1.2247.., ...
+    # 4 draws: the Monte-Carlo 95% critical value is the largest; then Student's t on the df of n = 10
+    # questions and B = 4 resamples, 1 / (1/9 + 1/3) = 2.25
+    df = 1 / (1 / 9 + 1 / 3)
     diffs = np.array([[1.0, 1.0, 1.0 - np.sqrt(1.5), 1.0 + np.sqrt(1.5)]])
     t = np.abs(diffs[0] - 1.0) / diffs[0].std(ddof=1)
-    assert max_t_critical(np.array([1.0]), diffs) == pytest.approx(np.quantile(t, 0.95))
+    on_t = stats.t.isf(stats.norm.sf(t.max()), df=df)
+    assert max_t_critical(np.array([1.0]), diffs, n=10) == pytest.approx(on_t)
+    assert on_t > t.max()  # heavier tails: a larger critical value
     # two hypotheses: the max over them on each resample
     two = np.stack([diffs[0], diffs[0][::-1] * 2])
     t2 = np.maximum(t, np.abs(two[1] - 2.0) / two[1].std(ddof=1))
-    assert max_t_critical(np.array([1.0, 2.0]), two) == pytest.approx(np.quantile(t2, 0.95))
+    want = stats.t.isf(stats.norm.sf(t2.max()), df=df)
+    assert max_t_critical(np.array([1.0, 2.0]), two, n=10) == pytest.approx(want)
+    # a difference left out of the family (valid False) does not raise the critical value
+    three = np.concatenate([two, 100 * diffs])
+    kept = np.array([True, True, False])
+    assert max_t_critical(np.array([1.0, 2.0, 100.0]), three, 10, kept) == pytest.approx(want)
+    # a batch of families: one critical value each
+    batch = max_t_critical(np.stack([[1.0, 2.0]] * 2), np.stack([two, two]), 10)
+    assert batch == pytest.approx([want, want])
