@@ -16,21 +16,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the import names of pyproject.toml's optional extras: market (with starlette under fastapi), ray, s3 (and
-# moto, the dev extra's S3 server), vllm
-EXTRAS = (
-    "fastapi",
-    "starlette",
-    "uvicorn",
-    "sqlalchemy",
-    "httpx",
-    "psycopg",
-    "playwright",
-    "ray",
-    "s3fs",
-    "moto",
-    "vllm",
-)
+# the import names of pyproject.toml's optional extras: market (with starlette, under fastapi), then ray, s3 (and
+# moto, the dev extra's S3 server) and vllm
+MARKET = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "httpx", "psycopg", "playwright")
+EXTRAS = (*MARKET, "ray", "s3fs", "moto", "vllm")
 SITE = """import sys
 for name in {names!r}:
     sys.modules[name] = None  # as if not installed: import raises ModuleNotFoundError
