@@ -1,6 +1,7 @@
 """What batch-invariant scoring costs: the hf backend invariant vs padded, same model, dtype and prompts.
 
     .venv/bin/python benchmarks/extract_invariance.py                                   # SmolLM2, facts + ARC
+    .venv/bin/python benchmarks/extract_invariance.py --limit 0                         # every prompt (past an hour on a CPU)
     .venv/bin/python benchmarks/extract_invariance.py --model gemma3-270m --repeat 3
     .venv/bin/python benchmarks/extract_invariance.py --dataset facts --size 400 --device cuda
 
@@ -37,6 +38,10 @@ from walla.extract.variant import prepare_variant
 from walla.manifests.catalog import load_datasets, load_models
 
 REPO = Path(__file__).resolve().parents[1]
+# prompts per variant on a CPU unless --limit says otherwise: 40 ARC prompts in bf16 took 90 s of CPU time (both
+# sides and the check, 2-core CPU), so every prompt (~1,100, each side twice) extrapolates past an hour;
+# 32 a variant (96 prompts) take minutes
+CPU_LIMIT = 32
 REAL_DATA = Path(os.environ.get("REAL_DATA", REPO.parent / "shared" / "data"))  # as the Makefile
 ARC = REAL_DATA / "arc" / "ARC-Challenge-Dev.jsonl"
 # dataset name -> (walla dataset, config overrides, variants)
@@ -85,13 +90,20 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dataset", default="facts,arc", help="comma-separated: facts, arc")
     ap.add_argument("--size", type=int, default=400, help="facts rows (the demo's --size)")
-    ap.add_argument("--limit", type=int, help="score only the first N prompts of each variant (a quick run)")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        help=f"score only the first N prompts of each variant (default: {CPU_LIMIT} on a CPU, all on an "
+        "accelerator; 0: all)",
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--shard-rows", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
+    if args.limit is None:
+        args.limit = CPU_LIMIT if args.device == "cpu" else 0
     rm = resolve_model(load_models()[args.model])
     t = time.perf_counter()
     be = load_hf_backend(
@@ -118,7 +130,7 @@ def main() -> None:
     tier_pad = "batch-recorded (padded batches; outputs depend on the batch mix)"
     results, same = {}, True
     for name in args.dataset.split(","):
-        jobs = [(enc[: args.limit], cand) for enc, cand in prompts_of(be, name, args.size)]
+        jobs = [(enc[: args.limit or None], cand) for enc, cand in prompts_of(be, name, args.size)]
         tokens = sum(len(e) for enc, _ in jobs for e in enc)
         best = {True: np.inf, False: np.inf}
         for _ in range(args.repeat):  # alternated: both sides see the same machine load

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from walla.extract.backends import hf_fixed
 
 HEADS, KV_HEADS, DIM = 32, 8, 128  # Llama-3.1-8B
+# the pack on a CPU unless --tokens says otherwise: bf16 attention of 8,192 tokens x 32 heads is a GPU size
+CPU_TOKENS = 1024
 
 
 def sync(device: str) -> None:
@@ -62,9 +64,15 @@ def run(q, k, v, st: hf_fixed._Stream, compiled: bool) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tokens", type=int, default=hf_fixed.PACK_TOKENS, help="tokens of the pack")
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        help=f"tokens of the pack (default: {hf_fixed.PACK_TOKENS:,} on CUDA, as extraction; {CPU_TOKENS:,} on a CPU)",
+    )
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
+    if args.tokens is None:
+        args.tokens = CPU_TOKENS if torch.device(args.device).type == "cpu" else hf_fixed.PACK_TOKENS
     dev, n_tok = args.device, hf_fixed.check_pack_tokens(args.tokens)
     rng = np.random.default_rng(0)
     pool = [int(x) for x in np.clip(rng.normal(84, 25, 4 * n_tok // 84), 30, 250)]

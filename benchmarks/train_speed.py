@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone (CPU)
     .venv/bin/python benchmarks/train_speed.py --device cuda --only-share      # section 7 alone
     .venv/bin/python benchmarks/train_speed.py --device cuda --only-share --cli  # 7, then the command (8)
-    .venv/bin/python benchmarks/train_speed.py --only-share --hidden 256 --agents 4 --rows 400 --share-epochs 2
+    .venv/bin/python benchmarks/train_speed.py --only-share --hidden 4096 --agents 12 --rows 1126  # paper, CPU
 
 Every section runs on `--device` (default cpu) except section 2, a CPU comparison with old code.
 
@@ -21,7 +21,7 @@ Prints:
        written into persistent buffers) with torch's fused Adam in float32, and in bf16 its master mode with
        mixed_adam.MasterAdam (a C kernel compiled at run time; when it cannot be built, that commit's autocast
        recipe). "After" is the package: StackedHeads on autograd's own backward, engine.make_optimizer
-       (torch's fused Adam), engine.clip_grad_norms_. The ratio printed is the old code's speedup, after
+       (torch's fused Adam), engine's per-slice clipping (SliceClip's halves). The ratio printed is the old code's speedup, after
        step time / before step time (> 1: the old code was faster); it goes unless that is >= 1.5 at the
        default precision (32-true). Its reason to exist was the fresh weight gradient autograd allocates
        every step (first touch of new pages); run at the paper's size (--step-heads 60: 12 agents x 5
@@ -41,8 +41,9 @@ Prints:
        against the whole batched fit call);
     6. every registered method x seeds through its module's fit/predict (the path walla-train takes);
        a method that cannot run here is excluded and named with the reason;
-    7. where a WALLA fit's time goes (issues 22, 31), on a 12-agent H = 4096 store by default (902 / 112 / 112
-       rows, 5 epochs, the paper's heads; --agents, --hidden, --rows, --share-epochs shrink it for a CPU):
+    7. where a WALLA fit's time goes (issues 22, 31), with the paper's heads on a store of SHARE_SIZES: with
+       --device cuda 12 agents, H = 4096, 902 / 112 / 112 rows, 5 epochs; on the CPU 4 agents, H = 256, 400
+       rows, 2 epochs (--agents, --hidden, --rows, --share-epochs set each):
        the wall time of walla.fit for 1 seed and for --seeds seeds (one batched fit where memory allows,
        engine.seeds_per_chunk; best of --share-reps) and their ratio, and the same fits with each device
        read waited for at once (`waits_at_once`: the step's two waits before issue 31, same numbers); the floor of one seed's device time
@@ -90,13 +91,14 @@ from walla.train import engine, mechanism, online_stop, wager_training
 from walla.train.dropout_masks import DropoutMasks
 from walla.train.engine import (
     TrainEnv,
-    clip_grad_norms_,
     free_device_bytes,
     gemm_flops,
     make_optimizer,
     resolve_device,
     resolve_precision,
+    scale_slices_,
     seeded,
+    slice_clip_coefs,
 )
 from walla.train.heads import StackedHeads, WagerHead
 from walla.train.methods import REGISTRY, get_method, walla
@@ -109,6 +111,12 @@ BEFORE_COMMIT = "2c38e00"  # the last commit with the hand-written backward and 
 # weight (4). bf16-mixed (autocast): the 32-true bytes + the cast to a bf16 copy (read 4 + write 2) - 2 (the
 # GEMMs read bf16) + the bf16 gradient written then converted into the fp32 one (write 2 + read 2).
 MIN_BYTES = {"32-true": 40, "bf16-mixed": 50}
+# section 7's store and fits when the command line names no size: the paper's (12 agents, H = 4096, 902 / 112 /
+# 112 rows, 5 epochs) on an accelerator; on the CPU a size that runs in minutes (the paper's ran past 25 min)
+SHARE_SIZES = {
+    "accelerator": {"agents": 12, "hidden": 4096, "rows": 1126, "share_epochs": 5},
+    "cpu": {"agents": 4, "hidden": 256, "rows": 400, "share_epochs": 2},
+}
 
 
 # ---------------------------------------------------------------------------- the synthetic scenario
@@ -271,7 +279,9 @@ def _after_step(g: int, h: int, cfg: walla.Config, bf16: bool) -> Callable[[], N
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             r = heads(x, masks)
         _wager_loss(r, goal, cfg).backward()
-        clip_grad_norms_([params], cfg.clip, per_slice=True)
+        _, coef = slice_clip_coefs(params, cfg.clip)  # SliceClip's math, without Fabric's unscale
+        if bool((coef < 1.0).any()):
+            scale_slices_(params, coef)
         opt.step()
 
     return step
@@ -917,10 +927,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--step-reps", type=int, default=10, help="timed steps per before/after measurement")
     ap.add_argument("--only-step", action="store_true", help="section 2 alone")
     ap.add_argument("--only-share", action="store_true", help="section 7 alone")
-    ap.add_argument("--agents", type=int, default=12, help="agents of section 7's store")
-    ap.add_argument("--hidden", type=int, default=4096, help="hidden size H of section 7's store")
-    ap.add_argument("--rows", type=int, default=1126, help="questions of section 7's store (8:1:1)")
-    ap.add_argument("--share-epochs", type=int, default=5, help="epochs of section 7's fits")
+    ap.add_argument("--agents", type=int, help="agents of section 7's store (default: SHARE_SIZES)")
+    ap.add_argument("--hidden", type=int, help="hidden size H of section 7's store (default: SHARE_SIZES)")
+    ap.add_argument("--rows", type=int, help="questions of section 7's store, 8:1:1 (default: SHARE_SIZES)")
+    ap.add_argument("--share-epochs", type=int, help="epochs of section 7's fits (default: SHARE_SIZES)")
     ap.add_argument("--share-reps", type=int, default=2, help="section 7: best of this many fits per size")
     ap.add_argument(
         "--cli", action="store_true", help="section 8 too: the walla-train command at section 7's size"
@@ -928,9 +938,18 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def share_sizes(args: argparse.Namespace, device: str) -> argparse.Namespace:
+    """`args` with section 7's sizes the command line left out taken from SHARE_SIZES for `device`'s kind."""
+    sizes = SHARE_SIZES["cpu" if device == "cpu" else "accelerator"]
+    return argparse.Namespace(
+        **{**vars(args), **{k: v for k, v in sizes.items() if getattr(args, k) is None}}
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     device = resolve_device(args.device)
+    args = share_sizes(args, device)
     if args.only_step:
         cfg = build(walla.Config, {**HEADS, "epochs": args.epochs}, "bench")
         ratios = before_after(args.step_heads, cfg, args.step_reps)

@@ -76,7 +76,6 @@ from walla.evaluate.validation import Validation, row_validation, validation_sco
 from walla.store.schema import VARIANT_CODE
 
 UNIFORM_ATOL = 1e-6  # |w - 1/M| below which weights count as equal
-SUBSETS = ("all", "hard")  # every test question; the hard subset (hard_subset)
 NOTE_VALUES = (
     "Values ×100: mean ± 95% CI over seeds (t-interval), then [lo, hi] the 95% interval over test questions "
     "(below); bold = best aggregation method per column (individual agents excluded)."

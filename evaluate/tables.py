@@ -123,12 +123,6 @@ def cell_parts(cell: Cell | None, col: Column) -> CellText:
     return CellText(f"{s.mean:.{d}f}", ci, boot, cell.marks + ("°" if s.partial else ""))
 
 
-def cell_text(cell: Cell | None, col: Column) -> str:
-    """Plain one-line text of a cell: `mean ± ci [lo, hi]marks`."""
-    t = cell_parts(cell, col)
-    return " ".join(x for x in (t.mean, None if t.ci is None else f"± {t.ci}", t.boot) if x) + t.marks
-
-
 def cell_note(cell: Cell | None) -> str | None:
     if cell is None or (cell.summary is None and cell.note is None):
         return None

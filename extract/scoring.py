@@ -58,16 +58,22 @@ def renormalize(raw_logprobs: np.ndarray) -> np.ndarray:
     return (x - m - np.log(np.exp(x - m).sum())).astype(np.float32)
 
 
-def plan_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int | None = None) -> list[np.ndarray]:
-    """Index batches sorted by DESCENDING length (out-of-memory shows at once; lm-eval Collator) whose
-    padded size rows * max_len stays within `batch_tokens` (a single longer prompt gets its own batch).
-
-    Returns a list of index arrays that together cover every row exactly once.
-    """
+def longest_first(lengths: Sequence[int], batch_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths as int64 [N], row order by DESCENDING length [N], stable): the order every batching plan
+    walks, so out-of-memory shows at once (lm-eval Collator). Raises ValueError when batch_tokens < 1."""
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
     lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
+    return lengths, np.argsort(-lengths, kind="stable")
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int, max_rows: int | None = None) -> list[np.ndarray]:
+    """Index batches sorted by DESCENDING length (longest_first) whose padded size rows * max_len stays
+    within `batch_tokens` (a single longer prompt gets its own batch).
+
+    Returns a list of index arrays that together cover every row exactly once.
+    """
+    lengths, order = longest_first(lengths, batch_tokens)
     batches: list[np.ndarray] = []
     start = 0
     while start < len(order):

@@ -47,10 +47,6 @@ class FeatureSetInfo:
     questions_fp: str | None = None  # the question table the rows were cut from (complete sets)
     tier: str | None = None  # determinism tier its backend settled (bitwise | batch-recorded | tolerance)
 
-    @property
-    def size_bytes(self) -> int:
-        return dir_size(self.path)
-
 
 def dir_size(root: Path) -> int:
     """Bytes of every file under root (files renamed away meanwhile are skipped)."""

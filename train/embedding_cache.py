@@ -138,10 +138,6 @@ def encode_texts(
     return arr
 
 
-def clear_memory_cache() -> None:
-    _MEMORY.clear()
-
-
 def frozen_features(
     data, with_context: bool, spec: EncoderSpec, store: str | Path | None, device: str
 ) -> np.ndarray:

@@ -89,10 +89,6 @@ class TrainEnv:
     precision: str = "32-true"  # Lightning precision, one of PRECISIONS
     store: Path | None = None  # feature store root (router text-embedding cache)
 
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device(self.device)
-
 
 # ---------------------------------------------------------------------------- device and precision
 
@@ -403,28 +399,15 @@ def scale_slices_(params: Sequence[torch.Tensor], coef: torch.Tensor) -> None:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
 
 
-@torch.no_grad()
-def _clip_slices_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """clip_grad_norm_ on each slice along axis 0 alone (slice_clip_coefs); the pre-clip norms [S]."""
-    norm, coef = slice_clip_coefs(params, max_norm)
-    if bool((coef < 1.0).any()):  # x * 1.0 == x: skip a read + write of every gradient when none clips
-        scale_slices_(params, coef)
-    return norm.float()
-
-
-def clip_grad_norms_(
-    groups: Sequence[Sequence[torch.Tensor]], max_norm: float | None, per_slice: bool = False
-) -> torch.Tensor:
+def clip_grad_norms_(groups: Sequence[Sequence[torch.Tensor]], max_norm: float | None) -> torch.Tensor:
     """Clip each group of parameters' gradients in place, as clip_grad_norm_ on that group alone.
 
-    `per_slice`: axis 0 of every parameter indexes independent models (module docstring); each slice
-    of each group is clipped alone. `max_norm=None` only measures. Parameters without a gradient are
-    left out (a group with none has norm 0); empty groups are skipped. Returns the pre-clip norms,
-    float32 on the parameters' device: [n_groups], or [n_groups, S] per slice.
+    `max_norm=None` only measures. Parameters without a gradient are left out (a group with none has
+    norm 0); empty groups are skipped. Returns the pre-clip norms [n_groups], float32 on the parameters'
+    device. Per-slice clipping is SliceClip.
     """
     limit = max_norm if max_norm is not None else math.inf
-    clip = _clip_slices_ if per_slice else _clip_group_
-    return torch.stack([clip(params, limit) for params in groups if len(params)])
+    return torch.stack([_clip_group_(params, limit) for params in groups if len(params)])
 
 
 def clip_gradients(fabric, optimizer, max_norm: float | None, scope: str = "group") -> torch.Tensor:
@@ -456,8 +439,9 @@ class SliceClip:
         clip.apply_(bool(flag.result()["clips"]))  # scale the gradients only when some slice clips
         opt.step()
 
-    The same gradients as clip_grad_norms_(per_slice=True): a slice whose coefficient is 1 is left as it
-    is (x * 1.0 == x), so scaling every group when any slice clips changes no other bit.
+    Each slice of each group gets clip_grad_norm_'s coefficient for that slice alone; a slice whose
+    coefficient is 1 is left as it is (x * 1.0 == x), so scaling every group when any slice clips changes
+    no other bit.
     """
 
     def __init__(self, fabric, optimizer, max_norm: float | None) -> None:

@@ -136,10 +136,6 @@ class StackedHeads(nn.Module):
             layer.bias.copy_(self.biases[j][g])
         return out
 
-    def state_rows(self, rows: slice) -> list[torch.Tensor]:
-        """Detached copies of the parameters of heads `rows` (weights then biases)."""
-        return [p.detach()[rows].clone() for p in self.parameters()]
-
     @torch.no_grad()
     def load_rows(self, rows: slice, values: Sequence[torch.Tensor]) -> None:
         for p, v in zip(self.parameters(), values, strict=True):

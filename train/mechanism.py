@@ -354,21 +354,3 @@ def deficit_bound(c2: float = 0.5, c3: float = 0.5) -> float:
     """
     check_consts(c2=c2, c3=c3)
     return c2 * c2 / c3
-
-
-def deficit_bound_w(wagers: Tensor, c2: float = 0.5, c3: float = 0.5, validate: bool = True) -> Tensor:
-    """First, wager-dependent inequality of the deficit proposition.
-
-    sum_i pi_i <= ((s_max - s_min) / W - c3) sum_i w_i^2, with the Brier score s_max - s_min = 2 c2 and
-    W = sum_i w_i. ``wagers[..., M]`` -> ``[...]``; 0 when W = 0 (then every payout is 0).
-    """
-    w = as_float(wagers)
-    if w.dim() < 1:
-        raise ValueError(f"wagers: expected shape [..., M], got {tuple(w.shape)}")
-    if validate:
-        check_consts(c2=c2, c3=c3)
-        check_values(nonneg=[("wagers", w)])
-    total = w.sum(-1)  # [...]
-    sq = (w * w).sum(-1)  # [...]
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    return torch.where(total > 0, (2.0 * c2 / safe - c3) * sq, torch.zeros_like(total))

@@ -330,11 +330,7 @@ def compiled_steps():
 @torch.compiler.disable
 def fixed_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers attention function of the fixed-shape stream: [1, H, L, D] q/k/v -> ([1, L, H, D], None)."""
-    stream = _STREAM.get()
-    if stream is None:
-        raise RuntimeError(f"{FIXED_IMPL} attention called outside a fixed-shape forward")
-    if not getattr(module, "is_causal", True):
-        raise ValueError(f"{type(module).__name__} is not causal attention; fixed-shape scoring needs causal")
+    stream = hf_packed.forward_state(_STREAM, module, FIXED_IMPL, "fixed-shape")
     out = fixed_attention_core(
         query, key, value, stream, kwargs.get("scaling"), kwargs.get("sliding_window"), kwargs.get("softcap")
     )

@@ -25,28 +25,21 @@ The device kind (cpu, cuda, mps) is in every identity: the same dtype on a CPU a
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoConfig
 from walla.extract import device as devices
 from walla.extract import sizing
-from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Settled, hf_fixed, lm_head
-from walla.extract.backends.hf import (
-    BATCH_INVARIANT_MODES,
-    DTYPES,
-    HFBackend,
-    batching_identity,
-    explain_batch_invariant,
-    explain_dtype,
-    hf_identity,
-    invariant_path,
-    load_hf_backend,
-)
-from walla.extract.backends.hf_compile import COMPILE_MODES, explain_compile
-from walla.extract.gguf_cache import local_weights_dir, quiet_transformers
-from walla.extract.model_stats import non_embedding_params
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Settled, lm_head
 from walla.extract.models import ResolvedModel, pin_revision
 from walla.manifests.validate import check, config
+
+if TYPE_CHECKING:
+    from walla.extract.backends.hf import HFBackend
+
+# The scoring modules (hf.py, hf_fixed.py, hf_compile.py: transformers' modeling code, 1.5-3 s) are imported
+# where they are first used, in settle/load: `walla extract`'s inputs phase asks this kind only for the
+# device and the model's revision, and a few thousand questions then read in under a second (issue 39).
 
 # float32 on padded batches (`tolerance` tier): how far one prompt's outputs may move between two batchings
 # (batch tokens, shard rows). Measured (issue 27): SmolLM2-135M, 40 rows, --shard-rows 5 --batch-tokens 200
@@ -66,6 +59,9 @@ class HFOptions:
     batch_invariant: str = "auto"
 
     def __post_init__(self) -> None:
+        from walla.extract.backends.hf import BATCH_INVARIANT_MODES  # scoring modules: see the imports
+        from walla.extract.backends.hf_compile import COMPILE_MODES
+
         check(self.compile in COMPILE_MODES, "compile", "auto, on or off", self.compile)
         check(
             self.batch_invariant in BATCH_INVARIANT_MODES,
@@ -81,6 +77,9 @@ def model_shape(rm: ResolvedModel, dtype: str) -> sizing.ModelShape:
     Raises:
         OSError, ValueError: the config cannot be read, or lacks a field the sizing needs.
     """
+    from transformers import AutoConfig  # scoring modules: see the imports
+    from walla.extract.gguf_cache import local_weights_dir, quiet_transformers
+
     kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
     if rm.identity.get("source") == "hub":
         kwargs |= {k: v for k, v in (("gguf_file", rm.gguf_file), ("revision", rm.revision)) if v}
@@ -154,6 +153,17 @@ class HFKind:
         return pin_revision(model)
 
     def settle(self, request: BackendRequest, options: HFOptions, recorded: dict | None = None) -> Settled:
+        from walla.extract.backends import hf_fixed  # scoring modules: see the imports
+        from walla.extract.backends.hf import (
+            DTYPES,
+            batching_identity,
+            explain_batch_invariant,
+            explain_dtype,
+            hf_identity,
+            invariant_path,
+        )
+        from walla.extract.backends.hf_compile import explain_compile
+
         device_kind = devices.check_device_name(request.device)
         dtype_name, dtype_why = explain_dtype(request.dtype, request.device)
         dtype = DTYPES[dtype_name]
@@ -210,6 +220,9 @@ class HFKind:
         return 1
 
     def load(self, settled: Settled) -> HFBackend:
+        from walla.extract.backends.hf import load_hf_backend  # scoring modules: see the imports
+        from walla.extract.model_stats import non_embedding_params
+
         backend = load_hf_backend(
             settled.model,
             dtype=settled.dtype,

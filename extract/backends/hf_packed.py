@@ -46,6 +46,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from walla.extract.backends import lm_head
+from walla.extract.scoring import longest_first
 
 SEGMENTS_IMPL = "walla_segments"  # the attention implementation name registered below
 # rows of the GEMM row-invariance check: every M below 18 (1 too: a GEMV), and each side of the usual block boundaries
@@ -236,14 +237,22 @@ def _length_groups(lengths: Sequence[int], elems_per_row: int) -> Iterator[tuple
         start = end
 
 
+def forward_state(var: contextvars.ContextVar, module, impl: str, what: str):
+    """What a walla attention function `impl` reads from `var` for `module`, set by the `what` forward
+    around it (packed, fixed-shape); one line naming the misuse when there is none or `module` is not
+    causal attention."""
+    state = var.get()
+    if state is None:
+        raise RuntimeError(f"{impl} attention called outside a {what} forward")
+    if not getattr(module, "is_causal", True):
+        raise ValueError(f"{type(module).__name__} is not causal attention; {what} scoring needs causal")
+    return state
+
+
 @torch.compiler.disable  # a python loop over prompts: compiled layers break the graph here (no recompiles)
 def segment_attention(module, query, key, value, attention_mask, **kwargs):
     """Attention of each packed prompt on its own: [1, H, T, D] q/k/v -> ([1, T, H, D], None)."""
-    state = _SEGMENTS.get()
-    if state is None:
-        raise RuntimeError(f"{SEGMENTS_IMPL} attention called outside a packed forward")
-    if not getattr(module, "is_causal", True):
-        raise ValueError(f"{type(module).__name__} is not causal attention; packed scoring needs causal")
+    state = forward_state(_SEGMENTS, module, SEGMENTS_IMPL, "packed")
     window = kwargs.get("sliding_window")
     if state.batched:
         scaling, softcap = kwargs.get("scaling"), kwargs.get("softcap")
@@ -325,10 +334,7 @@ def pack_inputs(
 def plan_packs(lengths: Sequence[int], batch_tokens: int, max_rows: int | None = None) -> list[np.ndarray]:
     """Index packs, longest prompts first, each holding at most `batch_tokens` tokens (a longer prompt alone)
     and at most `max_rows` prompts. Together they cover every row exactly once."""
-    if batch_tokens < 1:
-        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-    lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
+    lengths, order = longest_first(lengths, batch_tokens)
     packs: list[np.ndarray] = []
     start = 0
     while start < len(order):

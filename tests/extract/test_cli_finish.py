@@ -1,5 +1,6 @@
-"""How `walla extract` ends (cli/finish.py): a successful run skips the interpreter's teardown but still runs
-every exit handler and flushes its output; its last lines say where the time went and where the set is."""
+"""How `walla extract` ends (cli/finish.py): a successful run freezes its objects so the teardown skips the
+collector, and still joins its threads, runs every exit handler and flushes its output; its last lines say
+where the time went and where the set is."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from tiny_model import save_tiny_checkpoint
 from walla.store.featureset import read_feature_set
 
 CHILD = r"""
-import atexit, json, sys, threading, time
+import atexit, gc, json, sys, threading, time
 handler_file, how, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-atexit.register(lambda: open(handler_file, "w").write("ran"))  # a library's exit handler, e.g. a lock release
+# a library's exit handler, e.g. a lock release; it also records whether the teardown skips the collector
+atexit.register(lambda: open(handler_file, "w").write(f"ran frozen={gc.get_freeze_count() > 0}"))
 # a worker thread still busy when the command returns: joined before the process ends, as at a normal exit
 threading.Thread(target=lambda: (time.sleep(2), open(handler_file + ".thread", "w").write("done"))).start()
 sys.argv = ["walla-extract", *argv]
@@ -47,7 +49,7 @@ def test_a_successful_extraction_runs_exit_handlers_and_ends_with_its_timeline_a
         argv = ["--model", str(model), "--dataset", "facts", "--size", "12", "--store", str(tmp_path / how)]
         proc, handler = _extract(tmp_path, how, [*argv, "--device", "cpu", "--no-progress"])
         assert proc.returncode == 0, proc.stderr
-        assert handler.read_text() == "ran"  # exit handlers ran before the fast exit
+        assert handler.read_text() == "ran frozen=True"  # exit handlers ran, after the objects were frozen
         assert Path(f"{handler}.thread").read_text() == "done"  # and other threads were joined
         path = Path(proc.stdout.strip().splitlines()[-1].strip())  # stdout flushed; the set's path last
         assert len(read_feature_set(path).rows) > 0
@@ -61,4 +63,4 @@ def test_a_successful_extraction_runs_exit_handlers_and_ends_with_its_timeline_a
 def test_a_failing_extraction_exits_as_before(tmp_path):
     proc, handler = _extract(tmp_path, "alias", ["--model", "no-such-model", "--dataset", "facts"])
     assert proc.returncode == 2 and "no-such-model" in proc.stderr
-    assert handler.read_text() == "ran" and "walla extract: done" not in proc.stderr
+    assert handler.read_text() == "ran frozen=False" and "walla extract: done" not in proc.stderr

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from method_runs import brier, config_of, informed_mrr, run, run_seeds
+from references import load_seed
 from scipy.stats import entropy
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import ConfigError
@@ -227,7 +228,7 @@ def test_stacked_gen_projection_is_the_reference_head(private):
         torch.manual_seed(0)
         ref = stacked_gen.StackedNet(sizes, c)
         net = stacked_gen.SeedStackedGen(sizes, 1, c)
-        net.load_seed(0, ref)
+        load_seed(net, 0, ref)
         xs = [torch.randn(1, 5, 16) for _ in sizes]
         h = torch.cat([lin(x[0]) for lin, x in zip(ref.proj, xs, strict=True)], dim=-1)  # [5, 3*8]
         for j, lin in enumerate(ref.mlp):

@@ -9,6 +9,8 @@ pools must come from env.device.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 import torch
@@ -87,7 +89,7 @@ def test_fit_runs_on_env_device(data, tmp_path, monkeypatch, name, cfg, where):
         "_encode_uncached",
         lambda t, s, d, b=64: devices.append(d) or real(t, s, "cpu", b),
     )
-    embedding_cache.clear_memory_cache()
+    monkeypatch.setattr(embedding_cache, "_MEMORY", OrderedDict())  # a fresh memory cache
     _, mod = get_method(name)
     with pytest.raises(Reached):
         mod.fit(data, config_of(name, _cfg(cfg, tmp_path)), [18], META, [None])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -116,7 +117,7 @@ def test_frozen_embeddings_are_encoded_once(private, monkeypatch, tmp_path):
     monkeypatch.setattr(
         embedding_cache, "_encode_uncached", lambda t, s, d, b=64: calls.append(len(t)) or real(t, s, d, b)
     )
-    embedding_cache.clear_memory_cache()
+    monkeypatch.setattr(embedding_cache, "_MEMORY", OrderedDict())  # a fresh memory cache
     env = TrainEnv(store=tmp_path)
     for name in ("route-llm-ctx", "router-dc-ctx", "nirt-router-ctx"):
         cfg = {**_fast(name), "epochs": 1, "truncation_side": "left"}  # one spec for all three

@@ -35,8 +35,8 @@ def test_synthetic_scenario_any_row_count(bench, n):
 
 
 def test_synthetic_scenario_default_rows(bench):
-    """The --rows default of --only-share (the size that crashed), 902 / 112 / 112 as documented."""
-    default = bench.parser().get_default("rows")
+    """The --rows default of --only-share on an accelerator (the size that crashed), 902 / 112 / 112."""
+    default = bench.share_sizes(bench.parser().parse_args([]), "cuda").rows
     data = bench.synthetic_scenario(n=default, m=2, k=2, h=4, seed=1)
     assert len(data.split) == default
     assert [int((data.split == s).sum()) for s in ("train", "val", "test")] == [902, 112, 112]
@@ -103,3 +103,14 @@ def test_waits_at_once_changes_when_the_host_waits_not_the_numbers(bench):
         (then,) = walla.fit(data, cfg, [18], TrainEnv(), [None])
     assert all(torch.equal(a, b) for a, b in zip(now["params"], then["params"], strict=True))
     assert (wager_training._WagerTraining.summary, wager_training._WagerTraining.backward) == originals
+
+
+def test_section_7_defaults_to_the_paper_size_on_an_accelerator_only(bench):
+    """The paper's 4096-wide store trains only where --device names an accelerator; the CPU's default is
+    small (the paper's size ran past 25 minutes on the CPU); a size on the command line wins on both."""
+    args = bench.parser().parse_args([])
+    paper = bench.share_sizes(args, "cuda")
+    assert (paper.agents, paper.hidden, paper.rows, paper.share_epochs) == (12, 4096, 1126, 5)
+    cpu = bench.share_sizes(args, "cpu")
+    assert cpu.hidden < 4096 and cpu.agents < 12 and cpu.rows < 1126
+    assert bench.share_sizes(bench.parser().parse_args(["--hidden", "4096"]), "cpu").hidden == 4096

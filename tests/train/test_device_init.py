@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from references import load_seed
 from torch import nn
 from walla.manifests.validate import build
 from walla.train.calibration import CalibrationConfig, _TempHeads
@@ -65,7 +66,7 @@ def test_stacked_gen_and_calibration_on_the_cpu_equal_the_seeded_host_init():
     ref = stacked_gen.SeedStackedGen(sizes, 2, c)
     for s, seed in enumerate([18, 19]):
         with seeded(seed):
-            ref.load_seed(s, stacked_gen.StackedNet(sizes, c))
+            load_seed(ref, s, stacked_gen.StackedNet(sizes, c))
     assert _equal(net.parameters(), ref.parameters())
 
     cal = build(CalibrationConfig, {"hidden": [6, 3]}, "test")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 from synthetic import make_private_context_scenario
@@ -25,9 +27,8 @@ def counted(monkeypatch):
         return real(texts, spec, device, batch_size)
 
     monkeypatch.setattr(embedding_cache, "_encode_uncached", spy)
-    embedding_cache.clear_memory_cache()
+    monkeypatch.setattr(embedding_cache, "_MEMORY", OrderedDict())  # this test's own memory cache
     yield calls
-    embedding_cache.clear_memory_cache()
 
 
 def test_disk_cache_hit_and_key(tmp_path, counted):
@@ -40,7 +41,7 @@ def test_disk_cache_hit_and_key(tmp_path, counted):
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # atomic write left no temp file
 
     b = encode_texts(texts, HASH, tmp_path)  # memory hit
-    embedding_cache.clear_memory_cache()
+    embedding_cache._MEMORY.clear()
     c = encode_texts(texts, HASH, tmp_path)  # disk hit
     assert len(counted) == 1
     np.testing.assert_array_equal(a, b)

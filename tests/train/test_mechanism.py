@@ -11,13 +11,13 @@ import re
 
 import pytest
 import torch
+from references import deficit_bound_w
 from walla.train import mechanism as mech
 from walla.train.mechanism import (
     advantage,
     best_response_wager,
     brier_score,
     deficit_bound,
-    deficit_bound_w,
     loo_baseline,
     net_payout,
     pool,
@@ -267,7 +267,6 @@ def test_float32_and_float64_agree():
         "lin": lambda p, w, q: pool(p, w),
         "log": lambda p, w, q: pool(p, w, "log"),
         "br": lambda p, w, q: best_response_wager(advantage(p, w, q)),
-        "dw": lambda p, w, q: deficit_bound_w(w),
     }
     for name, fn in fns.items():
         hi = fn(p, w, q)
@@ -340,7 +339,6 @@ BAD_INPUTS = [
     (lambda: best_response_wager(torch.tensor([0.1]), c3=-2.0), r"c3: must be a positive finite number"),
     (lambda: best_response_wager(torch.tensor([0.1]), w_max=-1.0), r"w_max: must be >= w_min"),
     (lambda: deficit_bound(0.5, 0.0), r"c3: must be a positive finite number"),
-    (lambda: deficit_bound_w(torch.tensor([1.0, -2.0])), r"wagers: must be >= 0, got -2"),
 ]
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from references import deficit_bound_w
 from walla.train.mechanism import (
     advantage,
     best_response_wager,
     deficit_bound,
-    deficit_bound_w,
     net_payout,
     wswm_payout,
 )

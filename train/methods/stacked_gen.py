@@ -119,17 +119,6 @@ class SeedStackedGen(nn.Module):
         return out
 
     @torch.no_grad()
-    def load_seed(self, s: int, net: StackedNet) -> None:
-        """Slice s := a reference network's parameters."""
-        pairs = [(self.mlp_w, self.mlp_b, net.mlp)]
-        if self.proj_w is not None:
-            pairs.append((self.proj_w, self.proj_b, net.proj))
-        for ws, bs, layers in pairs:
-            for w, b, lin in zip(ws, bs, layers, strict=True):
-                w[s] = lin.weight.T
-                b[s] = lin.bias
-
-    @torch.no_grad()
     def init_seed_(self, s: int, generator: torch.Generator) -> None:
         """Seed s's nn.Linear default init drawn in place from `generator`: the MLP's layers, then the
         projections (the reference creates them lazily, after the MLP), each weight then bias."""
