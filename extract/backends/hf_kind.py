@@ -20,6 +20,16 @@ from those the determinism tier and the identity, so the fingerprint records wha
   how far two batchings of one prompt may differ.
 
 The device kind (cpu, cuda, mps) is in every identity: the same dtype on a CPU and a GPU rounds differently.
+A `bitwise` or `batch-recorded` set also records its kernel path (`kernels`: extract/device.py
+`kernel_identity`: on a CPU ATen's vector ISA, the bf16/AMX features and any ONEDNN_MAX_CPU_ISA cap; on CUDA
+the GPU, its compute capability and the CUDA/cuDNN/cuBLAS versions): the same dtype and library versions on
+another path compute other bits (issue 37: bf16 SmolLM2-135M, AVX512-bf16 vs oneDNN capped at AVX2, option
+log-probs up to 0.197 apart), so a set is never continued, nor reported complete, by another path
+(extract/run.py refuses it naming the field). A `tolerance` set (float32, padded) does not record it: its
+promise is a bound, not bits, and another kernel path moves float32 results by float32 rounding only (other
+vector widths sum in another order: ~1e-6 relative, as another batching does), inside `FP32_PADDED_BOUND`
+(tests/extract/test_kernels.py extracts float32 under the AVX2 cap and checks it); so float32 sets keep their
+fingerprints.
 """
 
 from __future__ import annotations
@@ -51,8 +61,9 @@ from walla.manifests.validate import check, config
 # float32 on padded batches (`tolerance` tier): how far one prompt's outputs may move between two batchings
 # (batch tokens, shard rows). Measured (issue 27): SmolLM2-135M, 40 rows, --shard-rows 5 --batch-tokens 200
 # vs the defaults: max |d option log-prob| 1.05e-5, hidden rows up to 9.8e-4 apart (|h| up to ~10^2);
-# tests/extract/test_settle.py checks the bound on a tiny model. Hidden states are stored as float16 (a
-# relative step of ~1e-3), so the hidden bound is relative to the row's largest value.
+# tests/extract/test_settle.py checks the bound on a tiny model (test_kernels.py: across CPU kernel paths too).
+# Hidden states are stored as float16 (a relative step of ~1e-3), so the hidden bound is relative to the row's
+# largest value.
 FP32_PADDED_BOUND = {"option_logprobs": 1e-4, "prompt_nll": 1e-4, "hidden_relative": 1e-3}
 
 
@@ -171,6 +182,7 @@ class HFKind:
             "device": device_kind,
             TIER_KEY: tier,
             **({"accelerator": devices.accelerator(request.device)} if tier == "batch-recorded" else {}),
+            **({"kernels": devices.kernel_identity(request.device)} if tier != "tolerance" else {}),
             **({"tolerance": FP32_PADDED_BOUND} if tier == "tolerance" else {}),
         }
         args = ["--dtype", dtype_name, "--device", device_kind]
@@ -193,7 +205,7 @@ class HFKind:
             identity=identity,
             why=(f"dtype {dtype_why}", compile_why, inv_why, sizes.why, f"determinism: {tier}"),
             command_args=tuple(args),
-            environment=("device", "accelerator", "torch", "transformers"),
+            environment=("device", "accelerator", "kernels", "torch", "transformers"),
             # what follows from the device through auto/on: the invariant path (packed on a CPU, fixed on CUDA)
             derived=(
                 TIER_KEY,
