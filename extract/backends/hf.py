@@ -533,7 +533,9 @@ class HFBackend:
         lengths = np.array([len(e) for e in enc])
         if self.batch_invariant and self.fixed_shapes:
             self.settle_invariance()  # the probe: several prompts per pack, or each alone
-            return hf_fixed.score(self, enc, token_ids, progress, None if self.rows_invariant else 1)
+            return hf_fixed.score(
+                self, enc, token_ids, progress, self.max_batch_rows if self.rows_invariant else 1
+            )
         if self.batch_invariant:
             return self._score_packed(enc, lengths, token_ids, progress)
         p = self.shared_prefix(enc)
@@ -716,6 +718,7 @@ def load_hf_backend(
     batch_invariant: bool | None = None,
     shard_rows: int | None = None,
     fixed_shapes: bool | None = None,
+    max_batch_rows: int | None = None,
 ) -> HFBackend:
     """Load a resolved model and wrap it; runs the self-check (once per model and machine: cached), then
     compiles when `compiled`. `backend.load_times` says where the seconds went."""
@@ -736,6 +739,7 @@ def load_hf_backend(
         batch_invariant=batch_invariant,
         shard_rows=shard_rows,
         fixed_shapes=fixed_shapes,
+        max_batch_rows=max_batch_rows,
     )
     if rm.hidden_size and rm.hidden_size != backend.hidden_size:
         raise ValueError(

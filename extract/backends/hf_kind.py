@@ -75,9 +75,13 @@ class HFOptions:
     # batch-invariant scoring: auto (on in reduced precision; on CUDA as hf.CUDA_INVARIANT_BY_DEFAULT) | on (the
     # device's path: packed on a CPU, fixed shapes on CUDA) | off | fixed (the fixed-shape path on any device)
     batch_invariant: str = "auto"
+    # prompts per forward pass at most (0: as many as the batch tokens hold); `walla check`'s `hf batch=1` row.
+    # Recorded where it changes numbers (padded batches: in `batching`); a bitwise tier's numbers do not move
+    max_batch_rows: int = 0
 
     def __post_init__(self) -> None:
         check(self.compile in COMPILE_MODES, "compile", "auto, on or off", self.compile)
+        check(self.max_batch_rows >= 0, "max_batch_rows", ">= 0 (0: no limit)", self.max_batch_rows)
         check(
             self.batch_invariant in BATCH_INVARIANT_MODES,
             "batch_invariant",
@@ -175,6 +179,8 @@ class HFKind:
         sizes = _sizes(request, recorded or {}, dtype_name)
         tier = determinism_tier(dtype, invariant)
         batching = batching_identity(dtype, invariant, sizes.batch_tokens, sizes.shard_rows)
+        if batching and options.max_batch_rows:
+            batching = {**batching, "max_batch_rows": options.max_batch_rows}
         fixed = hf_fixed.fixed_identity(device_kind, dtype) if path == "fixed" else None
         identity = {
             "model": request.model.identity,
@@ -189,6 +195,8 @@ class HFKind:
         args += ["--backend-arg", f"compile={'on' if compiled else 'off'}"]
         mode = {"off": "off", "packed": "on", "fixed": "fixed"}[path]  # re-settles to this path on any device
         args += ["--backend-arg", f"batch_invariant={mode}"]
+        if options.max_batch_rows:
+            args += ["--backend-arg", f"max_batch_rows={options.max_batch_rows}"]
         if BATCHING_KEY in identity:  # the sizes that fix which prompts share a pass
             args += ["--batch-tokens", str(sizes.batch_tokens), "--shard-rows", str(sizes.shard_rows)]
         return Settled(
@@ -200,7 +208,11 @@ class HFKind:
                 shard_rows=sizes.shard_rows,
                 est_tokens=None,
             ),
-            options=HFOptions(compile="on" if compiled else "off", batch_invariant=mode),
+            options=HFOptions(
+                compile="on" if compiled else "off",
+                batch_invariant=mode,
+                max_batch_rows=options.max_batch_rows,
+            ),
             tier=tier,
             identity=identity,
             why=(f"dtype {dtype_why}", compile_why, inv_why, sizes.why, f"determinism: {tier}"),
@@ -232,6 +244,7 @@ class HFKind:
             batch_invariant=settled.options.batch_invariant in ("on", "fixed"),
             shard_rows=settled.shard_rows,
             fixed_shapes=settled.options.batch_invariant == "fixed",
+            max_batch_rows=settled.options.max_batch_rows or None,
         )
         backend.n_params = non_embedding_params(backend.model)
         return backend

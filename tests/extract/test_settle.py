@@ -75,7 +75,6 @@ def tiny(tmp_path, monkeypatch):
     """Catalog model `tiny` (a local random checkpoint) and dataset `mine` (a jsonl file); returns the file."""
     data = register_tiny_catalog(tmp_path, monkeypatch, ROWS, seed=5)
     # modules that bound the catalog's functions by name see the same tables
-    monkeypatch.setattr(check_mod, "load_models", catalog.load_models)
     for mod in (check_mod, agent_mod):
         monkeypatch.setattr(mod, "load_datasets", catalog.load_datasets)
     return data
@@ -336,3 +335,18 @@ def test_the_registry_checks_the_catalogs_backend_and_the_catalog_carries_its_op
     assert door.backend_args(cfg, entry, "hf") == {"enforce_eager": "false"}  # the hint's options only
     settled = door.settle_for(cfg, door.Target("b", entry, backend_kind("vllm"), "cpu", RM))
     assert settled.options.max_model_len == 4096 and settled.identity["batching"]["enforce_eager"] is False
+
+
+def test_max_batch_rows_is_a_settled_hf_option_recorded_where_it_moves_numbers(chips):
+    """`walla check`'s `hf batch=1` row is an option like any other: settled, in the command, and in the
+    identity where padded batches make it change the numbers (a bitwise set's numbers do not move)."""
+    padded = settle_backend(
+        "hf", request("bfloat16", "cpu", batch_tokens=4096), {"batch_invariant": "off", "max_batch_rows": "1"}
+    )
+    assert padded.options.max_batch_rows == 1 and padded.identity["batching"]["max_batch_rows"] == 1
+    assert "--backend-arg max_batch_rows=1" in " ".join(padded.command_args)
+    packed = settle_backend("hf", request("bfloat16", "cpu"), {"max_batch_rows": "1"})
+    assert packed.options.max_batch_rows == 1 and packed.tier == "bitwise"
+    assert packed.identity == settle_backend("hf", request("bfloat16", "cpu")).identity
+    with pytest.raises(ValueError, match="max_batch_rows must be >= 0"):
+        settle_backend("hf", request("bfloat16", "cpu"), {"max_batch_rows": "-1"})
