@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_settle import ROWS
 from tiny_model import register_tiny_catalog
-from walla.extract import dtype_probe
+from walla.extract import door, dtype_probe
 from walla.extract import run as run_mod
 from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_kind import FP32_PADDED_BOUND
@@ -40,6 +40,7 @@ from pytest import MonkeyPatch
 from tiny_model import register_jsonl_dataset, register_local_model
 from walla.extract import dtype_probe, run as run_mod
 from walla.extract.config import ExtractConfig
+from walla.extract import door
 from walla.extract.door import settle_for
 args = json.loads(sys.argv[1])
 mp = MonkeyPatch()
@@ -163,3 +164,15 @@ def test_float32_keeps_one_fingerprint_across_cpu_kernel_paths_within_its_bound(
     assert (np.abs(ha - hb).max(axis=1) / np.abs(hb).max(axis=1)).max() <= FP32_PADDED_BOUND[
         "hidden_relative"
     ]
+
+
+def test_a_served_set_recorded_on_another_kernel_path_is_refused_before_loading(tmp_path, tiny, monkeypatch):
+    """`open_for(cfg, expect=identity)` (the market's agents, `walla serve`) compares the kernel path too."""
+    cfg = ExtractConfig(model="tiny", dataset="mine", backend="hf", device="cpu", dtype="bfloat16")
+    here = settle_for(cfg).identity
+    recorded = {**here, "kernels": {**here["kernels"], "cpu_capability": "AVX2_VNNI_SOMEWHERE_ELSE"}}
+    monkeypatch.setattr(door, "open_backend", lambda settled: pytest.fail("loaded despite another identity"))
+    with pytest.raises(
+        door.IdentityMismatch, match=r"kernels\.cpu_capability: 'AVX2_VNNI_SOMEWHERE_ELSE' != "
+    ):
+        door.open_for(cfg, expect=recorded)
