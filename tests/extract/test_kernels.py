@@ -176,3 +176,26 @@ def test_a_served_set_recorded_on_another_kernel_path_is_refused_before_loading(
         door.IdentityMismatch, match=r"kernels\.cpu_capability: 'AVX2_VNNI_SOMEWHERE_ELSE' != "
     ):
         door.open_for(cfg, expect=recorded)
+
+
+def test_the_cuda_kernel_path_names_the_gpu_its_capability_and_libraries(monkeypatch):
+    """No GPU needed: torch's CUDA queries answer as an H200 with CUDA 12.8 and cuDNN 9.1 would."""
+    import torch
+    from walla.extract import device as devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    got = devices.kernel_identity("cuda:0")
+    assert {k: got[k] for k in ("gpu", "capability", "cuda", "cudnn")} == {
+        "gpu": "NVIDIA H200",
+        "capability": "9.0",
+        "cuda": "12.8",
+        "cudnn": 91002,
+    }
+    assert "cublas" in got  # the pip wheel's version where installed, else None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.kernel_identity("cuda") == {"gpu": "unknown (CUDA is not visible to this process)"}
