@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from test_settle import ROWS
 from tiny_model import register_tiny_catalog
+from walla.extract import device as devices
 from walla.extract import door, dtype_probe
 from walla.extract import run as run_mod
 from walla.extract.backends.hf import HFBackend
@@ -140,9 +142,10 @@ def test_a_bf16_set_is_never_continued_or_reported_complete_on_another_cpu_kerne
     lines: list[str] = []
     (path,) = run_mod.run(here_cfg, out=lines.append)
     assert any("resuming" in x and "after 4 durable rows" in x for x in lines)
-    code, out = in_child(tmp_path, tiny, cfg, AVX2)
-    assert code == 1 and f"settled with {diff}" in out["ERROR"] and "use it where it was made" in out["ERROR"]
     assert read_feature_set(path).meta["inputs"]["kernels"] == here["kernels"]
+    monkeypatch.setattr(devices, "kernel_identity", lambda device: there["kernels"])  # the child's path, here
+    with pytest.raises(ValueError, match=rf"settled with {re.escape(diff)} .*use it where it was made"):
+        run_mod.run(here_cfg, out=lambda s: None)
 
 
 def test_float32_keeps_one_fingerprint_across_cpu_kernel_paths_within_its_bound(tmp_path, tiny):
@@ -181,7 +184,6 @@ def test_a_served_set_recorded_on_another_kernel_path_is_refused_before_loading(
 def test_the_cuda_kernel_path_names_the_gpu_its_capability_and_libraries(monkeypatch):
     """No GPU needed: torch's CUDA queries answer as an H200 with CUDA 12.8 and cuDNN 9.1 would."""
     import torch
-    from walla.extract import device as devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
