@@ -6,6 +6,8 @@ table + a JSON report.
 
 Every backend scores the same rendered prompts (variant `none`) with the same option tokens. Rows
 compare a run with the reference (hf, batched as walla-extract batches):
+Every row opens its backend through the one door (extract/door.py `open_for`); hf's own rows are hf backend
+options, settled like any other (`max_batch_rows=1`, `batch_invariant=off`), never a loaded backend changed.
 - `hf batch=1`: the same prompts one per forward pass. In reduced precision the hf backend is
   batch-invariant (extract/backends/hf_packed.py), so this row must be bit-identical: any difference
   fails. In float32 (padded batches) it must agree to float32 rounding.
@@ -28,24 +30,19 @@ cosine (min); |Δ prompt NLL| (max). Exit 1 when a judged row is outside its tol
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
-from walla.extract.backends import Backend, BackendRequest
+from walla.extract.backends import Backend
 from walla.extract.backends.hf import explain_dtype
-from walla.extract.backends.registry import (
-    DEFAULT_BACKEND,
-    backend_kind,
-    backend_names,
-    open_backend,
-    settle_backend,
-)
+from walla.extract.backends.registry import DEFAULT_BACKEND, backend_kind, backend_names
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template, load_dataset_table
-from walla.extract.models import resolve_model
+from walla.extract.door import open_for, target_for
 from walla.extract.prompts import build_prompts, get_template
 from walla.extract.run import _lookup, dataset_request
 from walla.extract.scoring import resolve_option_token_ids
-from walla.manifests.catalog import load_datasets, load_models, resolve_model_name
+from walla.manifests.catalog import load_datasets
 from walla.manifests.validate import field_names
 
 # float32: fixed bounds, ~100x the measured float32 differences (vllm vs hf max |Δlp| 5.6e-05, hf batch=1 vs
@@ -166,16 +163,12 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def render_prompts(cfg: ExtractConfig):
-    """(rendered prompts of variant `none`, model entry, resolved model) as walla-extract has them."""
-    _, m_entry = resolve_model_name(cfg.model, load_models())
+def render_prompts(cfg: ExtractConfig) -> list:
+    """The rendered prompts of variant `none`, as walla-extract has them."""
     d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
     template = get_template(default_template(d_entry.loader, d_entry.prompt))
     table, _ = load_dataset_table(dataset_request(d_entry, cfg))
-    prompts = build_prompts(
-        table, template, "none", option_tokens=d_entry.option_tokens, seed=cfg.context_seed
-    )
-    return prompts, m_entry, resolve_model(m_entry)
+    return build_prompts(table, template, "none", option_tokens=d_entry.option_tokens, seed=cfg.context_seed)
 
 
 def _timed_score(backend, texts: list[str], token_ids: list[int]) -> tuple:
@@ -184,23 +177,10 @@ def _timed_score(backend, texts: list[str], token_ids: list[int]) -> tuple:
     return res, round(time.perf_counter() - t0, 2)
 
 
-def _score_hf_variants(backend, texts: list[str], token_ids: list[int], results: dict, timings: dict) -> None:
-    """hf at batch 1, and in reduced precision hf with padded batches (one of the run's noise rows)."""
-    backend.max_batch_rows = 1
-    results["hf batch=1"], score_s = _timed_score(backend, texts, token_ids)
-    timings["hf batch=1"] = {"score_s": score_s}
-    backend.max_batch_rows = None
-    if backend.batch_invariant:
-        backend.batch_invariant = False  # padded batches: the same weights and dtype, other kernel shapes
-        results["hf padded"], score_s = _timed_score(backend, texts, token_ids)
-        timings["hf padded"] = {"score_s": score_s}
-        backend.batch_invariant = True
-
-
-def load_backend(name: str, request: BackendRequest, args: dict) -> Backend:
-    """One row's backend through the registry's door, as walla-extract opens it (a function of its own:
-    tests put a fake in its place)."""
-    return open_backend(settle_backend(name, request, args))
+def load_backend(cfg: ExtractConfig) -> Backend:
+    """One row's backend through the one door (extract/door.py `open_for`), as walla-extract opens it: the
+    row's mode is a settled backend option (a function of its own: tests put a fake in its place)."""
+    return open_for(cfg)[1]
 
 
 def args_for(name: str, args: dict) -> dict:
@@ -209,22 +189,34 @@ def args_for(name: str, args: dict) -> dict:
     return {k: v for k, v in args.items() if k in keys}
 
 
-def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dtype: str, device: str):
-    """Every backend's ScoreResult on the prompts: (results by row name, option columns, timings, hf mode).
+# the hf rows beside the reference, each an hf backend option settled like any other (extract/backends/hf_kind.py
+# HFOptions): the same prompts one per forward pass, and, where hf is batch-invariant, padded batches
+BATCH_ONE = ("hf batch=1", {"max_batch_rows": 1})
+PADDED = ("hf padded", {"batch_invariant": "off"})
+
+
+def row_config(cfg: ExtractConfig, kind: str, dtype: str, device: str, extra: dict) -> ExtractConfig:
+    """The config one row opens: the check's, with that backend, dtype, device and its own options."""
+    args = {**args_for(kind, cfg.backend_args), **extra}
+    return replace(cfg, backend=kind, dtype=dtype, device=device, backend_args=args)
+
+
+def score_all(cfg: ExtractConfig, backends: list[str], prompts, dtype: str, device: str):
+    """Every row's ScoreResult on the prompts: (results by row name, option columns, timings, hf mode).
 
     hf mode: {"batch_invariant": packed scoring on, "packs": several prompts per pack, or one each where
     the GEMMs are not row-invariant (extract/backends/hf_packed.py)}."""
-    chat = m_entry.chat_template if cfg.chat_template is None else cfg.chat_template
     results, token_sets, timings = {}, {}, {}
     mode = {"batch_invariant": False, "packs": None}
-    runs = [("hf", "hf", dtype)] + ([("hf float32", "hf", "float32")] if dtype != "float32" else [])
-    runs += [(b, b, dtype) for b in backends if b != "hf"]
-    for name, kind, run_dtype in runs:
+    runs = [("hf", "hf", dtype, {}), (BATCH_ONE[0], "hf", dtype, BATCH_ONE[1])]
+    runs += [("hf float32", "hf", "float32", {})] if dtype != "float32" else []
+    runs += [(b, b, dtype, {}) for b in backends if b != "hf"]
+    i = 0
+    while i < len(runs):
+        name, kind, run_dtype, extra = runs[i]
+        i += 1
         t0 = time.perf_counter()
-        request = BackendRequest(
-            rm, run_dtype, device, chat, m_entry.hidden_size, cfg.batch_tokens, cfg.shard_rows
-        )
-        backend = load_backend(kind, request, args_for(kind, cfg.backend_args))
+        backend = load_backend(row_config(cfg, kind, run_dtype, device, extra))
         load_s = round(time.perf_counter() - t0, 2)
         try:
             texts = [backend.format_prompt(p.text) for p in prompts]
@@ -235,11 +227,10 @@ def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dty
                 raise ValueError(f"backend {name} resolves the option tokens differently from hf")
             results[name], score_s = _timed_score(backend, texts, token_sets[name])
             timings[name] = {"load_s": load_s, "score_s": score_s}
-            if name == "hf":
-                mode["batch_invariant"] = bool(backend.batch_invariant)
-                if backend.batch_invariant:
-                    mode["packs"] = "several prompts each" if backend.rows_invariant else "one prompt each"
-                _score_hf_variants(backend, texts, token_sets[name], results, timings)
+            if name == "hf" and backend.batch_invariant:  # padded batches: one of the run's noise rows
+                mode["batch_invariant"] = True
+                mode["packs"] = "several prompts each" if backend.rows_invariant else "one prompt each"
+                runs.insert(2, (PADDED[0], "hf", dtype, PADDED[1]))
         finally:
             backend.close()
     col = {s: i for i, s in enumerate(union)}
@@ -248,12 +239,15 @@ def score_all(cfg: ExtractConfig, backends: list[str], prompts, m_entry, rm, dty
 
 def run_check(cfg: ExtractConfig, backends: list[str], out=print, tie_gap: float = TIE_GAP) -> dict:
     """Score the questions with each backend (+ hf at batch 1, + hf's noise rows) and compare with hf batched."""
-    prompts, m_entry, rm = render_prompts(cfg)
+    target_for(
+        replace(cfg, backend=DEFAULT_BACKEND), pin=False
+    )  # an unknown model or device: before the data
+    prompts = render_prompts(cfg)
     out(f"{len(prompts)} questions of {cfg.dataset}, model {cfg.model}")
     device = cfg.device or "cpu"
     dtype, why = explain_dtype(cfg.dtype or "float32", device)  # one concrete dtype for all backends
     out(f"dtype {why}")
-    results, option_cols, timings, mode = score_all(cfg, backends, prompts, m_entry, rm, dtype, device)
+    results, option_cols, timings, mode = score_all(cfg, backends, prompts, dtype, device)
     metrics = {
         name: compare(results["hf"], res, option_cols, tie_gap)
         for name, res in results.items()

@@ -12,7 +12,8 @@ GPU with warm-up and `torch.cuda.synchronize` around the timed calls: a 1024^3 G
 there, so launch overhead dominated and an H100 read "bf16 65 / fp32 30 TFLOP/s" against real peaks of
 ~785 / ~52 (issue 22). The line it prints names the shape and the rates it measured.
 The measurement is cached as JSON under `<cache_dir>/<machine key>.json`, keyed by the CPU model and flags
-(or the GPU name), the torch version and the thread count, with the GEMM side it used (a cache of another
+(or the GPU name), the kernel path (extract/device.py `kernel_identity`: an ONEDNN_MAX_CPU_ISA cap is another
+machine), the torch version and the thread count, with the GEMM side it used (a cache of another
 side is measured again); `--refresh` measures again.
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from walla.extract import device as devices
 from walla.extract.gguf_cache import cache_root
 from walla.store import atomic
 
@@ -133,6 +135,9 @@ def machine_key(device: str) -> str:
         parts += [torch.cuda.get_device_name(idx), str(torch.cuda.get_device_capability(idx))]
     else:
         parts += _cpu_identity()
+    # the kernel path (ISA caps such as ONEDNN_MAX_CPU_ISA, ATen's capability, CUDA libraries): other speeds, and
+    # other bits for the hf checks cached under this key
+    parts.append(json.dumps(devices.kernel_identity(device), sort_keys=True))
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return f"{device.split(':')[0]}-{digest}"
 

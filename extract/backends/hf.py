@@ -47,6 +47,7 @@ least the row count from which the probe found rows identical).
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 import time
@@ -68,6 +69,7 @@ from walla.extract.backends import (
     hf_fixed_probe,
     hf_packed,
     lm_head,
+    prompt_tokens,
 )
 from walla.extract.backends.hf_compile import compile_layers
 from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
@@ -302,8 +304,10 @@ class HFBackend:
         self.batch_tokens = int(batch_tokens)
         self.max_batch_rows = max_batch_rows
         self.chat_template = chat_template
-        if chat_template and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("--chat-template was asked but this tokenizer has no chat template")
+        # text -> ids (the Backend methods), as the vllm backend has them
+        self.format_prompt, self.encode, self.encode_bare, self.encode_batch = prompt_tokens.bind(
+            tokenizer, chat_template
+        )
         self.padding_side = padding_side
         self.chunk_elems, self.vocab_chunk = chunk_elems, vocab_chunk
         self.prefix_cache = prefix_cache and padding_side == "right"
@@ -329,27 +333,9 @@ class HFBackend:
         self.rows_invariant: bool | None = None
         self.min_rows, self.attention_batched, self.invariance_why = 2, False, ""
         self.compiled = False
+        self.cache_kw = cache_keyword(self.decoder)
         if compiled:
             self.compile()
-
-    # -- text -> ids ------------------------------------------------------------------------------------
-
-    def format_prompt(self, text: str) -> str:
-        if not self.chat_template:
-            return text
-        return self.tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-
-    def encode(self, text: str) -> list[int]:
-        # with a chat template the special tokens are part of the text already
-        return list(self.tok(text, add_special_tokens=not self.chat_template)["input_ids"])
-
-    def encode_bare(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [list(x) for x in self.tok(texts, add_special_tokens=not self.chat_template)["input_ids"]]
 
     # -- the forward pass -------------------------------------------------------------------------------
 
@@ -378,7 +364,7 @@ class HFBackend:
         out = self.decoder(input_ids=x, use_cache=True)
         h = out.last_hidden_state[0]  # [P, d]
         nll_sum = float(self._token_nll(h[:-1], x[0, 1:]).sum()) if len(ids) > 1 else 0.0
-        return _Prefix(len(ids), out.past_key_values, h[-1], nll_sum)
+        return _Prefix(len(ids), output_cache(out), h[-1], nll_sum)
 
     @torch.inference_mode()
     def forward_batch(
@@ -406,7 +392,7 @@ class HFBackend:
         if prefix is not None:
             cache = copy.deepcopy(prefix.cache)
             cache.batch_repeat_interleave(n)  # [1, ...] -> [n, ...]; positions continue after the prefix
-            out = self.decoder(input_ids=ids, past_key_values=cache, use_cache=True)
+            out = self.decoder(input_ids=ids, **{self.cache_kw: cache}, use_cache=True)
             last = (lens - 1).to(self.device)  # [n]
         elif self.padding_side == "right" or bool(real.all()):
             # causal attention: no real token attends to the pads after it -> no mask needed (SDPA is_causal path)
@@ -459,7 +445,7 @@ class HFBackend:
         cache = copy.deepcopy(prefix.cache) if prefix is not None else None
         with hf_packed.packed_decoder(self.decoder, lengths, self._attention, p, self.attention_batched):
             out = self.decoder(
-                input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=cache is not None
+                input_ids=ids, position_ids=pos, **{self.cache_kw: cache}, use_cache=cache is not None
             )
         h = out.last_hidden_state[0]  # [T, d]
         n = torch.tensor([len(x) for x in seqs], device=self.device)  # [n]
@@ -510,7 +496,7 @@ class HFBackend:
         self._attention = self._attention or hf_packed.own_attention(self.model)
         with hf_packed.packed_decoder(self.decoder, lengths, self._attention, 0, self.attention_batched):
             out = self.decoder(input_ids=x.to(self.device), position_ids=pos.to(self.device), use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         if x.shape[1] > len(ids):  # a pad segment of a short stream: drop it from the cache
             cache.crop(len(ids))
         h = out.last_hidden_state[0, : len(ids)]  # [P, d]
@@ -547,7 +533,9 @@ class HFBackend:
         lengths = np.array([len(e) for e in enc])
         if self.batch_invariant and self.fixed_shapes:
             self.settle_invariance()  # the probe: several prompts per pack, or each alone
-            return hf_fixed.score(self, enc, token_ids, progress, None if self.rows_invariant else 1)
+            return hf_fixed.score(
+                self, enc, token_ids, progress, self.max_batch_rows if self.rows_invariant else 1
+            )
         if self.batch_invariant:
             return self._score_packed(enc, lengths, token_ids, progress)
         p = self.shared_prefix(enc)
@@ -702,6 +690,18 @@ class HFBackend:
             torch.cuda.empty_cache()
 
 
+def cache_keyword(decoder) -> str:
+    """The decoder's name for a KV cache argument: `cache` where the installed transformers has it (5.2x renamed
+    `past_key_values`, which then warns on every call with a site-packages path), else `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
+def output_cache(out):
+    """The KV cache of a decoder output, by its name in the installed transformers (see cache_keyword)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def _last_hidden(out) -> torch.Tensor:
     """The decoder's final hidden states from its output (a ModelOutput, or a tuple when return_dict is off)."""
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -718,6 +718,7 @@ def load_hf_backend(
     batch_invariant: bool | None = None,
     shard_rows: int | None = None,
     fixed_shapes: bool | None = None,
+    max_batch_rows: int | None = None,
 ) -> HFBackend:
     """Load a resolved model and wrap it; runs the self-check (once per model and machine: cached), then
     compiles when `compiled`. `backend.load_times` says where the seconds went."""
@@ -738,6 +739,7 @@ def load_hf_backend(
         batch_invariant=batch_invariant,
         shard_rows=shard_rows,
         fixed_shapes=fixed_shapes,
+        max_batch_rows=max_batch_rows,
     )
     if rm.hidden_size and rm.hidden_size != backend.hidden_size:
         raise ValueError(

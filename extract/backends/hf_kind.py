@@ -20,6 +20,17 @@ from those the determinism tier and the identity, so the fingerprint records wha
   how far two batchings of one prompt may differ.
 
 The device kind (cpu, cuda, mps) is in every identity: the same dtype on a CPU and a GPU rounds differently.
+A `bitwise` or `batch-recorded` set also records its kernel path (`kernels`: extract/device.py
+`kernel_identity`: on a CPU ATen's vector ISA, the bf16/AMX features and any ONEDNN_MAX_CPU_ISA cap; on CUDA
+the GPU, its compute capability and the CUDA/cuDNN/cuBLAS versions): the same dtype and library versions on
+another path compute other bits (issue 37: bf16 SmolLM2-135M, AVX512-bf16 vs oneDNN capped at AVX2, option
+log-probs up to 0.197 apart), so a set is never continued, nor reported complete, by another path
+(extract/run.py refuses it naming the field). A `tolerance` set (float32, padded) does not record it: its
+promise is a bound, not bits, and another kernel path moves float32 results by float32 rounding only (other
+vector widths sum in another order, as another batching does), inside `FP32_PADDED_BOUND`: measured on
+SmolLM2-135M, 80 facts rows, AVX512 vs oneDNN and ATen capped at AVX2: max |d option log-prob| 2.1e-5, |d NLL|
+9.1e-6, hidden rows 2.0e-4 of their largest value (0 of 80 rows bit-equal); tests/extract/test_kernels.py checks
+the bound under the cap on a tiny model. So float32 padded sets keep their fingerprints.
 """
 
 from __future__ import annotations
@@ -44,8 +55,9 @@ if TYPE_CHECKING:
 # float32 on padded batches (`tolerance` tier): how far one prompt's outputs may move between two batchings
 # (batch tokens, shard rows). Measured (issue 27): SmolLM2-135M, 40 rows, --shard-rows 5 --batch-tokens 200
 # vs the defaults: max |d option log-prob| 1.05e-5, hidden rows up to 9.8e-4 apart (|h| up to ~10^2);
-# tests/extract/test_settle.py checks the bound on a tiny model. Hidden states are stored as float16 (a
-# relative step of ~1e-3), so the hidden bound is relative to the row's largest value.
+# tests/extract/test_settle.py checks the bound on a tiny model (test_kernels.py: across CPU kernel paths too).
+# Hidden states are stored as float16 (a relative step of ~1e-3), so the hidden bound is relative to the row's
+# largest value.
 FP32_PADDED_BOUND = {"option_logprobs": 1e-4, "prompt_nll": 1e-4, "hidden_relative": 1e-3}
 
 
@@ -57,12 +69,16 @@ class HFOptions:
     # batch-invariant scoring: auto (on in reduced precision; on CUDA as hf.CUDA_INVARIANT_BY_DEFAULT) | on (the
     # device's path: packed on a CPU, fixed shapes on CUDA) | off | fixed (the fixed-shape path on any device)
     batch_invariant: str = "auto"
+    # prompts per forward pass at most (0: as many as the batch tokens hold); `walla check`'s `hf batch=1` row.
+    # Recorded where it changes numbers (padded batches: in `batching`); a bitwise tier's numbers do not move
+    max_batch_rows: int = 0
 
     def __post_init__(self) -> None:
         from walla.extract.backends.hf import BATCH_INVARIANT_MODES  # scoring modules: see the imports
         from walla.extract.backends.hf_compile import COMPILE_MODES
 
         check(self.compile in COMPILE_MODES, "compile", "auto, on or off", self.compile)
+        check(self.max_batch_rows >= 0, "max_batch_rows", ">= 0 (0: no limit)", self.max_batch_rows)
         check(
             self.batch_invariant in BATCH_INVARIANT_MODES,
             "batch_invariant",
@@ -174,6 +190,8 @@ class HFKind:
         sizes = _sizes(request, recorded or {}, dtype_name)
         tier = determinism_tier(dtype, invariant)
         batching = batching_identity(dtype, invariant, sizes.batch_tokens, sizes.shard_rows)
+        if batching and options.max_batch_rows:
+            batching = {**batching, "max_batch_rows": options.max_batch_rows}
         fixed = hf_fixed.fixed_identity(device_kind, dtype) if path == "fixed" else None
         identity = {
             "model": request.model.identity,
@@ -181,12 +199,15 @@ class HFKind:
             "device": device_kind,
             TIER_KEY: tier,
             **({"accelerator": devices.accelerator(request.device)} if tier == "batch-recorded" else {}),
+            **({"kernels": devices.kernel_identity(request.device)} if tier != "tolerance" else {}),
             **({"tolerance": FP32_PADDED_BOUND} if tier == "tolerance" else {}),
         }
         args = ["--dtype", dtype_name, "--device", device_kind]
         args += ["--backend-arg", f"compile={'on' if compiled else 'off'}"]
         mode = {"off": "off", "packed": "on", "fixed": "fixed"}[path]  # re-settles to this path on any device
         args += ["--backend-arg", f"batch_invariant={mode}"]
+        if options.max_batch_rows:
+            args += ["--backend-arg", f"max_batch_rows={options.max_batch_rows}"]
         if BATCHING_KEY in identity:  # the sizes that fix which prompts share a pass
             args += ["--batch-tokens", str(sizes.batch_tokens), "--shard-rows", str(sizes.shard_rows)]
         return Settled(
@@ -198,12 +219,16 @@ class HFKind:
                 shard_rows=sizes.shard_rows,
                 est_tokens=None,
             ),
-            options=HFOptions(compile="on" if compiled else "off", batch_invariant=mode),
+            options=HFOptions(
+                compile="on" if compiled else "off",
+                batch_invariant=mode,
+                max_batch_rows=options.max_batch_rows,
+            ),
             tier=tier,
             identity=identity,
             why=(f"dtype {dtype_why}", compile_why, inv_why, sizes.why, f"determinism: {tier}"),
             command_args=tuple(args),
-            environment=("device", "accelerator", "torch", "transformers"),
+            environment=("device", "accelerator", "kernels", "torch", "transformers"),
             # what follows from the device through auto/on: the invariant path (packed on a CPU, fixed on CUDA)
             derived=(
                 TIER_KEY,
@@ -233,6 +258,7 @@ class HFKind:
             batch_invariant=settled.options.batch_invariant in ("on", "fixed"),
             shard_rows=settled.shard_rows,
             fixed_shapes=settled.options.batch_invariant == "fixed",
+            max_batch_rows=settled.options.max_batch_rows or None,
         )
         backend.n_params = non_embedding_params(backend.model)
         return backend

@@ -44,7 +44,15 @@ import numpy as np
 from transformers import AutoTokenizer
 from walla.extract import device as devices
 from walla.extract import dtype_probe, sizing
-from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Progress, ScoreResult, Settled
+from walla.extract.backends import (
+    BATCHING_KEY,
+    TIER_KEY,
+    BackendRequest,
+    Progress,
+    ScoreResult,
+    Settled,
+    prompt_tokens,
+)
 from walla.extract.gguf_cache import local_weights_dir
 from walla.extract.models import ResolvedModel, pin_revision
 from walla.manifests.validate import check, config
@@ -204,8 +212,10 @@ class VLLMBackend:
             src, revision=rm.revision if is_hub else None, trust_remote_code=rm.trust_remote_code
         )
         self.chat_template = chat_template
-        if chat_template and not getattr(self.tok, "chat_template", None):
-            raise ValueError("--chat-template was asked but this tokenizer has no chat template")
+        # text -> ids (the Backend methods), as the hf backend has them
+        self.format_prompt, self.encode, self.encode_bare, self.encode_batch = prompt_tokens.bind(
+            self.tok, chat_template
+        )
         self._dtype = dtype
         opts = {
             "model": src,
@@ -249,22 +259,6 @@ class VLLMBackend:
         if "error" in reply:
             raise RuntimeError(f"vLLM worker: {reply['error']}")
         return reply
-
-    def format_prompt(self, text: str) -> str:
-        if not self.chat_template:
-            return text
-        return self.tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=not self.chat_template)["input_ids"])
-
-    def encode_bare(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [list(x) for x in self.tok(texts, add_special_tokens=not self.chat_template)["input_ids"]]
 
     def score(
         self,

@@ -22,6 +22,7 @@ from walla.extract.backends.registry import (
 from walla.extract.backends.vllm import VLLM
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
+from walla.extract.device import kernel_identity
 from walla.extract.door import choose_backend
 from walla.extract.models import ResolvedModel
 from walla.manifests import catalog
@@ -112,6 +113,7 @@ def test_identities_before_loading():
         "batch_invariant": True,  # packed scoring: the default in reduced precision on a CPU
         "invariant_scoring": INVARIANT_SCORING,  # the version of its numerics
         "determinism": "bitwise",
+        "kernels": kernel_identity("cpu"),  # bits are promised: the kernel path that makes them is named
     }
 
 

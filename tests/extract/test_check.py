@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from walla.extract import check as check_mod
 from walla.extract.backends import ScoreResult, hf_packed
 from walla.extract.backends.hf import HFBackend
+from walla.extract.backends.registry import backend_options
 from walla.extract.check import (
     TIE_GAP,
     TOLERANCES,
@@ -159,20 +160,35 @@ def test_bf16_check_end_to_end_on_the_tiny_model(monkeypatch):
     long = [" ".join(PROMPTS[i:] + PROMPTS[:i]) for i in range(5)]  # ~90 tokens: SDPA blocks by key length
     prompts = [Prompt(p, ("A", "B", "C")) for p in long + PROMPTS]
     second = {"vllm": lambda: HFBackend(model, tok, batch_tokens=400, batch_invariant=False)}
+    opened: list[tuple] = []
 
-    def fake_load(name, request, args):
-        dtype = request.dtype
-        if name == "hf":
-            return HFBackend(model if dtype == "bfloat16" else model32, tok, batch_tokens=400)
-        assert dtype == "bfloat16"
+    def fake_load(cfg):
+        """What open_for would load for a row's config: its mode is in its settled hf options alone."""
+        opened.append((cfg.backend, cfg.dtype, cfg.device, cfg.backend_args))
+        if cfg.backend == "hf":
+            args = backend_options("hf", cfg.backend_args)  # the one validator, as settle reads them
+            return HFBackend(
+                model if cfg.dtype == "bfloat16" else model32,
+                tok,
+                batch_tokens=400,
+                max_batch_rows=args.max_batch_rows or None,
+                batch_invariant=None if args.batch_invariant == "auto" else args.batch_invariant != "off",
+            )
+        assert cfg.dtype == "bfloat16"
         return second["vllm"]()
 
-    monkeypatch.setattr(
-        check_mod, "render_prompts", lambda cfg: (prompts, check_mod.load_models()["smollm2-135m"], None)
-    )
+    monkeypatch.setattr(check_mod, "render_prompts", lambda cfg: prompts)
     monkeypatch.setattr(check_mod, "load_backend", fake_load)
     cfg = ExtractConfig(model="smollm2-135m", dataset="arc-challenge", dtype="bfloat16", progress=False)
     res = run_check(cfg, ["hf", "vllm"], out=lambda s: None)
+    # every row opens its own backend with its mode as settled options; none is changed once loaded
+    assert opened == [
+        ("hf", "bfloat16", "cpu", {}),
+        ("hf", "bfloat16", "cpu", {"max_batch_rows": 1}),
+        ("hf", "bfloat16", "cpu", {"batch_invariant": "off"}),
+        ("hf", "float32", "cpu", {}),
+        ("vllm", "bfloat16", "cpu", {}),
+    ]
     rows = {r["name"]: r for r in res["rows"]}
     assert res["batch_invariant"] is True and res["passed"], format_table(res["rows"])
     several = hf_packed.linear_rows_invariant(model, 400)[0]  # a property of this machine's GEMM kernels

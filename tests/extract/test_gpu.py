@@ -93,6 +93,13 @@ def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset)
     fs = read_feature_set(path)
     inputs = fs.meta["inputs"]
     assert inputs["device"] == "cuda"
+    # the kernel path: the GPU model and compute capability with the CUDA libraries (issue 37)
+    major, minor = torch.cuda.get_device_capability(0)
+    assert inputs["kernels"]["gpu"] == torch.cuda.get_device_name(0)
+    assert (
+        inputs["kernels"]["capability"] == f"{major}.{minor}"
+        and inputs["kernels"]["cuda"] == torch.version.cuda
+    )
     if hf.CUDA_INVARIANT_BY_DEFAULT:  # fixed-shape packs: the tier is bitwise, the constants recorded
         assert any(
             x.startswith("batch-invariant auto -> on: fixed-shape packs of 8192 tokens") for x in lines

@@ -203,3 +203,22 @@ def test_last_position_head_in_row_chunks_and_ids_given_ahead(model, tok, monkey
     np.testing.assert_allclose(chunked.raw_logprobs, whole.raw_logprobs, atol=1e-6)
     np.testing.assert_array_equal(chunked.hidden, whole.hidden)
     np.testing.assert_array_equal(chunked.prompt_nll, whole.prompt_nll)
+
+
+def test_a_cached_prefix_raises_no_library_deprecation(capfd):
+    """transformers 5.2x renamed the cache argument (`past_key_values` -> `cache`) and warns on every call with
+    the old name, a site-packages path on every extraction: both scoring paths that reuse a shared prefix's
+    cache pass it by the installed name, and print nothing."""
+    import warnings
+
+    tok = tiny_tokenizer()
+    model32 = tiny_model(len(tok), seed=2)
+    shared = "Return the label of the correct answer for the question below . " * 2
+    prompts = [shared + p for p in PROMPTS]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for model, invariant in ((model32, False), (tiny_model(len(tok), seed=2).to(torch.bfloat16), True)):
+            be = HFBackend(model, tok, batch_tokens=400, batch_invariant=invariant, fixed_shapes=False)
+            assert be.shared_prefix(be.encode_batch(prompts)) > 0  # the prefix-cache path runs
+            be.score(prompts, [0, 1])
+    assert "deprecated" not in capfd.readouterr().err

@@ -84,3 +84,44 @@ def test_weights_load_on_the_cpu_without_device_map(local_tiny, monkeypatch):
     be = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
     assert be.device.type == "cpu" and be.dtype == torch.bfloat16
     assert "device_map" not in seen[0] and seen[0]["dtype"] == torch.bfloat16  # CPU: loaded as before
+
+
+class RowMixing(torch.nn.Module):
+    """A projection whose output rows depend on the other rows of its call: a batch-dependent kernel."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)  # [1, T, d] (a packed stream)
+        return y + 0.25 * y.mean(dim=-2, keepdim=True)
+
+
+def test_the_packed_probe_runs_one_layer_of_each_type_and_still_catches_a_row_mixing_kernel():
+    """The probe runs the first probe_depth layers (2 of 4 here), restores the model, and a kernel that mixes
+    the rows of its call, as a real one would in every layer of its type, still fails it."""
+    tok = tiny_tokenizer()
+    model = tiny_model(len(tok), seed=3, num_layers=4).to(torch.bfloat16)
+    be = HFBackend(model, tok, batch_tokens=400, batch_invariant=True, fixed_shapes=False)
+    be.min_rows = 2
+    ok, why = hf_checks.probe_packed(be)
+    assert ok and "2 of 4 layers" in why, why
+    assert model.config.num_hidden_layers == 4 and len(model.model.layers) == 4
+    for layer in model.model.layers:
+        layer.mlp.down_proj = RowMixing(layer.mlp.down_proj)
+    ok, why = hf_checks.probe_packed(be)
+    assert not ok and "packed together" in why, why
+    assert model.config.num_hidden_layers == 4
+
+
+def test_probe_depth_covers_every_layer_type():
+    from types import SimpleNamespace
+
+    def depth(**cfg) -> int:
+        return hf_checks.probe_depth(SimpleNamespace(decoder=SimpleNamespace(config=SimpleNamespace(**cfg))))
+
+    gemma3 = (["sliding_attention"] * 5 + ["full_attention"]) * 3  # Gemma-3: one full layer in six
+    assert depth(num_hidden_layers=18, layer_types=gemma3) == 6
+    assert depth(num_hidden_layers=30, layer_types=["full_attention"] * 30) == 2
+    assert depth(num_hidden_layers=30) == 2 and depth(num_hidden_layers=1) == 1

@@ -25,6 +25,7 @@ from walla.extract.backends.hf import (
 from walla.extract.backends.hf_kind import HF, HFOptions
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
+from walla.extract.device import kernel_identity
 from walla.extract.models import ResolvedModel
 from walla.store.featureset import read_feature_set
 
@@ -319,6 +320,7 @@ def test_identity_and_settle_record_the_fixed_path():
         assert HF.settle(replace(req, device="cpu"), cuda.options).identity == {
             **cuda.identity,
             "device": "cpu",
+            "kernels": kernel_identity("cpu"),  # the CPU's kernel path, not the GPU's
             "fixed_shapes": hf_fixed.fixed_identity("cpu", bf16),
         }
     else:
@@ -330,7 +332,7 @@ def test_identity_and_settle_record_the_fixed_path():
     # "made elsewhere" for the other (extract/run.py refuses it) rather than a second set of its own
     ids = (packed.identity, on.identity)
     differ = {k for k in set(ids[0]) | set(ids[1]) if ids[0].get(k) != ids[1].get(k)}
-    assert differ == {"device", "invariant_scoring", "fixed_shapes"}
+    assert differ == {"device", "kernels", "invariant_scoring", "fixed_shapes"}
     assert differ <= set(on.environment) | set(on.derived)
 
 

@@ -64,8 +64,9 @@ ROWS = [
 
 @pytest.fixture
 def chips(monkeypatch):
-    """A CPU and an H100 as `devices.accelerator` names them (no GPU needed: nothing runs on it)."""
+    """A CPU and an H100 as `devices.accelerator` and `devices.kernel_identity` name them (no GPU needed)."""
     monkeypatch.setattr(devices, "accelerator", lambda device: CHIPS[device.split(":")[0]])
+    monkeypatch.setattr(devices, "kernel_identity", lambda device: {"chip": CHIPS[device.split(":")[0]]})
 
 
 @pytest.fixture
@@ -101,13 +102,13 @@ def test_cpu_and_cuda_settle_to_different_identities(chips):
     ):
         cpu = settle_backend("hf", request("bfloat16", "cpu", shard_rows=256, **sizes), args)
         cuda = settle_backend("hf", request("bfloat16", "cuda", shard_rows=256, **sizes), args)
-        machine = {"device", "accelerator"}
+        machine = {"device", "accelerator", "kernels"}
         # the old identity (what hf recorded before the device was in it) was the same on both ...
         old = [{k: v for k, v in s.identity.items() if k not in machine} for s in (cpu, cuda)]
         assert old[0] == old[1]
         # ... now the device (and, batch-dependent, the chip) tells them apart, and so do their keys
         differ = {k for k in cpu.identity if cpu.identity[k] != cuda.identity.get(k)}
-        assert differ == (machine if "batching" in cpu.identity else {"device"})
+        assert differ == (machine if "batching" in cpu.identity else {"device", "kernels"})
         assert fingerprint(cpu) != fingerprint(cuda)
     assert cpu.tier == cuda.tier == "batch-recorded"
     assert (cpu.identity["accelerator"], cuda.identity["accelerator"]) == (CHIPS["cpu"], CHIPS["cuda"])
@@ -122,6 +123,9 @@ def test_the_accelerator_is_recorded_only_where_the_numbers_are_batch_dependent(
     padded = settle_backend("hf", request("bfloat16", "cuda", batch_tokens=4096), {"batch_invariant": "off"})
     assert (packed.tier, fp32.tier, padded.tier) == ("bitwise", "tolerance", "batch-recorded")
     assert "accelerator" not in packed.identity and "accelerator" not in fp32.identity
+    # the kernel path is recorded wherever bits are promised (bitwise) or depend on it (batch-recorded)
+    assert packed.identity["kernels"] == padded.identity["kernels"] == {"chip": CHIPS["cuda"]}
+    assert "kernels" not in fp32.identity  # float32 padded: a bound that holds across paths (test_kernels.py)
     assert padded.identity["accelerator"] == CHIPS["cuda"] and "batching" in padded.identity
     assert all(
         s.identity["device"] == "cuda" and s.identity["determinism"] == s.tier for s in (packed, fp32, padded)
@@ -341,3 +345,18 @@ def test_the_registry_checks_the_catalogs_backend_and_the_catalog_carries_its_op
     assert door.backend_args(cfg, entry, "hf") == {"enforce_eager": "false"}  # the hint's options only
     settled = door.settle_for(cfg, door.Target("b", entry, backend_kind("vllm"), "cpu", RM))
     assert settled.options.max_model_len == 4096 and settled.identity["batching"]["enforce_eager"] is False
+
+
+def test_max_batch_rows_is_a_settled_hf_option_recorded_where_it_moves_numbers(chips):
+    """`walla check`'s `hf batch=1` row is an option like any other: settled, in the command, and in the
+    identity where padded batches make it change the numbers (a bitwise set's numbers do not move)."""
+    padded = settle_backend(
+        "hf", request("bfloat16", "cpu", batch_tokens=4096), {"batch_invariant": "off", "max_batch_rows": "1"}
+    )
+    assert padded.options.max_batch_rows == 1 and padded.identity["batching"]["max_batch_rows"] == 1
+    assert "--backend-arg max_batch_rows=1" in " ".join(padded.command_args)
+    packed = settle_backend("hf", request("bfloat16", "cpu"), {"max_batch_rows": "1"})
+    assert packed.options.max_batch_rows == 1 and packed.tier == "bitwise"
+    assert packed.identity == settle_backend("hf", request("bfloat16", "cpu")).identity
+    with pytest.raises(ValueError, match="max_batch_rows must be >= 0"):
+        settle_backend("hf", request("bfloat16", "cpu"), {"max_batch_rows": "-1"})

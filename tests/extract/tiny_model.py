@@ -40,7 +40,12 @@ def tiny_tokenizer(bos: bool = True) -> PreTrainedTokenizerFast:
 
 
 def tiny_model(
-    vocab_size: int, seed: int = 0, tie: bool = False, hidden_size: int = 32, weight_scale: float = 8.0
+    vocab_size: int,
+    seed: int = 0,
+    tie: bool = False,
+    hidden_size: int = 32,
+    weight_scale: float = 8.0,
+    num_layers: int = 2,
 ) -> LlamaForCausalLM:
     """`weight_scale` multiplies the default init of every matrix (1.0: small logits, as a real model's)."""
     torch.manual_seed(seed)
@@ -48,7 +53,7 @@ def tiny_model(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
