@@ -3,7 +3,7 @@
 Nothing here recomputes a prediction or knows a file name: `walla.train.runs` reads, this module only
 decides which runs count and how they form rows. A run counts when it is complete, readable, carries a
 run key (run.json `run_key`) and was trained from the scenario's CURRENT inputs by this schema of
-walla-train; every other run becomes a `Problem` listed in the report and is never aggregated into a row.
+walla train; every other run becomes a `Problem` listed in the report and is never aggregated into a row.
 
 Seeds are averaged only within one run key: a method trained under several keys (another lr, another
 precision, ...) gives one row per key, each labelled by the fields that differ (`WALLA I (lr=0.001)`),
@@ -90,9 +90,9 @@ def _stale(name: str, d: RunDir, why: str, fix: str) -> Problem:
 def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRecord | None:
     """The run of directory `d` if it counts; else None, with the reason appended to `problems`."""
     name = table.name
-    retrain = f"rerun walla-train --scenario {name} --methods {d.method}"
+    retrain = f"rerun walla train --scenario {name} --methods {d.method}"
     if d.key_id is None:
-        why = "written by a walla-train without run keys (layout <method>/seed=<s>)"
+        why = "written by a walla train without run keys (layout <method>/seed=<s>)"
         problems.append(_stale(name, d, why, f"{retrain}, then delete this directory"))
         return None
     if not is_complete(d.path):
@@ -252,7 +252,7 @@ def orphan_runs(runs_dir: Path) -> list[Problem]:
             d.name,
             None,
             None,
-            f"{d / SCENARIO_META}: missing, so its runs cannot be read; rerun walla-train --scenario {d.name}",
+            f"{d / SCENARIO_META}: missing, so its runs cannot be read; rerun walla train --scenario {d.name}",
         )
         for d in sorted(Path(runs_dir).iterdir())
         if d.is_dir() and d.name not in listed and list_run_dirs(runs_dir, d.name)

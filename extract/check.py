@@ -5,7 +5,7 @@ table + a JSON report.
     walla check ... --dtype bfloat16       # reduced precision: tolerances measured in the same run
 
 Every backend scores the same rendered prompts (variant `none`) with the same option tokens. Rows
-compare a run with the reference (hf, batched as walla-extract batches):
+compare a run with the reference (hf, batched as walla extract batches):
 - `hf batch=1`: the same prompts one per forward pass. In reduced precision the hf backend is
   batch-invariant (extract/backends/hf_packed.py), so this row must be bit-identical: any difference
   fails. In float32 (padded batches) it must agree to float32 rounding.
@@ -167,7 +167,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def render_prompts(cfg: ExtractConfig):
-    """(rendered prompts of variant `none`, model entry, resolved model) as walla-extract has them."""
+    """(rendered prompts of variant `none`, model entry, resolved model) as walla extract has them."""
     _, m_entry = resolve_model_name(cfg.model, load_models())
     d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
     template = get_template(default_template(d_entry.loader, d_entry.prompt))
@@ -198,7 +198,7 @@ def _score_hf_variants(backend, texts: list[str], token_ids: list[int], results:
 
 
 def load_backend(name: str, request: BackendRequest, args: dict) -> Backend:
-    """One row's backend through the registry's door, as walla-extract opens it (a function of its own:
+    """One row's backend through the registry's door, as walla extract opens it (a function of its own:
     tests put a fake in its place)."""
     return open_backend(settle_backend(name, request, args))
 

@@ -1,6 +1,6 @@
 """The extraction recipe, top to bottom: model + dataset -> question table -> one feature set per variant.
 
-    walla-extract --model smollm2-135m --dataset facts            # all variants the dataset has
+    walla extract --model smollm2-135m --dataset facts            # all variants the dataset has
     python -m walla.extract.cli --model aloe --dataset pubmedqa --backend vllm --variants none,relevant
 
 1. Resolve the model (manifests/models.yaml) and the dataset (manifests/datasets.yaml).
@@ -138,7 +138,7 @@ def settle_run(
     est_tokens: Callable[[], int] | None = None,
     recorded: dict | None = None,
 ) -> Settled:
-    """What `kind` settles for this model and these options (walla-extract and the market agent alike).
+    """What `kind` settles for this model and these options (walla extract and the market agent alike).
 
     Raises:
         ConfigError: a bad --backend-arg / manifest backend_args. ValueError: a setting the kind refuses.
@@ -220,7 +220,7 @@ def _lock_and_skip_complete(
 ) -> tuple[list[Path], list]:
     """(paths of the complete feature sets, [(variant, spec)] still to extract), each spec's writer lock held.
 
-    A second walla-extract of the same feature set refuses HERE, before a model loads.
+    A second walla extract of the same feature set refuses HERE, before a model loads.
     """
     paths, todo = [], []
     for spec in specs:
@@ -338,7 +338,7 @@ def _refuse_other_machine(
                 f"the store's {info.status} feature set {info.model}/{info.dataset}/{info.variant} "
                 f"{info.fingerprint} has these inputs but was settled with {field} (recorded != this run's): "
                 f"{'resume it where it was started' if info.status != 'complete' else 'use it where it was made'}, "
-                f"or remove it (`walla-store rm {info.fingerprint} --store {cfg.store} --yes`) to make it here"
+                f"or remove it (`walla store rm {info.fingerprint} --store {cfg.store} --yes`) to make it here"
             )
 
 

@@ -14,9 +14,11 @@ import os
 from pathlib import Path
 
 import typer
+from walla.cli import options
+from walla.cli.exits import UNREACHABLE, USAGE
 from walla.market.cli_common import fail
 
-app = typer.Typer(add_completion=False)
+app = options.app()
 TOKEN_ENV = "WALLA_MARKET_AGENT_TOKEN"
 
 
@@ -32,7 +34,9 @@ def agent_token(token: str | None, token_file: Path | None) -> str:
         return lines[0]
     token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip()
     if not token:
-        raise fail(f"no token: pass --token-file FILE or set {TOKEN_ENV} (walla market add-agent prints it)")
+        raise fail(
+            f"no token: pass --token-file FILE or set {TOKEN_ENV} (walla market add-agent prints it)", USAGE
+        )
     return token
 
 
@@ -75,7 +79,7 @@ def agent(
     logging.basicConfig(level=logging.INFO, format="walla market agent: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
     if batch_size < 1 or poll <= 0:
-        raise fail("--batch-size must be >= 1 and --poll > 0")
+        raise fail("--batch-size must be >= 1 and --poll > 0", USAGE)
     token = agent_token(token, token_file)
     try:
         h = AgentHead.from_run(head, slot)
@@ -92,4 +96,4 @@ def agent(
     except MarketError as e:
         raise fail(f"--url {url}: {e}") from None
     except httpx.TransportError as e:
-        raise fail(f"--url {url}: cannot reach the market ({e})") from None
+        raise fail(f"--url {url}: cannot reach the market ({e})", UNREACHABLE) from None

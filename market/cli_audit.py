@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from walla.cli import options
 from walla.market.cli_common import fail
 
-app = typer.Typer(add_completion=False)
+app = options.app()
 
 DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (postgresql://user@host/db)")
 

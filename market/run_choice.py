@@ -9,8 +9,8 @@ runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/runs.py). Replay never picks 
 directory or one of its seed directories) or `key` (a key id, or a unique prefix of one) names it, the
 method's only key is taken when there is one, and with several RunChoiceError lists them on one line.
 
-The runs are those walla-eval counts (evaluate/load.py load_scenario_runs: complete, with a run key, of
-the scenario's current inputs and walla-train schema): a replay checks the same runs the tables report,
+The runs are those walla eval counts (evaluate/load.py load_scenario_runs: complete, with a run key, of
+the scenario's current inputs and walla train schema): a replay checks the same runs the tables report,
 never a stale or pre-run-key one.
 """
 
@@ -69,7 +69,7 @@ def parse_run_path(path: Path) -> RunPath:
 
 
 def _keys(runs: dict[str, dict[int, RunRecord]], method: str) -> dict[str, dict[int, RunRecord]]:
-    """key id -> seed -> run of `method`, from walla-eval's rows (one row per run key)."""
+    """key id -> seed -> run of `method`, from walla eval's rows (one row per run key)."""
     out: dict[str, dict[int, RunRecord]] = {}
     for by_seed in runs.values():
         first = next(iter(by_seed.values()))
@@ -96,7 +96,7 @@ def _no_runs(where: str, method: str, runs: dict, problems: list[Problem]) -> Ru
         return RunChoiceError(f"{where}: no current {method} runs: {mine[0].line()}{more}")
     have = sorted({next(iter(g.values())).method for g in runs.values()})
     return RunChoiceError(
-        f"{where}: no {method} runs (methods with runs: {', '.join(have) or 'none'}); run walla-train first"
+        f"{where}: no {method} runs (methods with runs: {', '.join(have) or 'none'}); run walla train first"
     )
 
 

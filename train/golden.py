@@ -5,7 +5,7 @@
 
 A run key's `schema` (TRAIN_SCHEMA) says which training code produced a run's numbers; runs of another
 schema are stale. So the constant must change whenever the numbers do, and a test holds it to that:
-walla-train's own recipe (train/run.py run_plan) trains every registered method for one seed on a 60-question
+walla train's own recipe (train/run.py run_plan) trains every registered method for one seed on a 60-question
 synthetic scenario (CPU, 32-true, one thread, a few epochs: seconds), reads back what it wrote
 (predictions.parquet: weights, aggregate, wagers, payouts, every extra column) and digests each method's
 numbers. train/golden.json stores the digests with the schema they were written under. If a digest moves
@@ -155,7 +155,7 @@ def compute() -> dict[str, dict]:
             torch.set_num_threads(threads)
         out = {}
         for d in list_run_dirs(tmp, "golden"):
-            pred = pq.read_table(d.path / PREDICTIONS)  # every row of every split, as walla-train wrote it
+            pred = pq.read_table(d.path / PREDICTIONS)  # every row of every split, as walla train wrote it
             where = str(d.path / PREDICTIONS)
             cols = {
                 c: list_matrix(pred, c, None, where)

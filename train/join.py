@@ -1,7 +1,7 @@
 """Agents joining and leaving a trained WALLA market, without retraining everyone.
 
-    walla-train --scenario demo-homo-facts --add-agent gemma3-270m     # runs of "<scenario>+gemma3-270m"
-    walla-train --scenario demo-homo-facts --drop-agent smollm2-135m   # runs of "<scenario>-smollm2-135m"
+    walla train --scenario demo-homo-facts --add-agent gemma3-270m     # runs of "<scenario>+gemma3-270m"
+    walla train --scenario demo-homo-facts --drop-agent smollm2-135m   # runs of "<scenario>-smollm2-135m"
 
 The joined scenario is the base scenario's spec with the agent slot added (or the last slot of that model
 removed). Every WALLA run of it continues, per seed, from the base run's trained heads (state.pt): each
@@ -26,7 +26,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from walla.manifests.validate import replace
+from walla.manifests.validate import UsageError, replace
 from walla.store.scenario_data import ScenarioData
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
@@ -58,13 +58,13 @@ def joined_plan(
     origin = list(range(len(agents)))
     for d in drop:
         if d not in agents:
-            raise ValueError(f"--drop-agent {d!r}: not an agent of {base.spec.name} ({', '.join(agents)})")
+            raise UsageError(f"--drop-agent {d!r}: not an agent of {base.spec.name} ({', '.join(agents)})")
         i = len(agents) - 1 - agents[::-1].index(d)  # the last slot of that model
         del agents[i], origin[i]
     agents += add
     origin += [-1] * len(add)
     if len(agents) < 2:
-        raise ValueError(f"the joined scenario would have {len(agents)} agent(s); WALLA needs >= 2")
+        raise UsageError(f"the joined scenario would have {len(agents)} agent(s); WALLA needs >= 2")
     name = base.spec.name + "".join(f"+{a}" for a in add) + "".join(f"-{d}" for d in drop)
     what = ", ".join([*(f"{a} joins" for a in add), *(f"{d} leaves" for d in drop)])
     spec = dataclasses.replace(
@@ -116,7 +116,7 @@ def base_run(runs: Path, base: str, key: dict, seed: int) -> tuple[Path, dict]:
     method, kid = key["method"], key_id(key)
     path = run_dir(runs, base, method, kid, seed)
     retrain = (
-        f"walla-train --scenario {base} --methods {method} --seed-list {seed} --save-states {method} with "
+        f"walla train --scenario {base} --methods {method} --seed-list {seed} --save-states {method} with "
         "this command's --set / --precision / --device / --calibrated"
     )
     if not is_complete(path):
@@ -173,7 +173,7 @@ def initial_params(
     head parameters for the joined scenario.
 
     Every seed continues the base run of ONE run key: the key `base_plan` gives the method on `base_data`
-    (the base scenario as assembled now) under `env` -- the runs `walla-train --scenario <base>` with this
+    (the base scenario as assembled now) under `env` -- the runs `walla train --scenario <base>` with this
     command's settings trains. A seed whose base run is missing, of another key, or stale stops the join
     with one line naming the keys (base_run).
 

@@ -1,11 +1,11 @@
-"""The on-disk format of training runs: the ONE writer (walla-train) and the ONE reader (walla-eval).
+"""The on-disk format of training runs: the ONE writer (walla train) and the ONE reader (walla eval).
 
     <runs>/<scenario>/scenario.parquet   one row per question: question_id, split, label, target [K],
                                           option_mask [K], agent_probs [M*K] (agent-major), variant [M]
     <runs>/<scenario>/scenario.json      agents, dataset, soft_target, K, M, N, splits, fingerprints
                                           (feature sets used: "<model>/<variant>" -> fp), inputs_id,
                                           methods and seeds ever planned, the resolved spec
-    <runs>/<scenario>/.lock              one walla-train per runs dir and scenario at a time
+    <runs>/<scenario>/.lock              one walla train per runs dir and scenario at a time
     <runs>/<scenario>/<method>/<key-id>/key.json   the run key of the runs below, and the seeds planned
     <runs>/<scenario>/<method>/<key-id>/seed=<s>/
         predictions.parquet  question_id, split, weights [M], agg_probs [K], wagers/payouts/advantage/
@@ -26,8 +26,8 @@ the calibration config, the precision and device kind (for methods that compute 
 its initial parameters came from. Its first two fields say whether a run is still valid (a run of other
 inputs or of another schema is stale and is retrained in place); the rest are what the user chose, and
 their hash is the directory `<key-id>`: a second configuration of a method lives beside the first, never
-over it, and walla-eval never averages seeds of different keys. `inputs_id` (the run key and the seed)
-tells walla-train whether a finished run can be kept. Directories `<method>/seed=<s>/` directly under the
+over it, and walla eval never averages seeds of different keys. `inputs_id` (the run key and the seed)
+tells walla train whether a finished run can be kept. Directories `<method>/seed=<s>/` directly under the
 scenario are the layout before run keys: listed (key_id None) so that they are reported stale, never read
 as current runs.
 """
@@ -166,7 +166,7 @@ def write_scenario_table(runs: str | Path, data, spec: dict, methods=(), seeds=(
     """scenario.parquet + scenario.json under <runs>/<scenario>/ (atomic); returns scenario.json.
 
     The table is rewritten only when the scenario's inputs change; `methods` and `seeds` are merged with
-    those already recorded (for the same inputs), so walla-eval knows every run it should expect.
+    those already recorded (for the same inputs), so walla eval knows every run it should expect.
     """
     d = scenario_dir(runs, data.name)
     d.mkdir(parents=True, exist_ok=True)
@@ -252,7 +252,7 @@ def write_run(path: Path, question_id, split, output, meta: dict) -> Path:
 
 def write_key_file(runs: str | Path, scenario: str, key: dict, seeds) -> Path:
     """<method>/<key-id>/key.json: the run key and every seed planned for it (merged with those already
-    recorded for the same key), so walla-eval can name a planned run that never started."""
+    recorded for the same key), so walla eval can name a planned run that never started."""
     d = key_dir(runs, scenario, key["method"], key_id(key))
     d.mkdir(parents=True, exist_ok=True)
     try:
@@ -286,9 +286,9 @@ def _read(path: Path, parse, what: str, fix: str):
 
 def _read_json(path: Path) -> dict:
     fix = (
-        "rerun walla-train (it rewrites the file)"
+        "rerun walla train (it rewrites the file)"
         if path.name == SCENARIO_META
-        else "rerun walla-train --force"
+        else "rerun walla train --force"
     )
     out = _read(path, lambda p: json.loads(p.read_text(encoding="utf-8")), "valid JSON", fix)
     if not isinstance(out, dict):
@@ -297,7 +297,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_table(path: Path) -> pa.Table:
-    return _read(path, pq.read_table, "a readable Parquet file", "rerun walla-train with --force")
+    return _read(path, pq.read_table, "a readable Parquet file", "rerun walla train with --force")
 
 
 def list_matrix(table: pa.Table, name: str, width: int | None, where: str) -> np.ndarray | None:
@@ -356,7 +356,7 @@ def _content_error(path: Path, e: BaseException, fix: str) -> RunFormatError:
     text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e).split("\n")[0]
     if isinstance(e, KeyError) and " " not in text:  # pyarrow's KeyError is a sentence already
         text = f"missing key {text!r}"
-    return RunFormatError(f"{path}: {text}; not written by this walla-train: {fix}")
+    return RunFormatError(f"{path}: {text}; not written by this walla train: {fix}")
 
 
 def read_scenario_table(runs: str | Path, scenario: str, split: str = "test") -> ScenarioTable:
@@ -365,7 +365,7 @@ def read_scenario_table(runs: str | Path, scenario: str, split: str = "test") ->
         return _scenario_table(runs, scenario, split)
     except _BAD_CONTENT as e:
         where = scenario_dir(runs, scenario) / SCENARIO_TABLE
-        raise _content_error(where, e, f"rerun walla-train --scenario {scenario}") from None
+        raise _content_error(where, e, f"rerun walla train --scenario {scenario}") from None
 
 
 def _scenario_table(runs: str | Path, scenario: str, split: str) -> ScenarioTable:
@@ -406,7 +406,7 @@ class RunRecord:
     agent_probs: np.ndarray | None  # [N, M, K] for methods that changed the agents' probs
     extras: dict[str, np.ndarray]  # name -> [N, M] (non-null columns only)
     train_log: pl.DataFrame
-    label: str | None = None  # row label set by walla-eval when the method has runs of several keys
+    label: str | None = None  # row label set by walla eval when the method has runs of several keys
 
     @property
     def display(self) -> str:
@@ -435,7 +435,7 @@ def read_run(path: Path, table: ScenarioTable) -> RunRecord:
     try:
         return _read_run(Path(path), table)
     except _BAD_CONTENT as e:
-        raise _content_error(Path(path) / PREDICTIONS, e, "rerun walla-train with --force") from None
+        raise _content_error(Path(path) / PREDICTIONS, e, "rerun walla train with --force") from None
 
 
 def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
@@ -470,20 +470,20 @@ def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
 
 def stale_reason(key: dict | None, current_inputs_id: str | None) -> str | None:
     """Why a run of run key `key` is stale for a scenario whose current inputs id is `current_inputs_id`
-    (None: it is current): the one rule of walla-eval, joining (--add-agent) and the market's live heads."""
+    (None: it is current): the one rule of walla eval, joining (--add-agent) and the market's live heads."""
     if key is None:
         return "run.json has no run key"
     if key.get("scenario_inputs_id") != current_inputs_id:
         return "trained from other inputs than the scenario's current ones (other feature sets, questions or spec)"
     if key.get("schema") != TRAIN_SCHEMA:
-        return f"trained by walla-train schema {key.get('schema')!r}, this one is {TRAIN_SCHEMA}"
+        return f"trained by walla train schema {key.get('schema')!r}, this one is {TRAIN_SCHEMA}"
     return None
 
 
 def read_current_run_meta(path: str | Path) -> dict:
     """run.json of a run another run may start from (a live market head): complete, its run key that of
     its directory <runs>/<scenario>/<method>/<key-id>/seed=<s>, and current (stale_reason) for the
-    scenario's scenario.json -- the runs walla-eval counts.
+    scenario's scenario.json -- the runs walla eval counts.
 
     Raises:
         RunFormatError: one line naming the run, why it does not count and the fix.
@@ -493,7 +493,7 @@ def read_current_run_meta(path: str | Path) -> dict:
     key = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
     kdir = path.parent
     scenario = kdir.parent.parent
-    retrain = f"rerun walla-train --scenario {scenario.name} --methods {kdir.parent.name}"
+    retrain = f"rerun walla train --scenario {scenario.name} --methods {kdir.parent.name}"
     current = _read_json(scenario / SCENARIO_META).get("inputs_id")
     why = stale_reason(key, current)
     if why is None and (key_id(key) != kdir.name or key.get("method") != kdir.parent.name):
@@ -539,5 +539,5 @@ def list_run_dirs(runs: str | Path, scenario: str) -> list[RunDir]:
 def list_scenarios(runs: str | Path) -> list[str]:
     root = Path(runs)  # the scenario directories: those holding scenario.json
     if not root.is_dir():
-        raise RunFormatError(f"runs directory {root} does not exist (run walla-train first, or pass --runs)")
+        raise RunFormatError(f"runs directory {root} does not exist (run walla train first, or pass --runs)")
     return sorted(p.name for p in root.iterdir() if (p / SCENARIO_META).exists())

@@ -76,7 +76,7 @@ def test_the_user_cli_does_not_offer_the_fake(tmp_path):
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
-        "walla-extract: error: command line: backend must be one of ('hf', 'vllm'), got 'dummy'"
+        "walla extract: error: backend must be one of ('hf', 'vllm'), got 'dummy'"
     ), r.stderr
     assert not (tmp_path / "questions").exists()
 
@@ -117,7 +117,7 @@ def test_identities_before_loading():
 
 def test_each_kind_spells_its_own_options_in_the_recorded_command():
     cfg = ExtractConfig(model="m", dataset="facts", size=30, store="s")
-    head = "walla-extract --model m --dataset facts --variants none --store s --backend"
+    head = "walla extract --model m --dataset facts --variants none --store s --backend"
     cases = {
         "dummy": (
             {},

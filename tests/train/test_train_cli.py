@@ -1,4 +1,4 @@
-"""`walla-train` CLI: a run on a synthetic scenario, --show-plan, and one clear error line for mistakes."""
+"""`walla train` CLI: a run on a synthetic scenario, --show-plan, and one clear error line for mistakes."""
 
 from __future__ import annotations
 
@@ -74,9 +74,10 @@ def test_user_errors_are_one_line_exit_2(tmp_path, synth, args, message):
 
 def test_unknown_scenario_and_missing_store(tmp_path):
     res = _run(tmp_path, "--scenario", "demo-hetero-fact")
-    assert res.exit_code == 2 and "did you mean 'demo-hetero-facts'" in res.output
-    res = _run(tmp_path, "--scenario", "demo-hetero-facts")
-    assert res.exit_code == 2 and "store" in res.output and "does not exist" in res.output
+    assert res.exit_code == 2 and "did you mean --scenario demo-hetero-facts (a scenario manifest)" in res.output
+    res = _run(tmp_path, "--scenario", "demo-hetero-facts")  # the command is right, the store is missing: data
+    assert res.exit_code == 1 and "store" in res.output and "does not exist" in res.output
+    assert "walla extract" in res.output
 
 
 def test_main_is_the_console_entry_point():
