@@ -32,12 +32,16 @@ def close_matches(value: str, namespaces: Mapping[str, tuple[Iterable[str], str]
 
     `namespaces`: what the names are -> (the names, how to use one: a format string with {name}).
     """
-    scored = []
+    scored, seen = [], set()
     for what, (names, usage) in namespaces.items():
         for name in names:
+            use = usage.format(name=name)
             ratio = difflib.SequenceMatcher(None, value.lower(), name.lower()).ratio()
-            if ratio >= 0.6 or (len(value) >= 3 and name.lower().startswith(value.lower())):
-                scored.append((-ratio, f"{usage.format(name=name)} ({what})"))
+            if use not in seen and (
+                ratio >= 0.6 or (len(value) >= 3 and name.lower().startswith(value.lower()))
+            ):
+                seen.add(use)  # a name of two namespaces (a manifest also trained): its first
+                scored.append((-ratio, f"{use} ({what})"))
     return [hint for _, hint in sorted(scored)[:n]]
 
 

@@ -1,4 +1,4 @@
-"""walla-eval on runs from other inputs, broken files and bad arguments (issue 12): never a silent mix,
+"""walla eval on runs from other inputs, broken files and bad arguments (issue 12): never a silent mix,
 every user error one line on stderr with exit != 0 and no traceback."""
 
 from __future__ import annotations
