@@ -37,7 +37,8 @@ def _check_runs(cfg: EvalConfig) -> None:
     for name in cfg.scenarios:
         if have and name not in have:
             where = f"trained under {cfg.runs}"
-            raise fail("eval", unknown("scenario", name, {where: (have, "--scenario {name}")}, where), USAGE)
+            listing = f"{where}: {', '.join(have)}"
+            raise fail("eval", unknown("scenario", name, {where: (have, "--scenario {name}")}, listing), USAGE)
 
 
 def evaluate(given: dict[str, Any], extras: dict[str, Any]) -> None:
