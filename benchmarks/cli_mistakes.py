@@ -28,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("extract", "store", "train", "evaluate", "manifests", "cli", "market")
 WALLA = str(Path(sys.executable).parent / "walla")
-OLD_NAMES = re.compile(r"walla-(extract|train|eval|market|check)\b|walla-store(:| ls| verify| rm)|make extract")
+OLD_NAMES = re.compile(
+    r"walla-(extract|train|eval|market|check)\b(?![.-])|walla-store(:| ls| verify| rm)|make extract"
+)
 
 # (the five config mistakes of issue 39 are marked *), then mistakes across every stage
 MISTAKES: list[tuple[str, str]] = [
@@ -143,7 +145,9 @@ def mistakes() -> dict[str, float]:
             rows.append((mark, line, proc.returncode, dt, first))
             if mark:
                 config_times.append(dt)
-            print(f"{mark:1} {proc.returncode:>3} {dt:6.2f}s  walla {line}\n        {first[:160]}", flush=True)
+            print(
+                f"{mark:1} {proc.returncode:>3} {dt:6.2f}s  walla {line}\n        {first[:160]}", flush=True
+            )
         left = sorted(p.name for p in Path(tmp).iterdir() if p.name not in ("walla-store", "m.db"))
     prefixes = sorted({re.sub(r"^((?:walla[ -]?\w*(?: \w[\w-]*)?: )?error:).*", r"\1", r[4]) for r in rows})
     print(f"error prefixes: {prefixes}")
@@ -160,7 +164,10 @@ def main() -> None:
         result |= sizes()
     if args.only != "sizes":
         result |= mistakes()
-    print("RESULT " + " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    print(
+        "RESULT "
+        + " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
+    )
 
 
 if __name__ == "__main__":
