@@ -70,11 +70,7 @@ def agent(
 ) -> None:
     """Run one agent: report on every open round with the LLM's forecast and the head's wager; learn."""
     # the agent's stack (httpx, torch, the extraction backends) is imported when it runs: walla.cli.lazy
-    import httpx
-    from walla.market.agent import Agent, LLMFeatures
-    from walla.market.client import MarketClient, MarketError
-    from walla.market.head import AgentHead
-    from walla.train.runs import RunFormatError
+    from walla.market import agent as live
 
     logging.basicConfig(level=logging.INFO, format="walla market agent: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
@@ -82,18 +78,18 @@ def agent(
         raise fail("--batch-size must be >= 1 and --poll > 0", USAGE)
     token = agent_token(token, token_file)
     try:
-        h = AgentHead.from_run(head, slot)
-        client = MarketClient(url, token)
+        h = live.AgentHead.from_run(head, slot)
+        client = live.MarketClient(url, token)
         who = client.me()
-        features = LLMFeatures(model, dataset, device=device, backend=backend)
+        features = live.LLMFeatures(model, dataset, device=device, backend=backend)
         typer.echo(
             f"walla market agent: {who['name']} on {url}, {model} ({dataset} prompts), head {head} slot {slot}",
             err=True,
         )
-        Agent(client, h, features, learn, batch_size).run(poll, max_rounds)
-    except (RunFormatError, ValueError, KeyError, FileNotFoundError, OSError) as e:
+        live.Agent(client, h, features, learn, batch_size).run(poll, max_rounds)
+    except (ValueError, KeyError, OSError) as e:  # a run's format (RunFormatError), a name, a file
         raise fail(e.args[0] if isinstance(e, KeyError) and e.args else e) from None
-    except MarketError as e:
+    except live.MarketError as e:
         raise fail(f"--url {url}: {e}") from None
-    except httpx.TransportError as e:
+    except live.httpx.TransportError as e:
         raise fail(f"--url {url}: cannot reach the market ({e})", UNREACHABLE) from None

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from walla.cli import options
 from walla.market.cli_common import fail
+from walla.market.cli_operator import open_ledger  # light: it imports the ledger when it opens one
 
 app = options.app()
 
@@ -20,8 +21,6 @@ DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (post
 
 
 def _existing_ledger(db: str):
-    from walla.market.cli_operator import open_ledger  # the ledger's stack: only when a command runs
-
     if "://" not in db and not Path(db).is_file():
         raise fail(f"--db {db}: no such ledger file")
     return open_ledger(db)

@@ -50,9 +50,7 @@ def replay_command(
 ) -> None:
     """Stream a trained scenario's test split through a live market; check it against walla train's predictions."""
     # the replay (a live server, torch, the trained heads) is imported when it runs: walla.cli.lazy
-    from walla.market.replay import TOLERANCE, ReplayConfig, replay
-    from walla.store.layout import StoreError
-    from walla.train.runs import RunFormatError
+    from walla.market import replay as recipe
 
     if limit is not None and limit < 1:
         raise fail(f"--limit: expected >= 1, got {limit}", USAGE)
@@ -69,7 +67,7 @@ def replay_command(
             f"--db {db}: expected a new SQLite file and one seed (--seeds S): each seed is its own market",
             USAGE,
         )
-    cfg = ReplayConfig(
+    cfg = recipe.ReplayConfig(
         scenario,
         None if run is not None else runs,
         store,
@@ -83,18 +81,16 @@ def replay_command(
         run=run,
     )
     try:
-        result = replay(cfg, out=typer.echo)
-    except (RunFormatError, StoreError, ValueError, KeyError, FileNotFoundError) as e:
+        result = recipe.replay(cfg, out=typer.echo)
+    except (ValueError, KeyError, FileNotFoundError) as e:  # RunFormatError, StoreError: ValueErrors
         raise fail(e.args[0] if isinstance(e, KeyError) and e.args else e) from None
-    _print_report(result, learn)
+    _print_report(result, learn, recipe.METRICS)
     worst = max(result.max_diff.values())
-    if not learn and worst > TOLERANCE:
-        raise fail(f"live and offline differ by {worst:.3g} > {TOLERANCE:g}")
+    if not learn and worst > recipe.TOLERANCE:
+        raise fail(f"live and offline differ by {worst:.3g} > {recipe.TOLERANCE:g}")
 
 
-def _print_report(result: ReplayResult, learn: bool) -> None:
-    from walla.market.replay import METRICS  # walla.cli.lazy
-
+def _print_report(result: ReplayResult, learn: bool, metrics: tuple[str, ...]) -> None:
     diff = ", ".join(f"{k} {v:.2e}" for k, v in result.max_diff.items())
     typer.echo(f"max |live - offline| over {len(result.seeds)} seed(s) of run key {result.key_id}: {diff}")
     live, off = result.mean("live"), result.mean("offline")
@@ -102,7 +98,7 @@ def _print_report(result: ReplayResult, learn: bool) -> None:
     typer.echo(
         f"{'metric':<10} {label:>16} {'offline (walla train)':>22}   (mean over seeds; x100 as in the tables)"
     )
-    for k in METRICS:
+    for k in metrics:
         typer.echo(f"{k:<10} {100 * live[k]:>16.2f} {100 * off[k]:>22.2f}")
     deficit = sum(s.deficit for s in result.seeds)
     bound = sum(s.deficit_bound for s in result.seeds)
