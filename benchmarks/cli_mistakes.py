@@ -3,6 +3,7 @@ plus the size of the command-line layer (issue 39).
 
     .venv/bin/python benchmarks/cli_mistakes.py                 # everything: sizes, then the mistakes table
     .venv/bin/python benchmarks/cli_mistakes.py --only sizes    # the static counts alone (no command runs)
+    .venv/bin/python benchmarks/cli_mistakes.py --root OLD --walla OLD/.venv/bin/walla   # another checkout
 
 Each mistake runs as `walla ...` in a fresh interpreter (what a user's shell starts), in an empty temporary
 directory (so nothing lands in the repository), offline (HF_HUB_OFFLINE=1), one after the other. The
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # --root: another checkout (its own `walla` with --walla)
 STAGES = ("extract", "store", "train", "evaluate", "manifests", "cli", "market")
 WALLA = str(Path(sys.executable).parent / "walla")
 OLD_NAMES = re.compile(
@@ -47,7 +48,7 @@ MISTAKES: list[tuple[str, str]] = [
     ("", "extract --model smollm2-135m --dataset facts --batch-tokens abc"),
     ("", "extract --model smollm2-135m --dataset facts --device cuda --size 20"),
     ("", "eval --report t.txt"),
-    ("", "eval --report t.md --runs . --scenario nope"),
+    ("", "eval --report t.md --scenario nope"),
     ("", "store rm ab"),
     ("", "store verify --store /nonexistent"),
     ("", "check --model nope --dataset facts"),
@@ -135,6 +136,8 @@ def mistakes() -> dict[str, float]:
     rows, config_times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "walla-store").mkdir()
+        (Path(tmp) / "runs" / "toy").mkdir(parents=True)  # one trained-looking scenario (eval --scenario)
+        (Path(tmp) / "runs" / "toy" / "scenario.json").write_text('{"name": "toy", "spec": {}}')
         for mark, line in MISTAKES:
             t0 = time.perf_counter()
             proc = subprocess.run(
@@ -148,17 +151,22 @@ def mistakes() -> dict[str, float]:
             print(
                 f"{mark:1} {proc.returncode:>3} {dt:6.2f}s  walla {line}\n        {first[:160]}", flush=True
             )
-        left = sorted(p.name for p in Path(tmp).iterdir() if p.name not in ("walla-store", "m.db"))
+        left = sorted(p.name for p in Path(tmp).iterdir() if p.name not in ("walla-store", "runs", "m.db"))
     prefixes = sorted({re.sub(r"^((?:walla[ -]?\w*(?: \w[\w-]*)?: )?error:).*", r"\1", r[4]) for r in rows})
     print(f"error prefixes: {prefixes}")
     print(f"left in the working directory: {left}")
-    return {"config_errors_max_s": max(config_times), "mistakes_s": sum(r[3] for r in rows)}
+    return {"config_errors_max_s": max(config_times, default=0.0), "mistakes_s": sum(r[3] for r in rows)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("sizes", "mistakes"), default=None)
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose sources are counted")
+    parser.add_argument("--walla", default=WALLA, help="the walla command the mistakes run")
+    parser.add_argument("--match", default="", help="run only the mistakes containing this text")
     args = parser.parse_args()
+    globals().update(ROOT=args.root.resolve(), WALLA=args.walla)
+    MISTAKES[:] = [m for m in MISTAKES if args.match in m[1]]
     result: dict[str, float] = {}
     if args.only != "mistakes":
         result |= sizes()
