@@ -29,9 +29,9 @@ def _existing_ledger(db: str):
 @app.command("audit")
 def audit_command(db: str = DB) -> None:
     """Verify the event chain and recompute every payout from the stored reports (train/mechanism.py)."""
+    ledger = _existing_ledger(db)  # a missing file is answered before the audit's stack loads
     from walla.market.audit import audit
 
-    ledger = _existing_ledger(db)
     try:
         problem, s = audit(ledger)
     finally:
@@ -49,11 +49,11 @@ def export_command(
     db: str = DB, to: Path = typer.Option(..., "--to", help="directory for the Parquet files")
 ) -> None:
     """Write the ledger's tables (reports, resolutions, payouts, events, ...) as Parquet files."""
-    from walla.market.export import export
-
     if to.exists() and not to.is_dir():
         raise fail(f"--to {to}: exists and is not a directory")
     ledger = _existing_ledger(db)
+    from walla.market.export import export  # pyarrow: once the options hold
+
     try:
         written = export(ledger, to)
     except OSError as e:

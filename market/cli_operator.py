@@ -146,19 +146,20 @@ def serve(
     ),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
+    # the options are checked before the server stack (FastAPI, SQLAlchemy, torch) is imported
+    if max_body is not None and max_body < 1024:
+        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}", USAGE)
+    if rate is not None and not 0 <= rate < float("inf"):
+        raise fail(f"--rate: expected a number >= 0, got {rate}", USAGE)
+    if read_timeout is not None and not 0 < read_timeout <= 3600:
+        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
+    _check_port(host, port)
     import uvicorn  # the server stack is imported when it serves, not for --help: walla.cli.lazy
     from walla.market.server import MAX_BODY, RATE, READ_TIMEOUT_S, create_app
 
     max_body = MAX_BODY if max_body is None else max_body
     rate = RATE if rate is None else rate
     read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
-    if max_body < 1024:
-        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}", USAGE)
-    if not 0 <= rate < float("inf"):
-        raise fail(f"--rate: expected a number >= 0, got {rate}", USAGE)
-    if not 0 < read_timeout <= 3600:
-        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
-    _check_port(host, port)
     ledger = open_ledger(db)
     _setup_operator(ledger, operator_token_file)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)

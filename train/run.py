@@ -406,6 +406,9 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
     """
     console = console or Console()
     store = as_location(cfg.store)  # a local Path (the fast path) or a RemotePath over fsspec
+    if not cfg.show_plan:  # what this machine lacks is a usage error, answered before the store is read
+        check_logger(cfg.logger)
+        dev = resolve_device(cfg.device)
     plan, preset_line, base_plan, origin = resolve_plan(cfg, store)
     states = states_to_save(cfg.save_states, plan)
     if cfg.show_plan:
@@ -414,8 +417,6 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
     if preset_line:
         console.print(preset_line, highlight=False, markup=False)
 
-    check_logger(cfg.logger)
-    dev = resolve_device(cfg.device)
     env = TrainEnv(device=dev, precision=resolve_precision(cfg.precision, dev), store=store)
     if not store.is_dir():
         raise FileNotFoundError(

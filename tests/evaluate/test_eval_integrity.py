@@ -59,7 +59,9 @@ def test_runs_from_other_inputs_are_never_counted(tmp_path):
 
     out = invoke("--report", str(tmp_path / "o" / "t.md"), "--runs", str(runs), "--no-plots")
     assert out.exit_code == 0, out.output
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("walla eval: warning: 1 stale run(s) not counted")
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        "walla eval: warning: 1 stale run(s) not counted"
+    )
     acc = _csv_cell(tmp_path / "o" / "t.csv", "UniformAvg", "accuracy")
     assert acc["n_seeds"] == "1" and acc["ci"] == ""  # one seed: the current-input run only
     assert float(acc["mean"]) == pytest.approx(100 * np.mean(PROBS[1:, 0].argmax(1) == LABEL[1:]))
@@ -116,7 +118,11 @@ def test_broken_file_is_one_line_naming_it(tmp_path, corrupt):
     path = corrupt(runs)
     out = invoke("--report", str(tmp_path / "t.md"), "--runs", str(runs), "--no-plots")
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("walla eval: error: ") and str(path) in out.stderr
+    assert (
+        out.stderr.count("\n") == 1
+        and out.stderr.startswith("walla eval: error: ")
+        and str(path) in out.stderr
+    )
     assert "Traceback" not in out.output
 
 
@@ -153,7 +159,9 @@ def test_unwritable_report_is_one_line(tmp_path, monkeypatch, where, plots):
     report = where(monkeypatch, tmp_path)
     out = invoke("--report", str(report), "--runs", str(runs), *([] if plots else ["--no-plots"]))
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"walla eval: error: cannot write {report.parent}/")
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        f"walla eval: error: cannot write {report.parent}/"
+    )
     if report.parent.is_dir():
         assert not list(report.parent.glob("*.tmp"))  # no temp file left behind
 
@@ -172,7 +180,11 @@ def test_read_only_directory_without_interposing(tmp_path):
     [
         (["--report", "t.md", "--runs", "nope"], 1, "runs directory nope does not exist"),
         (["--report", "t.txt"], 2, "expected a .md path"),
-        (["--report", "t.md", "--scenario", "other"], 2, "no such scenario 'other' (trained under runs: toy)"),
+        (
+            ["--report", "t.md", "--scenario", "other"],
+            2,
+            "no such scenario 'other' (trained under runs: toy)",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line(tmp_path, monkeypatch, args, code, says):

@@ -75,9 +75,9 @@ def test_the_user_cli_does_not_offer_the_fake(tmp_path):
         [sys.executable, *argv, "--store", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == (
-        "walla extract: error: backend must be one of ('hf', 'vllm'), got 'dummy'"
-    ), r.stderr
+    assert r.stderr.strip() == ("walla extract: error: backend must be one of ('hf', 'vllm'), got 'dummy'"), (
+        r.stderr
+    )
     assert not (tmp_path / "questions").exists()
 
 

@@ -84,7 +84,7 @@ def _runs_scenario(root: Path) -> Path:
 CASES = [
     Case("unknown scenario", "walla train", lambda r: ["--scenario", "demo-hetero-fact"], "did you mean --scenario demo-hetero-facts (a scenario manifest)"),
     Case("unknown method", "walla train", lambda r: ["--scenario", "demo-hetero-facts", "--methods", "wala-i"],
-         "unknown method 'wala-i' (did you mean 'walla-i'?)"),
+         "no such method 'wala-i'; did you mean --methods walla-i (a method)"),
     Case("hparam not a number", "walla train",
          lambda r: ["--scenario", scenario_file(r, "fast", "train: {hparams: {walla-i: {lr: fast}}}")],
          "fast.yaml: train.hparams.walla-i.lr"),
@@ -163,7 +163,9 @@ def test_tampered_store_remedy_makes_the_next_train_succeed(base: Path, tmp_path
     assert v.exit_code == 1 and "hidden.zarr/c/0/0" in v.stderr
     r = train(root, "--scenario", "demo-hetero-facts", *FAST, "--force")
     (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.exit_code == 1 and "hidden.zarr/c/0/0" in line and "fix: `walla store rm " in line, line  # data: 1
+    assert r.exit_code == 1 and "hidden.zarr/c/0/0" in line and "fix: `walla store rm " in line, (
+        line
+    )  # data: 1
     for part in line.split("fix: `", 1)[1].rsplit("`", 1)[0].split(" && "):
         argv = shlex.split(part)
         assert invoke(argv[0], argv[1:]).exit_code == 0, part

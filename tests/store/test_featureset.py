@@ -166,7 +166,8 @@ def test_stale_schema_is_one_clear_error(tmp_path, version):
     meta["schema_version"] = version
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(
-        StaleSchemaError, match=f"schema version {version}.*walla extract --model aloe --dataset toy --variants none"
+        StaleSchemaError,
+        match=f"schema version {version}.*walla extract --model aloe --dataset toy --variants none",
     ):
         read_feature_set(path)
     assert [i.status for i in list_feature_sets(tmp_path)] == ["stale"]
