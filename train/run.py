@@ -376,10 +376,11 @@ def resolve_plan(cfg: TrainConfig, store: Path) -> tuple[TrainPlan, str | None, 
         plan, preset_line = plan_for_kind(cfg.scenario, store, overrides, cfg.preset, **kind_args)
     elif trained is not None:  # a kind's scenario by the name it printed and wrote (`hetero-medmcqa`)
         plan, preset_line = plan_for_kind(trained[0], store, overrides, cfg.preset, **trained[1])
-        if plan.spec.name != cfg.scenario:
-            raise ValueError(
-                f"--scenario {cfg.scenario}: the store now builds {plan.spec.name} from the options recorded "
-                f"in {cfg.runs / cfg.scenario}; run --scenario {trained[0]} with its options instead"
+        if plan.spec.name != cfg.scenario:  # e.g. a joined scenario: its runs came from its base and a join
+            raise UsageError(
+                f"--scenario {cfg.scenario}: {trained[0]} over the options recorded in {cfg.runs / cfg.scenario} "
+                f"builds {plan.spec.name} now; rerun the command that trained it (its base scenario, with "
+                "--add-agent / --drop-agent)"
             )
     elif cfg.preset is not None:
         raise UsageError(

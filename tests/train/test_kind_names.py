@@ -71,3 +71,12 @@ def test_a_name_never_trained_is_refused_with_the_kinds(root):
     assert r.exit_code == 2, (r.output, r.stderr)
     line = r.stderr.strip()
     assert "--scenario hetero-facts (trained under" in line and "kinds hetero, homo, hetero-context" in line
+
+
+def test_a_joined_name_names_the_command_that_trained_it(root):
+    joined = root / "runs" / "hetero-facts+smollm2-135m"
+    if not joined.exists():
+        assert train(root, "--scenario", "hetero-facts", "--add-agent", "smollm2-135m", *FAST).exit_code == 0
+    r = train(root, "--scenario", joined.name, *FAST)
+    assert r.exit_code == 2, (r.output, r.stderr)
+    assert "rerun the command that trained it" in r.stderr and "--add-agent" in r.stderr
