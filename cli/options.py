@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from walla.cli import new_app
 from walla.cli.exits import USAGE, fail
 from walla.manifests.validate import COMMAND_LINE, build
 
@@ -52,13 +53,8 @@ def _metavar(name: str, cli_type: Any) -> str:
 
 
 def app(**settings: Any) -> typer.Typer:
-    """A typer app of walla: help rendered as written (no rich markup eats `[ray]`), lines up to 110 wide."""
-    return typer.Typer(
-        add_completion=False,
-        rich_markup_mode=None,
-        context_settings={"max_content_width": 110},
-        **settings,
-    )
+    """A typer app of walla (walla.cli.new_app)."""
+    return new_app(**settings)
 
 
 def _flags(f: dataclasses.Field, cli_type: Any) -> list[str]:

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.table import Table
-from walla.cli import options
+from walla.cli import new_app
 from walla.cli.exits import DATA, USAGE, fail
 
 if TYPE_CHECKING:
     from walla.store.featureset import FeatureSetInfo
     from walla.store.location import Location
 
-app = options.app(no_args_is_help=True)
+app = new_app(no_args_is_help=True)
 
 
 @app.callback()
