@@ -38,7 +38,9 @@ def _check_runs(cfg: EvalConfig) -> None:
         if have and name not in have:
             where = f"trained under {cfg.runs}"
             listing = f"{where}: {', '.join(have)}"
-            raise fail("eval", unknown("scenario", name, {where: (have, "--scenario {name}")}, listing), USAGE)
+            raise fail(
+                "eval", unknown("scenario", name, {where: (have, "--scenario {name}")}, listing), USAGE
+            )
 
 
 def evaluate(given: dict[str, Any], extras: dict[str, Any]) -> None:

@@ -47,7 +47,9 @@ def extract_command(model: str, dataset: str, variants: str | list[str], size: i
     `size`: rows of a generated dataset (its question table, hence its fingerprints, depend on it).
     """
     v = variants if isinstance(variants, str) else ",".join(variants)
-    return f"walla extract --model {model} --dataset {dataset} --variants {v}" + (f" --size {size}" if size else "")
+    return f"walla extract --model {model} --dataset {dataset} --variants {v}" + (
+        f" --size {size}" if size else ""
+    )
 
 
 def fix_command(fingerprint: str, store: Path, recreate: str) -> str:
