@@ -20,16 +20,8 @@ def reproduce_command(
     `backend_args` are what the backend settled (`Settled.command_args`: e.g. `--dtype float32 --device cpu
     --backend-arg compile=on`).
     """
-    argv = [
-        "walla",
-        "extract",
-        "--model",
-        cfg.model,
-        "--dataset",
-        cfg.dataset,
-        "--variants",
-        ",".join(variants),
-    ]
+    argv = ["walla", "extract", "--model", cfg.model, "--dataset", cfg.dataset]
+    argv += ["--variants", ",".join(variants)]
     argv += ["--store", str(cfg.store), "--backend", backend, *backend_args]
     optional = {
         "--data-file": cfg.data_file,
