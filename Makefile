@@ -6,7 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STORE ?= walla-store
 RUNS ?= runs
-REPORT ?= tables.md
+# the report goes under the runs directory (walla eval's default): nothing lands in the checkout
+REPORT ?= $(RUNS)/tables.md
 MODEL ?= smollm2-135m
 DATASET ?= bayesx
 VARIANTS ?=

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import typer
+from walla.cli import options
 from walla.cli.lazy import run
 from walla.cli.main import app as root
 
@@ -24,7 +25,7 @@ SCENARIOS = ("demo-homo-facts", "demo-hetero-nocontext", "demo-hetero-facts")
 # demo-homo-facts, which `walla market replay --scenario demo-homo-facts` plays (docs/market.md).
 STATES = ("demo-homo-facts:walla-i",)
 
-app = typer.Typer(add_completion=False, help="walla demo: the offline pipeline of `make demo`")
+app = options.app(help="walla demo: the offline pipeline of `make demo`")
 
 
 def steps(

@@ -7,12 +7,14 @@
     walla check --model M --dataset D                      walla.extract.cli_check (backend parity)
     walla market init | serve | add-agent | agent | replay walla.market.cli (the live market)
     walla demo                                             walla.cli.demo (what `make demo` runs)
+    walla ls models | datasets | scenarios | backends | methods   walla.cli.ls (the names walla accepts)
 
 Each subcommand's module is imported when it runs (cli/lazy.py), so `walla --help` and `walla SUB --help`
 answer without importing torch. The older names `walla-extract`, `walla-store`, `walla-train`,
-`walla-eval` and `walla-market` are the same commands (the aliases below). Usage errors (unknown command
-or option, a value of the wrong type) are one line on stderr and exit 2; each stage documents its own
-exit codes for everything else. `walla --install-completion` sets up shell completion (typer's).
+`walla-eval` and `walla-market` are the same commands (the aliases below). Every error is one line on
+stderr, `walla <sub>: error: ...`, with the exit codes of cli/exits.py (one table for every subcommand:
+2 usage, 1 data or state, 3 a service that does not answer). `walla --install-completion` sets up shell
+completion (typer's).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ COMMANDS = {  # the one list of walla's subcommands: name -> where it lives, its
         "walla.cli.demo:app",
         "The offline demo of `make demo`: extract two embedded LLMs, train three scenarios, report.",
     ),
+    "ls": Lazy(
+        "walla.cli.ls:app", "List the names walla accepts: models, datasets, scenarios, backends or methods."
+    ),
 }
 
 
@@ -64,6 +69,8 @@ def _version(value: bool) -> None:
 app = typer.Typer(
     cls=lazy_group(COMMANDS),
     no_args_is_help=True,
+    rich_markup_mode=None,  # help as written: no rich markup eats `[ray]`, no `<bool>` after a flag
+    context_settings={"max_content_width": 110},
 )
 
 
@@ -89,7 +96,7 @@ def _alias(name: str) -> Callable[[], None]:
     """`walla-<name> ...` is `walla <name> ...` (the console scripts of earlier versions)."""
 
     def alias() -> None:
-        finish(run(load(COMMANDS[name]), sys.argv[1:], f"walla-{name}"), name)
+        finish(run(load(COMMANDS[name]), sys.argv[1:], f"walla {name}"), name)
 
     alias.__doc__ = f"`walla-{name} ...`: `walla {name} ...`"
     return alias

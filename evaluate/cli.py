@@ -1,65 +1,60 @@
-"""`walla eval`, the command line of the `evaluate` stage (typer). Thin: options -> EvalConfig -> report.run().
+"""`walla eval`, the command line of the `evaluate` stage. Thin: options -> EvalConfig -> report.run().
 
-walla eval --report tables.md [--scenario NAME ...] [--runs runs] [--no-plots]
+    walla eval [--report runs/tables.md] [--scenario NAME ...] [--runs runs] [--no-plots]
 
-The options are EvalConfig's fields (evaluate/config.py), by the same names. `walla-eval` is the same command.
+The options are EvalConfig's fields (evaluate/config.py), generated from them (cli/options.py); the options,
+the runs directory and the scenario names are checked before the recipe (torch, scipy) is imported. Exit
+codes: cli/exits.py (1 when a run or scenario file is unreadable; the report is still written without it).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
+from walla.cli import options
+from walla.cli.exits import DATA, USAGE, answered, fail
+from walla.evaluate.config import EvalConfig
+from walla.manifests.names import trained_scenarios, unknown
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="walla evaluate stage")
+app = options.app(help="walla evaluate stage")
+HELP = "Metrics with 95% intervals, the paper's tables (.md/.tex/.csv) and plots, from saved runs."
 CAPTION = (
     "† differs from UniformAvg, ‡ from the baseline best on validation (paired bootstrap over questions, "
     "5% family-wise per column; see the report)"
 )
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    """One line on stderr (newlines inside a library's message folded), then exit `code`."""
-    typer.echo("error: " + " ".join(str(message).split()), err=True)
-    return typer.Exit(code)
+def _check_runs(cfg: EvalConfig) -> None:
+    """The runs directory and the scenarios asked for, before the recipe loads."""
+    if not cfg.runs.is_dir():
+        what = "is a file, expected" if cfg.runs.exists() else "does not exist; expected"
+        raise fail("eval", f"runs directory {cfg.runs} {what} the directory walla train wrote (--runs)", DATA)
+    have = trained_scenarios(cfg.runs)
+    for name in cfg.scenarios:
+        if have and name not in have:
+            where = f"trained under {cfg.runs}"
+            listing = f"{where}: {', '.join(have)}"
+            raise fail(
+                "eval", unknown("scenario", name, {where: (have, "--scenario {name}")}, listing), USAGE
+            )
 
 
-@app.command()
-def main_command(
-    report: Path = typer.Option(
-        ..., "--report", help="Markdown report to write; .tex/.csv/PNGs go next to it"
-    ),
-    scenarios: list[str] = typer.Option([], "--scenario", help="scenario name under --runs (repeatable)"),
-    runs: Path = typer.Option(Path("runs"), "--runs", help="runs directory written by walla train"),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="--no-plots: tables only"),
-) -> None:
-    """Metrics with 95% intervals, the paper's tables (.md/.tex/.csv) and plots, from saved runs.
-
-    Intervals over seeds and over test questions (paired bootstrap, with significance marks). Exit 1 when a
-    run or scenario file is unreadable (the report is still written without it).
-    """
-    options = dict(locals())  # every option above, named as EvalConfig's fields
-    # the config and the recipe (torch, scipy) are imported when the command runs: walla.cli.lazy
-    from walla.evaluate.config import EvalConfig
-    from walla.evaluate.report import key_summary, problem_summary, run
-    from walla.manifests.validate import build
-
+def evaluate(given: dict[str, Any], extras: dict[str, Any]) -> None:
+    cfg = options.build_config(EvalConfig, given, "eval")
+    _check_runs(cfg)
     console = Console()
-    try:
-        cfg = build(EvalConfig, options, where="command line")
-    except ValueError as e:
-        raise _fail(e, 2) from None
-    try:
-        result = run(cfg)
-    except (OSError, ValueError) as e:
-        raise _fail(e, 1) from None
+    with answered("eval"):
+        from walla.evaluate import report as recipe  # torch and scipy, once the options hold: walla.cli.lazy
+
+        result = recipe.run(cfg)
     for ev in result.scenarios:
         s = ev.data.scenario
         main = next(t for t in result.tables if t.scenario == s.name and t.key == "main")
-        cols, rows = key_summary(main)
+        cols, rows = recipe.key_summary(main)
         title = f"{s.name} · {s.dataset} · N={len(s.label)} test · seeds {len(ev.seeds)} (×100)"
         t = RichTable(title=title, caption=CAPTION)
         t.add_column("method")
@@ -75,7 +70,11 @@ def main_command(
     for path in result.files:
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     unreadable = [p for p in result.problems if p.kind == "unreadable"]
+    summary = recipe.problem_summary(result.problems)
     if unreadable:  # a broken file is an error (exit 1), after the report of everything else is written
-        raise _fail(f"{unreadable[0].line()} ({problem_summary(result.problems)}, listed in {report})", 1)
+        raise fail("eval", f"{unreadable[0].line()} ({summary}, listed in {cfg.report})", DATA)
     if result.problems:
-        typer.echo(f"warning: {problem_summary(result.problems)} (listed in {report})", err=True)
+        typer.echo(f"walla eval: warning: {summary} (listed in {cfg.report})", err=True)
+
+
+options.config_command(app, EvalConfig, evaluate, name="eval", help=HELP)

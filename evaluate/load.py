@@ -96,7 +96,7 @@ def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRec
     kdir = d.path.parent if d.key_id is not None else None
     retrain = f"rerun {train_command(table.meta, name, kdir)} --methods {d.method} --seed-list {d.seed}"
     if d.key_id is None:
-        why = "written by a walla-train without run keys (layout <method>/seed=<s>)"
+        why = "written by a walla train without run keys (layout <method>/seed=<s>)"
         problems.append(_stale(name, d, why, f"{retrain}, then delete this directory"))
         return None
     if not is_complete(d.path):

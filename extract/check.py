@@ -5,7 +5,7 @@ table + a JSON report.
     walla check ... --dtype bfloat16       # reduced precision: tolerances measured in the same run
 
 Every backend scores the same rendered prompts (variant `none`) with the same option tokens. Rows
-compare a run with the reference (hf, batched as walla-extract batches):
+compare a run with the reference (hf, batched as walla extract batches):
 Every row opens its backend through the one door (extract/door.py `open_for`); hf's own rows are hf backend
 options, settled like any other (`max_batch_rows=1`, `batch_invariant=off`), never a loaded backend changed.
 - `hf batch=1`: the same prompts one per forward pass. In reduced precision the hf backend is
@@ -164,7 +164,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def render_prompts(cfg: ExtractConfig) -> list:
-    """The rendered prompts of variant `none`, as walla-extract has them."""
+    """The rendered prompts of variant `none`, as walla extract has them."""
     d_entry = _lookup(load_datasets(), cfg.dataset, "dataset")
     template = get_template(default_template(d_entry.loader, d_entry.prompt))
     table, _ = load_dataset_table(dataset_request(d_entry, cfg))
@@ -178,7 +178,7 @@ def _timed_score(backend, texts: list[str], token_ids: list[int]) -> tuple:
 
 
 def load_backend(cfg: ExtractConfig) -> Backend:
-    """One row's backend through the one door (extract/door.py `open_for`), as walla-extract opens it: the
+    """One row's backend through the one door (extract/door.py `open_for`), as walla extract opens it: the
     row's mode is a settled backend option (a function of its own: tests put a fake in its place)."""
     return open_for(cfg)[1]
 

@@ -2,8 +2,9 @@
 
     walla check --model smollm2-135m --dataset arc-challenge --data-file ARC-Challenge-Dev.jsonl --limit 50
 
-Thin: options -> ExtractConfig (the one validator) -> run_check; the table and the JSON report. Exit 2 for
-an unknown model/dataset name, 3 when the hub cannot serve it, 1 for bad input or a row beyond tolerance.
+Thin: options -> ExtractConfig (the one validator) -> run_check; the table and the JSON report. Exit codes:
+cli/exits.py (2 a bad option or an unknown model/dataset name, 3 when the hub cannot serve it, 1 bad data
+or a row beyond tolerance).
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import typer
+from walla.cli import options
+from walla.cli.exits import DATA, answered
+from walla.extract.backends.registry import backend_names
+from walla.extract.config import ExtractConfig
+from walla.manifests.names import check_extract_names
+from walla.manifests.validate import COMMAND_LINE, UsageError, build
 
-app = typer.Typer(add_completion=False, help="walla check: backend parity")
+app = options.app(help="walla check: backend parity")
 
 
 @app.command()
@@ -43,43 +50,33 @@ def check(
     ),
 ) -> None:
     """Parity of option probabilities, hidden states and prompt NLL across backends (exit 1 beyond tolerance)."""
-    # the recipe (torch, transformers, the backends) is imported when the command runs: walla.cli.lazy
-    from walla.extract.backends.registry import backend_names
-    from walla.extract.check import TIE_GAP, args_for, format_table, run_check, usable_backends
-    from walla.extract.config import ExtractConfig, parse_backend_args
-    from walla.extract.hub import HubUnavailableError
-    from walla.manifests.validate import build
-
     logging.basicConfig(level=logging.WARNING, format="walla check: %(message)s")
-    tie_gap = TIE_GAP if tie_gap is None else tie_gap
-    try:
-        names = [b.strip() for b in backends.split(",") if b.strip()] if backends else usable_backends()
-        options = dict(
+    names = [b.strip() for b in backends.split(",") if b.strip()] if backends else None
+    with answered("check"):
+        given = dict(
             model=model, dataset=dataset, data_file=data_file, limit=limit, dtype=dtype, device=device
         )
-        args = parse_backend_args(backend_arg)
-        cfg = build(ExtractConfig, {**options, "progress": False, "backend_args": args}, where="command line")
-        bad = [b for b in names if b not in backend_names()]
+        cfg = build(
+            ExtractConfig, {**given, "progress": False, "backend_args": backend_arg or []}, COMMAND_LINE
+        )
+        bad = [b for b in names or [] if b not in backend_names()]
         if bad:
-            raise ValueError(f"--backends: unknown {', '.join(bad)} (expected {', '.join(backend_names())})")
-        unused = set(args) - {k for b in {"hf", *names} for k in args_for(b, args)}
+            raise UsageError(f"--backends: unknown {', '.join(bad)} (expected {', '.join(backend_names())})")
+        if tie_gap is not None and not 0 <= tie_gap < 1:
+            raise UsageError(f"--tie-gap must be in [0, 1), got {tie_gap}")
+        check_extract_names(cfg.model, cfg.dataset)
+        from walla.extract import check as recipe  # torch, transformers, the backends: walla.cli.lazy
+
+        names = recipe.usable_backends() if names is None else names
+        args = cfg.backend_args
+        unused = set(args) - {k for b in {"hf", *names} for k in recipe.args_for(b, args)}
         if unused:
-            raise ValueError(
+            raise UsageError(
                 f"--backend-arg {', '.join(sorted(unused))}: no compared backend has that option"
             )
-        if not 0 <= tie_gap < 1:
-            raise ValueError(f"--tie-gap must be in [0, 1), got {tie_gap}")
-        result = run_check(replace(cfg, backend=None), names, out=typer.echo, tie_gap=tie_gap)
-    except KeyError as e:
-        typer.echo(f"walla check: error: {e.args[0] if e.args else e}", err=True)
-        raise typer.Exit(2) from None
-    except HubUnavailableError as e:
-        typer.echo(f"walla check: error: {e}", err=True)
-        raise typer.Exit(3) from None
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        typer.echo(f"walla check: error: {' '.join(str(e).split())}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(format_table(result["rows"]))
+        tie_gap = recipe.TIE_GAP if tie_gap is None else tie_gap
+        result = recipe.run_check(replace(cfg, backend=None), names, out=typer.echo, tie_gap=tie_gap)
+    typer.echo(recipe.format_table(result["rows"]))
     report.write_text(json.dumps(result, indent=2) + "\n")
     verdict = "PASS" if result["passed"] else "FAIL"
     how = (
@@ -92,4 +89,4 @@ def check(
         f"report {report}"
     )
     if not result["passed"]:
-        raise typer.Exit(1)
+        raise typer.Exit(DATA)  # the FAIL line above names it

@@ -1,6 +1,6 @@
-"""The exact `walla-extract` command line that re-creates one feature set (recorded in its meta.json).
+"""The exact `walla extract` command line that re-creates one feature set (recorded in its meta.json).
 
-Store readers quote it in their 'corrupt / stale / inconsistent' errors after `walla-store rm`, so the
+Store readers quote it in their 'corrupt / stale / inconsistent' errors after `walla store rm`, so the
 remedy rebuilds the same question table and the same fingerprint: every option that changes the bytes
 is repeated (the resolved backend and its own options, --size of a generated dataset, --data-file, ...).
 """
@@ -15,12 +15,13 @@ from walla.extract.config import ExtractConfig
 def reproduce_command(
     cfg: ExtractConfig, variants: list[str] | tuple[str, ...], backend: str, backend_args: list[str]
 ) -> str:
-    """`walla-extract ...` for these variants with every content-changing option of `cfg` spelled out.
+    """`walla extract ...` for these variants with every content-changing option of `cfg` spelled out.
 
     `backend_args` are what the backend settled (`Settled.command_args`: e.g. `--dtype float32 --device cpu
     --backend-arg compile=on`).
     """
-    argv = ["walla-extract", "--model", cfg.model, "--dataset", cfg.dataset, "--variants", ",".join(variants)]
+    argv = ["walla", "extract", "--model", cfg.model, "--dataset", cfg.dataset]
+    argv += ["--variants", ",".join(variants)]
     argv += ["--store", str(cfg.store), "--backend", backend, *backend_args]
     optional = {
         "--data-file": cfg.data_file,

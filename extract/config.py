@@ -1,4 +1,4 @@
-"""ExtractConfig: every setting of one `walla-extract` run, validated in one place.
+"""ExtractConfig: every setting of one `walla extract` run, validated in one place.
 
     cfg = build(ExtractConfig, {"model": "smollm2-135m", "dataset": "facts"}, where="command line")
 
@@ -11,11 +11,12 @@ it (extract/backends/registry.py). Importing this module imports no torch (the C
 
 from __future__ import annotations
 
-from dataclasses import field
 from pathlib import Path
+from typing import Any
 
-from walla.extract.backends.registry import backend_names
-from walla.manifests.validate import config
+from pydantic import field_validator
+from walla.extract.backends.registry import DEFAULT_BACKEND, backend_names
+from walla.manifests.validate import config, option
 from walla.store.schema import VARIANTS
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
@@ -23,33 +24,87 @@ DTYPES = ("auto", "bfloat16", "float32", "float16")
 
 @config
 class ExtractConfig:
-    model: str  # models.yaml key
-    dataset: str  # datasets.yaml key
-    variants: tuple[str, ...] | None = None  # None: every variant the dataset supports
-    backend: str | None = None  # a registered backend (extract/backends/registry.py); None: the manifest hint
+    model: str = option(
+        help="a models.yaml name (walla ls models), hf:ORG/NAME[@REV], a local model directory or a .gguf file"
+    )
+    dataset: str = option(help="a datasets.yaml name (walla ls datasets)")
+    variants: tuple[str, ...] | None = option(
+        None, "comma list of none,relevant,irrelevant (default: every variant the dataset has)", metavar="V,V"
+    )
+    backend: str | None = option(
+        None,
+        f"{' | '.join(backend_names())} (default: the model's manifest hint; {DEFAULT_BACKEND} where it "
+        "cannot run; walla ls backends)",
+    )
     # the backend's own options (its kind's Options: hf compile, batch_invariant; vllm max_model_len, ...),
     # over the model's manifest backend_args
-    backend_args: dict[str, str | int | float | bool] = field(default_factory=dict)
-
-    data_file: Path | None = None  # local copy instead of the hub
-    split: str | None = None  # SOURCE split to read (hub split name, e.g. "test" for cais/mmlu)
-    hub_config: str | None = None  # hub config name override (e.g. "anatomy" for cais/mmlu)
-    limit: int | None = (
-        None  # keep the first N questions (after split assignment): a different question table
+    backend_args: dict[str, str | int | float | bool] = option(
+        help="key=value: one of the chosen backend's own options (its kind's Options), repeatable; e.g. "
+        "compile=on (docs/pipeline.md lists each backend's)",
+        flag="--backend-arg",
+        metavar="KEY=VALUE",
+        default_factory=dict,
     )
-    size: int | None = None  # generated datasets: number of rows (overrides generator.n)
-    store: Path | str = Path("walla-store")  # a directory, or an fsspec URL (s3://bucket/prefix)
+    data_file: Path | None = option(None, "local copy of the dataset instead of the hub")
+    split: str | None = option(None, "SOURCE split to read (e.g. test for cais/mmlu)")
+    hub_config: str | None = option(None, "hub config name (e.g. anatomy for cais/mmlu)")
+    limit: int | None = option(
+        None, "keep the first N questions (after split assignment): a different question table"
+    )
+    size: int | None = option(None, "rows of a generated dataset (bayesx, facts; overrides generator.n)")
+    store: Path | str = option(
+        Path("walla-store"), "feature store directory, or an fsspec URL (s3://bucket/prefix, file:///dir)"
+    )
     # None (auto): 8192 / 256 on a CPU, from the free device memory and the model's shape on CUDA (sizing.py)
-    batch_tokens: int | None = None  # padded tokens per forward pass (rows x longest prompt in the bucket)
-    shard_rows: int | None = None  # rows per scoring call and durable store shard (the resume granularity)
-    dtype: str | None = None  # None: the model's manifest dtype
-    chat_template: bool | None = None  # None: the model's manifest setting (the reference: never)
-    device: str | None = None  # None: cuda when available, else cpu
-    context_seed: int = 0  # seeds the irrelevant-context derangement
-    progress: bool = True  # rich progress bar on stderr
+    batch_tokens: int | None = option(
+        None,
+        "padded tokens per forward pass: auto (8192 on CPU; CUDA: from free memory and model shape) | N",
+        metavar="auto|N",
+        cli_type=str,
+    )
+    shard_rows: int | None = option(
+        None,
+        "rows per scoring call and durable store shard (the resume granularity): auto (256 CPU, 8192 CUDA) | N",
+        metavar="auto|N",
+        cli_type=str,
+    )
+    dtype: str | None = option(None, "auto | float32 | bfloat16 | float16 (default: the model's manifest)")
+    chat_template: bool | None = option(
+        None,
+        "wrap prompts in the chat template (default: the model's manifest; the reference: never)",
+        flag="--chat-template/--no-chat-template",
+    )
+    device: str | None = option(None, "cpu | cuda | cuda:N | mps (default: cuda when available, else cpu)")
+    context_seed: int = option(0, "seed of the irrelevant-context derangement")
+    progress: bool = option(True, "a progress bar on stderr")
     # Ray (extract/distributed.py): N actors on a local Ray, or the actors of an existing cluster
-    workers: int | None = None  # None: one process, no Ray
-    ray_address: str | None = None  # e.g. "auto" or "ray://head:10001"; workers default to its GPUs
+    workers: int | None = option(
+        None,
+        "Ray actors (one model each) over row ranges; a local Ray unless --ray-address (default: no Ray)",
+    )
+    ray_address: str | None = option(
+        None,
+        "an existing Ray cluster (auto, ray://head:10001); needs walla[ray]; workers default to its GPUs",
+    )
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _variants(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --variants none,relevant
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @field_validator("backend_args", mode="before")
+    @classmethod
+    def _backend_args(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):  # --backend-arg k=v (repeatable)
+            return parse_backend_args(list(value))
+        return value
+
+    @field_validator("batch_tokens", "shard_rows", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        return None if value == "auto" else value
 
     def __post_init__(self) -> None:
         problems = []

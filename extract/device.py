@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 
 import torch
+from walla.manifests.validate import UsageError
 
 
 def default_device() -> str:
@@ -23,7 +24,7 @@ def check_device_name(device: str) -> str:
     """
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
-        raise ValueError(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
+        raise UsageError(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
     return kind
 
 
@@ -35,16 +36,16 @@ def check_device(device: str) -> None:
     """
     kind = check_device_name(device)
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps: MPS is not available on this machine; use --device cpu")
+        raise UsageError("--device mps: MPS is not available on this machine; use --device cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         built = "built with" if torch.backends.cuda.is_built() else "built without"
-        raise ValueError(
+        raise UsageError(
             f"--device {device}: no CUDA GPU is usable on this machine (torch {torch.__version__}, {built} CUDA); "
             "use --device cpu"
         )
     index = device.partition(":")[2]
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def accelerator(device: str) -> str:

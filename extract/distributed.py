@@ -1,10 +1,10 @@
 """Extraction over many workers: Ray actors (one model each) fill the row ranges of one feature set.
 
-    walla-extract --model smollm2-135m --dataset arc-challenge --workers 2               # local Ray
-    walla-extract --model aloe --dataset medmcqa --backend vllm --device cuda --dtype bfloat16 \\
+    walla extract --model smollm2-135m --dataset arc-challenge --workers 2               # local Ray
+    walla extract --model aloe --dataset medmcqa --backend vllm --device cuda --dtype bfloat16 \\
         --ray-address auto --workers 8 --store s3://bucket/walla-store                    # a GPU cluster
 
-The driver (the `walla-extract` process) resolves everything a fingerprint needs, writes the question
+The driver (the `walla extract` process) resolves everything a fingerprint needs, writes the question
 table and opens each feature set's writer (store/feature_writer.py) exactly as the single-process path
 does; then, instead of scoring itself:
 1. it starts N actors (`RangeWorker`); each settles the driver's `Settled` again on its own machine and

@@ -35,6 +35,8 @@ EMBEDDED_HINT = "use an embedded offline model (--model smollm2-135m or gemma3-2
 class HubUnavailableError(RuntimeError):
     """A hub model or dataset cannot be loaded (offline, gated, missing). The message is one line."""
 
+    exit_code = 3  # walla's exit-code table (cli/exits.py): UNREACHABLE
+
     def __init__(self, message: str, items: list[tuple[str, str, str, str]] | None = None):
         super().__init__(message)
         self.items = items or []  # (kind, repo id, why, how to proceed locally)

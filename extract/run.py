@@ -1,6 +1,6 @@
 """The extraction recipe, top to bottom: model + dataset -> question table -> one feature set per variant.
 
-    walla-extract --model smollm2-135m --dataset facts            # all variants the dataset has
+    walla extract --model smollm2-135m --dataset facts            # all variants the dataset has
     python -m walla.extract.cli --model aloe --dataset pubmedqa --backend vllm --variants none,relevant
 
 1. Resolve the model (manifests/models.yaml) and the dataset (manifests/datasets.yaml).
@@ -156,7 +156,7 @@ def _lock_and_skip_complete(
 ) -> tuple[list[Path], list]:
     """(paths of the complete feature sets, [(variant, spec)] still to extract), each spec's writer lock held.
 
-    A second walla-extract of the same feature set refuses HERE, before a model loads.
+    A second walla extract of the same feature set refuses HERE, before a model loads.
     """
     paths, todo = [], []
     for spec in specs:
@@ -274,7 +274,7 @@ def _refuse_other_machine(
                 f"the store's {info.status} feature set {info.model}/{info.dataset}/{info.variant} "
                 f"{info.fingerprint} has these inputs but was settled with {field} (recorded != this run's): "
                 f"{'resume it where it was started' if info.status != 'complete' else 'use it where it was made'}, "
-                f"or remove it (`walla-store rm {info.fingerprint} --store {cfg.store} --yes`) to make it here"
+                f"or remove it (`walla store rm {info.fingerprint} --store {cfg.store} --yes`) to make it here"
             )
 
 

@@ -12,6 +12,10 @@
 
     cfg = build(HeadConfig, {"lr": 1e-4}, where="manifests/scenarios/x.yaml: train.hparams.walla")
 
+A field that is also a command-line option is declared with `option(default, help)`: its name, type, default
+and help are written once, and cli/options.py makes the typer option from it (as vLLM makes its flags from
+EngineArgs); a problem found on the command line names the flag (`--seeds: ...`), not the field.
+
 Every config class of every stage (model and dataset tables, scenario specs, extraction settings,
 train plans, each method's hyper-parameters) is declared with `@config` and built with `build`/`collect`, so a file
 with five problems reports all five at once, each as `<where>.<key>: <what is wrong>`. Values are
@@ -33,10 +37,16 @@ T = TypeVar("T")
 
 _CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
 _ADAPTERS: dict[type, TypeAdapter] = {}
+COMMAND_LINE = "command line"  # the `where` of a config built from a command's options
 
 
 class ConfigError(ValueError):
-    """Every problem found in one load, one per line ('<file>: <key>: <what is wrong>')."""
+    """Every problem found in one load, one per line ('<file>: <key>: <what is wrong>').
+
+    A usage error of walla's exit-code table (cli/exits.py): the command line or a config file it names is
+    wrong, not the data."""
+
+    exit_code = 2  # cli/exits.py USAGE
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
@@ -47,9 +57,49 @@ class ConfigError(ValueError):
         )
 
 
+class UsageError(ConfigError):
+    """One problem with what the command line asks for, found where it can first be checked (a device or
+    package this machine lacks, an option another one excludes): exit 2 like every ConfigError."""
+
+    def __init__(self, message: str):
+        super().__init__([message])
+
+
 def config(cls: type[T]) -> type[T]:
     """Class decorator: a frozen dataclass whose fields pydantic validates; unknown keys are errors."""
     return _pydantic_dataclass(frozen=True, config=_CONFIG)(cls)
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    repeat: bool = False,
+    cli_type: type | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A config field that is also a command-line option (cli/options.py builds the option from it).
+
+    Args:
+        default, default_factory: the field's default (none: a required option).
+        help: the option's help line, as shown by `walla <sub> --help`.
+        flag: the option's names when not `--<field-name>`, e.g. "--set" or "--calibrated/--uncalibrated".
+        metavar: the value's name in the help (default: the click type's, e.g. TEXT, INTEGER).
+        repeat: a repeatable option (`--set a --set b`); else a tuple field takes one comma list.
+        cli_type: the type the command line parses before the config validates it (e.g. str for "auto | N").
+    """
+    meta = {"help": help, "flag": flag, "metavar": metavar, "repeat": repeat, "cli_type": cli_type}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def flag_of(cls: type, name: str) -> str:
+    """The command-line flag of field `name` of `cls` (its first name: `--seed-list`, `--set`)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name and f.metadata.get("flag"):
+            return f.metadata["flag"].split("/")[0]
+    return "--" + name.replace("_", "-")
 
 
 def check(ok: bool, name: str, allowed: str, value: Any) -> None:
@@ -72,6 +122,8 @@ def _describe(err: dict, cls: type, where: str) -> str:
     loc = ".".join(str(p) for p in err.get("loc", ()))
     kind = err.get("type", "")
     at = f"{where}.{loc}" if loc else where
+    if where == COMMAND_LINE and loc and kind != "unexpected_keyword_argument":
+        at = flag_of(cls, str(err["loc"][0])) + "".join(f"[{p}]" for p in err["loc"][1:])
     if kind == "unexpected_keyword_argument":
         names = field_names(cls)
         close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1)
@@ -81,6 +133,10 @@ def _describe(err: dict, cls: type, where: str) -> str:
         return f"{at}: missing required key"
     msg = str(err.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
+    if where == COMMAND_LINE and not loc:
+        return msg  # a __post_init__ check: its message names the option
+    if msg.startswith(at):  # a validator's message that names its flag already
+        return msg
     if loc and "input" in err and kind != "value_error":
         return f"{at}: {msg}, got {err['input']!r}"
     return f"{at}: {msg}"

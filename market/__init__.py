@@ -11,7 +11,7 @@
     client.py      a small httpx client of the API (agents, replay, load test)
     head.py        one agent's trained WALLA head (a run's state.pt), frozen or learning from its payouts
     agent.py       the live agent: LLM features (walla's extraction backends) -> head -> report
-    replay.py      a trained scenario's test split through the live API, checked against walla-train
+    replay.py      a trained scenario's test split through the live API, checked against walla train
     run_choice.py  which runs a replay uses: one run key of one method (--key / --run, or the only one)
     stats.py       the dashboard's numbers (GET /market); local.py: a server in a thread (replay, tests)
 

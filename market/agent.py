@@ -5,7 +5,7 @@
 
 An agent sees only what its token may see: the open rounds, its own reports and its own payouts
 (decentralized). Features come from walla's extraction code (LLMFeatures: an extraction backend, the dataset's
-prompt template and option tokens, exactly as walla-extract scores a question) or, in replay, from the
+prompt template and option tokens, exactly as walla extract scores a question) or, in replay, from the
 feature store (replay.StoreFeatures).
 """
 
@@ -37,9 +37,9 @@ class LLMFeatures:
 
     The prompt is the dataset's template without context (its registry default or datasets.yaml `prompt:`,
     rendered by extract/prompts.py), the scored option tokens are the dataset's (or the display letters),
-    the backend is the one walla-extract would choose (`backend`, else the model's manifest hint, else hf;
+    the backend is the one walla extract would choose (`backend`, else the model's manifest hint, else hf;
     extract/backends/registry.py) in the model's manifest dtype, settled and opened through the registry's
-    door as walla-extract does (`self.settled.identity` is what walla-extract's fingerprint would record).
+    door as walla extract does (`self.settled.identity` is what walla extract's fingerprint would record).
     """
 
     def __init__(

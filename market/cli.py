@@ -7,7 +7,7 @@
 
 The group is lazy (walla.cli.lazy): `walla market --help` and `walla market serve --help` import neither
 FastAPI nor SQLAlchemy nor torch. `walla-market ...` is `walla market ...`. Every error is one line on
-stderr and exit 1; bad usage (unknown command or option, a value of the wrong type) is one line and exit 2.
+stderr with the exit codes of cli/exits.py (1 data or state, 2 usage, 3 a server that does not answer).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ COMMANDS = {  # command -> its module's app; the help line is the command's own 
     ),
     "replay": Lazy(
         "walla.market.cli_replay:app",
-        "Stream a trained scenario's test split through a live market; check it against walla-train's "
+        "Stream a trained scenario's test split through a live market; check it against walla train's "
         "predictions.",
     ),
     "audit": Lazy(
@@ -49,6 +49,8 @@ market_app = typer.Typer(
     cls=lazy_group(COMMANDS),
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 110},
 )
 
 

@@ -14,9 +14,11 @@ import os
 from pathlib import Path
 
 import typer
+from walla.cli import options
+from walla.cli.exits import UNREACHABLE, USAGE
 from walla.market.cli_common import fail
 
-app = typer.Typer(add_completion=False)
+app = options.app()
 TOKEN_ENV = "WALLA_MARKET_AGENT_TOKEN"
 
 
@@ -32,7 +34,9 @@ def agent_token(token: str | None, token_file: Path | None) -> str:
         return lines[0]
     token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip()
     if not token:
-        raise fail(f"no token: pass --token-file FILE or set {TOKEN_ENV} (walla market add-agent prints it)")
+        raise fail(
+            f"no token: pass --token-file FILE or set {TOKEN_ENV} (walla market add-agent prints it)", USAGE
+        )
     return token
 
 
@@ -66,30 +70,26 @@ def agent(
 ) -> None:
     """Run one agent: report on every open round with the LLM's forecast and the head's wager; learn."""
     # the agent's stack (httpx, torch, the extraction backends) is imported when it runs: walla.cli.lazy
-    import httpx
-    from walla.market.agent import Agent, LLMFeatures
-    from walla.market.client import MarketClient, MarketError
-    from walla.market.head import AgentHead
-    from walla.train.runs import RunFormatError
+    from walla.market import agent as live
 
     logging.basicConfig(level=logging.INFO, format="walla market agent: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
     if batch_size < 1 or poll <= 0:
-        raise fail("--batch-size must be >= 1 and --poll > 0")
+        raise fail("--batch-size must be >= 1 and --poll > 0", USAGE)
     token = agent_token(token, token_file)
     try:
-        h = AgentHead.from_run(head, slot)
-        client = MarketClient(url, token)
+        h = live.AgentHead.from_run(head, slot)
+        client = live.MarketClient(url, token)
         who = client.me()
-        features = LLMFeatures(model, dataset, device=device, backend=backend)
+        features = live.LLMFeatures(model, dataset, device=device, backend=backend)
         typer.echo(
             f"walla market agent: {who['name']} on {url}, {model} ({dataset} prompts), head {head} slot {slot}",
             err=True,
         )
-        Agent(client, h, features, learn, batch_size).run(poll, max_rounds)
-    except (RunFormatError, ValueError, KeyError, FileNotFoundError, OSError) as e:
+        live.Agent(client, h, features, learn, batch_size).run(poll, max_rounds)
+    except (ValueError, KeyError, OSError) as e:  # a run's format (RunFormatError), a name, a file
         raise fail(e.args[0] if isinstance(e, KeyError) and e.args else e) from None
-    except MarketError as e:
+    except live.MarketError as e:
         raise fail(f"--url {url}: {e}") from None
-    except httpx.TransportError as e:
-        raise fail(f"--url {url}: cannot reach the market ({e})") from None
+    except live.httpx.TransportError as e:
+        raise fail(f"--url {url}: cannot reach the market ({e})", UNREACHABLE) from None

@@ -12,16 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from walla.cli import options
 from walla.market.cli_common import fail
+from walla.market.cli_operator import open_ledger  # light: it imports the ledger when it opens one
 
-app = typer.Typer(add_completion=False)
+app = options.app()
 
 DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (postgresql://user@host/db)")
 
 
 def _existing_ledger(db: str):
-    from walla.market.cli_operator import open_ledger  # the ledger's stack: only when a command runs
-
     if "://" not in db and not Path(db).is_file():
         raise fail(f"--db {db}: no such ledger file")
     return open_ledger(db)
@@ -90,11 +90,11 @@ def export_command(
     db: str = DB, to: Path = typer.Option(..., "--to", help="directory for the Parquet files")
 ) -> None:
     """Write the ledger's tables (reports, resolutions, payouts, events, ...) as Parquet files."""
-    from walla.market.export import export
-
     if to.exists() and not to.is_dir():
         raise fail(f"--to {to}: exists and is not a directory")
     ledger = _existing_ledger(db)
+    from walla.market.export import export  # pyarrow: once the options hold
+
     try:
         written = export(ledger, to)
     except OSError as e:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from walla.cli import options
+from walla.cli.exits import DATA, UNREACHABLE, USAGE
 from walla.market.cli_common import fail
 from walla.market.errors import ClientError
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
-app = typer.Typer(add_completion=False)
+app = options.app()
 
 DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (postgresql://user@host/db)")
 TOKEN_FILE = typer.Option(
@@ -36,7 +38,7 @@ TOKEN_FILE = typer.Option(
 def open_ledger(db: str) -> Ledger:
     """The ledger at `db`, or one clear error line (unreachable server, unwritable path, bad URL)."""
     # SQLAlchemy is imported when a command opens the ledger, not for --help: walla.cli.lazy
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
     from walla.market.ledger import Ledger
 
     path = Path(db)
@@ -49,7 +51,12 @@ def open_ledger(db: str) -> Ledger:
     except ValueError as e:  # a URL of a database the ledger does not support (db.database_url)
         raise fail(f"--db {db}: {e}") from None
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})") from None
+        raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})", USAGE) from None
+    except OperationalError as e:  # a database server that does not answer (a SQLite file: its directory)
+        code = UNREACHABLE if "://" in db else DATA
+        raise fail(
+            f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})", code
+        ) from None
     except SQLAlchemyError as e:
         raise fail(f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})") from None
 
@@ -61,11 +68,11 @@ def _operator_token(token_file: Path | None) -> str | None:
         except OSError as e:
             raise fail(f"--operator-token-file {token_file}: {e.strerror}") from None
         if len(token) < 16:
-            raise fail(f"--operator-token-file {token_file}: expected a token of >= 16 characters")
+            raise fail(f"--operator-token-file {token_file}: expected a token of >= 16 characters", USAGE)
         return token
     token = os.environ.get(TOKEN_ENV)
     if token is not None and len(token.strip()) < 16:
-        raise fail(f"{TOKEN_ENV}: expected a token of >= 16 characters")
+        raise fail(f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
     return token.strip() if token else None
 
 
@@ -93,12 +100,12 @@ def add_agent(
     name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
 ) -> None:
     """Register an agent; prints its token once (only a hash is stored)."""
-    from walla.market.models import agent_name  # walla.cli.lazy
+    from walla.market.models import agent_name  # torch (train/mechanism.py): walla.cli.lazy
 
     try:
         name = agent_name(name)
     except ValueError as e:
-        raise fail(e) from None
+        raise fail(e, USAGE) from None
     try:
         ledger = open_ledger(db)
         token = ledger.add_agent(name)
@@ -109,7 +116,7 @@ def add_agent(
 
 def _check_port(host: str, port: int) -> None:
     if not 1 <= port <= 65535:
-        raise fail(f"--port: expected 1..65535, got {port}")
+        raise fail(f"--port: expected 1..65535, got {port}", USAGE)
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -146,6 +153,16 @@ def serve(
     ),
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
+    # the options are checked before the server stack (FastAPI, SQLAlchemy, torch) is imported
+    if max_body is not None and max_body < 1024:
+        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}", USAGE)
+    if rate is not None and not 0 <= rate < float("inf"):
+        raise fail(f"--rate: expected a number >= 0, got {rate}", USAGE)
+    if read_timeout is not None and not 0 < read_timeout <= 3600:
+        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
+    if max_client_connections is not None and not 1 <= max_client_connections <= 100_000:
+        raise fail(f"--max-client-connections: expected 1..100000, got {max_client_connections}", USAGE)
+    _check_port(host, port)
     import uvicorn  # the server stack is imported when it serves, not for --help: walla.cli.lazy
     from walla.market.guard import guarded_protocol
     from walla.market.server import MAX_BODY, MAX_CLIENT_CONNECTIONS, RATE, READ_TIMEOUT_S, create_app
@@ -154,15 +171,6 @@ def serve(
     rate = RATE if rate is None else rate
     read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
     per_client = MAX_CLIENT_CONNECTIONS if max_client_connections is None else max_client_connections
-    if not 1 <= per_client <= 100_000:
-        raise fail(f"--max-client-connections: expected 1..100000, got {per_client}")
-    if max_body < 1024:
-        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}")
-    if not 0 <= rate < float("inf"):
-        raise fail(f"--rate: expected a number >= 0, got {rate}")
-    if not 0 < read_timeout <= 3600:
-        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}")
-    _check_port(host, port)
     ledger = open_ledger(db)
     _setup_operator(ledger, operator_token_file)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)

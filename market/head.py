@@ -9,7 +9,7 @@ Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's h
 w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
 agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
 A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on
-(walla.train.wager_training.wager_loss), then walla-train's own step: per-head gradient-norm clipping at the
+(walla.train.wager_training.wager_loss), then walla train's own step: per-head gradient-norm clipping at the
 run's `clip` and one Adam step at the run's lr (wager_training.optimizer_step through a single-device
 Fabric, the optimizer from engine.make_optimizer). The Adam moments start at zero: a run's state.pt keeps
 the best parameters, not its optimizer state (there is none to load yet).
@@ -73,8 +73,8 @@ class AgentHead:
     @classmethod
     def from_run(cls, run: str | Path, slot: int) -> AgentHead:
         """The head of agent `slot` in a complete, current WALLA run directory (run.json + state.pt): a
-        stale run (other inputs, another walla-train schema) or one moved out of its key directory is
-        refused, as walla-eval and joining refuse it (train/runs.py read_current_run_meta)."""
+        stale run (other inputs, another walla train schema) or one moved out of its key directory is
+        refused, as walla eval and joining refuse it (train/runs.py read_current_run_meta)."""
         run = Path(run)
         meta = read_current_run_meta(run)  # RunFormatError when missing, unreadable or stale
         method = str(meta.get("method", "?"))
@@ -125,7 +125,7 @@ class AgentHead:
             return float("nan")
         cfg = self.cfg
         if self.opt is None:
-            self.fabric = make_fabric(TrainEnv())  # CPU, 32-bit: the run's step as walla-train runs it
+            self.fabric = make_fabric(TrainEnv())  # CPU, 32-bit: the run's step as walla train runs it
             self.opt = make_optimizer(self.heads.parameters(), "adam", cfg.lr)
         x = self._input([h for h, _ in batch])  # [1, b, H]
         adv = torch.tensor([a for _, a in batch], dtype=torch.float64)  # [b]

@@ -1,7 +1,7 @@
 """A round's payouts and pooled forecast: thin float64 wrappers around walla.train.mechanism.
 
 Nothing here is a formula of its own: scores, leave-one-out baselines, net payouts and pooling are the
-functions walla-train trains with and walla-eval scores with, so a live round pays exactly what the offline
+functions walla train trains with and walla eval scores with, so a live round pays exactly what the offline
 pipeline computes for the same reports (tests/market/test_payouts.py checks it against net_payout).
 """
 
@@ -60,7 +60,7 @@ def pooled_forecast(probs: list[list[float]], wagers: list[float], kind: str, k:
     """The wager-weighted pool of the current reports (mechanism.pool: all-zero wagers pool with equal weights).
 
     No report yet: the uniform forecast over the K options (what the mechanism uses without stake).
-    `choice` is the argmax, ties to the lowest option index (numpy/torch argmax, as walla-eval's accuracy).
+    `choice` is the argmax, ties to the lowest option index (numpy/torch argmax, as walla eval's accuracy).
     """
     if not probs:
         agg, weights = [1.0 / k] * k, []

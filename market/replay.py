@@ -1,20 +1,20 @@
-"""Replay = offline: a trained scenario's test split through the live market, checked against walla-train.
+"""Replay = offline: a trained scenario's test split through the live market, checked against walla train.
 
     result = replay(ReplayConfig(scenario="demo-homo-facts", runs="runs", store="walla-store"))
 
 Per seed of one run key of the WALLA method (run_choice.py: the key the user names, or the method's only
-one; every seed walla-eval counts unless seeds are named): a fresh ledger and server on a
+one; every seed walla eval counts unless seeds are named): a fresh ledger and server on a
 free loopback port; one agent per slot, each with its own token, its own head (its slot of the run's
 state.pt, AgentHead) and its own features from the store (StoreFeatures: that agent's probabilities and
 hidden state, nothing of the others'). Every test question becomes a round with the run's mechanism
 settings; the agents report concurrently; the operator closes and resolves it (the label, or the gold
 distribution for soft targets). Then the live pooled forecasts, wagers and payouts are compared with the
 run's predictions.parquet (frozen heads: equal to float32 storage precision) and the live run's metrics
-are computed exactly as walla-eval computes the table's (evaluate/metrics.py), next to the offline ones.
+are computed exactly as walla eval computes the table's (evaluate/metrics.py), next to the offline ones.
 With `learn`, heads keep updating from their own payouts (Agent.collect_payouts), so the live numbers
 then differ from the offline ones by design: the report shows both.
 
-Runs are found only through run_choice.py, i.e. the runs walla-eval counts (evaluate/load.py).
+Runs are found only through run_choice.py, i.e. the runs walla eval counts (evaluate/load.py).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, d
         "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
         "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
     }
-    # the live numbers as walla-train stores its predictions (float32, train/runs.py), then widened as the
+    # the live numbers as walla train stores its predictions (float32, train/runs.py), then widened as the
     # reader widens them: an exact tie offline ([0.5, 0.5]) stays one live, so argmax-based metrics agree
     pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
     pad[:, :k_live] = _stored(live["pool"])

@@ -9,8 +9,8 @@ runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/runs.py). Replay never picks 
 directory or one of its seed directories) or `key` (a key id, or a unique prefix of one) names it, the
 method's only key is taken when there is one, and with several RunChoiceError lists them on one line.
 
-The runs are those walla-eval counts (evaluate/load.py load_scenario_runs: complete, with a run key, of
-the scenario's current inputs and walla-train schema, and a joined run only while the base run it
+The runs are those walla eval counts (evaluate/load.py load_scenario_runs: complete, with a run key, of
+the scenario's current inputs and walla train schema, and a joined run only while the base run it
 continued is current: train/runs.py stale_run_reason): a replay, and `walla serve`, play the same runs
 the tables report, never a stale, pre-run-key or orphaned joined one. `choose_runs` is the function every
 consumer of "the current runs of a method's key" calls.
@@ -71,7 +71,7 @@ def parse_run_path(path: Path) -> RunPath:
 
 
 def _keys(runs: dict[str, dict[int, RunRecord]], method: str) -> dict[str, dict[int, RunRecord]]:
-    """key id -> seed -> run of `method`, from walla-eval's rows (one row per run key)."""
+    """key id -> seed -> run of `method`, from walla eval's rows (one row per run key)."""
     out: dict[str, dict[int, RunRecord]] = {}
     for by_seed in runs.values():
         first = next(iter(by_seed.values()))

@@ -3,7 +3,7 @@
 Per resolved round (id order; a corrected round by its current answer, void rounds left out): the pooled forecast's Brier loss and hit (argmax == answer) next to the
 uniform average's (the agents' plain mean, UniformAvg), every agent's wager, the round's net payout and
 its deficit bound c2^2/c3. Per agent: balance, cumulative payouts. Brier is the unhalved
-||p - target||^2 (mechanism.brier_loss, as walla-eval's tables), accuracy the argmax with ties to the
+||p - target||^2 (mechanism.brier_loss, as walla eval's tables), accuracy the argmax with ties to the
 lowest option.
 """
 

@@ -4,8 +4,8 @@ walla store ls [--store walla-store]             feature sets + question tables,
 walla store verify [FP_PREFIX ...] [--store ..]  recompute every file checksum; exit 1 naming a bad file
 walla store rm FP_PREFIX [--store ..] [--yes]    delete a feature set / question table by fingerprint prefix
 
-`walla-store` is the same command. The store's modules (zarr, polars, fsspec) are imported when a command
-runs, not for --help (walla.cli.lazy).
+`walla-store` is the same command. The store's modules (zarr, polars, fsspec) are imported once, by `_store`,
+when a command runs, not for --help (walla.cli.lazy). Errors: one line, the exit codes of cli/exits.py.
 """
 
 from __future__ import annotations
@@ -13,22 +13,32 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from walla.cli import new_app
+from walla.cli.exits import DATA, USAGE, fail
 
 if TYPE_CHECKING:
     from walla.store.featureset import FeatureSetInfo
     from walla.store.location import Location
 
-app = typer.Typer(add_completion=False, no_args_is_help=True)
+app = new_app(no_args_is_help=True)
 
 
 @app.callback()
-def _store() -> None:
+def _group() -> None:
     """List, verify and remove feature sets and question tables."""
+
+
+def _store() -> ModuleType:
+    """The store's modules, imported when a command runs (zarr, polars, fsspec): walla.cli.lazy."""
+    import walla.store.cli_ops as ops
+
+    return ops
 
 
 STORE_OPT = typer.Option(
@@ -41,34 +51,31 @@ def _console() -> Console:
     return Console(width=max(shutil.get_terminal_size((160, 24)).columns, 160), soft_wrap=False)
 
 
-def _fail(msg: str, code: int = 1) -> None:
-    """One line on stderr, then exit with `code`."""
-    typer.echo(f"walla-store: error: {' '.join(str(msg).split())}", err=True)
-    raise typer.Exit(code)
+def _fail(msg: object, code: int = DATA) -> None:
+    """`walla store: error: <msg>` on stderr, then exit with `code` (cli/exits.py)."""
+    raise fail("store", msg, code)
 
 
 def _open_store(where: str, must_exist: bool) -> Location:
     """The store at `where` (a directory or an fsspec URL); a file (or, for verify/rm, nothing) is an error."""
-    from walla.store.files import describe_os_error  # walla.cli.lazy
-    from walla.store.location import as_location
-
+    ops = _store()
     try:
-        store = as_location(where)
+        store = ops.as_location(where)
         _check_store(store, must_exist)
     except ValueError as e:  # no fsspec implementation for the protocol, a bad URL (store named)
         _fail(e)
     except OSError as e:
-        _fail(f"store {where}: {describe_os_error(e)}")
+        _fail(f"store {where}: {ops.describe_os_error(e)}")
     return store
 
 
 def _check_store(store: Location, must_exist: bool) -> None:
     if store.exists() and not store.is_dir():
         _fail(
-            f"store {store} is a file, expected a store directory (e.g. walla-store, made by walla-extract)"
+            f"store {store} is a file, expected a store directory (e.g. walla-store, made by walla extract)"
         )
     if must_exist and not store.exists():
-        _fail(f"store {store} does not exist; give the directory walla-extract wrote (--store DIR)")
+        _fail(f"store {store} does not exist; give the directory walla extract wrote (--store DIR)")
 
 
 def _size(n: int) -> str:
@@ -90,17 +97,15 @@ class _Entry:
 
 
 def _entries(store: Path) -> list[_Entry]:
-    from walla.store.featureset import StoreError, list_feature_sets  # walla.cli.lazy
-    from walla.store.questions import QUESTIONS_DIR, question_table_dirs, read_question_meta
-
-    out = [_Entry("features", i.fingerprint, i.path, info=i) for i in list_feature_sets(store)]
-    for d in question_table_dirs(store):
+    ops = _store()
+    out = [_Entry("features", i.fingerprint, i.path, info=i) for i in ops.list_feature_sets(store)]
+    for d in ops.question_table_dirs(store):
         try:
-            m = read_question_meta(d)
+            m = ops.read_question_meta(d)
             out.append(_Entry("questions", m["fingerprint"], d, meta=m))
-        except StoreError as e:
+        except ops.StoreError as e:
             out.append(_Entry("questions", d.name, d, error=str(e)))
-    qroot = store / QUESTIONS_DIR
+    qroot = store / ops.QUESTIONS_DIR
     for d in sorted(qroot.glob("*/*.incomplete")) if qroot.is_dir() else []:  # a killed question-table write
         out.append(_Entry("questions", d.name.split(".")[0], d))
     return out
@@ -109,20 +114,17 @@ def _entries(store: Path) -> list[_Entry]:
 @app.command("ls")
 def ls(store: str = STORE_OPT) -> None:
     """List feature sets and question tables: status, rows, hidden size, disk size, creation time."""
-    from walla.store.featureset import StoreError  # walla.cli.lazy
-    from walla.store.files import describe_os_error
-    from walla.store.listing import dir_size
-
+    ops = _store()
     store = _open_store(store, must_exist=False)
     console = _console()
     try:
         entries = _entries(store)
-    except (StoreError, OSError) as e:
-        _fail(describe_os_error(e) if isinstance(e, OSError) else e)
+    except (ops.StoreError, OSError) as e:
+        _fail(ops.describe_os_error(e) if isinstance(e, OSError) else e)
     if not entries:
         where = "" if store.is_dir() else " (the directory does not exist)"
         console.print(
-            f"store {store} is empty{where}: create feature sets with `make extract MODEL=.. DATASET=..`"
+            f"store {store} is empty{where}: create feature sets with `walla extract --model .. --dataset ..`"
         )
         return
     table = Table(title=f"walla store {store}", show_lines=False)
@@ -142,7 +144,7 @@ def ls(store: str = STORE_OPT) -> None:
         table.add_column(col, no_wrap=True, justify="right" if col in ("rows", "hidden", "size") else "left")
     total, counts = 0, {}
     for e in entries:
-        size = dir_size(e.path)
+        size = ops.dir_size(e.path)
         total += size
         if e.info is not None:
             i = e.info
@@ -208,23 +210,19 @@ def verify(
     store: str = STORE_OPT,
 ) -> None:
     """Recompute the checksum of every file of every complete entry; exit 1 naming the first bad file."""
-    from walla.store.featureset import StoreError, read_feature_set, verify_checksums  # walla.cli.lazy
-    from walla.store.files import describe_os_error, read_json
-    from walla.store.location import is_remote
-    from walla.store.questions import read_question_table
-
+    ops = _store()
     store = _open_store(store, must_exist=True)
     console = _console()
     try:
         entries = [
             e for e in _entries(store) if not prefixes or any(e.fingerprint.startswith(p) for p in prefixes)
         ]
-    except (StoreError, OSError) as e:
-        _fail(describe_os_error(e) if isinstance(e, OSError) else e)
+    except (ops.StoreError, OSError) as e:
+        _fail(ops.describe_os_error(e) if isinstance(e, OSError) else e)
     if not entries:
         if prefixes:
             _fail(
-                f"no entry of {store} has a fingerprint starting with {', '.join(prefixes)} (see `walla-store ls`)"
+                f"no entry of {store} has a fingerprint starting with {', '.join(prefixes)} (see `walla store ls`)"
             )
         console.print(f"nothing to verify in {store}")
         return
@@ -233,29 +231,29 @@ def verify(
         label = f"{e.kind} {e.fingerprint} ({e.path})"
         try:
             if e.error is not None:
-                raise StoreError(e.error)
+                raise ops.StoreError(e.error)
             if (
                 e.info is not None
                 and e.info.status in ("incomplete", "writing")
-                and (e.path.name.endswith(".incomplete") or is_remote(e.path))  # remote: written in place
+                and (e.path.name.endswith(".incomplete") or ops.is_remote(e.path))  # remote: written in place
             ):
                 console.print(f"[yellow]SKIP[/] {label}: {e.info.status}, not committed")
                 continue
             if e.info is not None and e.info.status == "stale":
-                verify_checksums(e.path, read_json(e.path / "meta.json"))
+                ops.verify_checksums(e.path, ops.read_json(e.path / "meta.json"))
                 console.print(f"[yellow]OK  [/] {label}: checksums match, but schema is stale (re-extract)")
                 continue
             if e.info is not None:
-                read_feature_set(e.path, verify=True)
+                ops.read_feature_set(e.path, verify=True)
             elif e.meta is not None:
-                read_question_table(store, e.meta["dataset"], e.fingerprint, verify=True)
+                ops.read_question_table(store, e.meta["dataset"], e.fingerprint, verify=True)
             else:
                 console.print(f"[yellow]SKIP[/] {label}: incomplete write")
                 continue
             console.print(f"[green]OK  [/] {label}")
-        except (StoreError, ValueError, OSError) as err:
+        except (ops.StoreError, ValueError, OSError) as err:
             failed += 1
-            msg = describe_os_error(err) if isinstance(err, OSError) else " ".join(str(err).split())
+            msg = ops.describe_os_error(err) if isinstance(err, OSError) else " ".join(str(err).split())
             typer.echo(f"FAIL {label}: {msg}", err=True)
     if failed:
         console.print(f"[red]{failed} of {len(entries)} entries failed verification[/]")
@@ -270,36 +268,34 @@ def rm(
     all_matches: bool = typer.Option(False, "--all", help="remove every entry the prefix matches"),
 ) -> None:
     """Remove a feature set (complete or not) or a question table by fingerprint prefix."""
-    from walla.store.featureset import LockedError, StoreError, remove_feature_set  # walla.cli.lazy
-    from walla.store.files import describe_os_error
-    from walla.store.listing import remove_dir
-
     console = _console()
     if len(prefix) < 4:
-        _fail(f"fingerprint prefix {prefix!r} is too short: give at least 4 characters", 2)
+        _fail(f"fingerprint prefix {prefix!r} is too short: give at least 4 characters", USAGE)
+    ops = _store()
     store = _open_store(store, must_exist=True)
     try:
         matches = [e for e in _entries(store) if e.fingerprint.startswith(prefix)]
-    except (StoreError, OSError) as e:
-        _fail(describe_os_error(e) if isinstance(e, OSError) else e)
+    except (ops.StoreError, OSError) as e:
+        _fail(ops.describe_os_error(e) if isinstance(e, OSError) else e)
     if not matches:
-        _fail(f"no entry of {store} has a fingerprint starting with {prefix!r} (see `walla-store ls`)")
+        _fail(f"no entry of {store} has a fingerprint starting with {prefix!r} (see `walla store ls`)")
     if len(matches) > 1 and not all_matches:
         _fail(
             f"{prefix!r} matches {len(matches)} entries: "
             + ", ".join(f"{e.kind} {e.fingerprint}" for e in matches)
-            + "; give more characters or --all"
+            + "; give more characters or --all",
+            USAGE,
         )
     for e in matches:
         if not yes and not typer.confirm(f"remove {e.kind} {e.fingerprint} ({e.path})?"):
             continue
         try:
             if e.info is not None:
-                remove_feature_set(e.info)
+                ops.remove_feature_set(e.info)
             else:
-                remove_dir(e.path)
-        except LockedError as err:
+                ops.remove_dir(e.path)
+        except ops.LockedError as err:
             _fail(err)
         except OSError as err:
-            _fail(describe_os_error(err))
+            _fail(ops.describe_os_error(err))
         console.print(f"removed {e.kind} {e.fingerprint} ({e.path})")

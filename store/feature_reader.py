@@ -5,7 +5,7 @@ present, the xxh3 checksum of every file (on by default: ~1.3 GB/s on this 2-cor
 question_id order shared by rows.parquet / meta.json / the zarr attrs, and the hidden array's shape.
 Any failure is ONE StoreError naming the file and the command that fixes it:
 
-    fix: `walla-store rm <fp> --store S --yes && walla-extract --model M --dataset D --variants V ...`
+    fix: `walla store rm <fp> --store S --yes && walla extract --model M --dataset D --variants V ...`
 
 (re-running the extraction alone would find the entry complete and keep it).
 """
@@ -74,7 +74,7 @@ def store_of(path: Path) -> Path:
 
 def recreate_command(path: Path, meta: dict) -> str:
     """The command that re-creates this feature set: recorded at commit, else its question table's (with
-    this variant), else `make extract` (with SIZE= for a generated dataset)."""
+    this variant), else `walla extract` (with --size  for a generated dataset)."""
     if meta.get("command"):
         return meta["command"]
     parts = as_location(path).parts

@@ -107,7 +107,7 @@ class FeatureSetWriter:
         elif not self.remote and self.final.exists():
             raise StoreError(
                 f"{self.final} exists but has no {META_FILE}: not written by walla; remove it "
-                f"(`walla-store rm {self.fingerprint} --store {store} --yes`) and re-run"
+                f"(`walla store rm {self.fingerprint} --store {store} --yes`) and re-run"
             )
         elif (self.tmp / WRITER_FILE).exists():
             self._resume(want)
@@ -164,7 +164,7 @@ class FeatureSetWriter:
             raise StoreError(
                 f"incomplete feature set {self.tmp} was started with different shape/inputs "
                 f"({', '.join(f'{k}: {a} != {b}' for k, (a, b) in diff.items())}); remove it with "
-                f"`walla-store rm {self.fingerprint} --store {self.final.parents[4]} --yes` and re-run"
+                f"`walla store rm {self.fingerprint} --store {self.final.parents[4]} --yes` and re-run"
             )
         self.chunk_rows = have["chunk_rows"]
 

@@ -42,12 +42,14 @@ class LockedError(StoreError):
 
 
 def extract_command(model: str, dataset: str, variants: str | list[str], size: int | None = None) -> str:
-    """The `make extract` command that (re)creates feature sets; 'missing' errors quote it.
+    """The `walla extract` command that (re)creates feature sets; 'missing' errors quote it.
 
     `size`: rows of a generated dataset (its question table, hence its fingerprints, depend on it).
     """
     v = variants if isinstance(variants, str) else ",".join(variants)
-    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={v}" + (f" SIZE={size}" if size else "")
+    return f"walla extract --model {model} --dataset {dataset} --variants {v}" + (
+        f" --size {size}" if size else ""
+    )
 
 
 def fix_command(fingerprint: str, store: Path, recreate: str) -> str:
@@ -55,7 +57,7 @@ def fix_command(fingerprint: str, store: Path, recreate: str) -> str:
 
     Re-running the extraction alone is not enough: it would find the entry complete and keep it.
     """
-    return f"fix: `walla-store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {on_store(recreate, store)}`"
+    return f"fix: `walla store rm {fingerprint} --store {shlex.quote(str(store))} --yes && {on_store(recreate, store)}`"
 
 
 def on_store(command: str, store: Path) -> str:
@@ -63,8 +65,8 @@ def on_store(command: str, store: Path) -> str:
     argv = shlex.split(command)
     if "--store" in argv[:-1]:
         argv[argv.index("--store") + 1] = str(store)
-    elif argv[:2] == ["make", "extract"]:
-        argv.append(f"STORE={store}")
+    elif argv[:2] == ["walla", "extract"]:
+        argv += ["--store", str(store)]
     return shlex.join(argv)
 
 

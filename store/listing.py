@@ -1,5 +1,5 @@
 """Listing and removing feature-set directories (complete, stale, being written, or left by a dead writer):
-what `walla-store ls` and `walla-store rm` show and do, and how assembly finds candidates.
+what `walla store ls` and `walla store rm` show and do, and how assembly finds candidates.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from walla.store.schema import FEATURE_SCHEMA_VERSION
 
 @dataclass
 class FeatureSetInfo:
-    """One directory under features/, complete or not (what `walla-store ls` shows)."""
+    """One directory under features/, complete or not (what `walla store ls` shows)."""
 
     model: str
     dataset: str
@@ -73,7 +73,7 @@ def _info(model: str, dataset: str, variant: str, d: Path) -> FeatureSetInfo:
     if not incomplete and (d / META_FILE).exists():
         try:
             m = read_json(d / META_FILE)
-        except StoreError:  # `walla-store verify` names the file (read_feature_set)
+        except StoreError:  # `walla store verify` names the file (read_feature_set)
             m = {"schema_version": None}
         if m.get("schema_version") is None:
             status = "corrupt"

@@ -1,6 +1,6 @@
 """The one-writer lock of a feature set: a filelock next to its directory (`<fp>.lock`).
 
-Take it BEFORE loading a model, so a second `walla-extract` of the same key refuses at once. The kernel
+Take it BEFORE loading a model, so a second `walla extract` of the same key refuses at once. The kernel
 releases a flock when its process dies, so a killed writer never leaves a stale lock. A remote store
 (store/location.py) has no flock: there, one driver per feature set is the user's promise.
 """

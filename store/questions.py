@@ -252,7 +252,7 @@ def read_question_table(
         verify: recompute the file checksums (default); the schema version, row count and columns are
             always checked.
     Raises:
-        FileNotFoundError: no such table (the message says which `make extract` creates one).
+        FileNotFoundError: no such table (the message says which `walla extract` creates one).
         StoreError: schema version mismatch, unreadable/corrupt file or checksum mismatch (file and fix named).
     """
     tables = list_question_tables(store, dataset)
@@ -265,7 +265,7 @@ def read_question_table(
             else f"question table of dataset {dataset!r}"
         )
         raise FileNotFoundError(
-            f"no {what} in store {store}; create it with `make extract MODEL=<model> DATASET={dataset}`"
+            f"no {what} in store {store}; create it with `walla extract --model <model> --dataset {dataset}`"
         )
     if fp is not None and len({t["fingerprint"] for t in tables}) > 1:
         raise ValueError(
@@ -312,7 +312,7 @@ def recreate_question_command(store: Path, dataset: str, fp: str, meta: dict | N
                 if cmd := read_json(info.path / META_FILE).get("command"):
                     return cmd
     n = _size_of(meta or {})
-    return f"make extract MODEL=<model> DATASET={dataset}" + (f" SIZE={n}" if n else "")
+    return f"walla extract --model <model> --dataset {dataset}" + (f" --size {n}" if n else "")
 
 
 def question_command(store: Path, dataset: str, fp: str | None) -> str | None:

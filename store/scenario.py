@@ -196,7 +196,7 @@ def _open_parts(
 ) -> tuple[list[_Part], list[str]]:
     """(the scenario's parts, notes on the feature sets chosen): one part, or two for OOD scenarios.
 
-    Every missing feature set is reported at once, with the `make extract ...` commands that create them.
+    Every missing feature set is reported at once, with the `walla extract ...` commands that create them.
     """
     wanted = [(spec.dataset, SPLITS if spec.eval_dataset is None else ("train", "val"), False)]
     if spec.eval_dataset is not None:
@@ -370,7 +370,7 @@ def assemble_scenario(scenario: Scenario, store: Path) -> ScenarioData:
         `eval_dataset` as test); `meta` records the manifest, the context seed and per-split assignment
         counts, and every feature set used.
     Raises:
-        StoreError: missing feature sets (with the `make extract ...` commands that create them),
+        StoreError: missing feature sets (with the `walla extract ...` commands that create them),
             incomplete/stale/inconsistent feature sets, or a bad irrelevant-context source.
     """
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Choosing the feature sets a scenario reads: one complete set per (model, dataset, variant).
 
-A missing set is reported with the exact `make extract ...` command that creates it.
+A missing set is reported with the exact `walla extract ...` command that creates it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # types only: the store reads no manifest
 
 def _extract_cmd(model: str, dataset: str, variants: list[str], store: Path) -> str:
     cmd = extract_command(model, dataset, variants)
-    return cmd if str(store) == "walla-store" else f"{cmd} STORE={store}"
+    return cmd if str(store) == "walla-store" else f"{cmd} --store {store}"
 
 
 def select_feature_sets(

@@ -2,7 +2,7 @@
 
 Tests marked `gpu` run only where CUDA is present (skipped with the reason elsewhere).
 The seeded fake backend (`--backend dummy`, extract/backends/dummy.py) is registered for every test
-(`pytest_configure`); users' walla-extract does not offer it. The S3 server is moto's, loopback only:
+(`pytest_configure`); users' walla extract does not offer it. The S3 server is moto's, loopback only:
 
     def test_x(s3_store):            # "s3://walla-test-<random>/store", an empty bucket
         ...

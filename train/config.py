@@ -17,9 +17,12 @@ from typing import Any
 
 import yaml
 from pydantic import field_validator
-from walla.manifests.validate import config
+from walla.manifests.validate import config, option
 
 FIRST_SEED = 18  # SPEC §4.5: repeat r uses seed 18 + r
+LOGGERS = ("csv", "tensorboard", "wandb")  # train/loggers.py's (a test keeps them equal)
+# Lightning's names and their short forms (train/engine.py PRECISIONS, PRECISION_ALIASES; a test keeps them equal)
+PRECISIONS = ("auto", "32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "32", "64", "bf16", "16")
 
 
 def _comma_list(value: Any, option: str) -> Any:
@@ -33,40 +36,67 @@ def _comma_list(value: Any, option: str) -> Any:
 
 @config
 class TrainConfig:
-    scenario: (
-        str  # a manifest name or YAML path, or a kind built from the store: hetero | homo | hetero-context
+    scenario: str = option(
+        help="a manifest name or YAML path, or a kind built from the store: hetero | homo | hetero-context (walla ls scenarios)"
     )
     # the kinds only (train/kinds.py)
-    dataset: str | None = None  # None: the store's one dataset
-    models: tuple[str, ...] | None = None  # hetero, hetero-context; None: every model extracted
-    model: str | None = None  # homo: the model copied into every slot
-    agents: int | None = None  # homo: how many copies
-    irrelevant: bool = False  # hetero-context: one more agent sees another question's context
-    eval_dataset: str | None = None  # test on every row of this dataset (out of distribution)
-    preset: str | None = None  # demo | paper hyper-parameters; None: demo iff every agent is embedded
+    dataset: str | None = option(None, "hetero/homo/hetero-context: the dataset (default: the store's one)")
+    models: tuple[str, ...] | None = option(
+        None, "hetero/hetero-context: comma-separated models (default: every model extracted)", metavar="A,B"
+    )
+    model: str | None = option(None, "homo: the model copied into every slot")
+    agents: int | None = option(None, "homo: how many copies")
+    irrelevant: bool = option(False, "hetero-context: one more agent sees another question's context")
+    eval_dataset: str | None = option(
+        None, "hetero/homo/hetero-context: test on every row of this dataset (out of distribution)"
+    )
+    preset: str | None = option(
+        None,
+        "hetero/homo/hetero-context: demo | paper hyper-parameters (default: demo iff every agent is an embedded model)",
+    )
     # agents join or leave a trained scenario (train/join.py)
-    add_agent: tuple[str, ...] = ()
-    drop_agent: tuple[str, ...] = ()
-    from_scratch: bool = False  # train every head anew instead of continuing from the scenario's runs
-    join_epochs: int = 1  # passes over the training stream when continuing
+    add_agent: tuple[str, ...] = option((), "a model joins the trained scenario (repeatable)", repeat=True)
+    drop_agent: tuple[str, ...] = option(
+        (), "the last agent of this model leaves the scenario (repeatable)", repeat=True
+    )
+    from_scratch: bool = option(False, "with --add/--drop-agent: train every head anew instead of continuing")
+    join_epochs: int = option(1, "with --add/--drop-agent: passes over the training stream when continuing")
     # what runs (None: the scenario's own)
-    methods: tuple[str, ...] | None = None
-    seeds: int | None = None  # N seeds 18, 19, ...
-    seed_list: tuple[int, ...] | None = None  # explicit seeds
-    sets: tuple[str, ...] = ()  # --set METHOD_OR_FAMILY.KEY=VALUE hyper-parameter overrides
-    calibrated: bool | None = None  # calibrate every agent first (SPEC §9)
-    save_states: str | None = (
-        None  # methods whose runs write state.pt: all | names | families (run.states_to_save)
+    methods: tuple[str, ...] | None = option(
+        None, "comma-separated method names (default: the scenario's; walla ls methods)", metavar="A,B"
+    )
+    seeds: int | None = option(None, "number of seeds 18, 19, ... (default: the scenario's)")
+    seed_list: tuple[int, ...] | None = option(
+        None, "explicit seeds, e.g. 18,19", metavar="S,S", cli_type=str
+    )
+    sets: tuple[str, ...] = option(
+        (),
+        "hyper-parameter override, e.g. walla.lr=1e-4 (repeatable)",
+        flag="--set",
+        metavar="M.KEY=VALUE",
+        repeat=True,
+    )
+    calibrated: bool | None = option(
+        None,
+        "calibrate every agent first (SPEC §9; default: the scenario's)",
+        flag="--calibrated/--uncalibrated",
+    )
+    save_states: str | None = option(
+        None,
+        "methods whose runs write state.pt (for --add-agent and walla market): all, or names or families, e.g. "
+        "walla-i or walla (default: none; predictions are always written)",
     )
     # where and how
-    store: str = "walla-store"  # a directory or an fsspec URL (s3://...)
-    runs: Path = Path("runs")
-    device: str = "cpu"  # cpu | cuda | cuda:N | mps | auto
-    precision: str = "32-true"  # Lightning precision: 32-true | bf16-mixed | 16-mixed | 64-true | auto
-    logger: str = "csv"  # csv (always written) | tensorboard | wandb
-    force: bool = False  # rerun finished runs
-    limit_rows: int | None = None  # keep about N rows, split shares kept (quick tries)
-    show_plan: bool = False  # print the resolved plan as YAML and stop
+    store: str = option("walla-store", "feature store: a directory or an fsspec URL (s3://...)")
+    runs: Path = option(Path("runs"), "runs root")
+    device: str = option("cpu", "cpu | cuda | cuda:N | mps | auto")
+    precision: str = option(
+        "32-true", "Lightning precision: 32-true | bf16-mixed | 16-mixed | 64-true | bf16-true | auto"
+    )
+    logger: str = option("csv", "csv (always written) | tensorboard | wandb")
+    force: bool = option(False, "rerun finished runs")
+    limit_rows: int | None = option(None, "keep about N rows, split shares kept (quick tries)")
+    show_plan: bool = option(False, "print the resolved plan as YAML and exit")
 
     @field_validator("models", "methods", mode="before")
     @classmethod
@@ -91,6 +121,13 @@ class TrainConfig:
             problems.append(f"--seeds must be >= 1, got {self.seeds}")
         if self.limit_rows is not None and self.limit_rows < 3:
             problems.append(f"--limit-rows must be >= 3, got {self.limit_rows}")
+        if self.logger not in LOGGERS:
+            problems.append(f"--logger must be one of {', '.join(LOGGERS)}, got {self.logger!r}")
+        if self.precision.strip().lower() not in PRECISIONS:
+            problems.append(f"--precision must be one of {' | '.join(PRECISIONS)}, got {self.precision!r}")
+        kind, _, index = self.device.lower().partition(":")
+        if kind not in ("auto", "cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+            problems.append(f"--device must be auto | cpu | cuda | cuda:N | mps, got {self.device!r}")
         if self.from_scratch and not (self.add_agent or self.drop_agent):
             problems.append("--from-scratch goes with --add-agent / --drop-agent")
         for item in self.sets:

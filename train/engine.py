@@ -61,6 +61,7 @@ import torch
 from lightning_fabric import Fabric
 from lightning_fabric.utilities.apply_func import apply_to_collection
 from torch import nn
+from walla.manifests.validate import UsageError
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 FUSED_DEVICES = ("cpu", "cuda")  # device types with torch's fused Adam/AdamW kernel
@@ -104,19 +105,19 @@ def resolve_device(name: str) -> str:
         return "cpu"
     if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise UsageError(
                 f"device {name!r} requested but CUDA is not available "
                 f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
             )
         index = name.partition(":")[2]
         if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-            raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise UsageError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         return name
     if name == "mps":
         if not torch.backends.mps.is_available():
-            raise ValueError("device 'mps' requested but Apple MPS is not available on this machine")
+            raise UsageError("device 'mps' requested but Apple MPS is not available on this machine")
         return "mps"
-    raise ValueError(f"device must be auto | cpu | cuda | cuda:N | mps, got {name!r}")
+    raise UsageError(f"device must be auto | cpu | cuda | cuda:N | mps, got {name!r}")
 
 
 @functools.cache
@@ -152,11 +153,11 @@ def resolve_precision(name: str, device: str) -> str:
         return "bf16-mixed" if bf16 >= BF16_MIN_SPEEDUP * fp32 else "32-true"
     name = PRECISION_ALIASES.get(name, name)
     if name not in PRECISIONS:
-        raise ValueError(
+        raise UsageError(
             f"precision must be auto | {' | '.join(PRECISIONS)} (or 32, 64, bf16, 16), got {name!r}"
         )
     if name == "16-mixed" and torch.device(device).type == "cpu":
-        raise ValueError("precision '16-mixed' needs a GPU; use bf16-mixed or 32-true on the CPU")
+        raise UsageError("precision '16-mixed' needs a GPU; use bf16-mixed or 32-true on the CPU")
     return name
 
 

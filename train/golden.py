@@ -6,7 +6,7 @@
 
 A run key's `schema` (TRAIN_SCHEMA) says which training code produced a run's numbers; runs of another
 schema are stale. So the constant must change whenever the numbers do, and a test holds it to that:
-walla-train's own recipe (train/run.py run_plan) trains every registered method for one seed on a 60-question
+walla train's own recipe (train/run.py run_plan) trains every registered method for one seed on a 60-question
 synthetic scenario (CPU, 32-true, one thread, a few epochs: seconds), reads back what it wrote
 (predictions.parquet: weights, aggregate, wagers, payouts, every extra column) and digests each method's
 numbers. Every other numeric path a user can select is a variant of that run (PATHS), digested as

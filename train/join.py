@@ -31,7 +31,7 @@ import shlex
 from pathlib import Path
 
 import torch
-from walla.manifests.validate import replace
+from walla.manifests.validate import UsageError, replace
 from walla.store.scenario_data import ScenarioData
 from walla.train.config import TrainConfig
 from walla.train.engine import TrainEnv, load_checkpoint
@@ -103,13 +103,13 @@ def joined_plan(
     origin = list(range(len(agents)))
     for d in drop:
         if d not in agents:
-            raise ValueError(f"--drop-agent {d!r}: not an agent of {base.spec.name} ({', '.join(agents)})")
+            raise UsageError(f"--drop-agent {d!r}: not an agent of {base.spec.name} ({', '.join(agents)})")
         i = len(agents) - 1 - agents[::-1].index(d)  # the last slot of that model
         del agents[i], origin[i]
     agents += add
     origin += [-1] * len(add)
     if len(agents) < 2:
-        raise ValueError(f"the joined scenario would have {len(agents)} agent(s); WALLA needs >= 2")
+        raise UsageError(f"the joined scenario would have {len(agents)} agent(s); WALLA needs >= 2")
     name = base.spec.name + "".join(f"+{a}" for a in add) + "".join(f"-{d}" for d in drop)
     what = ", ".join([*(f"{a} joins" for a in add), *(f"{d} leaves" for d in drop)])
     spec = dataclasses.replace(
@@ -219,7 +219,7 @@ def initial_params(
     head parameters for the joined scenario.
 
     Every seed continues the base run of ONE run key: the key `base_plan` gives the method on `base_data`
-    (the base scenario as assembled now) under `env` -- the runs `walla-train --scenario <base>` with this
+    (the base scenario as assembled now) under `env` -- the runs `walla train --scenario <base>` with this
     command's settings trains. A seed whose base run is missing, of another key, or stale stops the join
     with one line naming the keys and the command that trains it (base_run; `command`: the base
     scenario's, train_command(cfg, base=True, settings=True)).

@@ -1,16 +1,16 @@
 """The paper's three scenario kinds, resolved from what the store holds (no manifest to write).
 
-    walla-train --scenario hetero [--dataset D] [--models a,b]            # every model extracted for D
-    walla-train --scenario homo --model M --agents N [--dataset D]        # N copies; one sees the context
-    walla-train --scenario hetero-context [--irrelevant] [--dataset D]    # all models; one sees the context
+    walla train --scenario hetero [--dataset D] [--models a,b]            # every model extracted for D
+    walla train --scenario homo --model M --agents N [--dataset D]        # N copies; one sees the context
+    walla train --scenario hetero-context [--irrelevant] [--dataset D]    # all models; one sees the context
 
 The spec is built from the store's complete feature sets; the training plan comes from the same YAML
 presets the named scenarios include, read by walla.manifests.scenario.preset_scenario (_base.yaml plus
 the family file: _hetero.yaml, _homo_pubmedqa.yaml or _bayesx.yaml; _demo.yaml instead when every agent
 is an embedded offline model, whose few thousand generated rows the paper's learning rates would barely
-move). `--preset demo|paper` overrides that choice, and walla-train prints the preset it used and why.
+move). `--preset demo|paper` overrides that choice, and walla train prints the preset it used and why.
 Ambiguity (several datasets, a missing prompt variant) is one line listing the choices and the
-`make extract` command that resolves it.
+`walla extract` command that resolves it.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from walla.manifests.catalog import collect_tables, resolve_model_name
+from walla.manifests.names import KINDS, kind_built  # noqa: F401  (KINDS: the kinds of this module, named once there)
 from walla.manifests.scenario import Scenario, ScenarioSpec, preset_scenario
-from walla.manifests.validate import ConfigError, build
+from walla.manifests.validate import ConfigError, UsageError, build
 from walla.store.listing import list_feature_sets
 from walla.train.plan import Overrides, TrainPlan, plan_builder
-
-KINDS = ("hetero", "homo", "hetero-context")
 
 
 def _inventory(store: Path) -> dict[str, dict[str, set[str]]]:
@@ -36,7 +35,7 @@ def _inventory(store: Path) -> dict[str, dict[str, set[str]]]:
 
 
 def _extract_cmd(model: str, dataset: str, variants: str) -> str:
-    return f"make extract MODEL={model} DATASET={dataset} VARIANTS={variants}"
+    return f"walla extract --model {model} --dataset {dataset} --variants {variants}"
 
 
 def _dataset(inv: dict, dataset: str | None, store: Path, kind: str) -> str:
@@ -52,8 +51,8 @@ def _dataset(inv: dict, dataset: str | None, store: Path, kind: str) -> str:
         return next(iter(inv))
     if not inv:
         raise ValueError(
-            f"store {store} holds no complete feature set; run e.g. make extract MODEL=smollm2-135m "
-            f"DATASET=facts STORE={store}"
+            f"store {store} holds no complete feature set; run e.g. walla extract --model smollm2-135m "
+            f"--dataset facts --store {store}"
         )
     raise ValueError(
         f"store {store} holds several datasets ({', '.join(sorted(inv))}); choose one with --dataset"
@@ -69,7 +68,7 @@ def _presets(
     """(preset files, the line saying which preset and why): the demo's when every agent is an embedded
     package model, else the paper's family file for the kind and dataset; `choice` (--preset) overrides."""
     if choice is not None and choice not in PRESETS:
-        raise ValueError(f"--preset {choice!r}: expected one of {', '.join(PRESETS)}")
+        raise UsageError(f"--preset {choice!r}: expected one of {', '.join(PRESETS)}")
     table = {a: models_table.get(a) for a in dict.fromkeys(agents)}
     outside = [a for a, info in table.items() if info is None or info.source != "package"]
     if dataset == "bayesx":
@@ -114,7 +113,7 @@ def kind_spec(
     if eval_dataset is None and ds in datasets and datasets[ds].split_protocol.get("mode") == "none":
         raise ValueError(
             f"dataset {ds!r} has no training rows (every row is test, as the paper's ARC-Challenge); name the "
-            f"dataset to train on and test on {ds}: walla-train --scenario {kind} --dataset mmlu --eval-dataset {ds}"
+            f"dataset to train on and test on {ds}: walla train --scenario {kind} --dataset mmlu --eval-dataset {ds}"
         )
     if eval_dataset is not None and eval_dataset not in inv:
         raise ValueError(
@@ -131,12 +130,12 @@ def kind_spec(
     )
     if kind == "homo":
         if model is None or agents is None or agents < 2:
-            raise ValueError("--scenario homo needs --model M and --agents N (N >= 2)")
+            raise UsageError("--scenario homo needs --model M and --agents N (N >= 2)")
         chosen = (model,) * agents
         name = f"homo-{ds}-{model}-x{agents}"
     else:
         if model is not None or agents is not None:
-            raise ValueError(f"--model/--agents are for --scenario homo; {kind} takes --models a,b,...")
+            raise UsageError(f"--model/--agents are for --scenario homo; {kind} takes --models a,b,...")
         # default: every model extracted for the dataset (and, for OOD, for the eval dataset too)
         chosen = (
             tuple(models) if models else tuple(m for m in sorted(have) if m in inv.get(eval_dataset, have))
@@ -191,3 +190,24 @@ def plan_for_kind(
     plan = preset_scenario(scenario, files, plan_builder(overrides))
     assert plan is not None  # None only alongside problems, which preset_scenario raises
     return plan, line
+
+
+def trained_kind(name: str, runs: Path) -> tuple[str, dict] | None:
+    """(kind, its options) that rebuild scenario `name`, the name a kind printed and wrote under `runs`
+    (`hetero-medmcqa`), from the spec it recorded: so that name is accepted back (`--add-agent`, a rerun).
+    None: `name` is not a kind-built scenario trained under `runs`."""
+    spec = kind_built(name, runs)
+    if spec is None:
+        return None
+    kind = str(spec["source"]).removeprefix("--scenario ").split(" ")[0]
+    agents = list(spec["agents"])
+    options = dict(
+        dataset=spec["dataset"],
+        eval_dataset=spec.get("eval_dataset"),
+        irrelevant=spec.get("context_rule") == "one_relevant_one_irrelevant",
+    )
+    if kind == "homo":
+        options.update(model=agents[0], agents=len(agents))
+    else:
+        options.update(models=agents)
+    return kind, options

@@ -17,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
+from walla.manifests.validate import UsageError
 
 LOGGERS = ("csv", "tensorboard", "wandb")
 # per logger, the packages it needs: each entry is one requirement, met by any of its alternatives
@@ -26,13 +27,13 @@ _PACKAGES = {"tensorboard": (("tensorboard", "tensorboardX"),), "wandb": (("wand
 def check_logger(kind: str) -> None:
     """Raise ValueError (one line) for an unknown logger or one whose packages are missing."""
     if kind not in LOGGERS:
-        raise ValueError(f"--logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
+        raise UsageError(f"--logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
     missing = [
         alts[0] for alts in _PACKAGES.get(kind, ()) if not any(importlib.util.find_spec(p) for p in alts)
     ]
     if missing:
         names = ", ".join(repr(p) for p in missing)
-        raise ValueError(
+        raise UsageError(
             f"--logger {kind} needs the package{'s' * (len(missing) > 1)} {names}: pip install {' '.join(missing)}"
         )
 

@@ -2,7 +2,7 @@
 
     plan = load_plan("demo-hetero-facts")                                   # or a YAML path
     plan = load_plan("hetero2-mmlu", Overrides(methods=("walla-i",), seeds=(18, 19)))
-    print(plan_yaml(plan))                                                  # walla-train --show-plan
+    print(plan_yaml(plan))                                                  # walla train --show-plan
 
 A scenario file's `train:` section (its `scenario:` section is checked by walla.manifests.scenario, which
 reads the file once and hands it here):
@@ -228,7 +228,7 @@ def load_plan(name_or_path: str | Path, overrides: Overrides | None = None) -> T
 
 
 def plan_yaml(plan: TrainPlan) -> str:
-    """The fully resolved plan as YAML (walla-train --show-plan)."""
+    """The fully resolved plan as YAML (walla train --show-plan)."""
     return yaml.safe_dump(plan.to_dict(), sort_keys=False, default_flow_style=None, width=110)
 
 

@@ -9,7 +9,7 @@
 scenario, then calls `run_plan` under a progress bar and prints the summary table.
 
 Read top to bottom:
-    1. take the runs directory's lock for this scenario (one walla-train writer at a time);
+    1. take the runs directory's lock for this scenario (one walla train writer at a time);
     2. write scenario.parquet + scenario.json (rewritten only when the scenario's inputs changed);
     3. optionally calibrate every agent once (plan.calibrated): every method then pools the calibrated
        probabilities, and each run records them as agent_probs;
@@ -46,7 +46,8 @@ from filelock import FileLock, Timeout
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from walla.manifests.validate import to_dict
+from walla.manifests.scenario import list_scenarios
+from walla.manifests.validate import UsageError, to_dict
 from walla.store.location import as_location
 from walla.store.scenario import assemble_scenario
 from walla.store.scenario_data import ScenarioData
@@ -55,7 +56,7 @@ from walla.train.calibration import apply_calibration, fit_calibration
 from walla.train.config import TrainConfig
 from walla.train.engine import TrainEnv, resolve_device, resolve_precision, save_checkpoint
 from walla.train.join import initial_params, joined_plan, train_command
-from walla.train.kinds import KINDS, plan_for_kind
+from walla.train.kinds import KINDS, plan_for_kind, trained_kind
 from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import Overrides, TrainPlan, load_plan, plan_yaml, with_spec
@@ -91,7 +92,7 @@ def states_to_save(text: str | None, plan: TrainPlan) -> frozenset[str]:
         return frozenset()
     names = [t.strip() for t in str(text).split(",") if t.strip()]
     if not names:
-        raise ValueError("--save-states: empty list (give methods or families, or all)")
+        raise UsageError("--save-states: empty list (give methods or families, or all)")
     out: set[str] = set()
     for name in names:
         found = [m.name for m in plan.methods if name in (ALL_STATES, m.name, m.info.family)]
@@ -99,7 +100,7 @@ def states_to_save(text: str | None, plan: TrainPlan) -> frozenset[str]:
             known = sorted(
                 {ALL_STATES, *(m.name for m in plan.methods), *(m.info.family for m in plan.methods)}
             )
-            raise ValueError(
+            raise UsageError(
                 f"--save-states {name!r}: not a method or family of this plan (one of {', '.join(known)})"
             )
         out.update(found)
@@ -107,12 +108,12 @@ def states_to_save(text: str | None, plan: TrainPlan) -> frozenset[str]:
 
 
 class RunsLockedError(RuntimeError):
-    """Another walla-train holds this scenario's runs directory."""
+    """Another walla train holds this scenario's runs directory."""
 
 
 @contextmanager
 def runs_lock(runs: Path, scenario: str) -> Iterator[None]:
-    """One walla-train per runs directory and scenario (the lock dies with its process)."""
+    """One walla train per runs directory and scenario (the lock dies with its process)."""
     d = scenario_dir(runs, scenario)
     d.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(d / LOCK))
@@ -120,7 +121,7 @@ def runs_lock(runs: Path, scenario: str) -> Iterator[None]:
         lock.acquire(timeout=0)
     except Timeout:
         raise RunsLockedError(
-            f"{d}: another walla-train is writing runs of scenario {scenario!r} (lock {d / LOCK}); "
+            f"{d}: another walla train is writing runs of scenario {scenario!r} (lock {d / LOCK}); "
             "wait for it to finish or use another --runs directory"
         ) from None
     try:
@@ -199,13 +200,13 @@ def _pending(
             continue
         todo.append(s)
         if meta:
-            notes.append(f"{name} seed {s}: trained from other inputs or by another walla-train; retraining")
+            notes.append(f"{name} seed {s}: trained from other inputs or by another walla train; retraining")
     return todo, kept, notes
 
 
 def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
     """Notes on the other run directories of a method: other run keys are kept beside this one (their own
-    rows in walla-eval), runs of the layout before run keys are never counted."""
+    rows in walla eval), runs of the layout before run keys are never counted."""
     found = [d for d in list_run_dirs(runs, scenario) if d.method == method]
     others = sorted({d.key_id for d in found if d.key_id not in (None, kid)})
     legacy = sorted(str(d.path) for d in found if d.key_id is None)
@@ -213,7 +214,7 @@ def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
     if others:
         notes.append(
             f"{method}: run key {kid}; {len(others)} other key(s) beside it ({', '.join(others)}: another "
-            "config, precision, device or init), each its own row in walla-eval"
+            "config, precision, device or init), each its own row in walla eval"
         )
     if legacy:
         notes.append(
@@ -240,7 +241,7 @@ def run_plan(
     """Train and predict every (method, seed) of a plan; returns the run.json of every run, in order.
 
     Raises:
-        RunsLockedError: another walla-train holds the scenario. ValueError: data too small, bad output.
+        RunsLockedError: another walla train holds the scenario. ValueError: data too small, bad output.
 
     `initial` (train/join.py): method -> the base runs its runs continue from; their run key names the
     base key, and each seed's inputs id its base run's. `save_states`: the methods whose runs write
@@ -361,6 +362,12 @@ def resolve_plan(cfg: TrainConfig, store: Path) -> tuple[TrainPlan, str | None, 
         methods=cfg.methods, seeds=cfg.seed_values(), calibrated=cfg.calibrated, hparams=cfg.hparams()
     )
     preset_line = None
+    named = (
+        cfg.scenario in KINDS
+        or cfg.scenario in list_scenarios()
+        or Path(cfg.scenario).suffix in (".yaml", ".yml")
+    )
+    trained = None if named else trained_kind(cfg.scenario, cfg.runs)
     if cfg.scenario in KINDS:
         kind_args = dict(
             dataset=cfg.dataset,
@@ -371,8 +378,16 @@ def resolve_plan(cfg: TrainConfig, store: Path) -> tuple[TrainPlan, str | None, 
             eval_dataset=cfg.eval_dataset,
         )
         plan, preset_line = plan_for_kind(cfg.scenario, store, overrides, cfg.preset, **kind_args)
+    elif trained is not None:  # a kind's scenario by the name it printed and wrote (`hetero-medmcqa`)
+        plan, preset_line = plan_for_kind(trained[0], store, overrides, cfg.preset, **trained[1])
+        if plan.spec.name != cfg.scenario:  # e.g. a joined scenario: its runs came from its base and a join
+            raise UsageError(
+                f"--scenario {cfg.scenario}: {trained[0]} over the options recorded in {cfg.runs / cfg.scenario} "
+                f"builds {plan.spec.name} now; rerun the command that trained it (its base scenario, with "
+                "--add-agent / --drop-agent)"
+            )
     elif cfg.preset is not None:
-        raise ValueError(
+        raise UsageError(
             f"--preset is for --scenario {' | '.join(KINDS)}; scenario {cfg.scenario!r} names its presets "
             "in its include: list"
         )
@@ -396,6 +411,9 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
     """
     console = console or Console()
     store = as_location(cfg.store)  # a local Path (the fast path) or a RemotePath over fsspec
+    if not cfg.show_plan:  # what this machine lacks is a usage error, answered before the store is read
+        check_logger(cfg.logger)
+        dev = resolve_device(cfg.device)
     plan, preset_line, base_plan, origin = resolve_plan(cfg, store)
     states = states_to_save(cfg.save_states, plan)
     if cfg.show_plan:
@@ -404,12 +422,10 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
     if preset_line:
         console.print(preset_line, highlight=False, markup=False)
 
-    check_logger(cfg.logger)
-    dev = resolve_device(cfg.device)
     env = TrainEnv(device=dev, precision=resolve_precision(cfg.precision, dev), store=store)
     if not store.is_dir():
         raise FileNotFoundError(
-            f"store {cfg.store} does not exist (run `make extract ...` first, or pass --store)"
+            f"store {cfg.store} does not exist (run `walla extract ...` first, or pass --store)"
         )
     data = assemble_scenario(plan.scenario, store)
     if cfg.limit_rows is not None:
@@ -422,7 +438,7 @@ def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:
         base_command = train_command(cfg, base=True, settings=True)
         initial = initial_params(base_plan, plan, origin, base_data, data, cfg.runs, env, base_command)
     console.print(
-        f"walla-train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
+        f"walla train: scenario [bold]{data.name}[/] ({len(data.split)} questions, {data.n_agents} agents), "
         f"{len(plan.methods)} methods x {len(plan.seeds)} seeds on {env.device} ({env.precision}) -> {cfg.runs}"
     )
     columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

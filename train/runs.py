@@ -1,4 +1,4 @@
-"""The on-disk format of training runs: the ONE writer (walla-train) and the ONE reader (walla-eval).
+"""The on-disk format of training runs: the ONE writer (walla train) and the ONE reader (walla eval).
 
     <runs>/<scenario>/scenario.parquet   one row per question: question_id, split, label, target [K],
                                           option_mask [K], agent_probs [M*K] (agent-major), variant [M]
@@ -6,7 +6,7 @@
                                           (feature sets used: "<model>/<variant>" -> fp), inputs_id,
                                           methods and seeds ever planned, the resolved spec, the
                                           `walla train` command that builds it (train_command)
-    <runs>/<scenario>/.lock              one walla-train per runs dir and scenario at a time
+    <runs>/<scenario>/.lock              one walla train per runs dir and scenario at a time
     <runs>/<scenario>/<method>/<key-id>/key.json   the run key of the runs below, and the seeds planned
     <runs>/<scenario>/<method>/<key-id>/seed=<s>/
         predictions.parquet  question_id, split, weights [M], agg_probs [K], wagers/payouts/advantage/
@@ -30,8 +30,8 @@ third validity field, `base_inputs_id`). Its validity fields say whether a run i
 other inputs or of another schema is stale and is retrained in place; a joined run counts only while the
 base run it continued is current: lineage_reason); the rest are what the user chose, and
 their hash is the directory `<key-id>`: a second configuration of a method lives beside the first, never
-over it, and walla-eval never averages seeds of different keys. `inputs_id` (the run key and the seed)
-tells walla-train whether a finished run can be kept. Directories `<method>/seed=<s>/` directly under the
+over it, and walla eval never averages seeds of different keys. `inputs_id` (the run key and the seed)
+tells walla train whether a finished run can be kept. Directories `<method>/seed=<s>/` directly under the
 scenario are the layout before run keys: listed (key_id None) so that they are reported stale, never read
 as current runs.
 """
@@ -179,7 +179,7 @@ def write_scenario_table(
     """scenario.parquet + scenario.json under <runs>/<scenario>/ (atomic); returns scenario.json.
 
     The table is rewritten only when the scenario's inputs change; `methods` and `seeds` are merged with
-    those already recorded (for the same inputs), so walla-eval knows every run it should expect.
+    those already recorded (for the same inputs), so walla eval knows every run it should expect.
     `command`: the `walla train` command that builds this scenario (train/join.py train_command; None keeps
     the recorded one), named by every message that says how to retrain its runs (train_command here).
     """
@@ -269,7 +269,7 @@ def write_run(path: Path, question_id, split, output, meta: dict) -> Path:
 
 def write_key_file(runs: str | Path, scenario: str, key: dict, seeds, command: str | None = None) -> Path:
     """<method>/<key-id>/key.json: the run key and every seed planned for it (merged with those already
-    recorded for the same key), so walla-eval can name a planned run that never started; `command`: the
+    recorded for the same key), so walla eval can name a planned run that never started; `command`: the
     `walla train` command that trains this key (its settings included; None keeps the recorded one), what
     a message about its runs says to rerun (train_command)."""
     d = key_dir(runs, scenario, key["method"], key_id(key))
@@ -307,9 +307,9 @@ def _read(path: Path, parse, what: str, fix: str):
 
 def _read_json(path: Path) -> dict:
     fix = (
-        "rerun walla-train (it rewrites the file)"
+        "rerun walla train (it rewrites the file)"
         if path.name == SCENARIO_META
-        else "rerun walla-train --force"
+        else "rerun walla train --force"
     )
     out = _read(path, lambda p: json.loads(p.read_text(encoding="utf-8")), "valid JSON", fix)
     if not isinstance(out, dict):
@@ -318,7 +318,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_table(path: Path) -> pa.Table:
-    return _read(path, pq.read_table, "a readable Parquet file", "rerun walla-train with --force")
+    return _read(path, pq.read_table, "a readable Parquet file", "rerun walla train with --force")
 
 
 def list_matrix(table: pa.Table, name: str, width: int | None, where: str) -> np.ndarray | None:
@@ -377,7 +377,7 @@ def _content_error(path: Path, e: BaseException, fix: str) -> RunFormatError:
     text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e).split("\n")[0]
     if isinstance(e, KeyError) and " " not in text:  # pyarrow's KeyError is a sentence already
         text = f"missing key {text!r}"
-    return RunFormatError(f"{path}: {text}; not written by this walla-train: {fix}")
+    return RunFormatError(f"{path}: {text}; not written by this walla train: {fix}")
 
 
 def read_scenario_table(runs: str | Path, scenario: str, split: str = "test") -> ScenarioTable:
@@ -386,7 +386,7 @@ def read_scenario_table(runs: str | Path, scenario: str, split: str = "test") ->
         return _scenario_table(runs, scenario, split)
     except _BAD_CONTENT as e:
         where = scenario_dir(runs, scenario) / SCENARIO_TABLE
-        raise _content_error(where, e, f"rerun walla-train --scenario {scenario}") from None
+        raise _content_error(where, e, f"rerun walla train --scenario {scenario}") from None
 
 
 def _scenario_table(runs: str | Path, scenario: str, split: str) -> ScenarioTable:
@@ -427,7 +427,7 @@ class RunRecord:
     agent_probs: np.ndarray | None  # [N, M, K] for methods that changed the agents' probs
     extras: dict[str, np.ndarray]  # name -> [N, M] (non-null columns only)
     train_log: pl.DataFrame
-    label: str | None = None  # row label set by walla-eval when the method has runs of several keys
+    label: str | None = None  # row label set by walla eval when the method has runs of several keys
 
     @property
     def display(self) -> str:
@@ -456,7 +456,7 @@ def read_run(path: Path, table: ScenarioTable) -> RunRecord:
     try:
         return _read_run(Path(path), table)
     except _BAD_CONTENT as e:
-        raise _content_error(Path(path) / PREDICTIONS, e, "rerun walla-train with --force") from None
+        raise _content_error(Path(path) / PREDICTIONS, e, "rerun walla train with --force") from None
 
 
 def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
@@ -491,13 +491,13 @@ def _read_run(path: Path, table: ScenarioTable) -> RunRecord:
 
 def stale_reason(key: dict | None, current_inputs_id: str | None) -> str | None:
     """Why a run of run key `key` is stale for a scenario whose current inputs id is `current_inputs_id`
-    (None: it is current): the one rule of walla-eval, joining (--add-agent) and the market's live heads."""
+    (None: it is current): the one rule of walla eval, joining (--add-agent) and the market's live heads."""
     if key is None:
         return "run.json has no run key"
     if key.get("scenario_inputs_id") != current_inputs_id:
         return "trained from other inputs than the scenario's current ones (other feature sets, questions or spec)"
     if key.get("schema") != TRAIN_SCHEMA:
-        return f"trained by walla-train schema {key.get('schema')!r}, this one is {TRAIN_SCHEMA}"
+        return f"trained by walla train schema {key.get('schema')!r}, this one is {TRAIN_SCHEMA}"
     return None
 
 
@@ -506,7 +506,7 @@ def lineage_reason(path: str | Path, meta: dict) -> str | None:
     inputs are current (None: it does, or it is not a joined run): a joined run is current only while the
     base run it continued is still the current run of its base key and seed -- the base scenario's inputs
     are the ones it was joined from (key `base_inputs_id`), and that run is complete, current and not
-    retrained since (run.json `continued.inputs_id`). The rule of walla-eval,
+    retrained since (run.json `continued.inputs_id`). The rule of walla eval,
     the market's heads and replays (stale_run_reason), so a join of an old base is never averaged with a
     join of the new one."""
     path = Path(path)
@@ -545,7 +545,7 @@ def lineage_reason(path: str | Path, meta: dict) -> str | None:
 def stale_run_reason(path: str | Path, meta: dict, current_inputs_id: str | None) -> str | None:
     """Why the run at `path` (its run.json `meta`) does not count for a scenario whose current inputs id
     is `current_inputs_id` (None: it counts): stale_reason, then lineage_reason. The ONE check of every
-    reader of runs: walla-eval (evaluate/load.py), what the market plays (read_current_run_meta; replays
+    reader of runs: walla eval (evaluate/load.py), what the market plays (read_current_run_meta; replays
     and `walla serve` through market/run_choice.py choose_runs) and joining (train/join.py)."""
     key = meta.get("run_key") if isinstance(meta.get("run_key"), dict) else None
     return stale_reason(key, current_inputs_id) or lineage_reason(path, meta)
@@ -567,7 +567,7 @@ def train_command(scenario_meta: dict, name: str, key_dir_path: str | Path | Non
 def read_current_run_meta(path: str | Path) -> dict:
     """run.json of a run another run may start from (a live market head): complete, its run key that of
     its directory <runs>/<scenario>/<method>/<key-id>/seed=<s>, and current for the scenario's
-    scenario.json (stale_run_reason, lineage included) -- the runs walla-eval counts.
+    scenario.json (stale_run_reason, lineage included) -- the runs walla eval counts.
 
     Raises:
         RunFormatError: one line naming the run, why it does not count and the fix.
@@ -629,5 +629,5 @@ def list_run_dirs(runs: str | Path, scenario: str) -> list[RunDir]:
 def list_scenarios(runs: str | Path) -> list[str]:
     root = Path(runs)  # the scenario directories: those holding scenario.json
     if not root.is_dir():
-        raise RunFormatError(f"runs directory {root} does not exist (run walla-train first, or pass --runs)")
+        raise RunFormatError(f"runs directory {root} does not exist (run walla train first, or pass --runs)")
     return sorted(p.name for p in root.iterdir() if (p / SCENARIO_META).exists())

@@ -249,7 +249,7 @@ def wager_loss(w: torch.Tensor, adv: torch.Tensor, c3: float) -> torch.Tensor:
 def optimizer_step(fabric, opt, loss: torch.Tensor, clip: float | None) -> None:
     """Backward, per-head gradient-norm clipping (engine.clip_gradients, scope "slice"), one optimizer step.
 
-    The step of every WALLA head, in walla-train and in a live agent (market/head.py).
+    The step of every WALLA head, in walla train and in a live agent (market/head.py).
     """
     opt.zero_grad(set_to_none=True)
     fabric.backward(loss)

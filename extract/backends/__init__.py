@@ -1,4 +1,4 @@
-"""Extraction backends: what walla-extract asks of a model, as two Protocols and the data they exchange.
+"""Extraction backends: what walla extract asks of a model, as two Protocols and the data they exchange.
 
 - `BackendKind`: one registered way to run a model (extract/backends/registry.py: `hf`, `vllm`; tests add
   the seeded fake `dummy`). A kind is three things: its own `Options` (a config dataclass through the one
@@ -6,7 +6,7 @@
   which decides everything once (dtype, compile, batching, sizes, device) and returns a `Settled`, and
   `load(settled) -> Backend`. The fingerprint of a feature set is `Settled.identity`: what settle decided
   is what the key records, so a setting cannot change the numbers without changing the key.
-- `Backend`: a loaded model. walla-extract prepares a variant's prompts with it (chat template, option
+- `Backend`: a loaded model. walla extract prepares a variant's prompts with it (chat template, option
   token ids) and scores them range by range (extract/variant.py), then closes it.
 
 No base class (STYLE item 12): each backend is a plain class with these few methods and duplicates
@@ -77,7 +77,7 @@ class Settled:
     options: Any  # the kind's Options with every `auto` decided
     tier: str  # one of TIERS
     identity: dict
-    why: tuple[str, ...]  # one line per decision, printed by walla-extract
+    why: tuple[str, ...]  # one line per decision, printed by walla extract
     command_args: tuple[str, ...]  # the options after `--backend NAME` that re-create the same bytes
     environment: tuple[str, ...] = ()
     derived: tuple[str, ...] = (TIER_KEY, BATCHING_KEY)

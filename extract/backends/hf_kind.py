@@ -1,4 +1,4 @@
-"""The `hf` backend kind: how walla-extract settles, fingerprints and loads a transformers model.
+"""The `hf` backend kind: how walla extract settles, fingerprints and loads a transformers model.
 
     settled = HF.settle(request, HFOptions(compile="auto", batch_invariant="auto"))
     backend = HF.load(settled)

@@ -4,7 +4,7 @@
     backend = open_backend(settled)                             # load what was decided
     register_backend(DUMMY)                                     # tests/conftest.py: the seeded fake
 
-walla-extract (extract/run.py), `walla check` (extract/check.py), every Ray worker (extract/distributed.py)
+walla extract (extract/run.py), `walla check` (extract/check.py), every Ray worker (extract/distributed.py)
 and the market agent (market/agent.py) go through these two functions, so they run and fingerprint a model
 the same way. A new backend is a module with a kind object (extract/backends/__init__.py: `BackendKind`:
 its `Options`, `settle`, `load`) and one entry here; nothing else lists backend names (the catalog, the

@@ -10,7 +10,7 @@ import vllm; <repo>/.venv-vllm/bin/python; ./.venv-vllm/bin/python.
 The parent keeps the tokenizer (the model's own, read with transformers), so prompts, option tokens
 and chat templates are handled exactly as in the hf backend; the worker receives token ids only.
 GGUF models (the embedded ones) are pointed at their safetensors copy in the walla cache.
-`VLLMKind` (the registry's `vllm`) settles, fingerprints and loads it for walla-extract. vLLM schedules its
+`VLLMKind` (the registry's `vllm`) settles, fingerprints and loads it for walla extract. vLLM schedules its
 own batches inside each score() call, so its tier is `batch-recorded`: the identity records the device, the
 accelerator model, the rows per call and every engine option that changes what shares a pass (tensor
 parallelism, memory share, max length, eager).

@@ -121,7 +121,7 @@ def test_demo_runs_every_step_and_stops_at_the_first_failure(tmp_path, monkeypat
     argv = ["demo", "--out", str(out), "--facts", "40", "--seeds", "1", "--scenario", "demo-hetero-facts"]
     assert run(app, argv, "walla") == 0
     printed = capfd.readouterr().out
-    assert "walla-train: scenario demo-hetero-facts" in printed and f"wrote {out / 'tables.md'}" in printed
+    assert "walla train: scenario demo-hetero-facts" in printed and f"wrote {out / 'tables.md'}" in printed
     assert printed.strip().splitlines()[-1].startswith("walla demo: done in ")
     assert (out / "tables.md").is_file()
     assert run(app, [*argv[:-1], "no-such-scenario"], "walla") == 2  # train's exit code; eval never ran

@@ -3,7 +3,7 @@
     from eval_fixtures import write_scenario, write_run      # pytest puts tests/evaluate on sys.path
 
 The scenario is a real `ScenarioData` written by `write_scenario_table`; a run is a real `MethodOutput`
-written by `walla.train.runs.write_run` with the run.json fields walla-train records, its training curve
+written by `walla.train.runs.write_run` with the run.json fields walla train records, its training curve
 by train's CSV logger. Evaluation then reads them with its own reader, so the tests check that the one
 writer and the one reader agree (issue 9: "a test writes runs with train's writer and reads them with
 evaluate's reader").
@@ -111,7 +111,7 @@ def write_run(
     planned: list[int] | None = None,  # the seeds key.json plans for this run key (default: the scenario's)
 ) -> Path:
     """One run through train's writer, bound to the scenario's current inputs (scenario.json inputs_id), its
-    run key built as walla-train builds it (config from run_meta, else {}; 32-true on cpu), with key.json
+    run key built as walla train builds it (config from run_meta, else {}; 32-true on cpu), with key.json
     planning the scenario's seeds."""
     n = len(weights)
     scen = json.loads((scenario_dir(runs, scenario) / SCENARIO_META).read_text())

@@ -1,4 +1,4 @@
-"""walla-eval and run keys (issue 20): seeds of different run keys are never averaged -- each key is a row
+"""walla eval and run keys (issue 20): seeds of different run keys are never averaged -- each key is a row
 labelled by the fields that differ -- and runs without a current key are stale, never mixed."""
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ def _old_schema(runs: Path, seed: int) -> Path:
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
-        (_legacy, "written by a walla-train without run keys"),
+        (_legacy, "written by a walla train without run keys"),
         (_no_key, "run.json has no run key"),
-        (_old_schema, f"trained by walla-train schema {TRAIN_SCHEMA - 1}, this one is {TRAIN_SCHEMA}"),
+        (_old_schema, f"trained by walla train schema {TRAIN_SCHEMA - 1}, this one is {TRAIN_SCHEMA}"),
     ],
 )
 def test_runs_without_a_current_key_are_stale_never_mixed(tmp_path, damage, says):

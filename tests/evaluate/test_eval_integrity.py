@@ -1,4 +1,4 @@
-"""walla-eval on runs from other inputs, broken files and bad arguments (issue 12): never a silent mix,
+"""walla eval on runs from other inputs, broken files and bad arguments (issue 12): never a silent mix,
 every user error one line on stderr with exit != 0 and no traceback."""
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def test_runs_from_other_inputs_are_never_counted(tmp_path):
 
     out = invoke("--report", str(tmp_path / "o" / "t.md"), "--runs", str(runs), "--no-plots")
     assert out.exit_code == 0, out.output
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("warning: 1 stale run(s) not counted")
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        "walla eval: warning: 1 stale run(s) not counted"
+    )
     acc = _csv_cell(tmp_path / "o" / "t.csv", "UniformAvg", "accuracy")
     assert acc["n_seeds"] == "1" and acc["ci"] == ""  # one seed: the current-input run only
     assert float(acc["mean"]) == pytest.approx(100 * np.mean(PROBS[1:, 0].argmax(1) == LABEL[1:]))
@@ -116,7 +118,11 @@ def test_broken_file_is_one_line_naming_it(tmp_path, corrupt):
     path = corrupt(runs)
     out = invoke("--report", str(tmp_path / "t.md"), "--runs", str(runs), "--no-plots")
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and str(path) in out.stderr
+    assert (
+        out.stderr.count("\n") == 1
+        and out.stderr.startswith("walla eval: error: ")
+        and str(path) in out.stderr
+    )
     assert "Traceback" not in out.output
 
 
@@ -153,7 +159,9 @@ def test_unwritable_report_is_one_line(tmp_path, monkeypatch, where, plots):
     report = where(monkeypatch, tmp_path)
     out = invoke("--report", str(report), "--runs", str(runs), *([] if plots else ["--no-plots"]))
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"error: cannot write {report.parent}/")
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        f"walla eval: error: cannot write {report.parent}/"
+    )
     if report.parent.is_dir():
         assert not list(report.parent.glob("*.tmp"))  # no temp file left behind
 
@@ -164,7 +172,7 @@ def test_read_only_directory_without_interposing(tmp_path):
     (d := tmp_path / "ro").mkdir()
     d.chmod(0o555)
     out = invoke("--report", str(d / "t.md"), "--runs", str(runs), "--no-plots")
-    assert out.exit_code == 1 and out.stderr.startswith(f"error: cannot write {d}/")
+    assert out.exit_code == 1 and out.stderr.startswith(f"walla eval: error: cannot write {d}/")
 
 
 @pytest.mark.parametrize(
@@ -172,7 +180,11 @@ def test_read_only_directory_without_interposing(tmp_path):
     [
         (["--report", "t.md", "--runs", "nope"], 1, "runs directory nope does not exist"),
         (["--report", "t.txt"], 2, "expected a .md path"),
-        (["--report", "t.md", "--scenario", "other"], 1, "available: toy"),
+        (
+            ["--report", "t.md", "--scenario", "other"],
+            2,
+            "no such scenario 'other' (trained under runs: toy)",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line(tmp_path, monkeypatch, args, code, says):
@@ -180,7 +192,7 @@ def test_bad_arguments_are_one_line(tmp_path, monkeypatch, args, code, says):
     monkeypatch.chdir(tmp_path)
     out = invoke(*args)
     assert out.exit_code == code and isinstance(out.exception, SystemExit)
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and says in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("walla eval: error: ") and says in out.stderr
 
 
 def test_report_alone_reports_every_scenario_under_runs(tmp_path, monkeypatch):

@@ -222,7 +222,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.exit_code == 1 and "no scenario" in out.output
     runs = make_runs(tmp_path)
     out = runner.invoke(app, ["--report", str(tmp_path / "t.md"), "--runs", str(runs), "--scenario", "other"])
-    assert out.exit_code == 1 and "available: toy" in out.output
+    assert out.exit_code == 2 and "no such scenario 'other'" in out.output and ": toy)" in out.output
     out = runner.invoke(app, ["--report", str(tmp_path / "t.txt"), "--runs", str(runs)])
     assert out.exit_code == 2 and ".md" in out.output
 

@@ -1,5 +1,5 @@
 """Question intervals and significance marks in the report, and the block of rows scored against their own
-(calibrated) agents: on runs written by train's writer, read back by walla-eval."""
+(calibrated) agents: on runs written by train's writer, read back by walla eval."""
 
 from __future__ import annotations
 

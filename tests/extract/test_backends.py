@@ -76,9 +76,9 @@ def test_the_user_cli_does_not_offer_the_fake(tmp_path):
         [sys.executable, *argv, "--store", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == (
-        "walla-extract: error: command line: backend must be one of ('hf', 'vllm'), got 'dummy'"
-    ), r.stderr
+    assert r.stderr.strip() == ("walla extract: error: backend must be one of ('hf', 'vllm'), got 'dummy'"), (
+        r.stderr
+    )
     assert not (tmp_path / "questions").exists()
 
 
@@ -119,7 +119,7 @@ def test_identities_before_loading():
 
 def test_each_kind_spells_its_own_options_in_the_recorded_command():
     cfg = ExtractConfig(model="m", dataset="facts", size=30, store="s")
-    head = "walla-extract --model m --dataset facts --variants none --store s --backend"
+    head = "walla extract --model m --dataset facts --variants none --store s --backend"
     cases = {
         "dummy": (
             {},

@@ -218,11 +218,11 @@ def test_cli_defaults_to_float32_and_errors_are_one_line(monkeypatch):
     res = CliRunner().invoke(
         app, ["--model", "smollm2-135m", "--dataset", "arc-challenge", "--backends", "hf,tgi"]
     )
-    assert res.exit_code == 1 and "unknown tgi" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "unknown tgi" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["--model", "m", "--dataset", "d", "--tie-gap", "1.5"])
-    assert res.exit_code == 1 and "--tie-gap must be in [0, 1), got 1.5" in res.output
+    assert res.exit_code == 2 and "--tie-gap must be in [0, 1), got 1.5" in res.output
     monkeypatch.undo()
     res = CliRunner().invoke(app, ["--model", "nope", "--dataset", "arc-challenge"])
-    assert res.exit_code == 2 and "unknown model" in res.output.lower()
+    assert res.exit_code == 2 and "no such model" in res.output.lower()
     (gap,) = [p for p in typer.main.get_command(app).params if p.name == "tie_gap"]
     assert f"default: {TIE_GAP})" in gap.help  # the help states the recipe's default

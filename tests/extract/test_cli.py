@@ -1,4 +1,4 @@
-"""`walla-extract` command line: one-line errors and exit codes."""
+"""`walla extract` command line: one-line errors and exit codes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ runner = CliRunner()
 def test_unknown_model_exits_2_with_close_matches(tmp_path):
     r = runner.invoke(app, ["--model", "smolm2", "--dataset", "facts", "--store", str(tmp_path)])
     assert r.exit_code == 2
-    assert "unknown model 'smolm2'; did you mean smollm2-135m" in r.output
+    assert "no such model 'smolm2'; did you mean --model smollm2-135m (a model)?" in r.output
     assert len(r.output.strip().splitlines()) == 1
 
 
@@ -101,7 +101,7 @@ def test_size_and_batching_options_take_auto_or_a_number(tmp_path):
     base = ["--model", "smollm2-135m", "--dataset", "facts", "--store", str(tmp_path)]
     r = runner.invoke(app, [*base, "--batch-tokens", "lots"])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
-    assert "batch_tokens: Input should be a valid integer" in r.output
+    assert "--batch-tokens: Input should be a valid integer" in r.output
     r = runner.invoke(app, [*base, "--shard-rows", "0"])
     assert r.exit_code == 2 and "shard_rows must be >= 1, got 0" in r.output
     r = runner.invoke(app, [*base, "--backend", "hf", "--backend-arg", "batch_invariant=maybe"])

@@ -157,7 +157,7 @@ def test_without_ray_installed_workers_fail_in_one_line(tmp_path, monkeypatch):
     )
     assert r.exit_code == 1
     assert r.stderr.strip().splitlines() == [
-        "walla-extract: error: --workers/--ray-address need Ray, which is not installed: pip install 'walla[ray]'"
+        "walla extract: error: --workers/--ray-address need Ray, which is not installed: pip install 'walla[ray]'"
     ]
 
 
@@ -166,9 +166,9 @@ def test_unusable_store_urls_fail_in_one_line(tmp_path):
         app, ["--model", "smollm2-135m", "--dataset", "facts", "--backend", "dummy", "--store", "foo://x/y"]
     )
     assert r.exit_code == 1
-    assert r.stderr.strip() == "walla-extract: error: store foo://x/y: Protocol not known: foo"
+    assert r.stderr.strip() == "walla extract: error: store foo://x/y: Protocol not known: foo"
     r = CliRunner().invoke(store_app, ["ls", "--store", "foo://x/y"])
     assert (
         r.exit_code == 1
-        and r.stderr.strip() == "walla-store: error: store foo://x/y: Protocol not known: foo"
+        and r.stderr.strip() == "walla store: error: store foo://x/y: Protocol not known: foo"
     )

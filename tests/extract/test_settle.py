@@ -311,7 +311,9 @@ def test_a_third_kind_runs_walla_extract_and_walla_check_with_its_own_option(tmp
     r = CliRunner().invoke(
         walla_root, ["check", *common, "--backends", "hf,twin", "--backend-arg", "depth=2"]
     )
-    assert r.exit_code == 1 and "--backend-arg depth: no compared backend has that option" in r.output
+    assert (
+        r.exit_code == 2 and "--backend-arg depth: no compared backend has that option" in r.output
+    )  # usage
 
 
 # ------------------------------------------------------------------------------------------ where it shows

@@ -244,7 +244,7 @@ def test_real_vllm_matches_hf_on_smollm2():
     ref = hf.score(prompts, cand)
     hf.close()
     settled = settle_backend("vllm", req)
-    v = open_backend(settled)  # through the registry's door, as walla-extract --backend vllm opens it
+    v = open_backend(settled)  # through the registry's door, as walla extract --backend vllm opens it
     try:
         assert settled.identity["vllm"] is not None and settled.identity["device"] == "cpu"
         got = v.score(prompts, cand)

@@ -1,9 +1,9 @@
 """The user's three commands through the real CLIs on a tiny random model (built here, no download):
 
-    walla-extract --model <dir> --dataset facts --size 60 --store S
-    walla-train --scenario homo --model <dir> --agents 3 --methods uniform,walla-i --seed-list 18,19 \
+    walla extract --model <dir> --dataset facts --size 60 --store S
+    walla train --scenario homo --model <dir> --agents 3 --methods uniform,walla-i --seed-list 18,19 \
         --save-states walla-i
-    walla-eval --report R/tables.md --runs R
+    walla eval --report R/tables.md --runs R
 
 and the report's numbers checked against a direct computation from the run files.
 """

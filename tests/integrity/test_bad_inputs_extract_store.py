@@ -1,4 +1,4 @@
-"""Bad inputs to `walla-extract` and `walla-store`, as a new user would make them (issue 12).
+"""Bad inputs to `walla extract` and `walla-store`, as a new user would make them (issue 12).
 
 Every case runs the real CLI in-process (typer CliRunner) on a copy of a tiny store (generated `facts`
 data, dummy backend) and asserts: exit code != 0, ONE line on stderr naming the offending file/key, no
@@ -19,6 +19,7 @@ import filelock
 import pytest
 import torch
 from typer.testing import CliRunner
+from walla.cli.main import app as root_app
 from walla.extract.backends.dummy import DUMMY
 from walla.extract.cli import app as extract_app
 from walla.store.cli import app as store_app
@@ -33,13 +34,16 @@ def extract(store: Path, *args: str) -> list[str]:
 
 
 def invoke(cli: str, argv: list[str]):
-    return runner.invoke(extract_app if cli == "walla-extract" else store_app, argv)
+    """`cli`: "walla" (a command line as a message writes it: `walla store rm ...`) or one stage's app."""
+    if cli == "walla":
+        return runner.invoke(root_app, argv)
+    return runner.invoke(extract_app if cli == "walla extract" else store_app, argv)
 
 
 @pytest.fixture(scope="module")
 def base_store(tmp_path_factory) -> Path:
     store = tmp_path_factory.mktemp("base") / "store"
-    r = invoke("walla-extract", extract(store, "--dataset", "facts", "--size", "20"))
+    r = invoke("walla extract", extract(store, "--dataset", "facts", "--size", "20"))
     assert r.exit_code == 0, r.output
     return store
 
@@ -89,7 +93,7 @@ GOOD_ROW = json.dumps({"id": 1, "question": "Q?", "options": ["a", "b"], "label"
 @dataclass
 class Case:
     name: str
-    cli: str  # walla-extract | walla-store
+    cli: str  # walla extract | walla-store
     argv: Callable[[Path, Path], list[str]]  # (store, tmp) -> argv
     names: str  # the stderr line must contain this (the offending file / key / value)
     damage: Callable[[Path], None] | None = None  # what the user did to the store first
@@ -102,28 +106,28 @@ def _fp(store: Path) -> str:
 
 
 CASES = [
-    # --- walla-extract: arguments and data ----------------------------------------------------------------
+    # --- walla extract: arguments and data ----------------------------------------------------------------
     Case(  # issue 12 #3: made 2 train / 0 val / 0 test rows without a word
         "facts --size 3",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "facts", "--size", "3"),
         "need >= 1 val and >= 1 test row (--size 8 is the minimum)",
     ),
     Case(  # issue 12 #5: --data-file was silently ignored
         "facts --data-file",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "facts", "--size", "20", "--data-file", str(t / "x.jsonl")),
         "drop --data-file",
     ),
     Case(
         "bayesx --data-file",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "bayesx", "--size", "40", "--data-file", str(t / "x.jsonl")),
         "'bayesx' is generated",
     ),
     Case(  # the hf backend (not dummy): was 146 lines of traceback
         "--device cuda without a GPU",
-        "walla-extract",
+        "walla extract",
         lambda s, t: (
             ["--model", "smollm2-135m", "--dataset", "facts", "--size", "20", "--store", str(s)]
             + ["--variants", "none", "--no-progress", "--device", "cuda"]
@@ -132,27 +136,27 @@ CASES = [
     ),
     Case(
         "--device gpu",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "facts", "--size", "20", "--device", "gpu"),
         "--device must be cpu, cuda, cuda:N or mps, got 'gpu'",
     ),
     Case(
         "unknown dataset",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "factz"),
-        "unknown dataset 'factz'",
+        "no such dataset 'factz'; did you mean --dataset facts (a dataset)?",
         code=2,
     ),
     Case(
         "unknown model",
-        "walla-extract",
+        "walla extract",
         lambda s, t: ["--model", "nope", "--dataset", "facts", "--store", str(s), "--backend", "dummy"],
-        "unknown model 'nope'",
+        "no such model 'nope'",
         code=2,
     ),
     Case(
         "bad variant",
-        "walla-extract",
+        "walla extract",
         lambda s, t: [
             "--model",
             "smollm2-135m",
@@ -168,32 +172,32 @@ CASES = [
     ),
     Case(
         "--size on a loaded dataset",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "jsonl", "--size", "5"),
         "--size only applies to generated datasets",
     ),
     Case(
         "--limit 0",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "facts", "--limit", "0"),
         "limit must be >= 1, got 0",
         code=2,
     ),
     Case(
         "jsonl without --data-file",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "jsonl"),
         "pass --data-file PATH",
     ),
     Case(
         "jsonl --data-file missing",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "jsonl", "--data-file", str(t / "missing.jsonl")),
         "missing.jsonl does not exist",
     ),
     Case(
         "jsonl --data-file not JSON",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(
             s, "--dataset", "jsonl", "--data-file", str(write_jsonl(t / "bad.jsonl", [GOOD_ROW, "{oops"]))
         ),
@@ -201,13 +205,13 @@ CASES = [
     ),
     Case(
         "jsonl --data-file a directory",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "jsonl", "--data-file", str(t)),
         "is a directory; expected a JSON / JSON lines file",
     ),
     Case(
         "jsonl --data-file not UTF-8",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(
             s,
             "--dataset",
@@ -219,7 +223,7 @@ CASES = [
     ),
     Case(
         "jsonl row without a label",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(
             s,
             "--dataset",
@@ -236,7 +240,7 @@ CASES = [
     ),
     Case(  # issue 12 #1 seen from extract: "already complete" must not hide a corrupt set
         "extract over a tampered chunk",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "facts", "--size", "20"),
         "hidden.zarr/c/0/0 changed after it was written",
         damage=lambda s: flip_byte(feature_dir(s) / "hidden.zarr" / "c" / "0" / "0"),
@@ -244,7 +248,7 @@ CASES = [
     ),
     Case(
         "extract over a corrupt questions.parquet",
-        "walla-extract",
+        "walla extract",
         lambda s, t: extract(s, "--dataset", "facts", "--size", "20"),
         "questions.parquet",
         damage=lambda s: flip_byte(question_dir(s) / "questions.parquet", at=40),
@@ -400,7 +404,7 @@ def test_bad_input(case: Case, base_store: Path, tmp_path: Path) -> None:
     assert case.names in lines[0], lines[0]
     assert "Traceback" not in r.output + r.stderr
     if case.run_fix:
-        assert "fix: `walla-store rm " in lines[0], lines[0]
+        assert "fix: `walla store rm " in lines[0], lines[0]
         _run_fix(lines[0])
     v = invoke("walla-store", ["verify", "--store", str(store)])
     assert v.exit_code == 0, (v.output, v.stderr)
@@ -417,7 +421,7 @@ def test_tampered_chunk_is_refused_by_the_reader(base_store: Path, tmp_path: Pat
     shutil.copytree(base_store, store)
     chunk = feature_dir(store) / "hidden.zarr" / "c" / "0" / "0"
     flip_byte(chunk)
-    with pytest.raises(StoreError, match=r"checksum mismatch: .*hidden.zarr/c/0/0.*fix: `walla-store rm "):
+    with pytest.raises(StoreError, match=r"checksum mismatch: .*hidden.zarr/c/0/0.*fix: `walla store rm "):
         read_feature_set(feature_dir(store))
 
 
@@ -432,8 +436,8 @@ def test_second_extract_refuses_before_loading_the_model(
         raise AssertionError("the model was loaded although another writer holds the lock")
 
     monkeypatch.setattr(DUMMY, "load", no_model)
-    with filelock.FileLock(str(path.with_name(path.name + ".lock")), timeout=0):  # "another walla-extract"
-        r = invoke("walla-extract", extract(store, "--dataset", "facts", "--size", "20"))
+    with filelock.FileLock(str(path.with_name(path.name + ".lock")), timeout=0):  # "another walla extract"
+        r = invoke("walla extract", extract(store, "--dataset", "facts", "--size", "20"))
     assert r.exit_code == 1 and "is being written by another process" in r.stderr, (r.output, r.stderr)
     assert invoke("walla-store", ["verify", "--store", str(store)]).exit_code == 0
 
@@ -448,7 +452,7 @@ def test_disk_full_names_the_file(base_store: Path, tmp_path: Path, monkeypatch)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(atomic, "replace", full)
-    r = invoke("walla-extract", extract(tmp_path / "store", "--dataset", "facts", "--size", "20"))
+    r = invoke("walla extract", extract(tmp_path / "store", "--dataset", "facts", "--size", "20"))
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code == 1 and len(lines) == 1, r.stderr
     assert "questions.parquet: disk full (no space left on the device)" in lines[0], lines[0]

@@ -1,8 +1,8 @@
-"""Bad inputs to `walla-train` and `walla-eval`, as a new user would make them (issue 12).
+"""Bad inputs to `walla train` and `walla eval`, as a new user would make them (issue 12).
 
 Same contract as the extract/store table (test_bad_inputs_extract_store.py): the real CLI in-process,
 exit code != 0, ONE line on stderr naming the offending file/key, no traceback, and the store still
-verifies afterwards; where the message names a fix, the fix is run and the next walla-train succeeds.
+verifies afterwards; where the message names a fix, the fix is run and the next walla train succeeds.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ DUMMY = [
 FAST = ["--methods", "uniform,walla-i", "--seed-list", "18", "--set", "walla.epochs=1", "--set", "walla.hidden=[8]",
         "--set", "walla.projection_dim=null"]  # fmt: skip
 SCENARIO = """\
-# For: walla-train --scenario {name}
+# For: walla train --scenario {name}
 include: [_base.yaml, _demo.yaml]
 description: test
 scenario: {{dataset: facts, agents: [smollm2-135m, gemma3-270m], context_rule: one_relevant}}
@@ -47,7 +47,7 @@ def base(tmp_path_factory) -> Path:
     """A store with two (dummy-backend) models on 40 generated facts, and one trained run."""
     root = tmp_path_factory.mktemp("te")
     for model in ("smollm2-135m", "gemma3-270m"):
-        r = invoke("walla-extract", ["--model", model, "--store", str(root / "store"), *DUMMY])
+        r = invoke("walla extract", ["--model", model, "--store", str(root / "store"), *DUMMY])
         assert r.exit_code == 0, r.stderr
     r = train(root, "--scenario", "demo-hetero-facts", *FAST)
     assert r.exit_code == 0, (r.output, r.stderr)
@@ -71,7 +71,7 @@ def scenario_file(root: Path, name: str, extra: str = "") -> str:
 @dataclass
 class Case:
     name: str
-    cli: str  # walla-train | walla-eval
+    cli: str  # walla train | walla eval
     argv: Callable[[Path], list[str]]
     names: str  # the stderr line must contain this
     damage: Callable[[Path], None] | None = None
@@ -82,43 +82,43 @@ def _runs_scenario(root: Path) -> Path:
 
 
 CASES = [
-    Case("unknown scenario", "walla-train", lambda r: ["--scenario", "demo-hetero-fact"], "did you mean 'demo-hetero-facts'"),
-    Case("unknown method", "walla-train", lambda r: ["--scenario", "demo-hetero-facts", "--methods", "wala-i"],
-         "unknown method 'wala-i' (did you mean 'walla-i'?)"),
-    Case("hparam not a number", "walla-train",
+    Case("unknown scenario", "walla train", lambda r: ["--scenario", "demo-hetero-fact"], "did you mean --scenario demo-hetero-facts (a scenario manifest)"),
+    Case("unknown method", "walla train", lambda r: ["--scenario", "demo-hetero-facts", "--methods", "wala-i"],
+         "no such method 'wala-i'; did you mean --methods walla-i (a method)"),
+    Case("hparam not a number", "walla train",
          lambda r: ["--scenario", scenario_file(r, "fast", "train: {hparams: {walla-i: {lr: fast}}}")],
          "fast.yaml: train.hparams.walla-i.lr"),
-    Case("unknown hparam key", "walla-train",
+    Case("unknown hparam key", "walla train",
          lambda r: ["--scenario", scenario_file(r, "colour", "train: {hparams: {walla-i: {colour: red}}}")],
          "colour.yaml: train.hparams.walla-i.colour: unknown key"),
-    Case("seeds not ints", "walla-train",
+    Case("seeds not ints", "walla train",
          lambda r: ["--scenario", scenario_file(r, "eighteen", "train: {seeds: [eighteen]}")],
          "eighteen.yaml: train.seeds.0"),
-    Case("include outside the project", "walla-train", lambda r: ["--scenario", _write(r / "inc.yaml",
+    Case("include outside the project", "walla train", lambda r: ["--scenario", _write(r / "inc.yaml",
          "# x\ninclude: /etc/passwd\ndescription: x\nscenario: {dataset: facts, agents: [smollm2-135m]}\n")],
          "no absolute paths"),
-    Case("not YAML", "walla-train",
+    Case("not YAML", "walla train",
          lambda r: ["--scenario", _write(r / "bad.yaml", "a: [1, 2\n")],
          "bad.yaml: line"),
-    Case("--runs is a file", "walla-train", lambda r: ["--scenario", "demo-hetero-facts", "--runs", _a_file(r), *FAST],
+    Case("--runs is a file", "walla train", lambda r: ["--scenario", "demo-hetero-facts", "--runs", _a_file(r), *FAST],
          "is a file, expected a directory"),
-    Case("store does not exist", "walla-train", lambda r: ["--scenario", "demo-hetero-facts", "--store", str(r / "nowhere")],
+    Case("store does not exist", "walla train", lambda r: ["--scenario", "demo-hetero-facts", "--store", str(r / "nowhere")],
          "nowhere does not exist"),
-    Case("--device cuda without a GPU", "walla-train", lambda r: ["--scenario", "demo-hetero-facts", "--device", "cuda"],
+    Case("--device cuda without a GPU", "walla train", lambda r: ["--scenario", "demo-hetero-facts", "--device", "cuda"],
          "cuda"),
-    Case("--precision bogus", "walla-train", lambda r: ["--scenario", "demo-hetero-facts", "--precision", "fp7"], "fp7"),
-    Case("homo without --model", "walla-train", lambda r: ["--scenario", "homo", "--agents", "3"],
+    Case("--precision bogus", "walla train", lambda r: ["--scenario", "demo-hetero-facts", "--precision", "fp7"], "fp7"),
+    Case("homo without --model", "walla train", lambda r: ["--scenario", "homo", "--agents", "3"],
          "--scenario homo needs --model M and --agents N"),
-    Case("hetero on an evaluation-only dataset", "walla-train",
+    Case("hetero on an evaluation-only dataset", "walla train",
          lambda r: ["--scenario", "hetero", "--dataset", "arc-challenge"], "holds no complete feature set of dataset"),
-    Case("a model that was not extracted", "walla-train",
-         lambda r: ["--scenario", "homo", "--model", "aloe", "--agents", "2"], "make extract MODEL=aloe DATASET=facts"),
-    Case("tampered hidden chunk", "walla-train", lambda r: ["--scenario", "demo-hetero-facts", *FAST],
+    Case("a model that was not extracted", "walla train",
+         lambda r: ["--scenario", "homo", "--model", "aloe", "--agents", "2"], "walla extract --model aloe --dataset facts"),
+    Case("tampered hidden chunk", "walla train", lambda r: ["--scenario", "demo-hetero-facts", *FAST],
          "hidden.zarr/c/0/0", damage=lambda r: flip_byte(feature_dir_of(r, "smollm2-135m") / "hidden.zarr" / "c" / "0" / "0")),
-    Case("eval: runs dir missing", "walla-eval", lambda r: ["--report", str(r / "t.md"), "--runs", str(r / "nope")],
+    Case("eval: runs dir missing", "walla eval", lambda r: ["--report", str(r / "t.md"), "--runs", str(r / "nope")],
          "nope does not exist"),
-    Case("eval: report not .md", "walla-eval", lambda r: ["--report", str(r / "t.txt"), "--runs", str(r / "runs")], "t.txt"),
-    Case("eval: corrupt scenario.json", "walla-eval", lambda r: ["--report", str(r / "t.md"), "--runs", str(r / "runs")],
+    Case("eval: report not .md", "walla eval", lambda r: ["--report", str(r / "t.txt"), "--runs", str(r / "runs")], "t.txt"),
+    Case("eval: corrupt scenario.json", "walla eval", lambda r: ["--report", str(r / "t.md"), "--runs", str(r / "runs")],
          "scenario.json", damage=lambda r: (_runs_scenario(r) / "scenario.json").write_text("{oops")),
 ]  # fmt: skip
 
@@ -145,7 +145,7 @@ def test_bad_input(case: Case, base: Path, tmp_path: Path) -> None:
     shutil.copytree(base, root)
     if case.damage is not None:
         case.damage(root)
-    r = train(root, *case.argv(root)) if case.cli == "walla-train" else evaluate(root, *case.argv(root))
+    r = train(root, *case.argv(root)) if case.cli == "walla train" else evaluate(root, *case.argv(root))
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code != 0, (r.output, r.stderr)
     assert len(lines) == 1 and case.names in lines[0], r.stderr
@@ -154,7 +154,7 @@ def test_bad_input(case: Case, base: Path, tmp_path: Path) -> None:
 
 
 def test_tampered_store_remedy_makes_the_next_train_succeed(base: Path, tmp_path: Path) -> None:
-    """walla-store verify and walla-train name the same file and a fix; running the fix lets training go on."""
+    """walla store verify and walla train name the same file and a fix; running the fix lets training go on."""
     root = tmp_path / "root"
     shutil.copytree(base, root)
     chunk = feature_dir_of(root, "smollm2-135m") / "hidden.zarr" / "c" / "0" / "0"
@@ -163,7 +163,9 @@ def test_tampered_store_remedy_makes_the_next_train_succeed(base: Path, tmp_path
     assert v.exit_code == 1 and "hidden.zarr/c/0/0" in v.stderr
     r = train(root, "--scenario", "demo-hetero-facts", *FAST, "--force")
     (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.exit_code == 2 and "hidden.zarr/c/0/0" in line and "fix: `walla-store rm " in line, line
+    assert r.exit_code == 1 and "hidden.zarr/c/0/0" in line and "fix: `walla store rm " in line, (
+        line
+    )  # data: 1
     for part in line.split("fix: `", 1)[1].rsplit("`", 1)[0].split(" && "):
         argv = shlex.split(part)
         assert invoke(argv[0], argv[1:]).exit_code == 0, part

@@ -261,7 +261,7 @@ def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[
     busy = tmp / "a-directory"
     busy.mkdir(exist_ok=True)
     return [
-        ("bad agent name", ["add-agent", "no spaces", "--db", db_arg], {}, 1, "name:"),
+        ("bad agent name", ["add-agent", "no spaces", "--db", db_arg], {}, 2, "name:"),
         ("taken agent name", ["add-agent", "alice", "--db", db_arg], {}, 1, "already exists"),
         (
             "db in a missing directory",
@@ -282,31 +282,31 @@ def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[
         ),
         ("operator token = an agent's", ["init", "--db", db_arg], {TOKEN_ENV: agent_token}, 1, TOKEN_ENV),
         ("agent named operator", ["add-agent", "OPERATOR", "--db", db_arg], {}, 1, "reserved"),
-        ("port out of range", ["serve", "--db", db_arg, "--port", "70000"], {}, 1, "--port"),
+        ("port out of range", ["serve", "--db", db_arg, "--port", "70000"], {}, 2, "--port"),
         ("port not a number", ["serve", "--db", db_arg, "--port", "abc"], {}, 2, "--port"),
         (
             "max body too small",
             ["serve", "--db", db_arg, "--port", "1", "--max-body", "10"],
             {},
-            1,
+            2,
             "--max-body",
         ),
-        ("negative rate", ["serve", "--db", db_arg, "--port", "1", "--rate", "-1"], {}, 1, "--rate"),
+        ("negative rate", ["serve", "--db", db_arg, "--port", "1", "--rate", "-1"], {}, 2, "--rate"),
         (
             "zero read timeout",
             ["serve", "--db", db_arg, "--port", "1", "--read-timeout", "0"],
             {},
-            1,
+            2,
             "--read-timeout",
         ),
         (
             "no connections per client",
             ["serve", "--db", db_arg, "--port", "1", "--max-client-connections", "0"],
             {},
-            1,
+            2,
             "--max-client-connections",
         ),
-        ("short operator token", ["init", "--db", db_arg], {TOKEN_ENV: "short"}, 1, TOKEN_ENV),
+        ("short operator token", ["init", "--db", db_arg], {TOKEN_ENV: "short"}, 2, TOKEN_ENV),
         (
             "missing token file",
             ["init", "--db", db_arg, "--operator-token-file", str(tmp / "none")],
@@ -318,7 +318,7 @@ def cli_cases(db_arg: str, tmp: Path, agent_token: str) -> list[tuple[str, list[
             "short token file",
             ["init", "--db", db_arg, "--operator-token-file", str(tmp / "short-token")],
             {},
-            1,
+            2,
             ">= 16",
         ),
         ("unknown command", ["trade"], {}, 2, "No such command"),

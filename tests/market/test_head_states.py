@@ -1,4 +1,4 @@
-"""A live head needs the run's state.pt, which walla-train writes only with --save-states: a run trained
+"""A live head needs the run's state.pt, which walla train writes only with --save-states: a run trained
 without one is refused with the command that writes it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Replay and the live agent on a tiny trained market (conftest `trained`: trained_market.py).
 
-Frozen heads reproduce walla-train's wagers, pooled forecasts and payouts through the HTTP API; the agent's
-features are walla-extract's; a head update is one step of the run's loss and optimizer.
+Frozen heads reproduce walla train's wagers, pooled forecasts and payouts through the HTTP API; the agent's
+features are walla extract's; a head update is one step of the run's loss and optimizer.
 """
 
 from __future__ import annotations
@@ -55,15 +55,15 @@ def test_replay_learning_changes_heads(trained):
 
 
 def test_a_live_head_comes_only_from_a_current_run(trained, tmp_path):
-    """The base-key rule of joining holds for live agents too (issue 28): a stale run (another walla-train
-    schema, other inputs) or one moved out of its key directory gives no head, as walla-eval counts none."""
+    """The base-key rule of joining holds for live agents too (issue 28): a stale run (another walla train
+    schema, other inputs) or one moved out of its key directory gives no head, as walla eval counts none."""
     runs = tmp_path / "runs"
     shutil.copytree(trained["runs"], runs)
     run = choose_runs(runs, trained["scenario"]).seeds[18].path
     AgentHead.from_run(run, slot=0)  # current: taken
     meta = json.loads((run / RUN_META).read_text())
     for field, value, why in (
-        ("schema", TRAIN_SCHEMA - 1, f"trained by walla-train schema {TRAIN_SCHEMA - 1}"),
+        ("schema", TRAIN_SCHEMA - 1, f"trained by walla train schema {TRAIN_SCHEMA - 1}"),
         ("scenario_inputs_id", "0" * 16, "trained from other inputs"),
     ):
         (run / RUN_META).write_text(json.dumps({**meta, "run_key": {**meta["run_key"], field: value}}))
@@ -112,7 +112,7 @@ def test_head_update_is_the_runs_step(trained):
 
 
 def test_live_agent_with_llm(trained, tmp_path):
-    """The agent scores a round's question with the hf backend exactly as walla-extract did (same probabilities),
+    """The agent scores a round's question with the hf backend exactly as walla extract did (same probabilities),
     reports its head's wager on those features, and learns from its payout after the resolution."""
     table = read_scenario_table(trained["runs"], trained["scenario"])
     data = scenario_data(table, trained["store"])
@@ -257,7 +257,7 @@ def test_live_metrics_see_offline_ties():
     diff, live_metrics, offline_metrics = _compare(live, record, table, np.arange(n))
     assert diff["pool"] == pytest.approx(1e-8, rel=1e-3)
     np.testing.assert_equal(live_metrics, offline_metrics)  # NaN == NaN (AUC of a tiny table)
-    assert live_metrics["accuracy"] == 1.0  # ties go to the first option (label 0), as in walla-eval
+    assert live_metrics["accuracy"] == 1.0  # ties go to the first option (label 0), as in walla eval
 
 
 def test_audit_of_a_replayed_market(replayed, capfd):
@@ -268,7 +268,7 @@ def test_audit_of_a_replayed_market(replayed, capfd):
 
 
 def test_head_update_calls_the_training_step(trained, monkeypatch):
-    """One implementation of the step: AgentHead.update runs walla-train's wager_loss and optimizer_step."""
+    """One implementation of the step: AgentHead.update runs walla train's wager_loss and optimizer_step."""
     from walla.market import head as head_module
     from walla.train import wager_training
 

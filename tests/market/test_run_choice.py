@@ -80,7 +80,7 @@ def test_the_named_key_is_replayed(two_keys, capfd):
 
 
 def test_runs_of_the_old_layout_are_refused(trained, tmp_path):
-    """Runs from before run keys (<method>/seed=<s>/) are stale for walla-eval, so replay refuses them too."""
+    """Runs from before run keys (<method>/seed=<s>/) are stale for walla eval, so replay refuses them too."""
     runs = tmp_path / "runs"
     shutil.copytree(trained["runs"], runs)
     method = runs / trained["scenario"] / "walla-i"

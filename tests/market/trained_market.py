@@ -1,7 +1,7 @@
 """A tiny trained market for the replay and agent tests (a random tiny LLM built here; no download):
 
-walla-extract --model <dir> --dataset facts --size 60 --variants none,relevant
-walla-train --scenario homo --model <dir> --agents 3 --methods walla-i,walla-ii --seed-list 18 --save-states walla
+walla extract --model <dir> --dataset facts --size 60 --variants none,relevant
+walla train --scenario homo --model <dir> --agents 3 --methods walla-i,walla-ii --seed-list 18 --save-states walla
 
 market = train_tiny_market(tmp)              # {"model", "store", "runs", "scenario"}
 train_more(market, runs, "walla-i", "walla.lr=0.003")   # another run key of walla-i in `runs`

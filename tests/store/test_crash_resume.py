@@ -64,7 +64,7 @@ def test_kill_at_every_step_then_resume(ctx, clean, tmp_path):
                 assert [i.status for i in infos] in ([], ["incomplete"])
                 for info in infos:
                     with pytest.raises(
-                        IncompleteError, match="make extract MODEL=crashy DATASET=toy VARIANTS=none"
+                        IncompleteError, match="walla extract --model crashy --dataset toy --variants none"
                     ):
                         read_feature_set(info.path)
             with open_writer(

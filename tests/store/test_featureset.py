@@ -107,7 +107,7 @@ def test_incomplete_is_refused_and_listed(tmp_path):
     assert find_complete(tmp_path, _spec()) is None
     (info,) = list_feature_sets(tmp_path)
     assert (info.status, info.done_rows, info.n_rows) == ("incomplete", 5, 10)
-    with pytest.raises(IncompleteError, match="make extract MODEL=m DATASET=toy VARIANTS=none"):
+    with pytest.raises(IncompleteError, match="walla extract --model m --dataset toy --variants none"):
         read_feature_set(info.path)
     with open_writer(tmp_path, _spec(), hidden_size=8, total_rows=10) as w:
         assert w.done_rows == 5
@@ -121,7 +121,7 @@ def test_resume_with_other_shape_fails_cleanly(tmp_path):
     rows, hidden = make_rows(q, "none")
     with open_writer(tmp_path, _spec(), hidden_size=8, total_rows=10) as w:
         w.write_shard(rows[:5], hidden[:5])
-    with pytest.raises(StoreError, match="total_rows: 10 != 12.*walla-store rm"):
+    with pytest.raises(StoreError, match="total_rows: 10 != 12.*walla store rm"):
         with open_writer(tmp_path, _spec(), hidden_size=8, total_rows=12):
             pass
 
@@ -166,7 +166,8 @@ def test_stale_schema_is_one_clear_error(tmp_path, version):
     meta["schema_version"] = version
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(
-        StaleSchemaError, match=f"schema version {version}.*make extract MODEL=aloe DATASET=toy VARIANTS=none"
+        StaleSchemaError,
+        match=f"schema version {version}.*walla extract --model aloe --dataset toy --variants none",
     ):
         read_feature_set(path)
     assert [i.status for i in list_feature_sets(tmp_path)] == ["stale"]
@@ -198,7 +199,7 @@ def test_question_table_round_trip_and_validation(tmp_path):
     assert read_question_table(tmp_path, "toy", fp[:6], verify=True)[1] == fp
     fp2 = write_question_table(tmp_path, "toy", q.head(20), {})
     assert fp2 != fp and read_question_table(tmp_path, "toy")[1] == fp2  # newest wins
-    with pytest.raises(FileNotFoundError, match="make extract MODEL=<model> DATASET=nope"):
+    with pytest.raises(FileNotFoundError, match="walla extract --model <model> --dataset nope"):
         read_question_table(tmp_path, "nope")
     with pytest.raises(ValueError, match="missing columns \\['subject'\\]"):
         write_question_table(tmp_path, "toy", q.drop("subject"), {})

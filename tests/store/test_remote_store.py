@@ -97,7 +97,7 @@ def test_store_cli_on_s3_ls_verify_rm(s3_store):
     r = runner.invoke(app, ["verify", "--store", s3_store])
     assert r.exit_code == 1
     assert f"checksum mismatch: {chunk} changed after it was written" in r.stderr
-    assert f"walla-store rm {info.fingerprint} --store {s3_store} --yes" in r.stderr
+    assert f"walla store rm {info.fingerprint} --store {s3_store} --yes" in r.stderr
 
     r = runner.invoke(app, ["rm", info.fingerprint[:8], "--store", s3_store, "--yes"])
     assert r.exit_code == 0, r.output

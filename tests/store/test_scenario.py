@@ -198,8 +198,8 @@ def test_missing_incomplete_and_stale_feature_sets(tmp_path):
             Scenario(_entry(["aloe", "gemma2"], "one_relevant"), {}, DATASETS), tmp_path
         )
     msg = str(err.value)
-    assert f"make extract MODEL=aloe DATASET=toy VARIANTS=relevant STORE={tmp_path}" in msg
-    assert f"make extract MODEL=gemma2 DATASET=toy VARIANTS=none,relevant STORE={tmp_path}" in msg
+    assert f"walla extract --model aloe --dataset toy --variants relevant --store {tmp_path}" in msg
+    assert f"walla extract --model gemma2 --dataset toy --variants none,relevant --store {tmp_path}" in msg
     rows, hidden = make_rows(q, "relevant", model_tag=1)
     with open_writer(
         tmp_path, FeatureSetSpec("aloe", "toy", "relevant", {"questions_fp": qfp, "model_tag": 1}), 8, 40

@@ -197,7 +197,7 @@ def with_agents(data: ScenarioData, slots: list[int], name: str) -> ScenarioData
 
 def synthetic_scenario_file(tmp_path: Path, monkeypatch, text: str) -> Path:
     """`text` written as <tmp_path>/synth.yaml, its assembly swapped for a synthetic 100-question scenario
-    (walla-train's CLI, plan, runs and report stay real); an empty <tmp_path>/store for --store."""
+    (walla train's CLI, plan, runs and report stay real); an empty <tmp_path>/store for --store."""
     data = make_private_context_scenario(n=100, m=3, k=2, h=6, seed=2, name="synth")
     monkeypatch.setattr(train_run, "assemble_scenario", lambda spec, store: data)
     (tmp_path / "store").mkdir()

@@ -74,7 +74,7 @@ def test_phase_timer_counts_a_nested_phase_once(bench):
 
 
 def test_cli_store_trains_through_walla_train(bench, tmp_path):
-    """Section 8's store: walla-train (in-process here) assembles the homo bayesx scenario and trains it."""
+    """Section 8's store: walla train (in-process here) assembles the homo bayesx scenario and trains it."""
     from typer.testing import CliRunner
     from walla.train import cli
 

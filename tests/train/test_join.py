@@ -146,7 +146,7 @@ def test_a_stale_base_run_is_refused(trained, tmp_path):
     run18 = one_run(runs, "base", "walla-i", 18)
     _edit_run(run18, lambda m: m["run_key"].update(schema=TRAIN_SCHEMA - 1))
     with pytest.raises(
-        ValueError, match=f"{run18}: stale base run .trained by walla-train schema {TRAIN_SCHEMA - 1}"
+        ValueError, match=f"{run18}: stale base run .trained by walla train schema {TRAIN_SCHEMA - 1}"
     ):
         join(plan, runs, full)
     _edit_run(run18, lambda m: m["run_key"].update(schema=TRAIN_SCHEMA))

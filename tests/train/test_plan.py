@@ -53,7 +53,7 @@ def test_every_problem_of_a_file_reported_together(tmp_path):
     p.write_text(
         textwrap.dedent(
             """\
-            # For: walla-train --scenario bad.yaml
+            # For: walla train --scenario bad.yaml
             include: _base.yaml
             description: bad
             scenario: {dataset: facts, agents: [smollm2-135m, gemma3-270m]}

@@ -1,4 +1,4 @@
-"""`walla-train --scenario hetero|homo|hetero-context` says which preset it resolved and why, and
+"""`walla train --scenario hetero|homo|hetero-context` says which preset it resolved and why, and
 `--preset demo|paper` overrides it (issue 20, finding 5)."""
 
 from __future__ import annotations

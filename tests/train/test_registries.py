@@ -49,7 +49,7 @@ def test_a_new_loader_is_one_registry_entry(parity_loader, tmp_path, monkeypatch
     (tmp_path / "datasets.yaml").write_text(
         textwrap.dedent(
             """\
-            # For: walla-extract --dataset parity
+            # For: walla extract --dataset parity
             parity: {loader: parity, generator: {n: 40}, split_protocol: {mode: uniform, seed: 3}}
             """
         )
@@ -123,7 +123,7 @@ def test_a_new_method_is_one_registry_entry(confidence_method, tmp_path):
     scenario.write_text(
         textwrap.dedent(
             """\
-            # For: walla-train --scenario mine.yaml
+            # For: walla train --scenario mine.yaml
             include: [_base.yaml]
             description: every method
             scenario: {dataset: facts, agents: [smollm2-135m, gemma3-270m], context_rule: one_relevant}

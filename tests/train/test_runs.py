@@ -145,7 +145,7 @@ def test_run_plan_writes_skips_and_retrains_stale(tmp_path, data):
     again = run_plan(_plan(data), other, tmp_path, env, note=notes.append)
     assert {r["status"] for r in again} == {"done"}
     assert [r["key_id"] for r in again] == [r["key_id"] for r in res]
-    assert sum("trained from other inputs or by another walla-train; retraining" in s for s in notes) == 4
+    assert sum("trained from other inputs or by another walla train; retraining" in s for s in notes) == 4
 
 
 def test_states_are_written_only_where_asked_and_reproduce_the_predictions(tmp_path, data):
@@ -194,7 +194,7 @@ def test_states_to_save_names_methods_and_families(data):
 
 def test_one_writer_per_scenario(tmp_path, data):
     with runs_lock(tmp_path, data.name):
-        with pytest.raises(RunsLockedError, match="another walla-train is writing"):
+        with pytest.raises(RunsLockedError, match="another walla train is writing"):
             run_plan(_plan(data), data, tmp_path, TrainEnv(), note=lambda s: None)
 
 

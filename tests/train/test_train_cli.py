@@ -1,4 +1,4 @@
-"""`walla-train` CLI: a run on a synthetic scenario, --show-plan, and one clear error line for mistakes."""
+"""`walla train` CLI: a run on a synthetic scenario, --show-plan, and one clear error line for mistakes."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_show_plan_prints_the_resolved_plan(tmp_path, synth):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--methods", "wala-i"], "unknown method 'wala-i' (did you mean 'walla-i'?)"),
+        (["--methods", "wala-i"], "no such method 'wala-i'; did you mean --methods walla-i (a method)"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--seed-list", "18,x"], "--seed-list: expected comma-separated integers, got '18,x'"),
         (["--set", "walla.lr=fast"], "walla-i.lr: Input should be a valid number"),
@@ -74,9 +74,14 @@ def test_user_errors_are_one_line_exit_2(tmp_path, synth, args, message):
 
 def test_unknown_scenario_and_missing_store(tmp_path):
     res = _run(tmp_path, "--scenario", "demo-hetero-fact")
-    assert res.exit_code == 2 and "did you mean 'demo-hetero-facts'" in res.output
-    res = _run(tmp_path, "--scenario", "demo-hetero-facts")
-    assert res.exit_code == 2 and "store" in res.output and "does not exist" in res.output
+    assert (
+        res.exit_code == 2 and "did you mean --scenario demo-hetero-facts (a scenario manifest)" in res.output
+    )
+    res = _run(
+        tmp_path, "--scenario", "demo-hetero-facts"
+    )  # the command is right, the store is missing: data
+    assert res.exit_code == 1 and "store" in res.output and "does not exist" in res.output
+    assert "walla extract" in res.output
 
 
 def test_main_is_the_console_entry_point():

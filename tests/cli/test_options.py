@@ -1,0 +1,96 @@
+"""Each option is written once, as its config field: the commands' options are the configs' fields, help
+is rendered as written, and every message of the sources names `walla <sub>`, never an old script."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import typer
+from walla.cli.lazy import run
+from walla.cli.main import app
+from walla.evaluate.cli import app as eval_app
+from walla.evaluate.config import EvalConfig
+from walla.extract.cli import app as extract_app
+from walla.extract.config import ExtractConfig
+from walla.train import config as train_config
+from walla.train import engine, loggers
+from walla.train.cli import app as train_app
+from walla.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCTION = ("extract", "store", "train", "evaluate", "manifests", "cli", "market")
+# an old script's name (not a file, walla-check.json, nor a thread's, walla-extract-io), or a make target
+OLD_NAMES = re.compile(
+    r"walla-(extract|train|eval|market|check)\b(?![.-])|walla-store(:| ls| verify| rm)|make extract"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "cls", "extra"),
+    [(extract_app, ExtractConfig, set()), (train_app, TrainConfig, {"debug"}), (eval_app, EvalConfig, set())],
+)
+def test_the_options_are_the_configs_fields(command, cls, extra):
+    params = {p.name: p for p in typer.main.get_command(command).params}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    assert set(params) - {"help"} == set(fields) | extra
+    for name, f in fields.items():
+        assert params[name].help == f.metadata["help"], name  # the help is the field's, word for word
+
+
+def test_a_bad_option_names_its_flag_not_the_field(capfd):
+    assert run(app, ["train", "--scenario", "hetero", "--seed-list", "18,x"], "walla") == 2
+    assert "--seed-list: expected comma-separated integers" in capfd.readouterr().err
+    assert (
+        run(app, ["extract", "--model", "smollm2-135m", "--dataset", "facts", "--shard-rows", "x"], "walla")
+        == 2
+    )
+    assert "walla extract: error: --shard-rows: Input should be a valid integer" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["extract", "--help"], ["train", "--help"], ["market", "agent", "--help"]])
+def test_help_is_rendered_as_written(capfd, argv):
+    """No rich markup eats `[ray]`, and a flag shows no value (`<bool>`)."""
+    assert run(app, argv, "walla") == 0
+    out = capfd.readouterr().out
+    assert "--help" in out and "<bool>" not in out
+    if argv[0] == "extract":
+        assert "needs walla[ray]" in " ".join(out.split())
+
+
+def test_trainconfig_knows_the_recipes_choices():
+    """TrainConfig checks --logger and --precision before torch loads: its lists are the recipe's."""
+    assert train_config.LOGGERS == loggers.LOGGERS
+    assert set(train_config.PRECISIONS) == {"auto", *engine.PRECISIONS, *engine.PRECISION_ALIASES}
+
+
+def _messages(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are not docstrings (what it can print)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
+
+
+def test_no_message_names_an_old_script_or_a_make_target():
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {text!r}"
+        for stage in PRODUCTION
+        for path in sorted((ROOT / stage).rglob("*.py"))
+        for line, text in _messages(path)
+        if OLD_NAMES.search(text)
+    ]
+    assert not bad, "\n".join(bad)
