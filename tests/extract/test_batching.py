@@ -254,6 +254,7 @@ def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 8 << 30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
     settled = HF.settle(req, padded)
     why = " ".join(settled.why)
     assert settled.batch_tokens == 65_536 and "3.0 GiB free" in why and "2 layers, hidden 32" in why
