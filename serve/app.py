@@ -74,7 +74,9 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
 
     def check_model(model: str | None) -> None:
         if model is not None and model != pool.model_id:
-            raise ClientError(404, f"model: unknown model {ascii(model)[:120]} (this server serves {pool.model_id})")
+            raise ClientError(
+                404, f"model: unknown model {ascii(model)[:120]} (this server serves {pool.model_id})"
+            )
 
     async def answer(request: Request, jobs: list[Job], who: str) -> list[dict]:
         """Queue every job, wait (freeing the queue if the caller leaves), then record and pool each."""
@@ -175,15 +177,24 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
             message = str(json.loads(body).get("error"))
         except (ValueError, AttributeError):
             message = body.decode("utf-8", "replace")[:300]
-        kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+        kind = {
+            401: "authentication_error",
+            403: "permission_error",
+            404: "not_found_error",
+            429: "rate_limit_error",
+        }
         err = {
             "message": message,
-            "type": kind.get(resp.status_code, "invalid_request_error" if resp.status_code < 500 else "server_error"),
+            "type": kind.get(
+                resp.status_code, "invalid_request_error" if resp.status_code < 500 else "server_error"
+            ),
             "param": message.split(":", 1)[0] if ": " in message else None,
             "code": resp.status_code,
         }
         headers = {k: v for k, v in resp.headers.items() if k.lower() == "retry-after"}
-        return Response(json.dumps({"error": err}, ensure_ascii=True), resp.status_code, headers, "application/json")
+        return Response(
+            json.dumps({"error": err}, ensure_ascii=True), resp.status_code, headers, "application/json"
+        )
 
     return app
 

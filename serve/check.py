@@ -29,7 +29,9 @@ def check_served(fc: Forecaster, limit: int | None = None, caller: str = "check"
         if a["failed_agents"]:
             raise RuntimeError(f"question {table.question_id[r]}: agents failed: {a['failed_agents']}")
         k = len(a["probabilities"])
-        pool_diff = max(pool_diff, float(np.abs(np.array(a["probabilities"]) - record.agg_probs[r, :k]).max()))
+        pool_diff = max(
+            pool_diff, float(np.abs(np.array(a["probabilities"]) - record.agg_probs[r, :k]).max())
+        )
         wagers = np.array([x["wager"] for x in a["agents"]])
         wager_diff = max(wager_diff, float(np.abs(wagers - record.extras["wagers"][r]).max()))
     return {"n": len(rows), "pool": pool_diff, "wagers": wager_diff}

@@ -34,15 +34,21 @@ def serve(
     key: str = typer.Option(None, "--key", help="the run key id when the method has several"),
     device: str = typer.Option(None, "--device", help="default: the device kind the feature sets recorded"),
     other_identity: bool = typer.Option(
-        False, "--other-identity", help="serve even where the recorded identity cannot be reproduced (labelled)"
+        False,
+        "--other-identity",
+        help="serve even where the recorded identity cannot be reproduced (labelled)",
     ),
     db: str = typer.Option("serve.db", "--db", help="the ledger: SQLite file or SQLAlchemy URL"),
     host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on"),
     port: int = typer.Option(8766, "--port", help="TCP port"),
-    learn: bool = typer.Option(False, "--learn", help="each head takes walla-train's step on its own payouts"),
+    learn: bool = typer.Option(
+        False, "--learn", help="each head takes walla-train's step on its own payouts"
+    ),
     open_access: bool = typer.Option(False, "--open", help="forecasts need no token (a local server)"),
     operator_token_file: Path = typer.Option(
-        None, "--operator-token-file", help="file holding the operator token (or $WALLA_MARKET_OPERATOR_TOKEN)"
+        None,
+        "--operator-token-file",
+        help="file holding the operator token (or $WALLA_MARKET_OPERATOR_TOKEN)",
     ),
     max_wait_ms: float = typer.Option(10.0, "--max-wait-ms", help="how long a pass waits for more requests"),
     max_batch: int = typer.Option(64, "--max-batch", help="prompts per scoring pass"),
@@ -83,7 +89,9 @@ def serve(
         except ClientError as e:
             raise fail(e.message) from None
         agents = ", ".join(f"{a.model} ({a.llm.tier})" for a in pool.agents)
-        typer.echo(f"{PROG}: {pool.model_id} (run key {pool.choice.method}/{pool.choice.key_id}): {agents}", err=True)
+        typer.echo(
+            f"{PROG}: {pool.model_id} (run key {pool.choice.method}/{pool.choice.key_id}): {agents}", err=True
+        )
         for a in {id(a.llm): a.llm for a in pool.agents}.values():
             if a.differs:
                 typer.echo(f"{PROG}: {a.name}: serving another identity than recorded: {a.differs}", err=True)

@@ -107,7 +107,8 @@ class Forecaster:
                 row, prompts, labels = stored_question(pool, question_id)
             except KeyError:
                 raise ClientError(
-                    404, f"question_id: no stored question {ascii(question_id)[:80]} in {pool.choice.scenario}"
+                    404,
+                    f"question_id: no stored question {ascii(question_id)[:80]} in {pool.choice.scenario}",
                 ) from None
             strings = option_strings(pool.template, len(labels), pool.option_tokens)
             text = str(pool.data.question[row])
@@ -178,7 +179,9 @@ class Forecaster:
             while len(self.hidden) > KEEP_HIDDEN:
                 self.hidden.popitem(last=False)
         k = len(job.options)
-        pooled = pooled_forecast([r[1] for r in reports], [r[2] for r in reports], self.pool.settings.pooling, k)
+        pooled = pooled_forecast(
+            [r[1] for r in reports], [r[2] for r in reports], self.pool.settings.pooling, k
+        )
         done = time.perf_counter()
         return {
             "model": self.pool.model_id,

@@ -196,7 +196,9 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
     row_of = {str(q): i for i, q in enumerate(data.question_id)}
     missing = [q for q in table.question_id if str(q) not in row_of]
     if missing:
-        raise ServeError(f"--store {cfg.store}: {len(missing)} test questions of {choice.scenario} are not in it")
+        raise ServeError(
+            f"--store {cfg.store}: {len(missing)} test questions of {choice.scenario} are not in it"
+        )
     return ServedPool(
         model_id,
         choice,

@@ -23,7 +23,9 @@ Options = Annotated[list[Line], Field(min_length=2, max_length=MAX_OPTIONS)]
 
 def option_key(text: str) -> str:
     """What two options must not share: NFKC, invisible characters removed, case and spaces kept."""
-    return "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf").strip()
+    return "".join(
+        ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf"
+    ).strip()
 
 
 def check_distinct(options: list[str], key: str = "options") -> list[str]:
