@@ -40,6 +40,25 @@ LOGPROB_FLOOR = -1e4  # log(0) as OpenAI's JSON can carry it
 POLL_S = 0.2  # how often a waiting request checks that its caller is still there
 
 
+async def caller(
+    request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> str:
+    """Who asks: any ledger token's holder (the market's bearer check), or "open" on an open server."""
+    if request.app.state.open_access:
+        return "open"
+    return (await current_principal(request, request.app.state.ledger, cred)).name
+
+
+async def operator(
+    request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> str:
+    return (await require_operator(await current_principal(request, request.app.state.ledger, cred))).name
+
+
+Caller = Annotated[str, Depends(caller)]
+Operator = Annotated[str, Depends(operator)]
+
+
 def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = MAX_BODY) -> FastAPI:
     pool = fc.pool
     app = FastAPI(
@@ -49,6 +68,7 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
     )
     app.state.ledger = fc.ledger
     app.state.rate_limit = RateLimit(0.0, 1)
+    app.state.open_access = open_access
     _error_handlers(app)
 
     @app.exception_handler(QueueFull)
@@ -56,21 +76,6 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
         resp = error_response(429, f"queue: {e}; retry after {RETRY_AFTER_S} s")
         resp.headers["Retry-After"] = str(RETRY_AFTER_S)
         return resp
-
-    async def caller(
-        request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-    ) -> str:
-        if open_access:
-            return "open"
-        return (await current_principal(request, fc.ledger, cred)).name
-
-    async def operator(
-        request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-    ) -> str:
-        return (await require_operator(await current_principal(request, fc.ledger, cred))).name
-
-    Caller = Annotated[str, Depends(caller)]
-    Operator = Annotated[str, Depends(operator)]
 
     def check_model(model: str | None) -> None:
         if model is not None and model != pool.model_id:
