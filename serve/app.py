@@ -23,10 +23,12 @@ import time
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from walla.market.deps import RateLimit, bearer, current_principal, require_operator
 from walla.market.errors import ClientError
 from walla.market.server import BodyLimit, _error_handlers, error_response, validation_message
@@ -72,10 +74,15 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
     _error_handlers(app)
 
     @app.exception_handler(QueueFull)
-    async def _full(_req: Request, e: QueueFull) -> Response:
+    async def _full(req: Request, e: QueueFull) -> Response:
         resp = error_response(429, f"queue: {e}; retry after {RETRY_AFTER_S} s")
         resp.headers["Retry-After"] = str(RETRY_AFTER_S)
-        return resp
+        return openai_shaped(req, resp)
+
+    # on /v1/chat/completions the market's one-line errors become OpenAI error objects (what `openai` reads);
+    # exception handlers, not a middleware: an http middleware would hide a caller's disconnect
+    for exc in (ClientError, RequestValidationError, StarletteHTTPException):
+        app.add_exception_handler(exc, _shaping(app.exception_handlers[exc]))
 
     def check_model(model: str | None) -> None:
         if model is not None and model != pool.model_id:
@@ -171,37 +178,41 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
 
     app.add_middleware(BodyLimit, limit=max_body)
 
-    @app.middleware("http")
-    async def openai_errors(request: Request, call_next):
-        """On /v1/chat/completions, errors as OpenAI error objects (what the openai package reads)."""
-        resp = await call_next(request)
-        if resp.status_code < 400 or not request.url.path.startswith("/v1/chat/"):
-            return resp
-        body = b"".join([chunk async for chunk in resp.body_iterator])
-        try:
-            message = str(json.loads(body).get("error"))
-        except (ValueError, AttributeError):
-            message = body.decode("utf-8", "replace")[:300]
-        kind = {
-            401: "authentication_error",
-            403: "permission_error",
-            404: "not_found_error",
-            429: "rate_limit_error",
-        }
-        err = {
-            "message": message,
-            "type": kind.get(
-                resp.status_code, "invalid_request_error" if resp.status_code < 500 else "server_error"
-            ),
-            "param": message.split(":", 1)[0] if ": " in message else None,
-            "code": resp.status_code,
-        }
-        headers = {k: v for k, v in resp.headers.items() if k.lower() == "retry-after"}
-        return Response(
-            json.dumps({"error": err}, ensure_ascii=True), resp.status_code, headers, "application/json"
-        )
-
     return app
+
+
+def _shaping(inner):
+    async def handler(req: Request, e: Exception) -> Response:
+        return openai_shaped(req, await inner(req, e))
+
+    return handler
+
+
+ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_shaped(req: Request, resp: Response) -> Response:
+    """A market-style error response as an OpenAI error object on /v1/chat/ paths (others unchanged)."""
+    if resp.status_code < 400 or not req.url.path.startswith("/v1/chat/"):
+        return resp
+    try:
+        message = str(json.loads(resp.body).get("error"))
+    except (ValueError, AttributeError):
+        message = bytes(resp.body).decode("utf-8", "replace")[:300]
+    status = resp.status_code
+    err = {
+        "message": message,
+        "type": ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
+        "param": message.split(":", 1)[0] if ": " in message else None,
+        "code": status,
+    }
+    headers = {k: v for k, v in resp.headers.items() if k.lower() == "retry-after"}
+    return Response(json.dumps({"error": err}, ensure_ascii=True), status, headers, "application/json")
 
 
 def chat_forecast(body: ChatIn) -> ForecastIn:
