@@ -13,9 +13,10 @@ scoring path), wagers the trained heads (market/head.py AgentHead), the pool mar
 `payout`), a learning step AgentHead.update (walla-train's own step, as the market's learning agents take).
 
 A round: opened with the run's mechanism settings, `publish_pool="never"` and the caller named in its
-`source`; every working agent's report written (the ledger's own transactions, so a kill leaves no half
-round: each write is whole or absent, and `walla market audit` checks the chain); closed at once, so no
-market agent can report on it. A served agent whose model fails is listed in `failed_agents` and the pool
+`source`; every working agent's report written (the ledger's own transactions: each whole or absent, the
+chain checked by `walla market audit`); closed at once, so no market agent can report on it. A round still
+open when the server starts again was cut short by a kill: it is voided then (`void_interrupted`), so a
+closed served round always holds every working agent's report. A served agent whose model fails is listed in `failed_agents` and the pool
 uses the others; with none left the request fails with one line.
 """
 
@@ -82,9 +83,24 @@ class Forecaster:
         return who
 
     def start(self) -> Forecaster:
+        self.voided = self.void_interrupted()
         for b in self.batchers.values():
             b.start()
         return self
+
+    def void_interrupted(self) -> list[int]:
+        """Void this pool's served rounds still open: a server killed between a round's opening and its close
+        (its reports written one transaction each) left them with only some reports; none is ever pooled."""
+        mine, after = [], 0
+        while True:
+            page = self.ledger.list_rounds("open", after=after, limit=1000)
+            for rnd in page:
+                if str(rnd.get("source") or "").startswith(f"{SOURCE} {self.pool.model_id};"):
+                    self.ledger.void(rnd["id"], f"{SOURCE}: interrupted before all reports were written")
+                    mine.append(rnd["id"])
+            if len(page) < 1000:
+                return mine
+            after = page[-1]["id"]
 
     def stop(self) -> None:
         for b in self.batchers.values():
