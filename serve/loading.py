@@ -20,10 +20,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, Settled
 from walla.extract.backends.registry import identity_difference
 from walla.extract.config import ExtractConfig
@@ -181,18 +181,28 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
         raise ServeError(f"scenario {choice.scenario}: dataset {table.dataset!r} is not in datasets.yaml")
     d_entry = datasets[table.dataset]
     template = get_template(default_template(d_entry.loader, d_entry.prompt))
-    heads = [AgentHead.from_run(record.path, i) for i in range(len(table.agents))]
+    wanted: dict[tuple, tuple[str, dict]] = {}  # one loaded model per (model, recorded identity)
+    keys = []
+    for model in table.agents:
+        identity = recorded_identity(cfg.store, table.meta, f"{model}/{table.dataset}/none")
+        keys.append((model, repr(sorted(identity.items()))))
+        wanted.setdefault(keys[-1], (model, identity))
+    # the models load side by side, and beside the heads and stored questions: the server is ready sooner
+    with ThreadPoolExecutor(max(1, len(wanted))) as ex:
+        futs = {
+            k: ex.submit(open_model, m, table.dataset, ident, cfg.device, cfg.other_identity)
+            for k, (m, ident) in wanted.items()
+            if with_models
+        }
+        heads = [AgentHead.from_run(record.path, i) for i in range(len(table.agents))]
+        data = scenario_data(table, Path(cfg.store))
+        models = {k: f.result() for k, f in futs.items()}
     s = heads[0].cfg
     settings = RoundSettings(variant=s.variant, c1=s.c1, c2=s.c2, c3=s.c3, pooling=s.pooling)
-    data = scenario_data(table, Path(cfg.store))
-    models: dict[tuple, ModelSlot] = {}
-    agents = []
-    for i, model in enumerate(table.agents):
-        identity = recorded_identity(cfg.store, table.meta, f"{model}/{table.dataset}/none")
-        key = (model, repr(sorted(identity.items())))
-        if key not in models and with_models:
-            models[key] = open_model(model, table.dataset, identity, cfg.device, cfg.other_identity)
-        agents.append(ServedAgent(i, agent_name(model_id, i, model), model, models.get(key), heads[i]))
+    agents = [
+        ServedAgent(i, agent_name(model_id, i, model), model, models.get(keys[i]), heads[i])
+        for i, model in enumerate(table.agents)
+    ]
     row_of = {str(q): i for i, q in enumerate(data.question_id)}
     missing = [q for q in table.question_id if str(q) not in row_of]
     if missing:
@@ -221,7 +231,3 @@ def stored_question(pool: ServedPool, question_id: str) -> tuple[int, list[str],
         raise KeyError(question_id)
     k = int(pool.data.n_options[row])
     return row, [pool.data.prompts[a.slot][row] for a in pool.agents], [chr(65 + j) for j in range(k)]
-
-
-def stored_hidden(pool: ServedPool, slot: int, row: int) -> np.ndarray:
-    return np.asarray(pool.data.hidden[slot][row])
