@@ -54,6 +54,7 @@ class Job:
 class BatchStats:
     passes: int = 0
     prompts: int = 0
+    tokens: int = 0  # prompt tokens scored
     largest: int = 0
 
 
@@ -141,6 +142,7 @@ class Batcher:
             return
         self.stats.passes += 1
         self.stats.prompts += len(items)
+        self.stats.tokens += sum(o[2] for o in out)
         self.stats.largest = max(self.stats.largest, len(items))
         at = 0
         for j in jobs:
