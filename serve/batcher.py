@@ -125,17 +125,22 @@ class Batcher:
             if live:
                 self._score(live)
 
+    def _features(self, items: Sequence[Item]) -> list:
+        """One pass: in this process, or on the model's Ray worker (serve/remote.py RemoteBackend)."""
+        remote = getattr(self.backend, "features", None)
+        return remote(items) if remote is not None else score_prompts(self.backend, items)
+
     def _score(self, jobs: list[Job]) -> None:
         items = [it for j in jobs for it in j.items]
         try:
-            out = score_prompts(self.backend, items)
+            out = self._features(items)
         except Exception as e:  # noqa: BLE001 - one bad prompt must not fail the others: retry alone
             if len(jobs) == 1:
                 jobs[0].future.set_exception(e)
                 return
             for j in jobs:
                 try:
-                    j.future.set_result(score_prompts(self.backend, j.items))
+                    j.future.set_result(self._features(j.items))
                 except Exception as e1:  # noqa: BLE001 - handed to that request's caller
                     j.future.set_exception(e1)
             log.warning("%s: a batched pass failed (%s); scored its requests one by one", self.name, e)

@@ -53,6 +53,11 @@ def serve(
     max_wait_ms: float = typer.Option(10.0, "--max-wait-ms", help="how long a pass waits for more requests"),
     max_batch: int = typer.Option(64, "--max-batch", help="prompts per scoring pass"),
     max_queue: int = typer.Option(256, "--max-queue", help="waiting requests per model before 429"),
+    ray_address: str = typer.Option(
+        None,
+        "--ray-address",
+        help="each model on a Ray worker: a cluster address (auto, ray://...) or 'local'",
+    ),
     check: bool = typer.Option(False, "--check", help="compare served with walla-train's pool; no server"),
     limit: int = typer.Option(None, "--limit", help="with --check: the first N test questions"),
 ) -> None:
@@ -74,7 +79,7 @@ def serve(
     if not check:
         _check_port(host, port)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    cfg = ServeConfig(runs, scenario, store, method, seed, key, device, other_identity, learn)
+    cfg = ServeConfig(runs, scenario, store, method, seed, key, device, other_identity, learn, ray_address)
     try:
         pool = load_pool(cfg)
     except (ServeError, IdentityMismatch, RunFormatError, StoreError, KeyError, ValueError, OSError) as e:

@@ -28,7 +28,7 @@ from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, Settled
 from walla.extract.backends.registry import identity_difference
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
-from walla.extract.door import IdentityMismatch, open_for
+from walla.extract.door import IdentityMismatch, open_for, settle_for, target_for
 from walla.extract.prompts import PromptTemplate, get_template
 from walla.manifests.catalog import load_datasets
 from walla.market.head import AgentHead
@@ -59,6 +59,7 @@ class ServeConfig:
     device: str | None = None  # None: the device kind the feature set recorded
     other_identity: bool = False  # serve where the recorded identity cannot be reproduced (labelled)
     learn: bool = False
+    ray_address: str | None = None  # each model on a Ray worker (serve/remote.py); None: in this process
 
 
 @dataclass
@@ -141,7 +142,9 @@ def backend_args_for(identity: dict) -> dict:
     return {"compile": "on" if identity.get("compile") else "off", "batch_invariant": path}
 
 
-def open_model(name: str, dataset: str, identity: dict, device: str | None, other: bool) -> ModelSlot:
+def open_model(
+    name: str, dataset: str, identity: dict, device: str | None, other: bool, ray=None
+) -> ModelSlot:
     """The model through the one door, settled to `identity` (module docstring)."""
     model = identity.get("model") or {}
     ref = model.get("path") if model.get("source") == "local" else name
@@ -155,7 +158,16 @@ def open_model(name: str, dataset: str, identity: dict, device: str | None, othe
     )
     recorded = identity.get(BATCHING_KEY) or None
     try:
-        settled, backend = open_for(cfg, expect=None if other else identity, recorded=recorded)
+        if ray is None:
+            settled, backend = open_for(cfg, expect=None if other else identity, recorded=recorded)
+        else:  # settled here, checked as open_for checks, loaded on a worker (serve/remote.py)
+            from walla.serve.remote import remote_backend
+
+            settled = settle_for(cfg, target_for(cfg, check_device=False), recorded=recorded)
+            diff = identity_difference(identity, settled.identity)
+            if diff and not other:
+                raise IdentityMismatch(f"model {ref}: the feature set recorded another identity: {diff}")
+            backend = remote_backend(settled, ray)
     except IdentityMismatch as e:
         raise ServeError(f"{e} (or pass --other-identity to serve it labelled)") from None
     return ModelSlot(name, settled, backend, identity, identity_difference(identity, settled.identity))
@@ -187,10 +199,15 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
         identity = recorded_identity(cfg.store, table.meta, f"{model}/{table.dataset}/none")
         keys.append((model, repr(sorted(identity.items()))))
         wanted.setdefault(keys[-1], (model, identity))
+    ray = None
+    if cfg.ray_address and with_models:
+        from walla.serve.remote import start_ray
+
+        ray = start_ray(cfg.ray_address)
     # the models load side by side, and beside the heads and stored questions: the server is ready sooner
     with ThreadPoolExecutor(max(1, len(wanted))) as ex:
         futs = {
-            k: ex.submit(open_model, m, table.dataset, ident, cfg.device, cfg.other_identity)
+            k: ex.submit(open_model, m, table.dataset, ident, cfg.device, cfg.other_identity, ray)
             for k, (m, ident) in wanted.items()
             if with_models
         }
