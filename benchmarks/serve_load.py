@@ -8,8 +8,9 @@ served in this process on a free loopback port, over a fresh temporary ledger (e
 For each concurrency C, C client threads (one HTTP connection each) send `--requests` distinct new questions
 in the dataset's form, after a warm-up; forecasts/s = answers / wall time, latencies per request. Then the
 ratio of forecasts/s at the largest concurrency to the first (batching at work: the goal is >= 4x at 32 vs
-1 on a CPU), and served prompt tokens scored/s (a prompt several agents share counts once) next to `walla extract`'s on the same models (the feature sets'
-recorded prompt tokens / wall seconds; the GPU goal is >= 0.8x). Prints one JSON line of the figures last.
+1 on a CPU), and the prompt tokens the models scored per second (a prompt several agents share counts once)
+next to `walla extract`'s on the same models (the feature sets' recorded prompt tokens / wall seconds; the
+GPU goal is >= 0.8x). Prints one JSON line of the figures last.
 """
 
 from __future__ import annotations
