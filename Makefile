@@ -118,9 +118,10 @@ DEMO_FACTS ?= 400
 DEMO_SCENARIOS ?= demo-homo-facts demo-hetero-nocontext demo-hetero-facts
 DEMO_STORE = $(DEMO_OUT)/store
 # Runs keep a head state (state.pt) only where something reads it: the demo keeps WALLA I's heads of
-# demo-homo-facts, which `walla market replay --scenario demo-homo-facts` plays (docs/market.md); ~34 MB of
+# demo-homo-facts, which `walla market replay --scenario demo-homo-facts` plays (docs/market.md), and of
+# demo-hetero-facts, which `walla serve --scenario demo-hetero-facts` serves (docs/serve.md); ~34 MB of
 # the runs' ~45 MB. Joining (--add-agent) needs --save-states walla on the base scenario (docs/joining.md).
-DEMO_STATES ?= demo-homo-facts:walla-i
+DEMO_STATES ?= demo-homo-facts:walla-i demo-hetero-facts:walla-i
 
 demo: setup
 	@$(BIN)/walla demo --out $(DEMO_OUT) --facts $(DEMO_FACTS) --seeds $(SEEDS) \

@@ -23,7 +23,7 @@ MODELS = ("smollm2-135m", "gemma3-270m")  # the two embedded offline LLMs (pip e
 SCENARIOS = ("demo-homo-facts", "demo-hetero-nocontext", "demo-hetero-facts")
 # Runs keep a head state (state.pt) only where something reads it: the demo keeps WALLA I's heads of
 # demo-homo-facts, which `walla market replay --scenario demo-homo-facts` plays (docs/market.md).
-STATES = ("demo-homo-facts:walla-i",)
+STATES = ("demo-homo-facts:walla-i", "demo-hetero-facts:walla-i")  # replay; serve (docs/serve.md)
 
 app = options.app(help="walla demo: the offline pipeline of `make demo`")
 

@@ -6,6 +6,7 @@
     walla eval --report tables.md                          walla.evaluate.cli (stage 3)
     walla check --model M --dataset D                      walla.extract.cli_check (backend parity)
     walla market init | serve | add-agent | agent | replay walla.market.cli (the live market)
+    walla serve --runs runs --scenario demo-hetero-facts   walla.serve.cli (a trained pool, live)
     walla demo                                             walla.cli.demo (what `make demo` runs)
     walla ls models | datasets | scenarios | backends | methods   walla.cli.ls (the names walla accepts)
 
@@ -49,6 +50,10 @@ COMMANDS = {  # the one list of walla's subcommands: name -> where it lives, its
     "market": Lazy(
         "walla.market.cli:market_app",
         "A live wagering market: its ledger, HTTP server, live agents and replays.",
+    ),
+    "serve": Lazy(
+        "walla.serve.cli:app",
+        "Serve a trained pool: new questions answered live, calibrated and wager-weighted, OpenAI-compatible.",
     ),
     "demo": Lazy(
         "walla.cli.demo:app",

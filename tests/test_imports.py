@@ -27,6 +27,7 @@ STAGES = (
     "walla.evaluate",
     "walla.manifests",
     "walla.market",
+    "walla.serve",
 )
 PRELOAD = (  # third-party only: a walla module here would hide the cycles this test looks for
     "torch",

@@ -89,7 +89,7 @@ def test_demo_steps_are_the_makefiles_old_commands():
             for s, keep in (
                 ("demo-homo-facts", " --save-states walla-i"),  # the heads `walla market replay` plays
                 ("demo-hetero-nocontext", ""),
-                ("demo-hetero-facts", ""),
+                ("demo-hetero-facts", " --save-states walla-i"),  # the heads `walla serve` serves
             )
         ]
         + [f"eval --report {out}/tables.md --runs {runs}"]

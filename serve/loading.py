@@ -1,0 +1,250 @@
+"""What `walla serve` loads, from the parts that exist: the current run, each agent's LLM and wager head.
+
+    pool = load_pool(ServeConfig(runs=Path("runs"), scenario="demo-hetero-facts", store=Path("walla-store")))
+    pool.model_id        # walla:demo-hetero-facts/walla-i/seed18
+    pool.agents[0].head  # AgentHead: that agent's own slot of the run's state.pt
+
+- the run: market/run_choice.py `choose_runs` (the runs walla-eval counts: current, lineage checked, one key);
+- each agent's LLM: extract/door.py `open_for(cfg, expect=identity)`, settled to the identity the feature
+  set the run was trained on recorded (its meta.json in the store): another device kind, model file or
+  library version stops here with one line naming the field, unless `other_identity` (then every answer
+  carries the identity used). Agents of one model and identity share one loaded model;
+- each agent's head: market/head.py `AgentHead.from_run` (its slot only), the mechanism settings the run's
+  resolved config holds (variant, c1, c2, c3, pooling);
+- the stored questions (for `question_id` and `walla serve --check`): the scenario assembled from the store
+  as walla-train assembled it (market/replay.py `scenario_data`), with each agent's own extracted prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, Settled
+from walla.extract.backends.registry import identity_difference
+from walla.extract.config import ExtractConfig
+from walla.extract.datasets import default_template
+from walla.extract.door import IdentityMismatch, open_for, settle_for, target_for
+from walla.extract.prompts import PromptTemplate, get_template
+from walla.manifests.catalog import load_datasets
+from walla.market.head import AgentHead
+from walla.market.models import RoundSettings
+from walla.market.run_choice import RunChoice, choose_runs
+from walla.store.files import read_json
+from walla.store.layout import FEATURES_DIR, META_FILE, StoreError
+
+log = logging.getLogger("walla.serve")
+
+# the fingerprint inputs extract/run.py `_inputs` adds to the backend's identity (what the data and the
+# prompt are): everything else a feature set's meta.json `inputs` holds is the backend's settled identity
+NOT_IDENTITY = ("questions_fp", "dataset_revision", "prompt", "option_tokens", "context_seed")
+
+
+class ServeError(ValueError):
+    """A run, store or model `walla serve` cannot serve (one line naming what and why)."""
+
+
+@dataclass
+class ServeConfig:
+    runs: Path
+    scenario: str
+    store: Path
+    method: str = "walla-i"
+    seed: int | None = None  # None: the smallest seed of the key
+    key: str | None = None  # a run key id of the method (run_choice.py); None: its only key
+    device: str | None = None  # None: the device kind the feature set recorded
+    other_identity: bool = False  # serve where the recorded identity cannot be reproduced (labelled)
+    learn: bool = False
+    ray_address: str | None = None  # each model on a Ray worker (serve/remote.py); None: in this process
+
+
+@dataclass
+class ModelSlot:
+    """One loaded LLM, shared by the agents of that model and identity."""
+
+    name: str  # the scenario's model name
+    settled: Settled
+    backend: Backend
+    recorded: dict  # the identity the feature set recorded
+    differs: str | None  # the first field where this machine's identity differs (other_identity only)
+
+    @property
+    def tier(self) -> str:
+        return str(self.settled.identity.get(TIER_KEY, "?"))
+
+
+@dataclass
+class ServedAgent:
+    slot: int
+    name: str  # the ledger's agent name of this slot
+    model: str  # the scenario's model name
+    llm: ModelSlot
+    head: AgentHead
+    head_version: int = 0  # head updates taken (--learn)
+
+
+@dataclass
+class ServedPool:
+    model_id: str  # walla:<scenario>/<method>/seed<s>
+    choice: RunChoice
+    seed: int
+    run_dir: Path
+    dataset: str
+    template: PromptTemplate
+    option_tokens: list[str] | None
+    settings: RoundSettings
+    agents: list[ServedAgent]
+    data: object | None = None  # ScenarioData of the stored questions (None: no store given)
+    row_of: dict[str, int] = field(default_factory=dict)  # question_id -> row of `data`
+
+    @property
+    def head_version(self) -> str:
+        return ".".join(str(a.head_version) for a in self.agents)
+
+    def close(self) -> None:
+        for m in {id(a.llm): a.llm for a in self.agents}.values():
+            m.backend.close()
+
+
+def agent_name(model_id: str, slot: int, model: str) -> str:
+    """The ledger's name of a served agent: market agent-name rules, unique per pool and slot."""
+    tag = hashlib.sha256(model_id.encode()).hexdigest()[:8]
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", model)[:40].strip("-._") or "llm"
+    return f"serve-{tag}-{slot + 1}-{clean}"
+
+
+def recorded_identity(store: Path, meta: dict, key: str) -> dict:
+    """The settled backend identity of the feature set `key` (<model>/<dataset>/<variant>) of a scenario."""
+    rec = (meta.get("meta") or {}).get("feature_sets", {}).get(key)
+    if not rec:
+        raise ServeError(f"scenario.json: no feature set {key} recorded (train the run again)")
+    model, dataset, variant = key.rsplit("/", 2)
+    path = Path(store) / FEATURES_DIR / model / dataset / variant / rec["fingerprint"]
+    try:
+        inputs = read_json(path / META_FILE)["inputs"]
+    except (StoreError, KeyError) as e:
+        raise ServeError(
+            f"--store {store}: feature set {key} {rec['fingerprint']} the run was trained on is not complete "
+            f"there ({e}): pass the store it was extracted into"
+        ) from None
+    return {k: v for k, v in inputs.items() if k not in NOT_IDENTITY}
+
+
+def backend_args_for(identity: dict) -> dict:
+    """The hf backend's options that re-settle to the recorded identity (compile and the invariant path)."""
+    if identity.get("backend") != "hf":
+        return {}
+    path = "fixed" if "fixed_shapes" in identity else ("on" if identity.get("batch_invariant") else "off")
+    return {"compile": "on" if identity.get("compile") else "off", "batch_invariant": path}
+
+
+def open_model(
+    name: str, dataset: str, identity: dict, device: str | None, other: bool, ray=None
+) -> ModelSlot:
+    """The model through the one door, settled to `identity` (module docstring)."""
+    model = identity.get("model") or {}
+    ref = model.get("path") if model.get("source") == "local" else name
+    cfg = ExtractConfig(
+        model=ref,
+        dataset=dataset,
+        backend=identity.get("backend"),
+        device=device or identity.get("device"),
+        dtype=identity.get("dtype"),
+        backend_args=backend_args_for(identity),
+    )
+    recorded = identity.get(BATCHING_KEY) or None
+    try:
+        if ray is None:
+            settled, backend = open_for(cfg, expect=None if other else identity, recorded=recorded)
+        else:  # settled here, checked as open_for checks, loaded on a worker (serve/remote.py)
+            from walla.serve.remote import remote_backend
+
+            settled = settle_for(cfg, target_for(cfg, check_device=False), recorded=recorded)
+            diff = identity_difference(identity, settled.identity)
+            if diff and not other:
+                raise IdentityMismatch(f"model {ref}: the feature set recorded another identity: {diff}")
+            backend = remote_backend(settled, ray)
+    except IdentityMismatch as e:
+        raise ServeError(f"{e} (or pass --other-identity to serve it labelled)") from None
+    return ModelSlot(name, settled, backend, identity, identity_difference(identity, settled.identity))
+
+
+def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
+    """The run, its agents' LLMs and heads, and the stored questions (module docstring)."""
+    from walla.market.replay import scenario_data  # the scenario as walla-train assembled it
+
+    choice = choose_runs(cfg.runs, cfg.scenario, cfg.method, cfg.key, seeds=None)
+    seeds = sorted(choice.seeds)
+    seed = seeds[0] if cfg.seed is None else cfg.seed
+    if seed not in choice.seeds:
+        raise ServeError(
+            f"--seed {seed}: {cfg.scenario}/{choice.method}/{choice.key_id} has no current run of it "
+            f"(seeds {', '.join(map(str, seeds))})"
+        )
+    record = choice.seeds[seed]
+    table = choice.table
+    model_id = f"walla:{choice.scenario}/{choice.method}/seed{seed}"
+    datasets = load_datasets()
+    if table.dataset not in datasets:
+        raise ServeError(f"scenario {choice.scenario}: dataset {table.dataset!r} is not in datasets.yaml")
+    d_entry = datasets[table.dataset]
+    template = get_template(default_template(d_entry.loader, d_entry.prompt))
+    wanted: dict[tuple, tuple[str, dict]] = {}  # one loaded model per (model, recorded identity)
+    keys = []
+    for model in table.agents:
+        identity = recorded_identity(cfg.store, table.meta, f"{model}/{table.dataset}/none")
+        keys.append((model, repr(sorted(identity.items()))))
+        wanted.setdefault(keys[-1], (model, identity))
+    ray = None
+    if cfg.ray_address and with_models:
+        from walla.serve.remote import start_ray
+
+        ray = start_ray(cfg.ray_address)
+    # the models load side by side, and beside the heads and stored questions: the server is ready sooner
+    with ThreadPoolExecutor(max(1, len(wanted))) as ex:
+        futs = {
+            k: ex.submit(open_model, m, table.dataset, ident, cfg.device, cfg.other_identity, ray)
+            for k, (m, ident) in wanted.items()
+            if with_models
+        }
+        heads = [AgentHead.from_run(record.path, i) for i in range(len(table.agents))]
+        data = scenario_data(table, Path(cfg.store))
+        models = {k: f.result() for k, f in futs.items()}
+    s = heads[0].cfg
+    settings = RoundSettings(variant=s.variant, c1=s.c1, c2=s.c2, c3=s.c3, pooling=s.pooling)
+    agents = [
+        ServedAgent(i, agent_name(model_id, i, model), model, models.get(keys[i]), heads[i])
+        for i, model in enumerate(table.agents)
+    ]
+    row_of = {str(q): i for i, q in enumerate(data.question_id)}
+    missing = [q for q in table.question_id if str(q) not in row_of]
+    if missing:
+        raise ServeError(
+            f"--store {cfg.store}: {len(missing)} test questions of {choice.scenario} are not in it"
+        )
+    return ServedPool(
+        model_id,
+        choice,
+        seed,
+        record.path,
+        table.dataset,
+        template,
+        list(d_entry.option_tokens) if d_entry.option_tokens else None,
+        settings,
+        agents,
+        data,
+        row_of,
+    )
+
+
+def stored_question(pool: ServedPool, question_id: str) -> tuple[int, list[str], list[str]]:
+    """(row, each agent's extracted prompt, option labels) of a stored question of the scenario."""
+    row = pool.row_of.get(question_id)
+    if row is None or pool.data.prompts is None:
+        raise KeyError(question_id)
+    k = int(pool.data.n_options[row])
+    return row, [pool.data.prompts[a.slot][row] for a in pool.agents], [chr(65 + j) for j in range(k)]

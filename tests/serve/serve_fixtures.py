@@ -1,0 +1,78 @@
+"""Helpers of the serve tests: a tiny trained pool in bfloat16 (tier `bitwise`), an app on a loopback port.
+
+    market = train_tiny_pool(tmp)        # {"model", "store", "runs", "scenario"}: walla-i, seed 18, heads saved
+    with AppServer(create_serve_app(fc, open_access=True)) as srv: httpx.get(srv.url + "/v1/models")
+
+The tiny LLM and the training settings are the market tests' (tests/market/trained_market.py); the only
+change is bfloat16 extraction, whose scoring on a CPU is batch-invariant, as the demo's models are.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "market"))
+
+import trained_market  # noqa: E402
+from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402  (trained_market puts tests/extract on the path)
+from typer.testing import CliRunner  # noqa: E402
+from walla.extract import cli as extract_cli  # noqa: E402
+from walla.market.local import free_port  # noqa: E402
+from walla.train.runs import list_scenarios  # noqa: E402
+
+OP_TOKEN = "operator-token-for-serve-tests-0123456789"
+
+
+def train_tiny_pool(tmp: Path) -> dict:
+    tok = tiny_tokenizer()
+    mdir = tmp / "tiny-llm"
+    tiny_model(len(tok), seed=3).save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    store, runs = tmp / "store", tmp / "runs"
+    args = ["--model", str(mdir), "--dataset", "facts", "--size", "60", "--store", str(store)]
+    args += ["--device", "cpu", "--dtype", "bfloat16", "--variants", "none,relevant"]
+    res = CliRunner().invoke(extract_cli.app, args)
+    assert res.exit_code == 0, res.output
+    trained_market._train(mdir, store, runs, "walla-i", trained_market.HEAD_SETTINGS)
+    (scenario,) = list_scenarios(runs)
+    return {"model": mdir, "store": store, "runs": runs, "scenario": scenario}
+
+
+def wait_answering(url: str, timeout: float = 120.0, proc=None) -> None:
+    """Until GET /v1/models answers (any status: the server is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            httpx.get(url + "/v1/models", timeout=2.0)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
+
+
+class AppServer:
+    """uvicorn serving `app` on 127.0.0.1:<free port> in a thread."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> AppServer:
+        self.thread.start()
+        wait_answering(self.url, 30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
