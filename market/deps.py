@@ -80,6 +80,21 @@ class RateLimit:
                 raise self._refuse(left)
 
 
+def install_auth(
+    app, ledger: Ledger, rate: float, burst: int, unknown_token_rate: float = UNKNOWN_TOKEN_RATE
+) -> None:
+    """What current_principal reads from an app's state: the ledger, the per-token rate limit and the per-address
+    limit on unknown tokens (0: no limit). Every app that authenticates through these dependencies (the market's,
+    walla serve's) installs them here."""
+    app.state.ledger = ledger
+    app.state.rate_limit = RateLimit(rate, burst)
+    app.state.unknown_tokens = RateLimit(
+        unknown_token_rate,
+        UNKNOWN_TOKEN_BURST,
+        "authorization: too many unknown tokens from this address, over",
+    )
+
+
 async def get_ledger(request: Request) -> Ledger:
     """async: no threadpool hop for what needs no I/O (each hop costs a submission ~0.3 ms under load)."""
     return request.app.state.ledger

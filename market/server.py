@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
-from walla.market.deps import UNKNOWN_TOKEN_BURST, UNKNOWN_TOKEN_RATE, RateLimit
+from walla.market.deps import UNKNOWN_TOKEN_RATE, install_auth
 from walla.market.errors import ClientError
 from walla.market.ledger import Ledger
 from walla.market.models import RoundSettings
@@ -127,13 +127,7 @@ def create_app(
         description="A live wagering market on walla's mechanism (docs/market.md).",
         version=ledger.version,
     )
-    app.state.ledger = ledger
-    app.state.rate_limit = RateLimit(rate, burst)
-    app.state.unknown_tokens = RateLimit(  # per client address (deps.current_principal); 0: no limit
-        unknown_token_rate,
-        UNKNOWN_TOKEN_BURST,
-        "authorization: too many unknown tokens from this address, over",
-    )
+    install_auth(app, ledger, rate, burst, unknown_token_rate)  # per token, and per address for unknown ones
     app.state.read_timeout, app.state.max_client_connections = read_timeout, max_client_connections
     _error_handlers(app)
     for module in (rounds, reports, agents):

@@ -29,7 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from walla.market.deps import RateLimit, bearer, current_principal, require_operator
+from walla.market.deps import bearer, current_principal, install_auth, require_operator
 from walla.market.errors import ClientError
 from walla.market.server import BodyLimit, _error_handlers, error_response, validation_message
 from walla.serve.batcher import QueueFull
@@ -68,8 +68,7 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
         description="A trained pool of LLMs answering new questions: calibrated, wager-weighted (docs/serve.md).",
         version=fc.ledger.version,
     )
-    app.state.ledger = fc.ledger
-    app.state.rate_limit = RateLimit(0.0, 1)
+    install_auth(app, fc.ledger, rate=0.0, burst=1)  # no per-token rate (the queue bounds the work)
     app.state.open_access = open_access
     _error_handlers(app)
 

@@ -8,36 +8,17 @@ characters, so "Yes" and "Ｙｅｓ" or "Y\u200bes" are one option twice (400).
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from walla.market.models import MAX_OPTIONS, Id, Line, Note, Question, ResolutionIn
+from walla.market.text import check_distinct
 
 MAX_BATCH = 64  # forecasts in one POST /v1/forecasts
 MAX_MESSAGES = 64
 QuestionId = Annotated[str, Field(min_length=1, max_length=200)]
 ModelId = Annotated[str, Field(min_length=1, max_length=300)]
 Options = Annotated[list[Line], Field(min_length=2, max_length=MAX_OPTIONS)]
-
-
-def option_key(text: str) -> str:
-    """What two options must not share: NFKC, invisible characters removed, case and spaces kept."""
-    return "".join(
-        ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf"
-    ).strip()
-
-
-def check_distinct(options: list[str], key: str = "options") -> list[str]:
-    seen: dict[str, int] = {}
-    for i, o in enumerate(options):
-        k = option_key(o)
-        if not k:
-            raise ValueError(f"{key}[{i}]: empty once invisible characters are removed")
-        if k in seen:
-            raise ValueError(f"{key}[{i}]: the same option as {key}[{seen[k]}] (after NFKC normalization)")
-        seen[k] = i
-    return options
 
 
 class _In(BaseModel):
@@ -61,7 +42,7 @@ class ForecastIn(_In):
             return self
         if self.question is None or self.options is None:
             raise ValueError("question: give question and options (or a stored question_id)")
-        check_distinct(list(self.options))
+        check_distinct(list(self.options), "options")
         return self
 
 
