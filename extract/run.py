@@ -290,6 +290,15 @@ def _recorded_inputs(info) -> dict | None:
     return inputs if isinstance(inputs, dict) else None
 
 
+# the fingerprint inputs `_inputs` adds to the backend's settled identity (what the data and the prompt are)
+DATA_INPUTS = ("questions_fp", "dataset_revision", "prompt", "option_tokens", "context_seed")
+
+
+def settled_identity(inputs: dict) -> dict:
+    """The backend's settled identity inside a feature set's fingerprint inputs (`walla serve` re-settles to it)."""
+    return {k: v for k, v in inputs.items() if k not in DATA_INPUTS}
+
+
 def _inputs(variant: str, qfp: str, source: dict, ident: dict, d_entry, template, cfg: ExtractConfig) -> dict:
     """Fingerprint inputs of one variant's feature set."""
     return {

@@ -30,6 +30,7 @@ from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
 from walla.extract.door import IdentityMismatch, open_for, settle_for, target_for
 from walla.extract.prompts import PromptTemplate, get_template
+from walla.extract.run import settled_identity
 from walla.manifests.catalog import load_datasets
 from walla.market.head import AgentHead
 from walla.market.models import RoundSettings
@@ -38,11 +39,6 @@ from walla.store.files import read_json
 from walla.store.layout import FEATURES_DIR, META_FILE, StoreError
 
 log = logging.getLogger("walla.serve")
-
-# the fingerprint inputs extract/run.py `_inputs` adds to the backend's identity (what the data and the
-# prompt are): everything else a feature set's meta.json `inputs` holds is the backend's settled identity
-NOT_IDENTITY = ("questions_fp", "dataset_revision", "prompt", "option_tokens", "context_seed")
-
 
 class ServeError(ValueError):
     """A run, store or model `walla serve` cannot serve (one line naming what and why)."""
@@ -131,7 +127,7 @@ def recorded_identity(store: Path, meta: dict, key: str) -> dict:
             f"--store {store}: feature set {key} {rec['fingerprint']} the run was trained on is not complete "
             f"there ({e}): pass the store it was extracted into"
         ) from None
-    return {k: v for k, v in inputs.items() if k not in NOT_IDENTITY}
+    return settled_identity(inputs)
 
 
 def backend_args_for(identity: dict) -> dict:

@@ -246,3 +246,20 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
     assert fs.rows["n_prompt_tokens"][1] == len(ids)
     irr = read_feature_set(paths[2]).rows
     assert irr["context_source_id"].to_list() == ["r1", "r0", "r3", "r2"]  # same split only
+
+
+def test_settled_identity_takes_back_exactly_what_inputs_added():
+    """walla serve re-settles a model to the identity a feature set recorded (extract/run.py settled_identity):
+    the keys `_inputs` adds to the backend's identity are DATA_INPUTS, no more, no fewer."""
+    from types import SimpleNamespace
+
+    from walla.extract.prompts import get_template
+    from walla.extract.run import DATA_INPUTS, _inputs, settled_identity
+
+    ident = {"backend": "hf", "dtype": "bfloat16", "kernels": {"cpu_capability": "AVX512"}}
+    template = get_template("facts")
+    d_entry = SimpleNamespace(option_tokens=("Yes", "No"))
+    cfg = SimpleNamespace(context_seed=7)
+    inputs = _inputs("irrelevant", "qfp", {"hub": {"revision": "abc"}}, ident, d_entry, template, cfg)
+    assert set(inputs) - set(ident) == set(DATA_INPUTS)
+    assert settled_identity(inputs) == ident
