@@ -35,7 +35,8 @@ COMMANDS = {  # command -> its module's app; the help line is the command's own 
     ),
     "audit": Lazy(
         "walla.market.cli_audit:app",
-        "Verify the event chain and recompute every payout from the stored reports (train/mechanism.py).",
+        "Prove the ledger's state from its event chain, the chain from the recorded heads, and recompute every "
+        "payout from the reports (train/mechanism.py). Opens the database read-only.",
         "audit",
     ),
     "export": Lazy(

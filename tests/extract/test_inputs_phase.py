@@ -22,7 +22,7 @@ def settle_run(*args, **kwargs):  # the phase after inputs: stop there and say w
     print("transformers" in sys.modules, "walla.extract.backends.hf" in sys.modules)
     raise Settling
 
-recipe.settle_run = settle_run
+recipe.settle_for = settle_run  # run.py settles through extract/door.py settle_for
 cfg = ExtractConfig(model=sys.argv[1], dataset="facts", size=40, device="cpu", store=sys.argv[2], progress=False)
 try:
     recipe.run(cfg, out=lambda line: None)

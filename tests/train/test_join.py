@@ -230,7 +230,7 @@ def test_a_joined_run_counts_only_while_its_base_run_is_current(trained, tmp_pat
     with pytest.raises(RunFormatError, match="stale run: the base run it continued .* was retrained since"):
         read_current_run_meta(path)
     _edit_run(base18, lambda m: m["run_key"].update(schema=TRAIN_SCHEMA - 1))  # ... or stale itself
-    assert f"does not count: trained by walla-train schema {TRAIN_SCHEMA - 1}" in lineage_reason(path, meta)
+    assert f"does not count: trained by walla train schema {TRAIN_SCHEMA - 1}" in lineage_reason(path, meta)
     (base18 / RUN_META).unlink()
     assert lineage_reason(path, meta) == f"the base run it continued ({base18}) is gone"
     del meta["continued"]  # joined by a walla train before lineage was recorded

@@ -127,7 +127,7 @@ def test_a_join_refusal_names_a_command_that_trains_the_missing_base_run(sequenc
     mine = tmp_path / "runs"
     shutil.copytree(runs, mine)
     argv = [a.replace(str(runs), str(mine)) for a in base]
-    out = train([*argv, "--seed-list", "20", *JOIN], code=2)
+    out = train([*argv, "--seed-list", "20", *JOIN], code=1)  # a base run missing: state (cli/exits.py DATA)
     assert "no base run of key" in out and "seed 20" in out and "walla-train" not in out
     fix = fix_command(out, "train the base scenario with its states first: ")
     assert fix[fix.index("--scenario") + 1] == "hetero" and "--add-agent" not in fix
