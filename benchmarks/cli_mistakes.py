@@ -1,4 +1,4 @@
-"""How walla answers its users' mistakes: exit codes, first lines and wall times of 20 wrong command lines,
+"""How walla answers its users' mistakes: exit codes, first lines and wall times of 24 wrong command lines,
 plus the size of the command-line layer (issue 39).
 
     .venv/bin/python benchmarks/cli_mistakes.py                 # everything: sizes, then the mistakes table
@@ -55,6 +55,10 @@ MISTAKES: list[tuple[str, str]] = [
     ("", "market serve --port 70000 --db m.db"),
     ("", "market add-agent bad/name --db m.db"),
     ("", "market audit --db /nonexistent.db"),
+    ("", "serve --scenario toy --max-batch 0"),
+    ("", "serve --scenario toy --port 70000"),
+    ("", "serve --scenario tyo"),
+    ("", "serve --scenario toy --runs /nonexistent"),
 ]
 
 

@@ -111,7 +111,11 @@ def main() -> int:
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     t0 = time.perf_counter()
-    pool = load_pool(ServeConfig(args.runs, args.scenario, args.store, args.method, device=args.device))
+    pool = load_pool(
+        ServeConfig(
+            scenario=args.scenario, runs=args.runs, store=args.store, method=args.method, device=args.device
+        )
+    )
     load_s = time.perf_counter() - t0
     tiers = sorted({a.llm.tier for a in pool.agents})
     print(

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from walla.cli import exits, options
+from walla.cli import options
+from walla.cli.exits import DATA, UNREACHABLE
 from walla.market.cli_common import fail
 from walla.market.cli_operator import open_ledger  # light: it imports the ledger when it opens one
 
@@ -60,10 +61,10 @@ def audit_command(
         if why is not None:
             raise fail(f"audit of {db}: not a walla market ledger ({why})")
         problem, s = audit(engine, heads, key, head_source=str(head))
-    except OperationalError as e:  # a database server that does not answer (a SQLite file: unreadable)
+    except OperationalError as e:  # unreachable server (exit 3), unreadable file
         raise fail(
             f"audit of {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})",
-            exits.UNREACHABLE if "://" in db else exits.DATA,
+            UNREACHABLE if "://" in db else DATA,
         ) from None
     except SQLAlchemyError as e:  # e.g. SQLite's "file is not a database"
         why = str(getattr(e, "orig", e) or e).splitlines()[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from walla.cli import options
+from walla.cli import exits, options
 from walla.cli.exits import DATA, UNREACHABLE, USAGE
 from walla.market.cli_common import fail
 from walla.market.errors import ClientError
@@ -35,54 +35,64 @@ TOKEN_FILE = typer.Option(
 )
 
 
-def open_ledger(db: str) -> Ledger:
-    """The ledger at `db`, or one clear error line (unreachable server, unwritable path, bad URL)."""
+def _fail(sub: str, message: object, code: int = DATA) -> typer.Exit:
+    """The one error line of `walla <sub>`: these helpers serve `walla market` and `walla serve` alike."""
+    return exits.fail(sub, message, code)
+
+
+def open_ledger(db: str, sub: str = "market") -> Ledger:
+    """The ledger at `db`, or one clear error line of `walla <sub>` (unreachable server, unwritable path, bad
+    URL)."""
     # SQLAlchemy is imported when a command opens the ledger, not for --help: walla.cli.lazy
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
     from walla.market.ledger import Ledger
 
     path = Path(db)
     if "://" not in db and path.is_dir():
-        raise fail(f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL")
+        raise _fail(sub, f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL")
     if "://" not in db and not path.parent.is_dir():
-        raise fail(f"--db {db}: directory {path.parent} does not exist")
+        raise _fail(sub, f"--db {db}: directory {path.parent} does not exist")
     try:
         return Ledger.open(db)
     except ValueError as e:  # a URL of a database the ledger does not support (db.database_url)
-        raise fail(f"--db {db}: {e}") from None
+        raise _fail(sub, f"--db {db}: {e}") from None
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise fail(f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})", USAGE) from None
+        raise _fail(sub, f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})", USAGE) from None
     except OperationalError as e:  # a database server that does not answer (a SQLite file: its directory)
         code = UNREACHABLE if "://" in db else DATA
-        raise fail(
-            f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})", code
+        raise _fail(
+            sub, f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})", code
         ) from None
     except SQLAlchemyError as e:
-        raise fail(f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})") from None
+        raise _fail(
+            sub, f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})"
+        ) from None
 
 
-def _operator_token(token_file: Path | None) -> str | None:
+def _operator_token(token_file: Path | None, sub: str) -> str | None:
     if token_file is not None:
         try:
             token = token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
-            raise fail(f"--operator-token-file {token_file}: {e.strerror}") from None
+            raise _fail(sub, f"--operator-token-file {token_file}: {e.strerror}") from None
         if len(token) < 16:
-            raise fail(f"--operator-token-file {token_file}: expected a token of >= 16 characters", USAGE)
+            raise _fail(
+                sub, f"--operator-token-file {token_file}: expected a token of >= 16 characters", USAGE
+            )
         return token
     token = os.environ.get(TOKEN_ENV)
     if token is not None and len(token.strip()) < 16:
-        raise fail(f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
+        raise _fail(sub, f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
     return token.strip() if token else None
 
 
-def _setup_operator(ledger: Ledger, token_file: Path | None) -> None:
-    token = _operator_token(token_file)
+def _setup_operator(ledger: Ledger, token_file: Path | None, sub: str = "market") -> None:
+    token = _operator_token(token_file, sub)
     try:
         made = ledger.ensure_operator(token)
     except ClientError as e:
         where = f"--operator-token-file {token_file}" if token_file is not None else TOKEN_ENV
-        raise fail(f"{where}: {e.message}") from None
+        raise _fail(sub, f"{where}: {e.message}") from None
     if made is not None and token is None:
         typer.echo(f"operator token (shown once, store it): {made}")
 
@@ -114,15 +124,15 @@ def add_agent(
     typer.echo(f"agent {name} token (shown once, store it): {token}")
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, sub: str = "market") -> None:
     if not 1 <= port <= 65535:
-        raise fail(f"--port: expected 1..65535, got {port}", USAGE)
+        raise _fail(sub, f"--port: expected 1..65535, got {port}", USAGE)
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
     except OSError as e:
-        raise fail(f"--host {host} --port {port}: cannot listen ({e.strerror or e})") from None
+        raise _fail(sub, f"--host {host} --port {port}: cannot listen ({e.strerror or e})") from None
 
 
 @app.command()

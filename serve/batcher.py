@@ -11,7 +11,7 @@ retried job by job, so one bad prompt fails only its own request. The queue is b
 QueueFull when `max_queue` jobs wait (the API answers 429 with Retry-After).
 
 Batch invariance: with a `bitwise` backend a prompt's numbers do not depend on which prompts share its
-pass, so an answer does not depend on which requests it was batched with (tests/serve/test_batching.py).
+pass, so an answer does not depend on which requests it was batched with (tests/serve/test_serve_batching.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What `walla serve` loads, from the parts that exist: the current run, each agent's LLM and wager head.
 
-    pool = load_pool(ServeConfig(runs=Path("runs"), scenario="demo-hetero-facts", store=Path("walla-store")))
+    pool = load_pool(ServeConfig(scenario="demo-hetero-facts", runs=Path("runs"), store=Path("walla-store")))
     pool.model_id        # walla:demo-hetero-facts/walla-i/seed18
     pool.agents[0].head  # AgentHead: that agent's own slot of the run's state.pt
 
@@ -35,27 +35,15 @@ from walla.manifests.catalog import load_datasets
 from walla.market.head import AgentHead
 from walla.market.models import RoundSettings
 from walla.market.run_choice import RunChoice, choose_runs
+from walla.serve.config import ServeConfig
 from walla.store.files import read_json
 from walla.store.layout import FEATURES_DIR, META_FILE, StoreError
 
 log = logging.getLogger("walla.serve")
 
+
 class ServeError(ValueError):
     """A run, store or model `walla serve` cannot serve (one line naming what and why)."""
-
-
-@dataclass
-class ServeConfig:
-    runs: Path
-    scenario: str
-    store: Path
-    method: str = "walla-i"
-    seed: int | None = None  # None: the smallest seed of the key
-    key: str | None = None  # a run key id of the method (run_choice.py); None: its only key
-    device: str | None = None  # None: the device kind the feature set recorded
-    other_identity: bool = False  # serve where the recorded identity cannot be reproduced (labelled)
-    learn: bool = False
-    ray_address: str | None = None  # each model on a Ray worker (serve/remote.py); None: in this process
 
 
 @dataclass

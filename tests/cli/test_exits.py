@@ -1,5 +1,5 @@
 """One exit-code table for every stage (cli/exits.py, docs/cli.md): the same kind of mistake gets the same
-code in extract, store, train, eval, check, market and ls, and the same one-line voice,
+code in extract, store, train, eval, check, market, serve and ls, and the same one-line voice,
 `walla <sub>: error: ...`, naming walla's own commands."""
 
 from __future__ import annotations
@@ -38,16 +38,23 @@ CASES = [
     ("check --model nope --dataset facts", USAGE, "no such model 'nope'"),
     ("store rm ab", USAGE, "too short"),
     ("market serve --port 70000 --db m.db", USAGE, "--port: expected 1..65535"),
+    ("serve --scenario toy --port 70000", USAGE, "--port: expected 1..65535"),
+    ("serve --scenario toy --max-batch 0", USAGE, "--max-batch must be >= 1, got 0"),
+    ("serve --scenario toy --limit 5", USAGE, "--limit goes with --check"),
+    ("serve --scenario tyo", USAGE, "did you mean --scenario toy"),
     ("market add-agent bad/name --db m.db", USAGE, "bad/name"),
     ("ls modles", USAGE, "modles"),
     ("trian", USAGE, "Did you mean 'train'?"),
     # DATA: the command line is fine, the files or state it names are not
     ("train --scenario demo-hetero-facts --store nowhere", DATA, "store nowhere does not exist"),
     ("eval --runs nowhere", DATA, "runs directory nowhere does not exist"),
+    ("serve --scenario toy --runs nowhere", DATA, "runs directory nowhere does not exist"),
+    ("serve --scenario toy --check", DATA, "runs/toy/scenario.parquet: missing"),
     ("store verify --store nowhere", DATA, "store nowhere does not exist"),
     ("market audit --db nowhere.db", DATA, "no such ledger file"),
     # UNREACHABLE: a service that does not answer
     ("market audit --db postgresql://walla@127.0.0.1:1/none", UNREACHABLE, "Connection refused"),
+    ("serve --scenario toy --db postgresql://walla@127.0.0.1:1/none", UNREACHABLE, "Connection refused"),
 ]
 
 

@@ -96,3 +96,18 @@ def test_shell_completion_answers_without_heavy_imports(words, cword, want):
     res, out = _run("walla", [], env)
     assert res["code"] == 0 and not res["heavy"], out
     assert want in out.split(), out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--scenario", "x", "--max-batch", "0"],
+        ["serve", "--scenario", "x", "--port", "70000"],
+        ["serve", "--scenario", "x", "--runs", "nowhere"],
+    ],
+)
+def test_a_bad_serve_option_answers_before_the_server_stack(argv):
+    """ServeConfig is checked, and the runs directory looked at, before the server stack or a model loads."""
+    res, out = _run("walla", argv)
+    assert res["code"] in (1, 2) and not res["heavy"], out
+    assert out.strip().startswith("walla serve: error: "), out

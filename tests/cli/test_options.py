@@ -16,13 +16,15 @@ from walla.evaluate.cli import app as eval_app
 from walla.evaluate.config import EvalConfig
 from walla.extract.cli import app as extract_app
 from walla.extract.config import ExtractConfig
+from walla.serve.cli import app as serve_app
+from walla.serve.config import ServeConfig
 from walla.train import config as train_config
 from walla.train import engine, loggers
 from walla.train.cli import app as train_app
 from walla.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCTION = ("extract", "store", "train", "evaluate", "manifests", "cli", "market")
+PRODUCTION = ("extract", "store", "train", "evaluate", "manifests", "cli", "market", "serve")
 # an old script's name (not a file, walla-check.json, nor a thread's, walla-extract-io), or a make target
 OLD_NAMES = re.compile(
     r"walla-(extract|train|eval|market|check)\b(?![.-])|walla-store(:| ls| verify| rm)|make extract"
@@ -31,7 +33,12 @@ OLD_NAMES = re.compile(
 
 @pytest.mark.parametrize(
     ("command", "cls", "extra"),
-    [(extract_app, ExtractConfig, set()), (train_app, TrainConfig, {"debug"}), (eval_app, EvalConfig, set())],
+    [
+        (extract_app, ExtractConfig, set()),
+        (train_app, TrainConfig, {"debug"}),
+        (eval_app, EvalConfig, set()),
+        (serve_app, ServeConfig, set()),
+    ],
 )
 def test_the_options_are_the_configs_fields(command, cls, extra):
     params = {p.name: p for p in typer.main.get_command(command).params}
@@ -51,7 +58,9 @@ def test_a_bad_option_names_its_flag_not_the_field(capfd):
     assert "walla extract: error: --shard-rows: Input should be a valid integer" in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["extract", "--help"], ["train", "--help"], ["market", "agent", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["extract", "--help"], ["train", "--help"], ["serve", "--help"], ["market", "agent", "--help"]]
+)
 def test_help_is_rendered_as_written(capfd, argv):
     """No rich markup eats `[ray]`, and a flag shows no value (`<bool>`)."""
     assert run(app, argv, "walla") == 0

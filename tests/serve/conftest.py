@@ -28,7 +28,9 @@ def tiny_pool(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def served_pool(tiny_pool):
-    pool = load_pool(ServeConfig(tiny_pool["runs"], tiny_pool["scenario"], tiny_pool["store"]))
+    pool = load_pool(
+        ServeConfig(scenario=tiny_pool["scenario"], runs=tiny_pool["runs"], store=tiny_pool["store"])
+    )
     yield pool
     pool.close()
 

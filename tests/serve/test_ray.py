@@ -28,7 +28,9 @@ def _ask(fc: Forecaster) -> dict:
 
 
 def test_ray_worker_agents_answer_as_in_process(tiny_pool, served_pool, local_ray, tmp_path):
-    cfg = ServeConfig(tiny_pool["runs"], tiny_pool["scenario"], tiny_pool["store"], ray_address="local")
+    cfg = ServeConfig(
+        scenario=tiny_pool["scenario"], runs=tiny_pool["runs"], store=tiny_pool["store"], ray_address="local"
+    )
     remote = load_pool(cfg)
     here = Forecaster(served_pool, Ledger.open(str(tmp_path / "a.db"))).start()
     there = Forecaster(remote, Ledger.open(str(tmp_path / "b.db"))).start()
