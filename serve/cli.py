@@ -72,7 +72,7 @@ def serve(
     from walla.serve.forecast import Forecaster
     from walla.serve.loading import ServeConfig, ServeError, load_pool
     from walla.store.layout import StoreError
-    from walla.train.runs import RunFormatError
+    from walla.train.run_layout import RunFormatError
 
     if max_wait_ms < 0 or max_batch < 1 or max_queue < 1:
         raise fail("--max-wait-ms >= 0, --max-batch >= 1 and --max-queue >= 1 expected")
