@@ -10,7 +10,7 @@
    upper bound (Wilson). The promise: the bound <= 0.055 (the rate itself <= 5%).
 2. Power: WALLA I better by the difference the legend states for the null table's column (the median
    of `bootstrap.power_difference` over those tables): how often WALLA I is marked † (the legend says 80%).
-3. ECE interval coverage (metrics.ece_debiased_resampled, ece_calibrated_draws,
+3. ECE interval coverage (calibration_error.ece_debiased_resampled, ece_calibrated_draws,
    bootstrap.calibration_bounds: the code every ECE cell runs): predictors with 2 or 4 options whose
    population 20-bin ECE is exactly 0, 0.05 or 0.10 (evaluate/simulate.gap_predictors), 140 and 1000
    questions; coverage with its 95% lower bound (the promise: >= 0.93), the mean debiased estimate (its

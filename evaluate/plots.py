@@ -23,9 +23,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from walla.evaluate.calibration_error import ECE_BINS, ece, reliability  # noqa: E402
 from walla.evaluate.compute import ScenarioCompute  # noqa: E402
 from walla.evaluate.load import Run, ScenarioRuns  # noqa: E402
-from walla.evaluate.metrics import ECE_BINS, METRICS, ece, reliability  # noqa: E402
+from walla.evaluate.metrics import METRICS  # noqa: E402
 from walla.evaluate.output import write_file  # noqa: E402
 from walla.store.schema import VARIANTS  # noqa: E402
 from walla.train.mechanism import brier_score  # noqa: E402
@@ -238,7 +239,7 @@ def training_plot(data: ScenarioRuns, path: Path) -> Path | None:
 
 def reliability_plot(data: ScenarioRuns, path: Path) -> Path | None:
     """Reliability diagram of the aggregate (test split, seeds pooled): WALLA I vs UniformAvg. The legend's
-    ECE is the plug-in value of the plotted bins (the tables show the debiased one, metrics.ece_debiased)."""
+    ECE is the plug-in value of the plotted bins (the tables show the debiased one, calibration_error.ece_debiased)."""
     s = data.scenario
     chosen = [m for m in ("walla-i", "uniform") if m in data.runs]
     if not chosen:

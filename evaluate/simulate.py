@@ -2,7 +2,7 @@
 
 What the tables promise, checked by simulation (STYLE §16): the chance of any false mark in a column
 (significance.family_marks, the code `annotate` runs) and the coverage of the ECE interval
-(metrics.ece_debiased_resampled / ece_calibrated_draws, bootstrap.calibration_bounds, the code every ECE
+(calibration_error.ece_debiased_resampled / ece_calibrated_draws, bootstrap.calibration_bounds, the code every ECE
 cell runs). Everything is vectorised over simulated tables, seeded, numpy only; the report's own resample
 matrix and calibrated label draws are used. Run the full tables with
 
@@ -30,7 +30,7 @@ from walla.evaluate.bootstrap import (
     counts_from_indices,
     resample_indices,
 )
-from walla.evaluate.metrics import ECE_BINS, ece_calibrated_draws, ece_debiased_resampled
+from walla.evaluate.calibration_error import ECE_BINS, ece_calibrated_draws, ece_debiased_resampled
 from walla.evaluate.significance import family_marks
 
 ROWS = 9  # UniformAvg (row 0), 7 baselines (rows 1-7), WALLA I (row 8)

@@ -25,9 +25,11 @@ import torch
 from walla.train.calibration import CalibrationConfig
 from walla.train.engine import TrainEnv, make_fabric, make_optimizer
 from walla.train.heads import StackedHeads
+from walla.train.lineage import read_current_run_meta, train_command
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
-from walla.train.runs import STATE, read_current_run_meta, read_scenario_meta, train_command
+from walla.train.run_layout import STATE
+from walla.train.run_reader import read_scenario_meta
 from walla.train.wager_training import optimizer_step, wager_loss
 
 
@@ -74,7 +76,7 @@ class AgentHead:
     def from_run(cls, run: str | Path, slot: int) -> AgentHead:
         """The head of agent `slot` in a complete, current WALLA run directory (run.json + state.pt): a
         stale run (other inputs, another walla train schema) or one moved out of its key directory is
-        refused, as walla eval and joining refuse it (train/runs.py read_current_run_meta)."""
+        refused, as walla eval and joining refuse it (train/lineage.py read_current_run_meta)."""
         run = Path(run)
         meta = read_current_run_meta(run)  # RunFormatError when missing, unreadable or stale
         method = str(meta.get("method", "?"))

@@ -38,7 +38,8 @@ from walla.market.local import LocalServer
 from walla.market.run_choice import choose_runs
 from walla.store.scenario import assemble_scenario
 from walla.train import mechanism
-from walla.train.runs import RunFormatError, RunRecord
+from walla.train.run_layout import RunFormatError
+from walla.train.run_reader import RunRecord
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
 WAVE = 20  # rounds open at once with frozen heads
@@ -126,7 +127,7 @@ def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, d
         "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
         "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
     }
-    # the live numbers as walla train stores its predictions (float32, train/runs.py), then widened as the
+    # the live numbers as walla train stores its predictions (float32, train/run_writer.py), then widened as the
     # reader widens them: an exact tie offline ([0.5, 0.5]) stays one live, so argmax-based metrics agree
     pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
     pad[:, :k_live] = _stored(live["pool"])

@@ -5,13 +5,13 @@
     choice = choose_runs(run=Path("runs/demo-homo-facts/walla-i/1a2b3c4d5e/seed=18"))
 
 A scenario can hold several run keys (configurations) of one method, each in its own directory
-runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/runs.py). Replay never picks one by age: `run` (a key
+runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/run_layout.py). Replay never picks one by age: `run` (a key
 directory or one of its seed directories) or `key` (a key id, or a unique prefix of one) names it, the
 method's only key is taken when there is one, and with several RunChoiceError lists them on one line.
 
 The runs are those walla eval counts (evaluate/load.py load_scenario_runs: complete, with a run key, of
 the scenario's current inputs and walla train schema, and a joined run only while the base run it
-continued is current: train/runs.py stale_run_reason): a replay, and `walla serve`, play the same runs
+continued is current: train/lineage.py stale_run_reason): a replay, and `walla serve`, play the same runs
 the tables report, never a stale, pre-run-key or orphaned joined one. `choose_runs` is the function every
 consumer of "the current runs of a method's key" calls.
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from walla.evaluate.load import Problem, load_scenario_runs
-from walla.train.runs import KEY_DIR, SEED_DIR, RunFormatError, RunRecord, ScenarioTable
+from walla.train.run_layout import KEY_DIR, SEED_DIR, RunFormatError
+from walla.train.run_reader import RunRecord, ScenarioTable
 
 DEFAULT_METHOD = "walla-i"
 

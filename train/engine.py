@@ -30,7 +30,7 @@ default init drawn in place from a generator on that device seeded with the run'
 copy cost 2.9 s of a 6 s seed on an H100 (228M parameters drawn by one CPU thread). On the CPU the
 generator is the one `seeded(seed)` would seed, so the values are those of `with seeded(seed):
 nn.Linear(...)`, bit for bit (tests/train/test_device_init.py); on CUDA a Philox generator draws other values
-from the same seed (the run key records the device kind, train/runs.py). Other devices (MPS) keep the
+from the same seed (the run key records the device kind, train/run_identity.py). Other devices (MPS) keep the
 host's init, moved by Fabric.
 
 Memory: a batched fit holds several seeds' parameters at once (`seeds_per_chunk`); on CUDA the budget is a

@@ -1,7 +1,7 @@
 """Training numbers pinned to TRAIN_SCHEMA: every method trained on one tiny fixed scenario, digested.
 
     python -m walla.train.golden            # compare with train/golden.json (tests/train/test_golden.py)
-    python -m walla.train.golden --write    # after bumping TRAIN_SCHEMA (train/runs.py): store the new digests
+    python -m walla.train.golden --write    # after bumping TRAIN_SCHEMA (train/run_identity.py): store the new digests
     python -m walla.train.golden --device cuda [--write]   # the same on a CUDA device: train/golden_cuda.json
 
 A run key's `schema` (TRAIN_SCHEMA) says which training code produced a run's numbers; runs of another
@@ -61,7 +61,9 @@ from walla.train.join import initial_params, joined_plan
 from walla.train.methods import ALL
 from walla.train.plan import Overrides, TrainPlan, build_plan
 from walla.train.run import run_plan
-from walla.train.runs import PREDICTIONS, TRAIN_LOG, TRAIN_SCHEMA, list_matrix, list_run_dirs
+from walla.train.run_identity import TRAIN_SCHEMA
+from walla.train.run_layout import PREDICTIONS, TRAIN_LOG, list_run_dirs
+from walla.train.run_reader import list_matrix
 
 GOLDEN_FILE = Path(__file__).with_name("golden.json")
 GOLDEN_CUDA_FILE = Path(__file__).with_name("golden_cuda.json")  # the same runs on a CUDA device
@@ -351,7 +353,7 @@ def check(
     if moved:
         out.append(
             f"the training numbers changed but TRAIN_SCHEMA did not (still {schema}): {'; '.join(moved)}. "
-            f"Bump TRAIN_SCHEMA in train/runs.py (runs trained before this change must count as stale), then "
+            f"Bump TRAIN_SCHEMA in train/run_identity.py (runs trained before this change must count as stale), then "
             f"regenerate the digests: {command}"
         )
     missing = sorted(set(current) - set(stored.get("methods") or {}))
@@ -390,7 +392,7 @@ def write(
     if same and (moved := changes(stored, current, tolerance)):
         raise ValueError(
             f"{path}: digests of TRAIN_SCHEMA {schema} moved ({'; '.join(moved)}); not overwritten: bump "
-            f"TRAIN_SCHEMA in train/runs.py first, then rerun {WRITE_COMMAND}"
+            f"TRAIN_SCHEMA in train/run_identity.py first, then rerun {WRITE_COMMAND}"
         )
     write_json(path, {"schema": schema, "setup": setup, "methods": current})
 

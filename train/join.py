@@ -19,7 +19,7 @@ base run is stale (other inputs, another TRAIN_SCHEMA), stops the join with one 
 what differs. The joined runs' key names that base key (`init: {continued_from, base_key_id}`) and the
 base scenario's inputs id (`base_inputs_id`), and each seed's run.json the base run it continued
 (`continued`): a joined run counts only while that base run is still the current run of its key
-(train/runs.py lineage_reason, checked wherever a run is read), so a join of a base since retrained from
+(train/lineage.py lineage_reason, checked wherever a run is read), so a join of a base since retrained from
 other inputs is stale, never averaged with a join of the new base. Every refusal names the `walla train`
 command that fixes it, with the options that built the base scenario (train_command: a kind's too).
 """
@@ -35,22 +35,12 @@ from walla.manifests.validate import UsageError, replace
 from walla.store.scenario_data import ScenarioData
 from walla.train.config import TrainConfig
 from walla.train.engine import TrainEnv, load_checkpoint
+from walla.train.lineage import stale_run_reason
 from walla.train.plan import TrainPlan, with_spec
+from walla.train.run_identity import VALIDITY, jsonable, key_id
 from walla.train.run_keys import Continued, plan_key
-from walla.train.runs import (
-    STATE,
-    VALIDITY,
-    RunFormatError,
-    is_complete,
-    jsonable,
-    key_dir,
-    key_id,
-    list_run_dirs,
-    read_key_file,
-    read_run_meta,
-    run_dir,
-    stale_run_reason,
-)
+from walla.train.run_layout import STATE, RunFormatError, is_complete, key_dir, list_run_dirs, run_dir
+from walla.train.run_reader import read_key_file, read_run_meta
 from walla.train.wager_training import init_heads
 
 

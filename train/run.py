@@ -1,4 +1,4 @@
-"""The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/runs.py).
+"""The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/run_layout.py).
 
     run(build(TrainConfig, {"scenario": "demo-hetero-facts"}, "command line"))  # what `walla train` does
     plan = load_plan("demo-hetero-facts")                       # or step by step: train/plan.py
@@ -13,7 +13,7 @@ Read top to bottom:
     2. write scenario.parquet + scenario.json (rewritten only when the scenario's inputs changed);
     3. optionally calibrate every agent once (plan.calibrated): every method then pools the calibrated
        probabilities, and each run records them as agent_probs;
-    4. per method: its run key (train/runs.py: config, calibration, precision, device kind, init, the
+    4. per method: its run key (train/run_identity.py: config, calibration, precision, device kind, init, the
        scenario's inputs) names the directory <method>/<key-id>/, so another configuration trains beside
        the first; the runs still to do are the seeds with no complete run there, or whose run was trained
        from other inputs or by another schema (stale), or all with force; fit them (seeds batched where
@@ -60,23 +60,20 @@ from walla.train.kinds import KINDS, plan_for_kind, trained_kind
 from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import Overrides, TrainPlan, load_plan, plan_yaml, with_spec
+from walla.train.run_identity import inputs_id, key_id
 from walla.train.run_keys import Continued, plan_key
-from walla.train.runs import (
+from walla.train.run_layout import (
     LOCK,
     PREDICTIONS,
     RUN_META,
     STATE,
     RunFormatError,
-    inputs_id,
-    key_id,
     list_run_dirs,
-    read_run_meta,
     run_dir,
     scenario_dir,
-    write_key_file,
-    write_run,
-    write_scenario_table,
 )
+from walla.train.run_reader import read_run_meta
+from walla.train.run_writer import write_key_file, write_run, write_scenario_table
 
 ProgressFn = Callable[[str, str, int | None], None]  # (event, method, seed): start | done | skipped
 ALL_STATES = "all"  # --save-states all: every method of the plan

@@ -13,7 +13,7 @@ from walla.store.scenario_data import ScenarioData
 from walla.train.engine import TrainEnv
 from walla.train.methods import method_module
 from walla.train.plan import MethodPlan, TrainPlan
-from walla.train.runs import data_inputs_id, key_id, run_key
+from walla.train.run_identity import data_inputs_id, key_id, run_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Continued:
     The runs' key names the base key (`init`), so joined runs of different bases never share a row, and
     holds the base scenario's inputs id (`base_inputs_id`, a validity field); each seed's inputs id covers
     its base run's, so a joined run is redone when its base run changed, and counts only while its base run
-    is current (runs.lineage_reason)."""
+    is current (lineage.lineage_reason)."""
 
     scenario: str  # the base scenario
     base_key: dict  # the base runs' run key (validity fields included)
@@ -36,7 +36,7 @@ class Continued:
 
     def base_run(self, seed: int) -> dict:
         """run.json `continued` of a joined run of `seed`: the base run it continued, read back by
-        runs.lineage_reason."""
+        lineage.lineage_reason."""
         return {
             "scenario": self.scenario,
             "key_id": key_id(self.base_key),

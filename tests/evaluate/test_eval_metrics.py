@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
+from walla.evaluate import calibration_error as C
 from walla.evaluate import metrics as M
 
 
@@ -52,7 +53,7 @@ def test_class_auc_binary_only(rng):
 
 def test_confidence_bins_first_bin_closed_and_edges_close_their_bin():
     c = np.array([0.0, 0.03, 0.05, 0.050001, 0.1, 0.15, 0.150001, 0.5, 0.95, 0.99, 1.0])
-    assert M.confidence_bins(c).tolist() == [0, 0, 0, 1, 1, 2, 3, 9, 18, 19, 19]
+    assert C.confidence_bins(c).tolist() == [0, 0, 0, 1, 1, 2, 3, 9, 18, 19, 19]
 
 
 def test_ece_hand_case():
@@ -60,13 +61,13 @@ def test_ece_hand_case():
     p = np.array([[0.9, 0.1], [0.9, 0.1], [0.3, 0.7], [0.6, 0.4]])
     label = np.array([0, 1, 1, 0])
     expected = 2 / 4 * abs(0.5 - 0.9) + 1 / 4 * abs(1 - 0.7) + 1 / 4 * abs(1 - 0.6)
-    assert M.ece(p, label) == pytest.approx(expected)
+    assert C.ece(p, label) == pytest.approx(expected)
 
 
 def test_ece_first_bin_edge_at_0_05_and_value_on_an_edge():
     # 20 options, uniform -> confidence exactly 0.05 -> first bin [0, 0.05] (argmax = option 0 = label)
     uniform = np.full((1, 20), 0.05)
-    assert M.ece(uniform, np.array([0])) == pytest.approx(0.95)
+    assert C.ece(uniform, np.array([0])) == pytest.approx(0.95)
 
     # confidences 0.15 and 0.1500001 (wrong both) land in different bins; 0.15 shares (0.1, 0.15] with 0.12
     def row(c):
@@ -78,7 +79,7 @@ def test_ece_first_bin_edge_at_0_05_and_value_on_an_edge():
     label = np.array([1, 0, 1])  # wrong, right, wrong
     bin_a = 2 / 3 * abs(0.5 - (0.15 + 0.12) / 2)
     bin_b = 1 / 3 * abs(0.0 - 0.1500001)
-    assert M.ece(p, label) == pytest.approx(bin_a + bin_b)
+    assert C.ece(p, label) == pytest.approx(bin_a + bin_b)
 
 
 def test_ece_matches_explicit_bin_loop(rng):
@@ -91,7 +92,7 @@ def test_ece_matches_explicit_bin_loop(rng):
         sel = (conf >= lo) & (conf <= hi) if b == 0 else (conf > lo) & (conf <= hi)
         if sel.any():
             total += sel.mean() * abs(correct[sel].mean() - conf[sel].mean())
-    assert M.ece(p, label) == pytest.approx(total)
+    assert C.ece(p, label) == pytest.approx(total)
 
 
 def test_ece_debiased_hand_case_and_kumar_monte_carlo():
@@ -103,18 +104,18 @@ def test_ece_debiased_hand_case_and_kumar_monte_carlo():
     phi = 0.5 * (1 + math.erf((-g / sd) / math.sqrt(2)))  # P(N(0,1) < -g / sd)
     folded = sd * math.sqrt(2 / math.pi) * math.exp(-0.5 * (g / sd) ** 2) + g * (1 - 2 * phi)
     expected = 4 / 5 * (2 * 0.4 - folded) + 1 / 5 * 0.3
-    assert M.ece_debiased(p, label) == pytest.approx(expected, abs=1e-12)
-    assert M.ece_debiased(p, label) < M.ece(p, label)  # the plug-in runs high
+    assert C.ece_debiased(p, label) == pytest.approx(expected, abs=1e-12)
+    assert C.ece_debiased(p, label) < C.ece(p, label)  # the plug-in runs high
     # Kumar et al.'s own form: 2 x plug-in - mean plug-in over normal draws of each bin's accuracy
     draws = np.random.default_rng(0).normal([0.5, 1.0], [sd, 0.0], size=(400_000, 2))
-    mc = 2 * M.ece(p, label) - (np.abs(draws - [0.9, 0.7]) @ [4 / 5, 1 / 5]).mean()
-    assert M.ece_debiased(p, label) == pytest.approx(mc, abs=2e-3)
+    mc = 2 * C.ece(p, label) - (np.abs(draws - [0.9, 0.7]) @ [4 / 5, 1 / 5]).mean()
+    assert C.ece_debiased(p, label) == pytest.approx(mc, abs=2e-3)
 
 
 def test_ece_debiased_is_clipped_at_zero_and_registered():
     p = np.array([[0.55, 0.45]] * 30)  # 17 of 30 right at confidence .55: gap .017, well inside its sd .09
     label = np.array([0] * 17 + [1] * 13)
-    assert M.ece_debiased(p, label) == 0.0 < M.ece(p, label)
+    assert C.ece_debiased(p, label) == 0.0 < C.ece(p, label)
     assert (
         M.METRICS["ece"].compute(M.EvalArrays(p, p[:, None], np.ones((20, 1)), label, np.eye(2)[label]))
         == 0.0

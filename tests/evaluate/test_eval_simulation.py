@@ -189,7 +189,7 @@ def test_ece_interval_covers_the_population_ece(options, gap):
 
 @pytest.mark.parametrize(("options", "low", "high"), [(2, 0.04, 0.06), (4, 0.06, 0.08)])
 def test_ece_bias_at_zero_is_what_the_docs_say(options, low, high):
-    """metrics.ece_debiased_resampled and docs/pipeline.md: a perfectly calibrated predictor reads about
+    """calibration_error.ece_debiased_resampled and docs/pipeline.md: a perfectly calibrated predictor reads about
     0.05 (2 options) to 0.07 (4 options) on 140 questions."""
     c = ece_coverage(N_TEST, options, 0.0, trials=200, seed=options)
     assert low <= c.mean_estimate <= high, c

@@ -23,7 +23,9 @@ from walla.market.local import LocalServer
 from walla.market.replay import ReplayConfig, _compare, replay, scenario_data
 from walla.market.run_choice import choose_runs
 from walla.store.schema import VARIANTS
-from walla.train.runs import RUN_META, TRAIN_SCHEMA, RunFormatError, read_scenario_table
+from walla.train.run_identity import TRAIN_SCHEMA
+from walla.train.run_layout import RUN_META, RunFormatError
+from walla.train.run_reader import read_scenario_table
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402  (trained_market
 from typer.testing import CliRunner  # noqa: E402
 from walla.extract import cli as extract_cli  # noqa: E402
 from walla.market.local import free_port  # noqa: E402
-from walla.train.runs import list_scenarios  # noqa: E402
+from walla.train.run_layout import list_scenarios  # noqa: E402
 
 OP_TOKEN = "operator-token-for-serve-tests-0123456789"
 

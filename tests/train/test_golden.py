@@ -11,7 +11,7 @@ import torch
 from walla.train import engine, golden
 from walla.train.heads import StackedHeads
 from walla.train.methods import REGISTRY
-from walla.train.runs import TRAIN_SCHEMA
+from walla.train.run_identity import TRAIN_SCHEMA
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     assert line.startswith(
         f"the training numbers changed but TRAIN_SCHEMA did not (still {TRAIN_SCHEMA}): walla-ii: moved"
     )
-    assert "Bump TRAIN_SCHEMA in train/runs.py" in line and line.endswith(
+    assert "Bump TRAIN_SCHEMA in train/run_identity.py" in line and line.endswith(
         "python -m walla.train.golden --write"
     )
     (line,) = golden.check(stored, current, schema=TRAIN_SCHEMA + 1)  # bumped: the digests are regenerated

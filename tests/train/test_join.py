@@ -14,20 +14,12 @@ from synthetic import make_private_context_scenario
 from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.join import initial_params, joined_plan
+from walla.train.lineage import lineage_reason, read_current_run_meta, stale_run_reason
 from walla.train.plan import Overrides, build_plan
 from walla.train.run import run_plan
-from walla.train.runs import (
-    RUN_META,
-    STATE,
-    TRAIN_SCHEMA,
-    RunFormatError,
-    inputs_id,
-    lineage_reason,
-    list_run_dirs,
-    read_current_run_meta,
-    read_run_meta,
-    stale_run_reason,
-)
+from walla.train.run_identity import TRAIN_SCHEMA, inputs_id
+from walla.train.run_layout import RUN_META, STATE, RunFormatError, list_run_dirs
+from walla.train.run_reader import read_run_meta
 
 HP = {"walla": {"lr": 3.0e-3, "epochs": 2, "hidden": [8], "projection_dim": None, "batch_size": 20}}
 
@@ -214,7 +206,7 @@ def test_a_base_run_trained_without_its_state_names_the_flag(trained, tmp_path):
 
 
 def test_a_joined_run_counts_only_while_its_base_run_is_current(trained, tmp_path):
-    """Issue 37 finding 2: the lineage check (runs.lineage_reason) that eval, replays and live heads make."""
+    """Issue 37 finding 2: the lineage check (lineage.lineage_reason) that eval, replays and live heads make."""
     full, plan, base_runs = trained
     runs = tmp_path / "runs"
     shutil.copytree(base_runs, runs)

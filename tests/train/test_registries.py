@@ -28,7 +28,7 @@ from walla.train.engine import TrainEnv
 from walla.train.methods import MethodInfo, MethodOutput
 from walla.train.plan import Overrides, build_plan, load_plan
 from walla.train.run import run_plan
-from walla.train.runs import list_run_dirs
+from walla.train.run_layout import list_run_dirs
 
 # --- a new dataset loader: one function ---------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The run format (train/runs.py) and the recipe (train/run.py): round trip, completion marker,
+"""The run format (train/run_layout.py, run_writer.py, run_reader.py) and the recipe (train/run.py): round trip, completion marker,
 skipping finished runs, retraining stale ones, and the one-writer lock."""
 
 from __future__ import annotations
@@ -14,22 +14,19 @@ from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import Overrides, build_plan
 from walla.train.run import RunsLockedError, run_plan, runs_lock, states_to_save
-from walla.train.runs import (
+from walla.train.run_identity import key_id, run_key
+from walla.train.run_layout import (
     PREDICTIONS,
     RUN_META,
     STATE,
     RunDir,
     RunFormatError,
     is_complete,
-    key_id,
     list_run_dirs,
-    read_run,
-    read_scenario_table,
     run_dir,
-    run_key,
-    write_run,
-    write_scenario_table,
 )
+from walla.train.run_reader import read_run, read_scenario_table
+from walla.train.run_writer import write_run, write_scenario_table
 
 SPEC = {"dataset": "synthetic", "agents": ["a", "b", "c"]}
 TRAIN = {
