@@ -57,7 +57,9 @@ class AgentHead:
             )
         self.slot, self.in_dim = slot, dims[slot]
         cfg = self.cfg
-        self.heads = StackedHeads([self.in_dim], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
+        # float32 whatever torch's default dtype is now: a model loading in another thread sets it process-wide
+        heads = StackedHeads([self.in_dim], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
+        self.heads = heads.float()
         rows = [
             p[slot : slot + 1].clone() for p in state["params"]
         ]  # head = kind * M + agent: kind 0 = wager

@@ -188,15 +188,19 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
         from walla.serve.remote import start_ray
 
         ray = start_ray(cfg.ray_address)
-    # the models load side by side, and beside the heads and stored questions: the server is ready sooner
-    with ThreadPoolExecutor(max(1, len(wanted))) as ex:
+    # the heads first, then the models: loading a model in this process sets torch's default dtype for the
+    # whole process while it builds the modules (transformers' from_pretrained), so a head or another model
+    # built beside it may come out in the other dtype (seen: a bf16 head, pools 0.02 off the offline ones).
+    # Ray workers load in their own processes, side by side.
+    heads = [AgentHead.from_run(record.path, i) for i in range(len(table.agents))]
+    data = scenario_data(table, Path(cfg.store))
+    wanted = wanted if with_models else {}
+    workers = max(1, len(wanted)) if ray is not None else 1
+    with ThreadPoolExecutor(workers) as ex:
         futs = {
             k: ex.submit(open_model, m, table.dataset, ident, cfg.device, cfg.other_identity, ray)
             for k, (m, ident) in wanted.items()
-            if with_models
         }
-        heads = [AgentHead.from_run(record.path, i) for i in range(len(table.agents))]
-        data = scenario_data(table, Path(cfg.store))
         models = {k: f.result() for k, f in futs.items()}
     s = heads[0].cfg
     settings = RoundSettings(variant=s.variant, c1=s.c1, c2=s.c2, c3=s.c3, pooling=s.pooling)

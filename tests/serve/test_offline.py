@@ -45,3 +45,21 @@ def test_another_identity_is_refused_naming_the_field(served_pool):
         assert slot.differs.startswith("torch: '0.0.1' != ")
     finally:
         slot.backend.close()
+
+
+def test_a_head_built_while_a_model_loads_elsewhere_is_float32(served_pool):
+    """A model loading in another thread sets torch's default dtype for the whole process (transformers'
+    from_pretrained, bf16 here); a head built meanwhile must still be the float32 head walla train saved."""
+    import torch
+    from walla.market.head import AgentHead
+
+    agent = served_pool.agents[0]
+    hidden = np.random.default_rng(0).standard_normal(agent.head.in_dim).astype(np.float32)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        head = AgentHead.from_run(served_pool.run_dir, agent.slot)
+    finally:
+        torch.set_default_dtype(before)
+    assert {p.dtype for p in head.heads.parameters()} == {torch.float32}
+    assert head.wager(hidden) == agent.head.wager(hidden)
