@@ -26,6 +26,7 @@ from walla.extract.backends.hf_kind import HF, HFOptions
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 from walla.extract.device import kernel_identity
+from walla.extract.door import target_for
 from walla.extract.models import ResolvedModel
 from walla.store.featureset import read_feature_set
 
@@ -404,7 +405,7 @@ def test_smollm2_bf16_arc_prompts_same_bits_alone_and_in_two_mixes_through_fixed
     cfg = ExtractConfig(
         model="smollm2-135m", dataset="arc-challenge", data_file=ARC, limit=18, progress=False
     )
-    texts, _, rm = render_prompts(cfg)
+    texts, rm = render_prompts(cfg), target_for(cfg).model  # as walla check renders and opens them
     be = load_hf_backend(rm, dtype="bfloat16", device="cpu", batch_invariant=False)  # loaded as usual, then:
     be.batch_invariant, be.fixed_shapes, be.pack_tokens = True, True, 1024
     be.settle_invariance()

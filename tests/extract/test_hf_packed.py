@@ -16,6 +16,7 @@ from walla.extract.backends import hf_packed
 from walla.extract.backends.hf import INVARIANT_SCORING, MIN_PREFIX, HFBackend, hf_identity, load_hf_backend
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
+from walla.extract.door import target_for
 
 OTHERS = [
     "Question : Is the door of room 7 painted blue ? Answer with YES or NO . Answer :",
@@ -353,7 +354,7 @@ def test_smollm2_bf16_arc_prompts_same_bits_in_two_batch_mixes():
     cfg = ExtractConfig(
         model="smollm2-135m", dataset="arc-challenge", data_file=ARC, limit=18, progress=False
     )
-    prompts, _, rm = render_prompts(cfg)
+    prompts, rm = render_prompts(cfg), target_for(cfg).model  # as walla check renders and opens them
     be = load_hf_backend(rm, dtype="bfloat16", device="cpu", batch_tokens=1024)
     texts = [p.text for p in prompts]
     cand = [be.encode_bare(s)[0] for s in "ABCD"]

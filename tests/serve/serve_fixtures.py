@@ -9,9 +9,11 @@ change is bfloat16 extraction, whose scoring on a CPU is batch-invariant, as the
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,7 +25,11 @@ import trained_market  # noqa: E402
 from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402  (trained_market puts tests/extract on the path)
 from typer.testing import CliRunner  # noqa: E402
 from walla.extract import cli as extract_cli  # noqa: E402
+from walla.market.head import AgentHead  # noqa: E402
+from walla.market.ledger import Ledger  # noqa: E402
 from walla.market.local import free_port  # noqa: E402
+from walla.serve.app import create_serve_app  # noqa: E402
+from walla.serve.forecast import Forecaster  # noqa: E402
 from walla.train.run_layout import list_scenarios  # noqa: E402
 
 OP_TOKEN = "operator-token-for-serve-tests-0123456789"
@@ -76,3 +82,36 @@ class AppServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def fresh_heads(pool):
+    """The pool with heads of its own (a learning test must not move the session's)."""
+    agents = [dataclasses.replace(a, head=AgentHead.from_run(pool.run_dir, a.slot)) for a in pool.agents]
+    return dataclasses.replace(pool, agents=agents)
+
+
+@dataclass
+class Serving:
+    url: str
+    fc: Forecaster
+    ledger: Ledger
+    db: str
+    caller_token: str
+
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.caller_token}"}
+
+    @property
+    def op(self) -> dict:
+        return {"Authorization": f"Bearer {OP_TOKEN}"}
+
+
+def start_serving(pool, tmp_path, learn: bool = False, open_access: bool = False, **batching):
+    db = str(tmp_path / "serve.db")
+    ledger = Ledger.open(db)
+    ledger.ensure_operator(OP_TOKEN)
+    token = ledger.add_agent("alice")
+    fc = Forecaster(pool, ledger, learn, **batching).start()
+    srv = AppServer(create_serve_app(fc, open_access)).__enter__()
+    return srv, Serving(srv.url, fc, ledger, db, token)

@@ -79,7 +79,7 @@ def test_outcomes_pay_every_agent_what_the_mechanism_pays(serving):
 
 
 def test_open_server_needs_no_token_for_forecasts(served_pool, tmp_path):
-    from conftest import start_serving
+    from serve_fixtures import start_serving
 
     srv, s = start_serving(served_pool, tmp_path, open_access=True)
     try:

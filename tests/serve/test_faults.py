@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 import torch
-from conftest import start_serving
+from serve_fixtures import start_serving
 from walla.train import mechanism
 
 QUESTION = {"question": "Box 3 holds pens. Does box 3 hold cups?", "options": ["Yes", "No"]}

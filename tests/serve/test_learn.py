@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import torch
-from conftest import fresh_heads, start_serving
+from serve_fixtures import fresh_heads, start_serving
 from walla.market.head import AgentHead
 from walla.train import mechanism
 

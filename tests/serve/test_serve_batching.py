@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from conftest import start_serving
+from serve_fixtures import start_serving
 
 N = 64
 
