@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from walla.cli import options
 from walla.cli.exits import USAGE, answered, fail, message_of
+from walla.cli.torch_build import refuse_cuda_early
 from walla.manifests.names import check_scenario, unknown
 from walla.train.config import TrainConfig
 
@@ -41,6 +42,7 @@ DEBUG = inspect.Parameter(
 
 def train(given: dict[str, Any], extras: dict[str, Any]) -> None:
     cfg = options.build_config(TrainConfig, given, "train")
+    refuse_cuda_early("train", cfg.device)  # a CPU-only torch: answered without importing it
     try:
         check_scenario(cfg.scenario, cfg.runs)
     except KeyError as e:

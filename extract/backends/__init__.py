@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
-if TYPE_CHECKING:  # annotations only: importing models pulls the hub and zarr into every `--help`
+if TYPE_CHECKING:  # annotations only: models pulls the hub and zarr, numpy ~0.3 s, into every config error
+    import numpy as np
     from walla.extract.models import ResolvedModel
 
 
