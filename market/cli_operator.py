@@ -110,7 +110,7 @@ def add_agent(
     name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
 ) -> None:
     """Register an agent; prints its token once (only a hash is stored)."""
-    from walla.market.models import agent_name  # torch (train/mechanism.py): walla.cli.lazy
+    from walla.market.text import agent_name  # light: the name is checked before the ledger loads
 
     try:
         name = agent_name(name)

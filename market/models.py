@@ -20,11 +20,10 @@ the transaction that writes it):
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-from walla.market.text import check_distinct, clean_text, plain_digits
+from walla.market.text import NAME_PATTERN, check_distinct, clean_text, plain_digits
 from walla.train import mechanism
 from walla.train.mechanism_checks import SIMPLEX_ATOL
 
@@ -36,8 +35,6 @@ C_MAX = 1e6
 C_MIN = 1e-6
 MAX_ID = 2**31 - 1  # PostgreSQL int4: the ledger's id columns
 MAX_TIME = 1e11  # unix seconds (year ~5138): any close time a market needs, and finite
-NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,62}[A-Za-z0-9])?$"  # pydantic's regex: $ is the very end
-NAME_RE = re.compile(NAME_PATTERN.replace("$", r"\Z"))
 PUBLISH = ("never", "close", "resolution")  # when agents may read a round's pooled forecast
 
 
@@ -70,16 +67,6 @@ def check_simplex(values: list[float], key: str) -> list[float]:
     if abs(total - 1.0) > SIMPLEX_ATOL:
         raise ValueError(f"{key}: sums to {total:.6g}, expected 1 within {SIMPLEX_ATOL:g}")
     return values
-
-
-def agent_name(name: str) -> str:
-    """A valid agent name or ValueError (the CLI's check of the same type)."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ValueError(
-            f"name: expected 1-64 characters of A-Z a-z 0-9 _ . - starting and ending with a letter or "
-            f"digit, got {ascii(name)[:70]}"
-        )
-    return name
 
 
 class _In(BaseModel):

@@ -78,3 +78,17 @@ def plain_digits(value: object) -> object:
     if isinstance(value, str) and not DIGITS_RE.fullmatch(value):
         raise ValueError(f"expected plain decimal digits, got {ascii(value)[:40]}")
     return value
+
+
+NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,62}[A-Za-z0-9])?$"  # pydantic's regex: $ is the very end
+NAME_RE = re.compile(NAME_PATTERN.replace("$", r"\Z"))
+
+
+def agent_name(name: str) -> str:
+    """A valid agent name or ValueError (the API's AgentIn and the CLI's add-agent check the same)."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(
+            f"name: expected 1-64 characters of A-Z a-z 0-9 _ . - starting and ending with a letter or "
+            f"digit, got {ascii(name)[:70]}"
+        )
+    return name

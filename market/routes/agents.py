@@ -15,8 +15,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from walla.market.deps import AfterId, CurrentPrincipal, LedgerDep, Operator
-from walla.market.models import DIGITS, NAME_PATTERN, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
+from walla.market.models import DIGITS, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
 from walla.market.stats import market_stats
+from walla.market.text import NAME_PATTERN
 
 router = APIRouter(tags=["agents"])
 

@@ -39,3 +39,11 @@ def test_cuda_on_a_cpu_only_torch_is_a_usage_error_before_torch_loads(argv):
     assert "exit 2 torch imported False" in proc.stdout, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"walla {argv[0]}: error: --device cuda") and "use --device cpu" in line
+
+
+def test_a_bad_agent_name_is_answered_before_torch_loads(tmp_path):
+    argv = ["market", "add-agent", "bad/name", "--db", str(tmp_path / "m.db")]
+    proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, timeout=120)
+    assert "exit 2 torch imported False" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("walla market: error: name: expected 1-64 characters"), proc.stderr
+    assert not (tmp_path / "m.db").exists()  # nothing opened or created
