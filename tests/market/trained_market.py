@@ -33,17 +33,18 @@ def _train(model: Path, store: Path, runs: Path, methods: str, settings: tuple[s
     assert res.exit_code == 0, res.output
 
 
-def train_tiny_market(tmp: Path) -> dict:
+def train_tiny_market(tmp: Path, dtype: str = "float32", methods: str = "walla-i,walla-ii") -> dict:
+    """The tiny LLM extracted in `dtype` (with and without the fact), then `methods` trained with heads saved."""
     tok = tiny_tokenizer()
     mdir = tmp / "tiny-llm"
     tiny_model(len(tok), seed=3).save_pretrained(mdir)
     tok.save_pretrained(mdir)
     store, runs = tmp / "store", tmp / "runs"
     args = ["--model", str(mdir), "--dataset", "facts", "--size", "60", "--store", str(store)]
-    args += ["--device", "cpu", "--dtype", "float32", "--variants", "none,relevant"]
+    args += ["--device", "cpu", "--dtype", dtype, "--variants", "none,relevant"]
     res = CliRunner().invoke(extract_cli.app, args)
     assert res.exit_code == 0, res.output
-    _train(mdir, store, runs, "walla-i,walla-ii", HEAD_SETTINGS)
+    _train(mdir, store, runs, methods, HEAD_SETTINGS)
     (scenario,) = list_scenarios(runs)
     return {"model": mdir, "store": store, "runs": runs, "scenario": scenario}
 

@@ -22,32 +22,18 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "market"))
 
 import trained_market  # noqa: E402
-from tiny_model import tiny_model, tiny_tokenizer  # noqa: E402  (trained_market puts tests/extract on the path)
-from typer.testing import CliRunner  # noqa: E402
-from walla.extract import cli as extract_cli  # noqa: E402
 from walla.market.head import AgentHead  # noqa: E402
 from walla.market.ledger import Ledger  # noqa: E402
 from walla.market.local import free_port  # noqa: E402
 from walla.serve.app import create_serve_app  # noqa: E402
 from walla.serve.forecast import Forecaster  # noqa: E402
-from walla.train.run_layout import list_scenarios  # noqa: E402
 
 OP_TOKEN = "operator-token-for-serve-tests-0123456789"
 
 
 def train_tiny_pool(tmp: Path) -> dict:
-    tok = tiny_tokenizer()
-    mdir = tmp / "tiny-llm"
-    tiny_model(len(tok), seed=3).save_pretrained(mdir)
-    tok.save_pretrained(mdir)
-    store, runs = tmp / "store", tmp / "runs"
-    args = ["--model", str(mdir), "--dataset", "facts", "--size", "60", "--store", str(store)]
-    args += ["--device", "cpu", "--dtype", "bfloat16", "--variants", "none,relevant"]
-    res = CliRunner().invoke(extract_cli.app, args)
-    assert res.exit_code == 0, res.output
-    trained_market._train(mdir, store, runs, "walla-i", trained_market.HEAD_SETTINGS)
-    (scenario,) = list_scenarios(runs)
-    return {"model": mdir, "store": store, "runs": runs, "scenario": scenario}
+    """The market tests' tiny trained scenario, extracted in bfloat16 (tier `bitwise`), WALLA I only."""
+    return trained_market.train_tiny_market(tmp, dtype="bfloat16", methods="walla-i")
 
 
 def wait_answering(url: str, timeout: float = 120.0, proc=None) -> None:
