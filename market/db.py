@@ -40,7 +40,9 @@ from sqlalchemy import (
     event,
     func,
     inspect,
+    text,
 )
+from sqlalchemy.schema import CreateIndex
 
 BUSY_TIMEOUT_S = 30.0  # SQLite: how long a writer waits for the lock before failing
 WRITE = {"walla_write": True}  # execution option marking a connection that will write
@@ -202,7 +204,7 @@ def _sqlite_events(engine: Engine) -> None:
 
 
 def make_engine(db: str | Path, create: bool = True) -> Engine:
-    """An engine on the ledger at `db` (path or URL), its tables created if missing."""
+    """An engine on the ledger at `db` (path or URL), its tables and indexes created if missing."""
     url = database_url(db)
     if url.startswith("sqlite"):
         _create_private(url)
@@ -220,7 +222,27 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
     if create:
         metadata.create_all(engine)
         _check_schema(engine)
+        _add_missing_indexes(engine)
     return engine
+
+
+def _add_missing_indexes(engine: Engine) -> None:
+    """Create the indexes an existing ledger lacks: create_all makes a table's indexes only with the table,
+    so an index added to walla later (events.round_id's) never reached the ledgers made before it.
+
+    The names come from the database's catalog (SQLAlchemy's SQLite reflection skips expression indexes),
+    and only a missing one is created (PostgreSQL's CREATE INDEX locks the table even when the index exists);
+    IF NOT EXISTS covers another process adding the same index meanwhile."""
+    if engine.dialect.name == "sqlite":
+        q = "SELECT name FROM sqlite_master WHERE type = 'index'"
+    else:
+        q = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    with engine.begin() as conn:
+        have = set(conn.execute(text(q)).scalars())
+        for table in metadata.sorted_tables:
+            for index in table.indexes:
+                if index.name not in have:
+                    conn.execute(CreateIndex(index, if_not_exists=True))
 
 
 def _check_schema(engine: Engine) -> None:
