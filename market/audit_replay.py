@@ -26,6 +26,22 @@ ENTRY_OF = {"resolved": "resolve", "resolution_corrected": "correct", "round_voi
 FLOATS = ("score", "baseline", "advantage", "payout")  # payout columns compared to TOLERANCE
 
 
+# the data fields a walla older than its audit (before 2026-11-28, when the audit began to prove the state)
+# did not write, by event kind, and the column each proves: those ledgers cannot be proved, only said so
+SINCE_AUDIT = {
+    "operator_added": ("name", "token"),
+    "agent_added": ("token",),
+    "operator_token_set": ("token",),
+    "token_rotated": ("token",),
+    "report": ("id",),
+}
+PROVES = {
+    "name": "agents.name",
+    "token": "agents.token_hash (which token acts as which agent)",
+    "id": "reports.id and payouts.report_id (which report each payout paid)",
+}
+
+
 class Mismatch(Exception):
     """One line naming the first event or row that does not agree with the log."""
 
@@ -204,7 +220,9 @@ def rebuild(event_rows: list) -> State:
         if fn is None:
             raise Mismatch(f"events: row {e.id} has an unknown kind {e.kind!r}")
         try:
-            fn(s, e, json.loads(e.data))
+            data = json.loads(e.data)
+            _check_not_older(e, data)
+            fn(s, e, data)
         except KeyError as err:
             raise Mismatch(
                 f"events: row {e.id} ({e.kind}) data lacks {err} (written by an older walla, or edited)"
@@ -214,6 +232,20 @@ def rebuild(event_rows: list) -> State:
                 f"events: row {e.id} ({e.kind}) data is malformed ({type(err).__name__}: {err})"
             ) from None
     return s
+
+
+def _check_not_older(e, data) -> None:
+    """Raise Mismatch, saying so plainly, for an event written before the audit's fields existed: the values
+    it lacks are not in the ledger anywhere the audit could prove them from, and none is made up."""
+    missing = [f for f in SINCE_AUDIT.get(e.kind, ()) if isinstance(data, dict) and f not in data]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        raise Mismatch(
+            f"ledger written by a walla older than its audit (before 2026-11-28): event {e.id} ({e.kind}) "
+            f"lacks field{s} {', '.join(missing)}, so the audit cannot prove "
+            f"{', '.join(PROVES[f] for f in missing)} from the event log; its chain verified, its state is "
+            "unproven (export it with walla market export and start a new ledger)"
+        )
 
 
 def _stored(table: str, row) -> tuple[tuple, dict]:

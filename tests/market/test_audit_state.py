@@ -228,3 +228,38 @@ def test_a_rewritten_chain_is_caught_by_the_recorded_head(market, capfd, tmp_pat
         eid, new = conn.execute(text("SELECT id, hash FROM events ORDER BY id DESC LIMIT 1")).first()
     heads.write_text(f"{eid} {new} {recorded[2]}\n")
     _fails_with(db, capfd, "line 1: its HMAC does not verify", "--head", str(heads), "--key-file", str(key))
+
+
+def _as_older_walla(conn, fields: dict[str, tuple[str, ...]]) -> None:
+    """Events as a walla before the audit proved the state wrote them: `fields` (by kind) absent from their
+    data, the chain linked over what is stored (that walla's chain verified)."""
+    for kind, drop in fields.items():
+        for r in conn.execute(text("SELECT id, data FROM events WHERE kind = :k"), {"k": kind}).all():
+            data = {k: v for k, v in json.loads(r.data).items() if k not in drop}
+            conn.execute(
+                text("UPDATE events SET data = :d WHERE id = :i"), {"d": events.canonical(data), "i": r.id}
+            )
+    _rechain(conn)
+
+
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        (  # the operator's first event had no data; agents' events had no token check
+            {"operator_added": ("name", "token"), "agent_added": ("token",), "token_rotated": ("token",)},
+            "event 1 (operator_added) lacks fields name, token, so the audit cannot prove agents.name, "
+            "agents.token_hash",
+        ),
+        ({"report": ("id",)}, "(report) lacks field id, so the audit cannot prove reports.id"),
+    ],
+)
+def test_a_ledger_of_an_older_walla_names_the_field_it_lacks(market, capfd, fields, needle):
+    """Its events lack data the audit needs to prove a column: one line saying so plainly, exit 1 (no value
+    made up for them, no 'malformed' or 'edited')."""
+    _busy_market(market)
+    db = _db_arg(market.ledger)
+    assert _audit(db, capfd)[0] == 0
+    with market.ledger.engine.begin() as conn:
+        _as_older_walla(conn, fields)
+    _fails_with(db, capfd, needle)
+    _fails_with(db, capfd, "ledger written by a walla older than its audit")
