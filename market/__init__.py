@@ -7,7 +7,9 @@
     routes/        one APIRouter per resource: rounds, reports, agents
     server.py      the FastAPI app (routers, one-line JSON errors, body limits, the operator's dashboard)
     cli.py         the `walla market` group (lazy, under the `walla` root of walla.cli): cli_operator
-                   (init, serve, add-agent), cli_agent (agent), cli_replay (replay), cli_audit (audit, export)
+                   (init, serve, add-agent), cli_agent (agent), cli_replay (replay), cli_audit (audit, export);
+                   each checks its options and then imports its one implementation module: operator_commands,
+                   agent, replay, audit_commands
     client.py      a small httpx client of the API (agents, replay, load test)
     head.py        one agent's trained WALLA head (a run's state.pt), frozen or learning from its payouts
     agent.py       the live agent: LLM features (walla's extraction backends) -> head -> report

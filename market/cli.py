@@ -6,7 +6,8 @@
     walla market audit | export                walla.market.cli_audit (verify a ledger; write it as Parquet)
 
 The group is lazy (walla.cli.lazy): `walla market --help` and `walla market serve --help` import neither
-FastAPI nor SQLAlchemy nor torch. `walla-market ...` is `walla market ...`. Every error is one line on
+FastAPI nor SQLAlchemy nor torch. Each command checks its options first, then imports its one
+implementation module (operator_commands, agent, replay, audit_commands), so a mistake answers at once too. `walla-market ...` is `walla market ...`. Every error is one line on
 stderr with the exit codes of cli/exits.py (1 data or state, 2 usage, 3 a server that does not answer).
 """
 

@@ -69,14 +69,15 @@ def agent(
     ),
 ) -> None:
     """Run one agent: report on every open round with the LLM's forecast and the head's wager; learn."""
-    # the agent's stack (httpx, torch, the extraction backends) is imported when it runs: walla.cli.lazy
+    if batch_size < 1 or poll <= 0:
+        raise fail("--batch-size must be >= 1 and --poll > 0", USAGE)
+    token = agent_token(token, token_file)
+    # its one implementation module, once the options hold: the agent's stack (httpx, torch, the extraction
+    # backends) is imported when it runs (walla.cli.lazy)
     from walla.market import agent as live
 
     logging.basicConfig(level=logging.INFO, format="walla market agent: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per poll
-    if batch_size < 1 or poll <= 0:
-        raise fail("--batch-size must be >= 1 and --poll > 0", USAGE)
-    token = agent_token(token, token_file)
     try:
         h = live.AgentHead.from_run(head, slot)
         client = live.MarketClient(url, token)

@@ -7,6 +7,9 @@
 The operator's token: `init` (or the first `serve` of a new database) creates one and prints it once;
 set WALLA_MARKET_OPERATOR_TOKEN (or pass --operator-token-file FILE) to choose it instead, e.g. in CI.
 Only its sha256 is stored.
+
+This module checks the options and imports nothing heavy; each command then imports its implementation,
+operator_commands.py (the ledger and the server stack), once.
 """
 
 from __future__ import annotations
@@ -14,16 +17,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 from walla.cli import exits, options
-from walla.cli.exits import DATA, UNREACHABLE, USAGE
+from walla.cli.exits import DATA, USAGE
 from walla.market.cli_common import fail
-from walla.market.errors import ClientError
-
-if TYPE_CHECKING:
-    from walla.market.ledger import Ledger
+from walla.market.text import agent_name
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
@@ -35,74 +34,48 @@ TOKEN_FILE = typer.Option(
 )
 
 
-def _fail(sub: str, message: object, code: int = DATA) -> typer.Exit:
-    """The one error line of `walla <sub>`: these helpers serve `walla market` and `walla serve` alike."""
-    return exits.fail(sub, message, code)
-
-
-def open_ledger(db: str, sub: str = "market") -> Ledger:
-    """The ledger at `db`, or one clear error line of `walla <sub>` (unreachable server, unwritable path, bad
-    URL)."""
-    # SQLAlchemy is imported when a command opens the ledger, not for --help: walla.cli.lazy
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
-    from walla.market.ledger import Ledger
-
-    path = Path(db)
-    if "://" not in db and path.is_dir():
-        raise _fail(sub, f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL")
-    if "://" not in db and not path.parent.is_dir():
-        raise _fail(sub, f"--db {db}: directory {path.parent} does not exist")
-    try:
-        return Ledger.open(db)
-    except ValueError as e:  # a URL of a database the ledger does not support (db.database_url)
-        raise _fail(sub, f"--db {db}: {e}") from None
-    except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise _fail(sub, f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})", USAGE) from None
-    except OperationalError as e:  # a database server that does not answer (a SQLite file: its directory)
-        code = UNREACHABLE if "://" in db else DATA
-        raise _fail(
-            sub, f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})", code
-        ) from None
-    except SQLAlchemyError as e:
-        raise _fail(
-            sub, f"--db {db}: cannot open ({str(getattr(e, 'orig', e) or e).splitlines()[0]})"
-        ) from None
-
-
-def _operator_token(token_file: Path | None, sub: str) -> str | None:
+def operator_token(token_file: Path | None, sub: str = "market") -> str | None:
+    """The operator's token from `token_file` or $WALLA_MARKET_OPERATOR_TOKEN, checked (>= 16 characters);
+    None: neither is set (the ledger then makes one). Errors are one line of `walla <sub>`: these helpers
+    serve `walla market` and `walla serve` alike."""
     if token_file is not None:
         try:
             token = token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
-            raise _fail(sub, f"--operator-token-file {token_file}: {e.strerror}") from None
+            raise exits.fail(sub, f"--operator-token-file {token_file}: {e.strerror}", DATA) from None
         if len(token) < 16:
-            raise _fail(
+            raise exits.fail(
                 sub, f"--operator-token-file {token_file}: expected a token of >= 16 characters", USAGE
             )
         return token
     token = os.environ.get(TOKEN_ENV)
     if token is not None and len(token.strip()) < 16:
-        raise _fail(sub, f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
+        raise exits.fail(sub, f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
     return token.strip() if token else None
 
 
-def _setup_operator(ledger: Ledger, token_file: Path | None, sub: str = "market") -> None:
-    token = _operator_token(token_file, sub)
+def check_port(host: str, port: int, sub: str = "market") -> None:
+    """One line of `walla <sub>` unless `host:port` can be listened on (checked before the server loads)."""
+    if not 1 <= port <= 65535:
+        raise exits.fail(sub, f"--port: expected 1..65535, got {port}", USAGE)
     try:
-        made = ledger.ensure_operator(token)
-    except ClientError as e:
-        where = f"--operator-token-file {token_file}" if token_file is not None else TOKEN_ENV
-        raise _fail(sub, f"{where}: {e.message}") from None
-    if made is not None and token is None:
-        typer.echo(f"operator token (shown once, store it): {made}")
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise exits.fail(
+            sub, f"--host {host} --port {port}: cannot listen ({e.strerror or e})", DATA
+        ) from None
 
 
 @app.command()
 def init(db: str = DB, operator_token_file: Path = TOKEN_FILE) -> None:
     """Create the ledger's tables and the operator (its token is printed once)."""
-    ledger = open_ledger(db)
-    _setup_operator(ledger, operator_token_file)
-    typer.echo(f"walla market: ledger ready at {db}")
+    token = operator_token(operator_token_file)
+    # each command imports its one implementation module when it runs, once its options hold: walla.cli.lazy
+    from walla.market import operator_commands as impl
+
+    impl.init(db, token, operator_token_file)
 
 
 @app.command("add-agent")
@@ -110,29 +83,13 @@ def add_agent(
     name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
 ) -> None:
     """Register an agent; prints its token once (only a hash is stored)."""
-    from walla.market.text import agent_name  # light: the name is checked before the ledger loads
-
     try:
-        name = agent_name(name)
+        name = agent_name(name)  # market/text.py: light, so a bad name answers before the ledger loads
     except ValueError as e:
         raise fail(e, USAGE) from None
-    try:
-        ledger = open_ledger(db)
-        token = ledger.add_agent(name)
-    except ClientError as e:
-        raise fail(e.message) from None
-    typer.echo(f"agent {name} token (shown once, store it): {token}")
+    from walla.market import operator_commands as impl
 
-
-def _check_port(host: str, port: int, sub: str = "market") -> None:
-    if not 1 <= port <= 65535:
-        raise _fail(sub, f"--port: expected 1..65535, got {port}", USAGE)
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as e:
-        raise _fail(sub, f"--host {host} --port {port}: cannot listen ({e.strerror or e})") from None
+    impl.add_agent(name, db)
 
 
 @app.command()
@@ -172,20 +129,10 @@ def serve(
         raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
     if max_client_connections is not None and not 1 <= max_client_connections <= 100_000:
         raise fail(f"--max-client-connections: expected 1..100000, got {max_client_connections}", USAGE)
-    _check_port(host, port)
-    import uvicorn  # the server stack is imported when it serves, not for --help: walla.cli.lazy
-    from walla.market.guard import guarded_protocol
-    from walla.market.server import MAX_BODY, MAX_CLIENT_CONNECTIONS, RATE, READ_TIMEOUT_S, create_app
+    check_port(host, port)
+    token = operator_token(operator_token_file)
+    from walla.market import operator_commands as impl
 
-    max_body = MAX_BODY if max_body is None else max_body
-    rate = RATE if rate is None else rate
-    read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
-    per_client = MAX_CLIENT_CONNECTIONS if max_client_connections is None else max_client_connections
-    ledger = open_ledger(db)
-    _setup_operator(ledger, operator_token_file)
-    typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
-    app = create_app(
-        ledger, max_body, rate=rate, read_timeout=read_timeout, max_client_connections=per_client
+    impl.serve(
+        db, host, port, token, operator_token_file, max_body, rate, read_timeout, max_client_connections
     )
-    http = guarded_protocol(read_timeout, per_client)  # guard.py: whole-request deadline, connections cap
-    uvicorn.run(app, http=http, host=host, port=port, log_level="warning", access_log=False)

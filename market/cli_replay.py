@@ -49,9 +49,6 @@ def replay_command(
     ),
 ) -> None:
     """Stream a trained scenario's test split through a live market; check it against walla train's predictions."""
-    # the replay (a live server, torch, the trained heads) is imported when it runs: walla.cli.lazy
-    from walla.market import replay as recipe
-
     if limit is not None and limit < 1:
         raise fail(f"--limit: expected >= 1, got {limit}", USAGE)
     if batch_size < 1:
@@ -62,17 +59,22 @@ def replay_command(
         raise fail(f"--runs {runs}: no such directory (run walla train first)")
     if not store.is_dir():
         raise fail(f"--store {store}: no such directory")
-    if db is not None and ("://" in db or Path(db).exists() or len(_parse_seeds(seeds) or []) != 1):
+    seed_list = _parse_seeds(seeds)
+    if db is not None and ("://" in db or Path(db).exists() or len(seed_list or []) != 1):
         raise fail(
             f"--db {db}: expected a new SQLite file and one seed (--seeds S): each seed is its own market",
             USAGE,
         )
+    # its one implementation module, once the options hold: the replay (a live server, torch, the trained
+    # heads) is imported when it runs (walla.cli.lazy)
+    from walla.market import replay as recipe
+
     cfg = recipe.ReplayConfig(
         scenario,
         None if run is not None else runs,
         store,
         method,
-        _parse_seeds(seeds),
+        seed_list,
         learn,
         batch_size,
         limit,

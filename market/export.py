@@ -1,10 +1,12 @@
 """Bulk export of a ledger as Parquet: one file per table, for analysis and for keeping outside the database.
 
-    written = export(ledger, Path("out"))      # out/{agents,rounds,reports,resolutions,payouts,events}.parquet
+    written = export(open_readonly("market.db"), Path("out"))   # out/{agents,rounds,...,events}.parquet
 
 Agents are written without their token hashes. Each file is written to a temporary name in the same
 directory and renamed into place (a reader never sees half a file); the column types are the database's
-(floats float64, ids int64, JSON columns as their text).
+(floats float64, ids int64, JSON columns as their text). The engine need only read: `walla market export`
+opens the ledger read-only (audit.open_readonly), so exporting never writes to it, and every table is read
+in one transaction (one snapshot).
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from walla.market import db
-from walla.market.ledger import Ledger
 
 TABLES = (
     "agents",
@@ -35,11 +36,11 @@ def _arrow_type(column) -> pa.DataType:
     return {"Integer": pa.int64(), "Double": pa.float64()}.get(name, pa.string())
 
 
-def export(ledger: Ledger, out: Path) -> dict[str, int]:
+def export(engine: Engine, out: Path) -> dict[str, int]:
     """Write every table of TABLES to out/<table>.parquet; returns the row count per table."""
     out.mkdir(parents=True, exist_ok=True)
     written = {}
-    with ledger.engine.connect() as conn:
+    with engine.connect() as conn:
         for name in TABLES:
             table = db.metadata.tables[name]
             cols = [c for c in table.columns if c.name not in SECRET.get(name, ())]

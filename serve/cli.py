@@ -49,14 +49,14 @@ def serve(given: dict[str, Any], extras: dict[str, Any]) -> None:
     cfg = options.build_config(ServeConfig, given, SUB)
     _check_run(cfg)
     # the server stack, torch and the models are imported once the options hold: walla.cli.lazy
-    from walla.market.cli_operator import _check_port, _setup_operator, open_ledger
+    from walla.market import cli_operator, operator_commands
 
     if not cfg.check:
-        _check_port(cfg.host, cfg.port, SUB)
+        cli_operator.check_port(cfg.host, cfg.port, SUB)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     # a database server before the models (one that does not answer is told before minutes of loading); a
     # SQLite file once the pool has loaded, so that a run that cannot be served leaves no file behind
-    ledger = open_ledger(cfg.db, SUB) if not cfg.check and "://" in cfg.db else None
+    ledger = operator_commands.open_ledger(cfg.db, SUB) if not cfg.check and "://" in cfg.db else None
     try:
         with answered(SUB):
             from walla.market.errors import ClientError
@@ -72,10 +72,15 @@ def serve(given: dict[str, Any], extras: dict[str, Any]) -> None:
         raise
     with tempfile.TemporaryDirectory(prefix="walla-serve-check-") as tmp:
         if ledger is None:
-            ledger = Ledger.open(str(Path(tmp) / "check.db")) if cfg.check else open_ledger(cfg.db, SUB)
+            ledger = (
+                Ledger.open(str(Path(tmp) / "check.db"))
+                if cfg.check
+                else operator_commands.open_ledger(cfg.db, SUB)
+            )
         try:
             if not cfg.check:
-                _setup_operator(ledger, cfg.operator_token_file, SUB)
+                token = cli_operator.operator_token(cfg.operator_token_file, SUB)
+                operator_commands.setup_operator(ledger, token, cfg.operator_token_file, SUB)
             fc = Forecaster(pool, ledger, cfg.learn, **cfg.batching()).start()
         except ClientError as e:
             raise fail(SUB, e.message, DATA) from None

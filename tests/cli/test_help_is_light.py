@@ -111,3 +111,32 @@ def test_a_bad_serve_option_answers_before_the_server_stack(argv):
     res, out = _run("walla", argv)
     assert res["code"] in (1, 2) and not res["heavy"], out
     assert out.strip().startswith("walla serve: error: "), out
+
+
+def _market_mistakes(tmp: str) -> list[list[str]]:
+    db = f"{tmp}/m.db"
+    agent = ["--url", "http://127.0.0.1:9", "--model", "m", "--head", tmp, "--dataset", "d"]
+    return [
+        ["market", "init", "--db", db, "--operator-token-file", f"{tmp}/no-token"],
+        ["market", "serve", "--db", db, "--max-body", "10"],
+        ["market", "add-agent", "bad/name", "--db", db],
+        ["market", "agent", *agent, "--batch-size", "0"],
+        ["market", "replay", "--limit", "0"],
+        ["market", "audit", "--db", db],
+        ["market", "export", "--db", db, "--to", f"{tmp}/out"],
+    ]
+
+
+def test_a_market_mistake_answers_before_the_ledger_or_a_model(tmp_path):
+    """Each `walla market` command checks its options, then imports its one implementation module (issue
+    39): a bad option, token file or ledger path answers without SQLAlchemy, FastAPI or torch, and writes
+    nothing."""
+    cases = _market_mistakes(str(tmp_path))
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(lambda argv: _run("walla", argv), cases))
+    bad = []
+    for argv, (res, out) in zip(cases, results, strict=True):
+        if res["code"] not in (1, 2) or res["heavy"] or not out.strip().startswith("walla market: error: "):
+            bad.append(f"walla {' '.join(argv)}: exit {res['code']}, imported {res['heavy']}\n{out[-500:]}")
+    assert not bad, "\n".join(bad)
+    assert list(tmp_path.iterdir()) == []

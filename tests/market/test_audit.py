@@ -94,6 +94,28 @@ def test_export_parquet(market, tmp_path, capfd):
     assert "export:" in capfd.readouterr().out
 
 
+def test_export_of_an_empty_or_foreign_file_writes_nothing(tmp_path, capfd):
+    """Export opens the database read-only, as the audit does: one line, exit 1, the file as it was and no
+    Parquet written (it used to create the market's tables in it)."""
+    import sqlite3
+
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    foreign = tmp_path / "other.db"
+    with sqlite3.connect(foreign) as c:
+        c.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    before = foreign.read_bytes()
+    for path in (empty, foreign):
+        out = tmp_path / f"out-{path.stem}"
+        rc = run_market(["export", "--db", str(path), "--to", str(out)], "walla market")
+        err = capfd.readouterr().err.strip().splitlines()
+        assert rc == 1 and len(err) == 1, (rc, err)
+        assert f"export of {path}: not a walla market ledger (no table agents)" in err[0], err
+        assert not out.exists()
+    assert empty.stat().st_size == 0 and foreign.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "other.db"]  # no -wal, no -shm
+
+
 def test_rounds_are_stamped(market):
     """The mechanism's settings and walla's version on every round, and in its opening event."""
     from importlib.metadata import version
