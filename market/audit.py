@@ -2,7 +2,7 @@
 against the heads the operator recorded, so neither an edited row nor a rewritten chain passes.
 
     engine = open_readonly("market.db")          # never writes, never creates a table
-    problem, summary = audit(engine, heads=read_heads(Path("market.heads")), key=b"...")
+    problem, summary = audit(engine, heads=read_heads(Path("market.heads")), key=b"...")  # audit_heads.py
 
 Checked, in this order (the first failure is reported, as one line naming the table, row and column):
     values   every stored value has its column's type, and JSON columns their shape (audit_values.py)
@@ -16,23 +16,20 @@ Checked, in this order (the first failure is reported, as one line naming the ta
 
 The chain has no key of its own: whoever can write the database can recompute every hash. What anchors it is
 the head file, kept off the database's machine (or append-only), and the key, kept outside the database:
-`walla market audit --head FILE` appends the current head after each clean audit (docs/market.md).
+`walla market audit --head FILE` appends the current head after each clean audit (docs/market.md); the head
+file and the key are read and checked by audit_heads.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
 import sqlite3
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from walla.market import db, events
+from walla.market.audit_heads import check_heads
 from walla.market.audit_replay import Mismatch, compare, rebuild
 from walla.market.audit_values import read_rows
-
-KEY_ENV = "WALLA_MARKET_AUDIT_KEY"
 
 
 def open_readonly(database: str | Path) -> Engine:
@@ -82,50 +79,6 @@ def not_a_ledger(engine: Engine) -> str | None:
     return None
 
 
-def sign(eid: int, h: str, key: bytes) -> str:
-    return hmac.new(key, f"{eid} {h}".encode(), hashlib.sha256).hexdigest()
-
-
-def head_line(eid: int, h: str, key: bytes | None) -> str:
-    """One line of the head file: `ID HASH`, and its HMAC when a key is given."""
-    return f"{eid} {h}" + (f" {sign(eid, h, key)}" if key is not None else "")
-
-
-def read_heads(path: Path) -> list[tuple[int, int, str, str | None]]:
-    """The head file's records: (line number, event id, hash, hmac or None); [] for a file not yet written.
-
-    Raises:
-        ValueError: a line that is not `ID HASH [HMAC]`, naming the file and line.
-    """
-    if not path.exists():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        parts = line.split()
-        if not parts or parts[0].startswith("#"):
-            continue
-        if len(parts) not in (2, 3) or not parts[0].isdigit() or len(parts[1]) != 64:
-            raise ValueError(f"{path} line {n}: expected 'EVENT_ID HASH [HMAC]', got {line[:80]!r}")
-        out.append((n, int(parts[0]), parts[1], parts[2] if len(parts) == 3 else None))
-    return out
-
-
-def check_heads(event_rows: list, heads: list, key: bytes | None, source: str = "head file") -> str | None:
-    """The first recorded head the chain does not contain (or whose HMAC does not verify), as one line."""
-    by_id = {r.id: r.hash for r in event_rows}
-    for n, eid, h, mac in heads:
-        if key is not None and (mac is None or not hmac.compare_digest(mac, sign(eid, h, key))):
-            return f"{source} line {n}: its HMAC does not verify with the key (the head file was edited?)"
-        if eid not in by_id:
-            return (
-                f"events: the chain ends at row {len(event_rows)}, but {source} line {n} recorded row {eid} "
-                "(events were deleted and the chain rewritten)"
-            )
-        if by_id[eid] != h:
-            return f"events: row {eid}'s hash is not the one {source} line {n} recorded (the chain was rewritten)"
-    return None
-
-
 def audit(
     source, heads: list | None = None, key: bytes | None = None, head_source: str = "head file"
 ) -> tuple[str | None, dict]:
@@ -154,12 +107,3 @@ def audit(
         return str(e), summary
     summary["max_diff"] = state.max_diff
     return compare(rows, state), summary
-
-
-def key_from(path: Path | None) -> bytes | None:
-    """The audit key: the file's first line, else $WALLA_MARKET_AUDIT_KEY, else None (heads unsigned)."""
-    if path is not None:
-        text = path.read_text(encoding="utf-8").strip()
-    else:
-        text = os.environ.get(KEY_ENV, "").strip()
-    return text.encode("utf-8") if text else None

@@ -1,7 +1,7 @@
 """The work of `walla market audit | export`: both read the ledger through one read-only connection.
 
     from walla.market import audit_commands as impl   # inside a command, once its options hold
-    impl.audit_ledger("market.db", head=None, key_file=None)
+    impl.audit_ledger("market.db", head=None, heads=[], key=None)
     impl.export_ledger("market.db", Path("out"))
 
 cli_audit.py checks the options without importing anything heavy; each of its commands then imports this
@@ -20,7 +20,8 @@ import typer
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from walla.cli.exits import DATA, UNREACHABLE
-from walla.market.audit import audit, head_line, key_from, not_a_ledger, open_readonly, read_heads
+from walla.market.audit import audit, not_a_ledger, open_readonly
+from walla.market.audit_heads import head_line
 from walla.market.cli_common import fail
 from walla.market.export import export
 
@@ -53,17 +54,10 @@ def _first_line(e: SQLAlchemyError) -> str:
     return str(getattr(e, "orig", e) or e).splitlines()[0]
 
 
-def audit_ledger(db: str, head: Path | None, key_file: Path | None) -> None:
-    """`walla market audit`: OK and its counts, or one line naming the first bad row (exit 1). With `head`,
-    the chain is checked against every head recorded there, and the current head appended after a clean
-    audit."""
-    try:
-        key = key_from(key_file)
-        heads = read_heads(head) if head is not None else []
-    except (OSError, UnicodeDecodeError) as e:
-        raise fail(f"--head/--key-file: {e}") from None
-    except ValueError as e:
-        raise fail(f"--head {e}") from None
+def audit_ledger(db: str, head: Path | None, heads: list, key: bytes | None) -> None:
+    """`walla market audit`: OK and its counts, or one line naming the first bad row (exit 1). With `head`
+    (its records `heads`, read by audit_heads.read_heads; `key` signs them), the chain is checked against
+    every recorded head, and the current head appended after a clean audit."""
     with read_only(db, "audit") as engine:
         problem, s = audit(engine, heads, key, head_source=str(head))
     if problem is not None:

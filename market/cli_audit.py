@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 from walla.cli import options
+from walla.market.audit_heads import key_from, read_heads
 from walla.market.cli_common import fail
 
 app = options.app()
@@ -41,11 +42,18 @@ def audit_command(
 ) -> None:
     """Prove the ledger's state from its event chain, the chain from the recorded heads, and recompute every
     payout from the reports (train/mechanism.py). Opens the database read-only."""
+    try:  # audit_heads.py is light: a mistake in either file answers before the ledger's stack loads
+        key = key_from(key_file)
+        heads = read_heads(head) if head is not None else []
+    except (OSError, UnicodeDecodeError) as e:
+        raise fail(f"--head/--key-file: {e}") from None
+    except ValueError as e:
+        raise fail(f"--head {e}") from None
     _check_ledger_file(db)
     # each command imports its one implementation module when it runs, once its options hold: walla.cli.lazy
     from walla.market import audit_commands as impl
 
-    impl.audit_ledger(db, head, key_file)
+    impl.audit_ledger(db, head, heads, key)
 
 
 @app.command("export")

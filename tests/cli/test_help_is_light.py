@@ -113,11 +113,13 @@ def test_a_bad_serve_option_answers_before_the_server_stack(argv):
     assert out.strip().startswith("walla serve: error: "), out
 
 
-def _market_mistakes(tmp: str) -> list[list[str]]:
+def _market_mistakes(tmp: str, ledger: str) -> list[list[str]]:
     db = f"{tmp}/m.db"
     agent = ["--url", "http://127.0.0.1:9", "--model", "m", "--head", tmp, "--dataset", "d"]
     return [
         ["market", "init", "--db", db, "--operator-token-file", f"{tmp}/no-token"],
+        ["market", "audit", "--db", ledger, "--key-file", f"{tmp}/no-key"],
+        ["market", "audit", "--db", ledger, "--head", ledger],  # a head file that is not one
         ["market", "serve", "--db", db, "--max-body", "10"],
         ["market", "add-agent", "bad/name", "--db", db],
         ["market", "agent", *agent, "--batch-size", "0"],
@@ -131,7 +133,12 @@ def test_a_market_mistake_answers_before_the_ledger_or_a_model(tmp_path):
     """Each `walla market` command checks its options, then imports its one implementation module (issue
     39): a bad option, token file or ledger path answers without SQLAlchemy, FastAPI or torch, and writes
     nothing."""
-    cases = _market_mistakes(str(tmp_path))
+    ledger = tmp_path / "given" / "market.db"  # an existing file: the audit's --head/--key-file are read
+    ledger.parent.mkdir()
+    ledger.write_bytes(b"SQLite format 3\x00" + bytes(84))
+    work = tmp_path / "work"
+    work.mkdir()
+    cases = _market_mistakes(str(work), str(ledger))
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
         results = list(pool.map(lambda argv: _run("walla", argv), cases))
     bad = []
@@ -139,4 +146,4 @@ def test_a_market_mistake_answers_before_the_ledger_or_a_model(tmp_path):
         if res["code"] not in (1, 2) or res["heavy"] or not out.strip().startswith("walla market: error: "):
             bad.append(f"walla {' '.join(argv)}: exit {res['code']}, imported {res['heavy']}\n{out[-500:]}")
     assert not bad, "\n".join(bad)
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
