@@ -22,6 +22,7 @@ from typing import Any
 import typer
 from walla.cli import options
 from walla.cli.exits import DATA, USAGE, answered, fail
+from walla.cli.torch_build import refuse_cuda_early
 from walla.manifests.names import trained_scenarios, unknown
 from walla.serve.config import ServeConfig
 
@@ -47,6 +48,7 @@ def _check_run(cfg: ServeConfig) -> None:
 def serve(given: dict[str, Any], extras: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     cfg = options.build_config(ServeConfig, given, SUB)
+    refuse_cuda_early(SUB, cfg.device)  # a machine that can never give CUDA: answered without torch
     _check_run(cfg)
     # the server stack, torch and the models are imported once the options hold: walla.cli.lazy
     from walla.market.cli_operator import _check_port, _setup_operator, open_ledger
