@@ -9,7 +9,8 @@
   set the run was trained on recorded (its meta.json in the store), with the options the recording backend
   kind says settle to it (extract/backends/registry.py `recorded_options`; serve names no backend): another
   device kind, model file or library version stops here with one line naming the field, unless
-  `other_identity` (then every answer carries the identity used). Agents of one model and identity share one loaded model;
+  `other_identity` (then every answer carries the identity used). Agents of one model and identity share
+  one loaded model;
 - each agent's head: market/head.py `AgentHead.from_run` (its slot only), the mechanism settings the run's
   resolved config holds (variant, c1, c2, c3, pooling);
 - the stored questions (for `question_id` and `walla serve --check`): the scenario assembled from the store
