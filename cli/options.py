@@ -26,7 +26,8 @@ from typing import Any
 
 import typer
 from walla.cli import new_app
-from walla.cli.exits import USAGE, fail
+from walla.cli.exits import USAGE, fail, message_of
+from walla.cli.torch_build import refuse_cuda_early
 from walla.manifests.validate import COMMAND_LINE, build
 
 SCALARS = (bool, int, float, str, Path)
@@ -134,3 +135,16 @@ def build_config(cls: type, options: dict[str, Any], sub: str) -> Any:
         return build(cls, options, where=COMMAND_LINE)
     except ValueError as e:  # ConfigError: every problem, each naming its flag
         raise fail(sub, e, USAGE) from None
+
+
+def checked_config(cls: type, options: dict[str, Any], sub: str, check_names: Callable[[Any], None]) -> Any:
+    """`build_config`, then what a stage that imports torch answers first, each in one line, exit 2: a CUDA
+    device a CPU-only torch cannot give (cli/torch_build.py) and a name the options give that is not known
+    (`check_names(cfg)` raises KeyError)."""
+    cfg = build_config(cls, options, sub)
+    refuse_cuda_early(sub, cfg.device)  # a CPU-only torch: answered without importing it
+    try:
+        check_names(cfg)
+    except KeyError as e:
+        raise fail(sub, message_of(e), USAGE) from None
+    return cfg

@@ -1,34 +1,86 @@
-"""What the installed torch can run, read from its distribution's metadata instead of importing it (2-12 s on
-this CPU): a `--device cuda` that a CPU-only build can never give is a usage error answered at once.
+"""What the installed torch can run, read without importing it (2-12 s on this CPU): a `--device cuda` that
+this machine can never give is a usage error answered at once.
 
     refuse_cuda_early("train", cfg.device)   # walla train: error: --device cuda: this torch (2.13.0+cpu) ...
 
-A CUDA build on a machine without a usable GPU still needs torch to tell (extract/device.py check_device).
+Two cases are told apart without torch: a CPU-only build (its `+cpu` local version, from the distribution's
+metadata), and a CUDA build on a machine whose NVIDIA driver sees no GPU (NVML, which counts devices without
+creating a CUDA context, so a later fork stays safe). Anything less certain is left to torch
+(extract/device.py check_device).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
+import os
 
 from walla.cli.exits import USAGE, fail
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def torch_version() -> str | None:
+    """The installed torch's version string, or None when torch is not installed."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_only_torch() -> str | None:
     """The installed torch's version when it is a CPU-only build (a `+cpu` local version), else None."""
+    version = torch_version()
+    return version if version and version.endswith("+cpu") else None
+
+
+def visible_nvidia_gpus(library: str = NVML_LIBRARY) -> int | None:
+    """How many NVIDIA GPUs this process may use, or None when that cannot be told without torch.
+
+    0 when CUDA_VISIBLE_DEVICES hides every device, when no NVIDIA driver is installed (NVML cannot be
+    loaded), or when NVML counts no device. NVML ignores CUDA_VISIBLE_DEVICES, so a non-empty mask
+    leaves the answer to torch (None) whenever a device exists.
+    """
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None and mask.strip() in ("", "-1"):
+        return 0
     try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+        nvml = ctypes.CDLL(library)
+    except OSError:
+        return 0
+    try:
+        if nvml.nvmlInit_v2() != 0:
+            return None  # a driver without a usable NVML: let torch tell
+        count = ctypes.c_uint(0)
+        status = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        nvml.nvmlShutdown()
+    except AttributeError:
         return None
-    return version if version.endswith("+cpu") else None
+    if status != 0:
+        return None
+    return 0 if count.value == 0 else (None if mask is not None else count.value)
 
 
 def refuse_cuda_early(sub: str, device: str | None) -> None:
-    """Exit 2 with one line when `device` asks for CUDA and the installed torch is a CPU-only build."""
-    version = cpu_only_torch() if device and device.strip().lower().startswith("cuda") else None
-    if version:
+    """Exit 2 with one line when `device` asks for CUDA and this machine surely cannot give it."""
+    if not (device and device.strip().lower().startswith("cuda")):
+        return
+    version = torch_version()
+    if version is None:
+        return  # no torch at all: the stage's own import says so
+    if version.endswith("+cpu"):
         raise fail(
             sub,
             f"--device {device}: no CUDA GPU is usable on this machine (torch {version}, built without CUDA); "
             "use --device cpu",
+            USAGE,
+        )
+    if "+rocm" in version:
+        return  # ROCm serves "cuda" through HIP: NVML does not count its devices
+    if visible_nvidia_gpus() == 0:
+        raise fail(
+            sub,
+            f"--device {device}: no CUDA GPU is usable on this machine (torch {version}; the NVIDIA driver "
+            "sees no device, or CUDA_VISIBLE_DEVICES hides them all); use --device cpu",
             USAGE,
         )

@@ -19,10 +19,9 @@ from typing import Any
 
 import typer
 from walla.cli import options
-from walla.cli.exits import USAGE, answered, fail, message_of
+from walla.cli.exits import answered
 from walla.cli.finish import finish
 from walla.cli.lazy import run as run_command
-from walla.cli.torch_build import refuse_cuda_early
 from walla.extract.config import ExtractConfig
 from walla.manifests.names import check_extract_names
 
@@ -32,12 +31,9 @@ RESUME = "interrupted; rerun the same command to resume after the last durable s
 
 
 def extract(given: dict[str, Any], extras: dict[str, Any]) -> None:
-    cfg = options.build_config(ExtractConfig, given, "extract")
-    refuse_cuda_early("extract", cfg.device)  # a CPU-only torch: answered without importing it
-    try:
-        check_extract_names(cfg.model, cfg.dataset)
-    except KeyError as e:
-        raise fail("extract", message_of(e), USAGE) from None
+    cfg = options.checked_config(
+        ExtractConfig, given, "extract", lambda c: check_extract_names(c.model, c.dataset)
+    )
     logging.basicConfig(level=logging.WARNING, format="walla extract: %(message)s")
     with answered("extract", interrupted=RESUME):
         from walla.extract import (

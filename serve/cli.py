@@ -13,20 +13,16 @@ answer.
 
 from __future__ import annotations
 
-import logging
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-import typer
 from walla.cli import options
-from walla.cli.exits import DATA, USAGE, answered, fail
+from walla.cli.exits import DATA, USAGE, fail
+from walla.cli.torch_build import refuse_cuda_early
 from walla.manifests.names import trained_scenarios, unknown
 from walla.serve.config import ServeConfig
 
 SUB = "serve"
-PROG = f"walla {SUB}"
 HELP = "Serve a trained pool: new questions answered live, calibrated and wager-weighted, OpenAI-compatible."
 app = options.app()
 
@@ -47,93 +43,11 @@ def _check_run(cfg: ServeConfig) -> None:
 def serve(given: dict[str, Any], extras: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     cfg = options.build_config(ServeConfig, given, SUB)
+    refuse_cuda_early(SUB, cfg.device)  # a machine that can never give CUDA: answered without torch
     _check_run(cfg)
-    # the server stack, torch and the models are imported once the options hold: walla.cli.lazy
-    from walla.market import cli_operator, operator_commands
+    from walla.serve import command  # the server stack, torch and the models: once the options hold
 
-    if not cfg.check:
-        cli_operator.check_port(cfg.host, cfg.port, SUB)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    # a database server before the models (one that does not answer is told before minutes of loading); a
-    # SQLite file once the pool has loaded, so that a run that cannot be served leaves no file behind
-    ledger = operator_commands.open_ledger(cfg.db, SUB) if not cfg.check and "://" in cfg.db else None
-    try:
-        with answered(SUB):
-            from walla.market.errors import ClientError
-            from walla.market.ledger import Ledger
-            from walla.serve.check import TOLERANCE, check_served
-            from walla.serve.forecast import Forecaster
-            from walla.serve.loading import load_pool
-
-            pool = load_pool(cfg)
-    except BaseException:
-        if ledger is not None:
-            ledger.close()
-        raise
-    with tempfile.TemporaryDirectory(prefix="walla-serve-check-") as tmp:
-        if ledger is None:
-            ledger = (
-                Ledger.open(str(Path(tmp) / "check.db"))
-                if cfg.check
-                else operator_commands.open_ledger(cfg.db, SUB)
-            )
-        try:
-            if not cfg.check:
-                token = cli_operator.operator_token(cfg.operator_token_file, SUB)
-                operator_commands.setup_operator(ledger, token, cfg.operator_token_file, SUB)
-            fc = Forecaster(pool, ledger, cfg.learn, **cfg.batching()).start()
-        except ClientError as e:
-            raise fail(SUB, e.message, DATA) from None
-        agents = ", ".join(f"{a.model} ({a.llm.tier})" for a in pool.agents)
-        typer.echo(
-            f"{PROG}: {pool.model_id} (run key {pool.choice.method}/{pool.choice.key_id}): {agents}", err=True
-        )
-        for a in {id(a.llm): a.llm for a in pool.agents}.values():
-            if a.differs:
-                typer.echo(f"{PROG}: {a.name}: serving another identity than recorded: {a.differs}", err=True)
-        if cfg.check:
-            try:
-                res = check_served(fc, cfg.limit)
-            finally:
-                fc.stop()
-                pool.close()
-                ledger.close()
-            typer.echo(
-                f"{PROG} --check: {pool.model_id}: {res['n']} test questions: max |served - offline| pooled "
-                f"probabilities {res['pool']:.3e}, wagers {res['wagers']:.3e} (tolerance {TOLERANCE:g})"
-            )
-            if res["pool"] > TOLERANCE:
-                raise fail(
-                    SUB, f"--check: served differs from offline by {res['pool']:.3e} > {TOLERANCE:g}", DATA
-                )
-            return
-    serve_forever(fc, cfg.host, cfg.port, cfg.open_access, t0)
-
-
-def serve_forever(fc, host: str, port: int, open_access: bool, t0: float) -> None:
-    import uvicorn
-    from walla.serve.app import create_serve_app
-
-    app = create_serve_app(fc, open_access)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    ready = server.startup
-
-    async def startup(sockets=None):
-        await ready(sockets)
-        typer.echo(
-            f"{PROG}: ready in {time.perf_counter() - t0:.1f} s on http://{host}:{port} "
-            f"({'open' if open_access else 'a ledger token needed'}; POST /v1/forecast, /v1/chat/completions)",
-            err=True,
-        )
-
-    server.startup = startup
-    try:
-        server.run()
-    finally:
-        fc.stop()
-        fc.pool.close()
-        fc.ledger.close()
+    command.run(cfg, t0)
 
 
 options.config_command(app, ServeConfig, serve, name=SUB, help=HELP)

@@ -6,9 +6,11 @@
 
 - the run: market/run_choice.py `choose_runs` (the runs walla-eval counts: current, lineage checked, one key);
 - each agent's LLM: extract/door.py `open_for(cfg, expect=identity)`, settled to the identity the feature
-  set the run was trained on recorded (its meta.json in the store): another device kind, model file or
-  library version stops here with one line naming the field, unless `other_identity` (then every answer
-  carries the identity used). Agents of one model and identity share one loaded model;
+  set the run was trained on recorded (its meta.json in the store), with the options the recording backend
+  kind says settle to it (extract/backends/registry.py `recorded_options`; serve names no backend): another
+  device kind, model file or library version stops here with one line naming the field, unless
+  `other_identity` (then every answer carries the identity used). Agents of one model and identity share
+  one loaded model;
 - each agent's head: market/head.py `AgentHead.from_run` (its slot only), the mechanism settings the run's
   resolved config holds (variant, c1, c2, c3, pooling);
 - the stored questions (for `question_id` and `walla serve --check`): the scenario assembled from the store
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, Settled
-from walla.extract.backends.registry import identity_difference
+from walla.extract.backends.registry import identity_difference, recorded_options
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
 from walla.extract.door import IdentityMismatch, open_for, settle_for, target_for
@@ -118,28 +120,35 @@ def recorded_identity(store: Path, meta: dict, key: str) -> dict:
     return settled_identity(inputs)
 
 
-def backend_args_for(identity: dict) -> dict:
-    """The hf backend's options that re-settle to the recorded identity (compile and the invariant path)."""
-    if identity.get("backend") != "hf":
-        return {}
-    path = "fixed" if "fixed_shapes" in identity else ("on" if identity.get("batch_invariant") else "off")
-    return {"compile": "on" if identity.get("compile") else "off", "batch_invariant": path}
+def extract_config_for(name: str, dataset: str, identity: dict, device: str | None) -> ExtractConfig:
+    """The config that opens model `name` as the feature set recorded it: its backend, device, dtype and the
+    options its backend kind says settle to `identity` (the registry's `recorded_options`).
+
+    Raises:
+        ServeError: the identity names a backend not registered here.
+    """
+    try:
+        args = recorded_options(identity)
+    except KeyError as e:
+        raise ServeError(
+            f"{name}: its feature set recorded backend {identity.get('backend')!r}: {e.args[0]}"
+        ) from None
+    model = identity.get("model") or {}
+    return ExtractConfig(
+        model=model.get("path") if model.get("source") == "local" else name,
+        dataset=dataset,
+        backend=identity.get("backend"),
+        device=device or identity.get("device"),
+        dtype=identity.get("dtype"),
+        backend_args=args,
+    )
 
 
 def open_model(
     name: str, dataset: str, identity: dict, device: str | None, other: bool, ray=None
 ) -> ModelSlot:
     """The model through the one door, settled to `identity` (module docstring)."""
-    model = identity.get("model") or {}
-    ref = model.get("path") if model.get("source") == "local" else name
-    cfg = ExtractConfig(
-        model=ref,
-        dataset=dataset,
-        backend=identity.get("backend"),
-        device=device or identity.get("device"),
-        dtype=identity.get("dtype"),
-        backend_args=backend_args_for(identity),
-    )
+    cfg = extract_config_for(name, dataset, identity, device)
     recorded = identity.get(BATCHING_KEY) or None
     try:
         if ray is None:
@@ -150,7 +159,9 @@ def open_model(
             settled = settle_for(cfg, target_for(cfg, check_device=False), recorded=recorded)
             diff = identity_difference(identity, settled.identity)
             if diff and not other:
-                raise IdentityMismatch(f"model {ref}: the feature set recorded another identity: {diff}")
+                raise IdentityMismatch(
+                    f"model {cfg.model}: the feature set recorded another identity: {diff}"
+                )
             backend = remote_backend(settled, ray)
     except IdentityMismatch as e:
         raise ServeError(f"{e} (or pass --other-identity to serve it labelled)") from None

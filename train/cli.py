@@ -25,8 +25,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from walla.cli import options
-from walla.cli.exits import USAGE, answered, fail, message_of
-from walla.cli.torch_build import refuse_cuda_early
+from walla.cli.exits import USAGE, answered, fail
 from walla.manifests.names import check_scenario, unknown
 from walla.train.config import TrainConfig
 
@@ -41,12 +40,7 @@ DEBUG = inspect.Parameter(
 
 
 def train(given: dict[str, Any], extras: dict[str, Any]) -> None:
-    cfg = options.build_config(TrainConfig, given, "train")
-    refuse_cuda_early("train", cfg.device)  # a CPU-only torch: answered without importing it
-    try:
-        check_scenario(cfg.scenario, cfg.runs)
-    except KeyError as e:
-        raise fail("train", message_of(e), USAGE) from None
+    cfg = options.checked_config(TrainConfig, given, "train", lambda c: check_scenario(c.scenario, c.runs))
     if cfg.methods:  # the registry's names (it imports numpy, ~0.3 s): only when --methods names some
         from walla.train.methods import ALL, REGISTRY
 

@@ -1,9 +1,10 @@
 """Extraction backends: what walla extract asks of a model, as two Protocols and the data they exchange.
 
 - `BackendKind`: one registered way to run a model (extract/backends/registry.py: `hf`, `vllm`; tests add
-  the seeded fake `dummy`). A kind is three things: its own `Options` (a config dataclass through the one
+  the seeded fake `dummy`). A kind is four things: its own `Options` (a config dataclass through the one
   validator, filled from `--backend-arg key=value` and a model's manifest `backend_args`), `settle`,
-  which decides everything once (dtype, compile, batching, sizes, device) and returns a `Settled`, and
+  which decides everything once (dtype, compile, batching, sizes, device) and returns a `Settled`,
+  `recorded_options`, its inverse (the options that settle to a recorded identity), and
   `load(settled) -> Backend`. The fingerprint of a feature set is `Settled.identity`: what settle decided
   is what the key records, so a setting cannot change the numbers without changing the key.
 - `Backend`: a loaded model. walla extract prepares a variant's prompts with it (chat template, option
@@ -172,6 +173,11 @@ class BackendKind(Protocol):
     def settle(self, request: BackendRequest, options: Any, recorded: dict | None = None) -> Settled:
         """Decide dtype, compile, batching, sizes and device once; `recorded` sizes replace `auto` ones
         (those a store's feature set or the driver of a Ray run settled with)."""
+        ...
+
+    def recorded_options(self, identity: dict) -> dict:
+        """The `--backend-arg` settings that settle to this recorded identity again (with its `batching`
+        as `recorded`): walla serve reopens a feature set's model with them."""
         ...
 
     def gpus_per_worker(self, settled: Settled) -> int:

@@ -144,6 +144,9 @@ class DummyKind:
             environment=("device",),
         )
 
+    def recorded_options(self, identity: dict) -> dict:
+        return {k: identity[k] for k in ("seed", "sharpness") if k in identity}
+
     def gpus_per_worker(self, settled: Settled) -> int:
         return 1
 

@@ -241,6 +241,17 @@ class HFKind:
             ),
         )
 
+    def recorded_options(self, identity: dict) -> dict:
+        """compile, the invariant path (`fixed` where fixed shapes are recorded, else on or off) and, where
+        the batching records it, max_batch_rows (a bitwise set's numbers do not depend on it)."""
+        path = "fixed" if "fixed_shapes" in identity else ("on" if identity.get("batch_invariant") else "off")
+        rows = (identity.get(BATCHING_KEY) or {}).get("max_batch_rows")
+        return {
+            "compile": "on" if identity.get("compile") else "off",
+            "batch_invariant": path,
+            **({"max_batch_rows": rows} if rows else {}),
+        }
+
     def gpus_per_worker(self, settled: Settled) -> int:
         return 1
 

@@ -86,6 +86,16 @@ def settle_backend(
     return backend_kind(name).settle(request, backend_options(name, args), recorded)
 
 
+def recorded_options(identity: Mapping) -> dict:
+    """The `--backend-arg` settings that settle the backend that recorded `identity` (its `backend`) to it
+    again: that kind's `recorded_options`.
+
+    Raises:
+        KeyError: the identity names no registered backend.
+    """
+    return backend_kind(str(identity.get("backend"))).recorded_options(dict(identity))
+
+
 def open_backend(settled: Settled, *, resettle: bool = False) -> Backend:
     """Load what `settled` decided. With `resettle` (a Ray worker: another process, maybe another machine),
     settle the same request here first: a different identity stops with one line naming the field.

@@ -304,12 +304,10 @@ def load_vllm_backend(
     *,
     dtype: str = "auto",
     chat_template: bool = False,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float | None = None,
-    max_model_len: int | None = None,
-    enforce_eager: bool | None = None,
     batch_invariant: bool = False,
+    **engine,
 ) -> VLLMBackend:
+    """The worker with its engines started; `engine`: the `ENGINE_KEYS` options (missing: vLLM's defaults)."""
     ok, why = vllm_usable()
     if not ok:
         raise RuntimeError(f"--backend vllm cannot run here: {why}")
@@ -319,10 +317,7 @@ def load_vllm_backend(
         dtype=dtype,
         chat_template=chat_template,
         batch_invariant=batch_invariant,
-        tensor_parallel_size=tensor_parallel_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len,
-        enforce_eager=enforce_eager,
+        **engine,
     )
 
 
@@ -349,6 +344,14 @@ class VLLMOptions:
         check(
             self.max_model_len is None or self.max_model_len >= 1, "max_model_len", ">= 1", self.max_model_len
         )
+
+
+# the VLLMOptions the engines are started with: they decide what shares a pass (recorded in `batching`)
+ENGINE_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
+
+
+def engine_options(options: VLLMOptions) -> dict:
+    return {k: getattr(options, k) for k in ENGINE_KEYS}
 
 
 class VLLMKind:
@@ -383,10 +386,7 @@ class VLLMKind:
         cap = cuda_capability(request.device) if device_kind == "cuda" else None
         invariant, inv_why = explain_batch_invariant(options.batch_invariant, request.device, has_env, cap)
         settled_options = replace(options, enforce_eager=eager, batch_invariant="on" if invariant else "off")
-        engine = {
-            k: getattr(settled_options, k)
-            for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
-        }
+        engine = engine_options(settled_options)
         identity = {
             "model": request.model.identity,
             **({"batch_invariant": True} if invariant else {}),  # absent when off: older sets keep theirs
@@ -412,20 +412,22 @@ class VLLMKind:
             derived=(TIER_KEY, BATCHING_KEY, "batch_invariant"),
         )
 
+    def recorded_options(self, identity: dict) -> dict:
+        """The engine options the batching records (None: vLLM's default, left out) and batch_invariant."""
+        batching = identity.get(BATCHING_KEY) or {}
+        engine = {k: batching[k] for k in ENGINE_KEYS if batching.get(k) is not None}
+        return {**engine, "batch_invariant": "on" if identity.get("batch_invariant") else "off"}
+
     def gpus_per_worker(self, settled: Settled) -> int:
         return settled.options.tensor_parallel_size
 
     def load(self, settled: Settled) -> VLLMBackend:
-        o = settled.options
         return load_vllm_backend(
             settled.model,
             dtype=settled.dtype,
             chat_template=settled.request.chat_template,
-            tensor_parallel_size=o.tensor_parallel_size,
-            gpu_memory_utilization=o.gpu_memory_utilization,
-            max_model_len=o.max_model_len,
-            enforce_eager=o.enforce_eager,
-            batch_invariant=o.batch_invariant == "on",
+            batch_invariant=settled.options.batch_invariant == "on",
+            **engine_options(settled.options),
         )
 
 

@@ -47,6 +47,7 @@ def test_every_kind_has_every_member_of_the_protocols():
         "check_device",
         "pin_model",
         "settle",
+        "recorded_options",
         "gpus_per_worker",
         "load",
     }

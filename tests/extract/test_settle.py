@@ -33,6 +33,7 @@ from walla.extract.backends.registry import (
     backend_names,
     identity_difference,
     open_backend,
+    recorded_options,
     register_backend,
     settle_backend,
 )
@@ -255,6 +256,9 @@ class TwinKind:
         args = (*hf.command_args, "--backend-arg", f"flavor={options.flavor}")
         return replace(hf, kind="twin", options=options, identity=identity, command_args=args, why=())
 
+    def recorded_options(self, identity: dict) -> dict:
+        return {"flavor": identity["flavor"]}
+
     def gpus_per_worker(self, settled: Settled) -> int:
         return 1
 
@@ -314,6 +318,29 @@ def test_a_third_kind_runs_walla_extract_and_walla_check_with_its_own_option(tmp
     assert (
         r.exit_code == 2 and "--backend-arg depth: no compared backend has that option" in r.output
     )  # usage
+
+
+def test_every_kind_names_the_options_that_settle_to_an_identity_it_recorded(chips, twin):
+    """`recorded_options` is `settle`'s inverse (walla serve reopens a set's model with it): a non-default
+    option of each kind comes back, and settling with it (and the recorded batching) gives the identity."""
+    cases = [
+        ("hf", "bfloat16", "cuda", {"batch_invariant": "off", "max_batch_rows": "3", "compile": "on"}),
+        ("hf", "bfloat16", "cuda", {"batch_invariant": "on"}),  # the fixed-shape path
+        ("hf", "bfloat16", "cpu", {}),  # packed
+        ("hf", "float32", "cpu", {"compile": "on"}),  # tolerance: nothing batching-dependent recorded
+        ("vllm", "bfloat16", "cuda", {"tensor_parallel_size": "2", "gpu_memory_utilization": "0.7"}),
+        ("vllm", "float32", "cpu", {"max_model_len": "128", "enforce_eager": "false"}),
+        ("dummy", "float32", "cpu", {"seed": "4", "sharpness": "0.5"}),
+        ("twin", "float32", "cpu", {"flavor": "2"}),
+    ]
+    for kind, dtype, device, args in cases:
+        first = settle_backend(kind, request(dtype, device, batch_tokens=2048, shard_rows=32), args)
+        options = recorded_options(first.identity)
+        again = settle_backend(kind, request(dtype, device), options, recorded=first.identity.get("batching"))
+        assert again.identity == first.identity, (kind, args, options)
+    assert recorded_options(first.identity) == {"flavor": 2}
+    with pytest.raises(KeyError, match="unknown backend 'tgi'"):
+        recorded_options({"backend": "tgi"})
 
 
 # ------------------------------------------------------------------------------------------ where it shows

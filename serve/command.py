@@ -1,0 +1,105 @@
+"""What `walla serve` does once its options hold (serve/cli.py imports this one module then): load the pool
+through the door, open the ledger, and either `--check` served against offline or run the HTTP server.
+
+Order matters for the user: a database server is asked before minutes of model loading (one that does not
+answer is told first); a SQLite file is created only once the pool has loaded, so that a run that cannot be
+served leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+import uvicorn
+from walla.cli.exits import DATA, answered, fail
+from walla.market.cli_operator import check_port, operator_token
+from walla.market.errors import ClientError
+from walla.market.ledger import Ledger
+from walla.market.operator_commands import open_ledger, setup_operator
+from walla.serve.app import create_serve_app
+from walla.serve.check import TOLERANCE, check_served
+from walla.serve.config import ServeConfig
+from walla.serve.forecast import Forecaster
+from walla.serve.loading import load_pool
+
+SUB = "serve"
+PROG = f"walla {SUB}"
+
+
+def run(cfg: ServeConfig, t0: float) -> None:
+    """Serve `cfg`'s pool until stopped, or check it (`cfg.check`); `t0` is when the command started."""
+    if not cfg.check:
+        check_port(cfg.host, cfg.port, SUB)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    ledger = open_ledger(cfg.db, SUB) if not cfg.check and "://" in cfg.db else None
+    try:
+        with answered(SUB):
+            pool = load_pool(cfg)
+    except BaseException:
+        if ledger is not None:
+            ledger.close()
+        raise
+    with tempfile.TemporaryDirectory(prefix="walla-serve-check-") as tmp:
+        if ledger is None:
+            ledger = Ledger.open(str(Path(tmp) / "check.db")) if cfg.check else open_ledger(cfg.db, SUB)
+        try:
+            if not cfg.check:
+                token = operator_token(cfg.operator_token_file, SUB)
+                setup_operator(ledger, token, cfg.operator_token_file, SUB)
+            fc = Forecaster(pool, ledger, cfg.learn, **cfg.batching()).start()
+        except ClientError as e:
+            raise fail(SUB, e.message, DATA) from None
+        agents = ", ".join(f"{a.model} ({a.llm.tier})" for a in pool.agents)
+        typer.echo(
+            f"{PROG}: {pool.model_id} (run key {pool.choice.method}/{pool.choice.key_id}): {agents}", err=True
+        )
+        for a in {id(a.llm): a.llm for a in pool.agents}.values():
+            if a.differs:
+                typer.echo(f"{PROG}: {a.name}: serving another identity than recorded: {a.differs}", err=True)
+        if cfg.check:
+            check(fc, cfg.limit)
+            return
+    serve_forever(fc, cfg.host, cfg.port, cfg.open_access, t0)
+
+
+def check(fc: Forecaster, limit: int | None) -> None:
+    """`--check`: the pool's served answers against the offline run's, on its test questions."""
+    try:
+        res = check_served(fc, limit)
+    finally:
+        fc.stop()
+        fc.pool.close()
+        fc.ledger.close()
+    typer.echo(
+        f"{PROG} --check: {fc.pool.model_id}: {res['n']} test questions: max |served - offline| pooled "
+        f"probabilities {res['pool']:.3e}, wagers {res['wagers']:.3e} (tolerance {TOLERANCE:g})"
+    )
+    if res["pool"] > TOLERANCE:
+        raise fail(SUB, f"--check: served differs from offline by {res['pool']:.3e} > {TOLERANCE:g}", DATA)
+
+
+def serve_forever(fc: Forecaster, host: str, port: int, open_access: bool, t0: float) -> None:
+    """The HTTP server until Ctrl-C; prints one `ready in ... s` line once it listens."""
+    app = create_serve_app(fc, open_access)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    ready = server.startup
+
+    async def startup(sockets=None):
+        await ready(sockets)
+        typer.echo(
+            f"{PROG}: ready in {time.perf_counter() - t0:.1f} s on http://{host}:{port} "
+            f"({'open' if open_access else 'a ledger token needed'}; POST /v1/forecast, /v1/chat/completions)",
+            err=True,
+        )
+
+    server.startup = startup
+    try:
+        server.run()
+    finally:
+        fc.stop()
+        fc.pool.close()
+        fc.ledger.close()
