@@ -13,7 +13,7 @@ cross-entropy against the target (soft targets for BayesX-like data, one-hot oth
 reference uses hard labels), early-stopped on the holdout NLL, best state restored.
 
 All heads train together: one forward over their stacked weights (torch.baddbmm), one AdamW (the
-engine's, one param group per head) and clipping per head (engine.clip_gradients, scope "group").
+engine's, one param group per head) and clipping per head (clipping.clip_gradients, scope "group").
 Each head keeps its own parameter tensors, so a head whose epoch has run out of batches, or that has
 early-stopped, has its gradients dropped and torch's AdamW leaves it alone (no step, no decay, its
 step count unchanged): each head gets exactly the updates it would get if trained alone. Calibration
@@ -36,15 +36,15 @@ import torch
 from torch import nn
 from walla.manifests.validate import check, config, to_dict
 from walla.store.schema import VARIANT_CODE
+from walla.train.clipping import clip_gradients
+from walla.train.device_memory import to_device
 from walla.train.engine import (
     TrainEnv,
-    clip_gradients,
     init_device,
     init_generator,
     linear_init_,
     make_fabric,
     make_optimizer,
-    to_device,
 )
 from walla.train.heads import stack_hidden
 

@@ -20,7 +20,7 @@ The formulas, per training batch of b questions (train mode, dropout on), agent 
 
 Decentralization is exact: all agents of all seeds live in one StackedHeads module (head g = seed
 g // (D M), kind (g // M) % D, agent g % M), trained by one Adam over stacked parameters [G, ...]. Adam is
-elementwise, the loss is a sum of per-head means, clipping is per head (engine.clip_gradients, scope
+elementwise, the loss is a sum of per-head means, clipping is per head (clipping.clip_gradients, scope
 "slice") and dropout masks come from per-seed generators, so each agent follows exactly the trajectory
 it would follow trained alone against the same opponents' wagers (tests/train/test_walla_decentralized.py),
 and a seed's trajectory does not depend on which seeds share the module.
@@ -31,12 +31,12 @@ fused Adam) go through fabric.setup, so `env.device` places every parameter and 
 metrics stay float64). The heads are initialised on the device (engine.init_generator, per seed). The best
 state is a copy of the improved seed's rows on the same device, taken lazily (online_stop.py): stopping is
 checked after EVERY batch, and a disk checkpoint per improvement would cost more than the step itself.
-Per step the host sends the batch's indices and dropout masks (engine.to_device: asynchronous on CUDA) and
+Per step the host sends the batch's indices and dropout masks (device_memory.to_device: asynchronous on CUDA) and
 reads back one small tensor of per-seed metrics for stopping and logs and one flag, whether any head's
-gradient clips (engine.HostRead: both copies queued behind the work that makes them); parameters and best
+gradient clips (device_memory.HostRead: both copies queued behind the work that makes them); parameters and best
 states never leave the device. The step is queued so that the host waits for the device once, and never
 while the device has nothing queued but that wait: forward -> the summary's copy -> backward and per-head
-norms (engine.SliceClip) -> the flag's copy; then the host reads the summary (the device is still in the
+norms (clipping.SliceClip) -> the flag's copy; then the host reads the summary (the device is still in the
 backward pass), does the stopping bookkeeping (a best copy, if any, is queued before the step: the
 parameters are still the pre-step ones), reads the flag, and queues the clipping and the Adam step.
 The order of the arithmetic is the one before issue 31 (two waits per step): the same numbers, bit for bit.
@@ -57,18 +57,10 @@ import numpy as np
 import torch
 from walla.train import mechanism
 from walla.train.calibration import apply_calibration
+from walla.train.clipping import SliceClip, clip_gradients
+from walla.train.device_memory import HostRead, to_device
 from walla.train.dropout_masks import DropoutMasks
-from walla.train.engine import (
-    HostRead,
-    SliceClip,
-    TrainEnv,
-    clip_gradients,
-    init_device,
-    init_generator,
-    make_fabric,
-    make_optimizer,
-    to_device,
-)
+from walla.train.engine import TrainEnv, init_device, init_generator, make_fabric, make_optimizer
 from walla.train.heads import StackedHeads, stack_hidden
 from walla.train.methods import LogFn
 from walla.train.online_stop import OnlineStop
@@ -247,7 +239,7 @@ def wager_loss(w: torch.Tensor, adv: torch.Tensor, c3: float) -> torch.Tensor:
 
 
 def optimizer_step(fabric, opt, loss: torch.Tensor, clip: float | None) -> None:
-    """Backward, per-head gradient-norm clipping (engine.clip_gradients, scope "slice"), one optimizer step.
+    """Backward, per-head gradient-norm clipping (clipping.clip_gradients, scope "slice"), one optimizer step.
 
     The step of every WALLA head, in walla train and in a live agent (market/head.py).
     """
