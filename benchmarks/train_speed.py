@@ -21,7 +21,7 @@ Prints:
        written into persistent buffers) with torch's fused Adam in float32, and in bf16 its master mode with
        mixed_adam.MasterAdam (a C kernel compiled at run time; when it cannot be built, that commit's autocast
        recipe). "After" is the package: StackedHeads on autograd's own backward, engine.make_optimizer
-       (torch's fused Adam), engine's per-slice clipping (SliceClip's halves). The ratio printed is the old code's speedup, after
+       (torch's fused Adam), clipping.py's per-slice clipping (SliceClip's halves). The ratio printed is the old code's speedup, after
        step time / before step time (> 1: the old code was faster); it goes unless that is >= 1.5 at the
        default precision (32-true). Its reason to exist was the fresh weight gradient autograd allocates
        every step (first touch of new pages); run at the paper's size (--step-heads 60: 12 agents x 5
@@ -45,7 +45,7 @@ Prints:
        --device cuda 12 agents, H = 4096, 902 / 112 / 112 rows, 5 epochs; on the CPU 4 agents, H = 256, 400
        rows, 2 epochs (--agents, --hidden, --rows, --share-epochs set each):
        the wall time of walla.fit for 1 seed and for --seeds seeds (one batched fit where memory allows,
-       engine.seeds_per_chunk; best of --share-reps) and their ratio, and the same fits with each device
+       device_memory.seeds_per_chunk; best of --share-reps) and their ratio, and the same fits with each device
        read waited for at once (`waits_at_once`: the step's two waits before issue 31, same numbers); the floor of one seed's device time
        (model FLOPs at the measured float32 GEMM peak + MIN_BYTES per parameter per step at the measured
        bandwidth) and the ratio it allows: T(S seeds) >= T(1 seed) + (S - 1) x floor, since more seeds add
@@ -87,19 +87,11 @@ from walla.store.featureset import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
 from walla.store.scenario_data import ScenarioData
 from walla.store.schema import VARIANT_CODE
-from walla.train import engine, mechanism, online_stop, wager_training
+from walla.train import device_memory, mechanism, online_stop, wager_training
+from walla.train.clipping import scale_slices_, slice_clip_coefs
+from walla.train.device_memory import free_device_bytes
 from walla.train.dropout_masks import DropoutMasks
-from walla.train.engine import (
-    TrainEnv,
-    free_device_bytes,
-    gemm_flops,
-    make_optimizer,
-    resolve_device,
-    resolve_precision,
-    scale_slices_,
-    seeded,
-    slice_clip_coefs,
-)
+from walla.train.engine import TrainEnv, gemm_flops, make_optimizer, resolve_device, resolve_precision, seeded
 from walla.train.heads import StackedHeads, WagerHead
 from walla.train.methods import REGISTRY, get_method, walla
 from walla.train.wager_training import train_heads
@@ -267,7 +259,7 @@ def _wager_loss(r: torch.Tensor, goal: torch.Tensor, cfg: walla.Config) -> torch
 
 
 def _after_step(g: int, h: int, cfg: walla.Config, bf16: bool) -> Callable[[], None]:
-    """The package's step: autograd backward, engine optimizer, engine per-slice clipping."""
+    """The package's step: autograd backward, engine optimizer, clipping.py's per-slice clipping."""
     with seeded(0):
         heads = StackedHeads([h] * g, cfg.hidden, cfg.dropout, cfg.projection_dim)
     opt = make_optimizer(heads.parameters(), "adam", cfg.lr)
@@ -540,11 +532,13 @@ def loop_comparison(
 
 
 def budget_text(device: str) -> str:
-    """What sizes the seed chunks on `device` (engine.seeds_per_chunk)."""
+    """What sizes the seed chunks on `device` (device_memory.seeds_per_chunk)."""
     free = free_device_bytes(device)
     if free is None:
-        return f"host budget engine.PARAM_BUDGET_BYTES {engine.PARAM_BUDGET_BYTES / 2**30:.0f} GiB"
-    return f"{engine.DEVICE_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free on {device}"
+        return (
+            f"host budget device_memory.PARAM_BUDGET_BYTES {device_memory.PARAM_BUDGET_BYTES / 2**30:.0f} GiB"
+        )
+    return f"{device_memory.DEVICE_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free on {device}"
 
 
 # where a WALLA fit's time goes: (owner, attribute, label) of every function PhaseTimer times

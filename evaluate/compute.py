@@ -89,7 +89,7 @@ def needed(method: str, weights: np.ndarray) -> np.ndarray:
     return np.ones(weights.shape, dtype=bool)
 
 
-Scores = dict[str, dict[str, float]]  # subset -> metric -> value (report.evaluate_scenario)
+Scores = dict[str, dict[str, float]]  # subset -> metric -> value (scenario_eval.evaluate_scenario)
 
 
 def scenario_compute(

@@ -1,11 +1,11 @@
 """Paper-layout tables: a small table model and its Markdown, LaTeX (booktabs) and CSV renderings.
 
-The report recipe (`report.py`) fills `Table`s with `Summary`s (mean, 95% CI over seeds) and, from the
-bootstrap over questions (`significance.py`), a question interval and paired-difference intervals per
-cell; this module only formats: the display scale (x100), `mean ± CI [lo, hi]` with 2 decimals, the
-significance marks († ‡), bold for the best aggregation method per column (individual agents are
-references, not candidates; the paper's tables bold nothing, we add it), "–" plus a footnote for
-undefined cells, group separators in the paper's row order.
+The report recipe (`report.py`, through `scenario_tables.py`) fills `Table`s with `Summary`s (mean, 95% CI
+over seeds) and, from the bootstrap over questions (`significance.py`), a question interval and
+paired-difference intervals per cell; this module only formats: the display scale (x100),
+`mean ± CI [lo, hi]` with 2 decimals, the significance marks († ‡), bold for the best aggregation method
+per column (individual agents are references, not candidates; the paper's tables bold nothing, we add
+it), "–" plus a footnote for undefined cells, group separators in the paper's row order.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's h
 w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
 agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
 A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on
-(walla.train.wager_training.wager_loss), then walla train's own step: per-head gradient-norm clipping at the
-run's `clip` and one Adam step at the run's lr (wager_training.optimizer_step through a single-device
+(walla.train.wager_step.wager_loss), then walla train's own step: per-head gradient-norm clipping at the
+run's `clip` and one Adam step at the run's lr (wager_step.optimizer_step through a single-device
 Fabric, the optimizer from engine.make_optimizer). The Adam moments start at zero: a run's state.pt keeps
 the best parameters, not its optimizer state (there is none to load yet).
 """
@@ -30,7 +30,7 @@ from walla.train.methods import get_method
 from walla.train.methods.walla import Config
 from walla.train.run_layout import STATE
 from walla.train.run_reader import read_scenario_meta
-from walla.train.wager_training import optimizer_step, wager_loss
+from walla.train.wager_step import optimizer_step, wager_loss
 
 
 class HeadError(ValueError):

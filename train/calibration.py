@@ -3,17 +3,17 @@
     cal = fit_calibration(data, CalibrationConfig(), env)  # train + val (SPEC §9); frozen afterwards
     probs = apply_calibration(cal, data, rows, env)        # [n, M, K] calibrated agent probs
 
-Per agent (and, for private-context scenarios, per context ROLE: one head for rows where the agent
-held the relevant context, one for all others) a small MLP on the agent's own hidden state predicts
-a temperature T(x) = min(softplus(out) + t_min, t_max); the calibrated distribution is
-softmax(log p / T). Initial T = t0 = 1 (zero-initialized last layer), so an untrained head is the
-identity. Each head is fitted on its rows of the training view (train + val, as the reference's
-train_val partition, SPEC §9) minus a seeded 10% holdout, with AdamW and
-cross-entropy against the target (soft targets for BayesX-like data, one-hot otherwise; the
-reference uses hard labels), early-stopped on the holdout NLL, best state restored.
+Per agent (and, for private-context scenarios, per context ROLE: one head for rows where the agent held
+the relevant context, one for all others) a small MLP on the agent's own hidden state predicts a
+temperature T(x) = min(softplus(out) + t_min, t_max); the calibrated distribution is softmax(log p / T)
+(temperature_heads.py). Initial T = t0 = 1 (zero-initialized last layer), so an untrained head is the
+identity. Each head is fitted on its rows of the training view (train + val, as the reference's train_val
+partition, SPEC §9) minus a seeded 10% holdout, with AdamW and cross-entropy against the target (soft
+targets for BayesX-like data, one-hot otherwise; the reference uses hard labels), early-stopped on the
+holdout NLL, best state restored.
 
 All heads train together: one forward over their stacked weights (torch.baddbmm), one AdamW (the
-engine's, one param group per head) and clipping per head (engine.clip_gradients, scope "group").
+engine's, one param group per head) and clipping per head (clipping.clip_gradients, scope "group").
 Each head keeps its own parameter tensors, so a head whose epoch has run out of batches, or that has
 early-stopped, has its gradients dropped and torch's AdamW leaves it alone (no step, no decay, its
 step count unchanged): each head gets exactly the updates it would get if trained alone. Calibration
@@ -36,17 +36,11 @@ import torch
 from torch import nn
 from walla.manifests.validate import check, config, to_dict
 from walla.store.schema import VARIANT_CODE
-from walla.train.engine import (
-    TrainEnv,
-    clip_gradients,
-    init_device,
-    init_generator,
-    linear_init_,
-    make_fabric,
-    make_optimizer,
-    to_device,
-)
+from walla.train.clipping import clip_gradients
+from walla.train.device_memory import to_device
+from walla.train.engine import TrainEnv, init_device, make_fabric, make_optimizer
 from walla.train.heads import stack_hidden
+from walla.train.temperature_heads import TempHeads, log_probs, nll, scaled
 
 
 @config
@@ -86,89 +80,9 @@ class CalibrationConfig:
         check(self.by_role in ("auto", "yes", "no"), "calibration by_role", "auto | yes | no", self.by_role)
 
 
-class _TempHead(nn.Module):
-    """One agent's (role's) temperature MLP: weights[j] [d_j, d_j+1] (input rows zero-padded to Hmax).
-
-    `init`: nn.Linear's default init of the hidden layers (fan_in = the agent's real H) drawn on `device`
-    from a generator seeded with `seed`; False leaves zeros (a state is loaded next).
-    """
-
-    def __init__(
-        self, in_dim: int, h_max: int, cfg: CalibrationConfig, seed: int, device: torch.device, init: bool
-    ) -> None:
-        super().__init__()
-        dims = [h_max, *cfg.hidden, 1]
-        pairs = list(zip(dims[:-1], dims[1:], strict=True))
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(a, b, device=device)) for a, b in pairs)
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(b, device=device)) for _, b in pairs)
-        if not init:
-            return
-        gen = init_generator(seed, device)
-        with torch.no_grad():
-            for j, fan_in in enumerate([in_dim, *cfg.hidden[:-1]]):
-                linear_init_(self.weights[j][:fan_in], self.biases[j], gen)
-            # last layer: zero weight, bias softplus^-1(t0 - t_min), so T starts at t0
-            self.biases[-1].fill_(math.log(math.expm1(cfg.t0 - cfg.t_min)))
-
-
-class _TempHeads(nn.Module):
-    """G temperature MLPs evaluated together: x [G, B, Hmax] -> T [G, B] (head g reads slice g)."""
-
-    def __init__(
-        self,
-        in_dims: list[int],
-        cfg: CalibrationConfig,
-        device: str | torch.device = "cpu",
-        init: bool = True,
-    ) -> None:
-        super().__init__()
-        self.cfg = cfg
-        h_max, dev = max(in_dims), torch.device(device)
-        self.heads = nn.ModuleList(
-            _TempHead(d, h_max, cfg, cfg.seed + g, dev, init) for g, d in enumerate(in_dims)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x  # [G, B, Hmax]
-        last = len(self.cfg.hidden)
-        for j in range(last + 1):
-            w = torch.stack([head.weights[j] for head in self.heads])  # [G, d_j, d_j+1]
-            b = torch.stack([head.biases[j] for head in self.heads])  # [G, d_j+1]
-            h = torch.baddbmm(b.unsqueeze(1), h, w)  # [G, B, d_j+1]
-            if j < last:
-                h = torch.relu(h)
-        t = nn.functional.softplus(h.squeeze(-1)) + self.cfg.t_min  # [G, B]
-        return t.clamp(max=self.cfg.t_max)
-
-    def stacked(self) -> list[torch.Tensor]:
-        """Every head's parameters stacked per layer [G, ...]: weights, then biases (the state format)."""
-        per_head = [list(head.weights) + list(head.biases) for head in self.heads]
-        return [torch.stack([ps[i].detach() for ps in per_head]) for i in range(len(per_head[0]))]
-
-    @torch.no_grad()
-    def load_stacked(self, params: list[torch.Tensor]) -> None:
-        for g, head in enumerate(self.heads):
-            for p, v in zip(list(head.weights) + list(head.biases), params, strict=True):
-                p.copy_(v[g])
-
-
-def _log_probs(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log p on enabled options, 0 on disabled ones: probs [..., K], mask [..., K] bool.
-
-    Finite, so d(logp / T)/dT never sees -inf * 0; `_scaled` masks them out.
-    """
-    return torch.where(mask, probs.clamp_min(1e-30).log(), torch.zeros_like(probs))
-
-
-def _scaled(logp: torch.Tensor, temp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log softmax(logp / T) over enabled options. logp [..., K], temp [...]."""
-    z = logp / temp.unsqueeze(-1)  # [..., K]
-    return torch.log_softmax(z.masked_fill(~mask, -math.inf), dim=-1)
-
-
-def _nll(logq: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy -sum_k y_k log q_k over enabled options -> [...]."""
-    return -(torch.where(mask, target * logq, torch.zeros_like(logq))).sum(-1)
+def _heads(in_dims: list[int], cfg: CalibrationConfig, device, init: bool = True) -> TempHeads:
+    """The temperature heads of `cfg` for agents of hidden sizes `in_dims` (head g seeded cfg.seed + g)."""
+    return TempHeads(in_dims, cfg.hidden, cfg.t0, cfg.t_min, cfg.t_max, cfg.seed, device, init)
 
 
 def _roles(data, by_role: str) -> np.ndarray | None:
@@ -243,7 +157,7 @@ class _HeadBatches:
         valid = idx >= 0
         idx = idx.clamp_min(0)
         x = self.bank[self.agent, idx].float() * valid.unsqueeze(-1)  # [G, b, Hmax]
-        logp = _log_probs(self.probs[idx, self.agent], self.mask[idx])  # [G, b, K]
+        logp = log_probs(self.probs[idx, self.agent], self.mask[idx])  # [G, b, K]
         return x, logp, self.target[idx], self.mask[idx], valid
 
 
@@ -255,21 +169,21 @@ def _head_means(nll: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def _head_nll(net: nn.Module, batches: _HeadBatches, idx_np: np.ndarray) -> torch.Tensor:
     """Each head's mean NLL of its calibrated distribution on its positions: [G]."""
     x, logp, y, msk, valid = batches.terms(idx_np)
-    return _head_means(_nll(_scaled(logp, net(x).float(), msk), y, msk), valid)
+    return _head_means(nll(scaled(logp, net(x).float(), msk), y, msk), valid)
 
 
 def _identity_nll(batches: _HeadBatches, idx_np: np.ndarray) -> list[float]:
     """Each head's mean NLL at T = 1 (the uncalibrated distribution): [G]."""
     with torch.no_grad():
         _, logp, y, msk, valid = batches.terms(idx_np)
-        nll = _nll(torch.log_softmax(logp.masked_fill(~msk, -math.inf), -1), y, msk)
-        return _head_means(nll, valid).tolist()
+        per_row = nll(torch.log_softmax(logp.masked_fill(~msk, -math.inf), -1), y, msk)  # [G, b]
+        return _head_means(per_row, valid).tolist()
 
 
 class _HeadStopping:
     """Per-head early stopping on the holdout NLL; each head's best state kept in memory."""
 
-    def __init__(self, heads: _TempHeads, nll: torch.Tensor, cfg: CalibrationConfig) -> None:
+    def __init__(self, heads: TempHeads, nll: torch.Tensor, cfg: CalibrationConfig) -> None:
         self.heads, self.cfg = heads, cfg
         self.best = [[p.detach().clone() for p in head.parameters()] for head in heads.heads]
         self.best_nll = nll.cpu().clone()  # [G]
@@ -297,7 +211,7 @@ class _HeadStopping:
 class _CalibrationTraining:
     """The heads, their AdamW (one param group per head) and one epoch of batched training."""
 
-    def __init__(self, fabric, heads: _TempHeads, batches: _HeadBatches, plan: _HeadRows, cfg) -> None:
+    def __init__(self, fabric, heads: TempHeads, batches: _HeadBatches, plan: _HeadRows, cfg) -> None:
         groups = [{"params": list(head.parameters())} for head in heads.heads]
         opt = make_optimizer(groups, "adamw", cfg.lr, cfg.weight_decay, device=str(fabric.device))
         self.net, self.opt = fabric.setup(heads, opt)  # moves to env.device; forward under env.precision
@@ -346,7 +260,7 @@ def fit_calibration(data, cfg: CalibrationConfig, env: TrainEnv = TrainEnv()) ->
     plan = _head_rows(data, cfg, train)
     in_dims = [int(data.hidden[a].shape[1]) for a in plan.agent]
     fabric = make_fabric(env)
-    heads = _TempHeads(in_dims, cfg, init_device(fabric.device))
+    heads = _heads(in_dims, cfg, init_device(fabric.device))
     batches = _HeadBatches(data, train, plan.agent, max(in_dims), fabric.device)
     training = _CalibrationTraining(fabric, heads, batches, plan, cfg)
     hold_idx = batches.padded(plan.hold_rows)
@@ -375,7 +289,7 @@ def _temperatures(state: dict, data, rows: np.ndarray, dev: torch.device, batch:
     """Per-agent temperature [n, M] float32 on `dev` (t0 for unfitted roles, 1.0 for uncalibrated agents)."""
     m, cfg = data.n_agents, CalibrationConfig(**state["cfg"])
     temps = torch.ones(len(rows), m, dtype=torch.float32, device=dev)
-    heads = _TempHeads(state["in_dims"], cfg, dev, init=False)
+    heads = _heads(state["in_dims"], cfg, dev, init=False)
     heads.load_stacked(state["params"])
     roles = _roles(data, cfg.by_role) if any(r >= 0 for r in state["role"]) else None
     agent_t = torch.tensor(state["agent"], device=dev)[:, None]  # [G, 1]
@@ -413,5 +327,5 @@ def apply_calibration(state: dict, data, rows: np.ndarray, env: TrainEnv = Train
     mask = torch.from_numpy(np.asarray(data.option_mask[rows], dtype=bool)).to(dev)  # [n, K]
     mask = mask[:, None, :].expand_as(probs)
     with torch.no_grad():
-        out = _scaled(_log_probs(probs, mask), temps, mask).exp()  # [n, M, K]
+        out = scaled(log_probs(probs, mask), temps, mask).exp()  # [n, M, K]
     return out.cpu().numpy().astype(np.float32)

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-from walla.train.engine import to_device
+from walla.train.device_memory import to_device
 
 FLOAT32_STEPS = 2**24  # numpy's float32 in [0, 1) is k * 2^-24, k = next_uint32 >> 8
 

@@ -18,7 +18,7 @@
     res.module                                  # best (or last) state, in eval mode, on env.device
 
 Per batch: zero_grad -> loss_fn(module, batch) (the Fabric-wrapped module: its forward runs under the
-precision's autocast / dtype conversion) -> fabric.backward -> engine.clip_gradients in `clip_scope`
+precision's autocast / dtype conversion) -> fabric.backward -> clipping.clip_gradients in `clip_scope`
 -> the loss and the largest gradient norm read back in one transfer (a non-finite loss raises) -> skip the
 step if the gradient norm is non-finite or above `skip_grad_norm_above` -> optimizer.step -> log ->
 on_step (may stop).
@@ -41,11 +41,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from walla.train.engine import TrainEnv, clip_gradients, make_fabric, make_optimizer, seeded, to_host
+from walla.train.clipping import clip_gradients
+from walla.train.device_memory import to_host
+from walla.train.engine import TrainEnv, make_fabric, make_optimizer, seeded
 from walla.train.methods import LogFn
 
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, float]]
-# on_step(step, row, grad_norms) -> stop?; grad_norms are engine.clip_gradients' pre-clip norms
+# on_step(step, row, grad_norms) -> stop?; grad_norms are clipping.clip_gradients' pre-clip norms
 StepHook = Callable[[int, dict[str, float], torch.Tensor], bool]
 
 
@@ -214,7 +216,7 @@ def fit_module(
         optimizer: "adam" | "adamw" | "sgd" (engine.make_optimizer over `param_groups` if given, else
             all parameters requiring grad), or a ready torch optimizer over the module's parameters.
         patience: epochs without validation improvement before stopping (None: never stop early).
-        clip: max gradient norm (None: no clipping), in `clip_scope` (engine.clip_gradients): "group"
+        clip: max gradient norm (None: no clipping), in `clip_scope` (clipping.clip_gradients): "group"
             each param group alone, "all" jointly, "slice" each slice along axis 0 of each group.
         skip_grad_norm_above: skip the optimizer step when the pre-clip norm is non-finite or above this.
         on_step: `on_step(step, row, grad_norms) -> stop?` after every optimizer step (online early

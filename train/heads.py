@@ -4,7 +4,7 @@
     StackedHeads(in_dims)         G independent heads evaluated as ONE module (torch.baddbmm over
                                   stacked parameters, autograd's own backward): x [G, B, Hmax] ->
                                   r [G, B]; head g only ever touches slice g of every parameter, so
-                                  its gradient, Adam state and clipping (engine.clip_gradients,
+                                  its gradient, Adam state and clipping (clipping.clip_gradients,
                                   scope "slice") are exactly those of a separately trained WagerHead.
 
 Architecture (paper: "a two-layer perceptron (512, 256)"): [Linear(H -> P)] -> Linear(-> 512) ->
@@ -83,7 +83,7 @@ class StackedHeads(nn.Module):
     """G independent WagerHeads as stacked parameters: weights[j] [G, d_j, d_j+1], biases[j] [G, d_j+1].
 
     Head g only ever touches slice g of every parameter; Adam is elementwise, so slice g's update is
-    exactly that of head g trained alone (with per-slice clipping, engine.clip_gradients(scope="slice")).
+    exactly that of head g trained alone (with per-slice clipping, clipping.clip_gradients(scope="slice")).
     """
 
     def __init__(

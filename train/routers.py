@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
+from walla.train.device_memory import to_device
 from walla.train.embedding_cache import frozen_features
 from walla.train.encoders import POOLINGS, TRUNCATION_SIDES, EncoderSpec, TextEncoder, router_texts
-from walla.train.engine import TrainEnv, init_device, row_batches, seeded, to_device
+from walla.train.engine import TrainEnv, init_device, row_batches, seeded
 from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput

@@ -4,7 +4,7 @@
     th = train_heads(data, cfg, seeds=[18, 19], env=TrainEnv(), logs=[None, None])
     th.best, th.last                                  # stacked parameters [G, ...] on the training device
 
-The formulas, per training batch of b questions (train mode, dropout on), agent i:
+The formulas, per training batch of b questions (train mode, dropout on), agent i (wager_step.py):
     r_i   = head_i(h_i)                          own last-layer hidden state h_i -> raw score (heads.py)
     w_i   = sigmoid(r_i / T)                     wager, T = 2, in float64 from the raw score on
     A_i   = s(p_i, y) - b_-i(p_-i, w_-i, y)      realized advantage (mechanism.advantage); b_-i depends only
@@ -20,26 +20,26 @@ The formulas, per training batch of b questions (train mode, dropout on), agent 
 
 Decentralization is exact: all agents of all seeds live in one StackedHeads module (head g = seed
 g // (D M), kind (g // M) % D, agent g % M), trained by one Adam over stacked parameters [G, ...]. Adam is
-elementwise, the loss is a sum of per-head means, clipping is per head (engine.clip_gradients, scope
+elementwise, the loss is a sum of per-head means, clipping is per head (clipping.clip_gradients, scope
 "slice") and dropout masks come from per-seed generators, so each agent follows exactly the trajectory
 it would follow trained alone against the same opponents' wagers (tests/train/test_walla_decentralized.py),
 and a seed's trajectory does not depend on which seeds share the module.
 
-Lightning Fabric runs the loop (engine.make_fabric): the module and the engine's optimizer (torch's
-fused Adam) go through fabric.setup, so `env.device` places every parameter and tensor and
-`env.precision` applies (the heads' matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and
-metrics stay float64). The heads are initialised on the device (engine.init_generator, per seed). The best
-state is a copy of the improved seed's rows on the same device, taken lazily (online_stop.py): stopping is
-checked after EVERY batch, and a disk checkpoint per improvement would cost more than the step itself.
-Per step the host sends the batch's indices and dropout masks (engine.to_device: asynchronous on CUDA) and
-reads back one small tensor of per-seed metrics for stopping and logs and one flag, whether any head's
-gradient clips (engine.HostRead: both copies queued behind the work that makes them); parameters and best
-states never leave the device. The step is queued so that the host waits for the device once, and never
-while the device has nothing queued but that wait: forward -> the summary's copy -> backward and per-head
-norms (engine.SliceClip) -> the flag's copy; then the host reads the summary (the device is still in the
+Lightning Fabric runs the loop (engine.make_fabric): the module and the engine's optimizer (torch's fused
+Adam) go through fabric.setup, so `env.device` places every parameter and tensor and `env.precision` applies
+(the heads' matmuls under bf16 autocast with "bf16-mixed"; wagers, payouts and metrics stay float64). The
+heads are initialised on the device (engine.init_generator, per seed). The best state is a copy of the
+improved seed's rows on the same device, taken lazily (online_stop.py): stopping is checked after EVERY
+batch, and a disk checkpoint per improvement would cost more than the step itself. Per step the host sends
+the batch's indices and dropout masks (device_memory.to_device: asynchronous on CUDA) and reads back one
+small tensor of per-seed metrics for stopping and logs and one flag, whether any head's gradient clips
+(device_memory.HostRead: both copies queued behind the work that makes them); parameters and best states
+never leave the device. The step is queued so that the host waits for the device once, and never while the
+device has nothing queued but that wait: forward -> the summary's copy -> backward and per-head norms
+(clipping.SliceClip) -> the flag's copy; then the host reads the summary (the device is still in the
 backward pass), does the stopping bookkeeping (a best copy, if any, is queued before the step: the
-parameters are still the pre-step ones), reads the flag, and queues the clipping and the Adam step.
-The order of the arithmetic is the one before issue 31 (two waits per step): the same numbers, bit for bit.
+parameters are still the pre-step ones), reads the flag, and queues the clipping and the Adam step. The
+order of the arithmetic is the one before issue 31 (two waits per step): the same numbers, bit for bit.
 
 Deliberate deviations from the reference: one forward pass per batch (the reference draws a second
 dropout mask for the update); data order shuffled once per seed with numpy's default_rng(seed)
@@ -57,21 +57,14 @@ import numpy as np
 import torch
 from walla.train import mechanism
 from walla.train.calibration import apply_calibration
+from walla.train.clipping import SliceClip
+from walla.train.device_memory import HostRead, to_device
 from walla.train.dropout_masks import DropoutMasks
-from walla.train.engine import (
-    HostRead,
-    SliceClip,
-    TrainEnv,
-    clip_gradients,
-    init_device,
-    init_generator,
-    make_fabric,
-    make_optimizer,
-    to_device,
-)
+from walla.train.engine import TrainEnv, init_device, init_generator, make_fabric, make_optimizer
 from walla.train.heads import StackedHeads, stack_hidden
 from walla.train.methods import LogFn
 from walla.train.online_stop import OnlineStop
+from walla.train.wager_step import WagerForward, stop_metric, wager_losses
 
 if TYPE_CHECKING:  # the method module imports this one
     from walla.train.methods.walla import Config
@@ -220,58 +213,6 @@ class _Order:
             yield to_device(self.orders[:, t * bs : (t + 1) * bs], self.device)
 
 
-def _stop_metric(kind: str, agg: torch.Tensor, probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-question early-stopping metric (lower is better): the mechanism's one D-regret / KL."""
-    return mechanism.kl_gold(target, agg) if kind == "kl" else mechanism.brier_regret(agg, probs, target)
-
-
-@dataclass
-class _Forward:
-    """One batch's forward pass: the loss to minimize and what early stopping and the logs read."""
-
-    loss: torch.Tensor  # scalar: the sum of every head's own mean loss
-    mse: torch.Tensor  # [S, M] each wager head's own loss
-    wagers: torch.Tensor  # [S, b, M] float64, detached
-    adv: torch.Tensor  # [S, b, M] realized advantages
-    p: torch.Tensor  # [S, b, M, K] agents' probs
-    y: torch.Tensor  # [S, b, K] targets
-
-
-def wager_loss(w: torch.Tensor, adv: torch.Tensor, c3: float) -> torch.Tensor:
-    """Each agent's own loss: mean over the batch of (w - w*)^2, w* = clip(A / 2 c3, 0, 1) a constant.
-
-    w, adv [..., b, M] -> [..., M]. The live agent (market/head.py) calls it with its own advantages.
-    """
-    w_star = mechanism.best_response_wager(adv, c3, w_max=1.0)  # [..., b, M]
-    return ((w - w_star) ** 2).mean(-2)  # [..., M]
-
-
-def optimizer_step(fabric, opt, loss: torch.Tensor, clip: float | None) -> None:
-    """Backward, per-head gradient-norm clipping (engine.clip_gradients, scope "slice"), one optimizer step.
-
-    The step of every WALLA head, in walla train and in a live agent (market/head.py).
-    """
-    opt.zero_grad(set_to_none=True)
-    fabric.backward(loss)
-    clip_gradients(fabric, opt, clip, scope="slice")
-    opt.step()
-
-
-def _wager_losses(r: torch.Tensor, p: torch.Tensor, y: torch.Tensor, cfg: Config) -> _Forward:
-    """Raw scores r [S, D, M, b] float64 -> wagers, advantages, best-response targets and losses."""
-    w = torch.sigmoid(r[:, 0] / cfg.temperature).transpose(1, 2)  # [S, b, M] wagers
-    wd = w.detach()
-    adv = mechanism.advantage(p, wd, y, cfg.variant, cfg.c1, cfg.c2, validate=False)  # [S, b, M]
-    mse = wager_loss(w, adv, cfg.c3)  # [S, M]: agent i's own loss
-    loss = mse.sum()
-    if r.shape[1] > 1:  # diagnostic heads: own score and baseline, never used for wagers
-        score = mechanism.brier_score(p, y.unsqueeze(-2), cfg.c1, cfg.c2, validate=False)  # [S, b, M]
-        for k, goal in ((1, score), (2, score - adv)):
-            pred = torch.sigmoid(r[:, k]).transpose(1, 2)  # [S, b, M]
-            loss = loss + ((pred - goal.clamp(0, 1)) ** 2).mean(1).sum()
-    return _Forward(loss=loss, mse=mse, wagers=wd, adv=adv, p=p, y=y)
-
-
 class _WagerTraining:
     """The module, optimizer and stopping state of one train_heads call, and its training step."""
 
@@ -291,20 +232,20 @@ class _WagerTraining:
             x = x.unsqueeze(1).expand(s_n, n_kinds, m, b, x.shape[-1])  # [S, D, M, b, H]
         return x.reshape(self.layout.n_heads, b, -1).to(self.heads.weights[0].dtype)  # [G, b, H]
 
-    def forward(self, idx: torch.Tensor, masks: list[torch.Tensor] | None) -> _Forward:
+    def forward(self, idx: torch.Tensor, masks: list[torch.Tensor] | None) -> WagerForward:
         s_n, n_kinds, m = self.layout.n_seeds, self.layout.n_kinds, self.layout.n_agents
         r = self.net(self._inputs(idx), masks).double().view(s_n, n_kinds, m, idx.shape[1])  # float64
-        return _wager_losses(r, self.rows.probs[idx], self.rows.target[idx], self.cfg)
+        return wager_losses(r, self.rows.probs[idx], self.rows.target[idx], self.cfg)
 
     @torch.no_grad()
-    def summary(self, fw: _Forward, idx: torch.Tensor) -> HostRead:
+    def summary(self, fw: WagerForward, idx: torch.Tensor) -> HostRead:
         """The batch's per-seed numbers for stopping and logs (pre-update aggregate), on their way to the host."""
         cfg = self.cfg
         mask = self.rows.option_mask[idx]
         agg = mechanism.pool(fw.p, fw.wagers, cfg.pooling, option_mask=mask, validate=False)  # [S, b, K]
         metric = None
         if cfg.stop_metric != "none":
-            metric = _stop_metric(cfg.stop_metric, agg, fw.p, fw.y).mean(1)  # [S]
+            metric = stop_metric(cfg.stop_metric, agg, fw.p, fw.y).mean(1)  # [S]
         payout = mechanism.payout(fw.wagers, fw.adv, cfg.c3)  # the advantage of this step, not recomputed
         summary = {
             "mse": fw.mse.detach(),

@@ -272,11 +272,11 @@ def test_audit_of_a_replayed_market(replayed, capfd):
 def test_head_update_calls_the_training_step(trained, monkeypatch):
     """One implementation of the step: AgentHead.update runs walla train's wager_loss and optimizer_step."""
     from walla.market import head as head_module
-    from walla.train import wager_training
+    from walla.train import wager_step
 
     calls = []
     for name in ("wager_loss", "optimizer_step"):
-        real = getattr(wager_training, name)
+        real = getattr(wager_step, name)
         monkeypatch.setattr(
             head_module, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k)
         )

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from walla.train.engine import SliceClip, TrainEnv, make_fabric
+from walla.train.clipping import SliceClip
+from walla.train.engine import TrainEnv, make_fabric
 from walla.train.mechanism_checks import as_float, check_consts, check_values
 
 
 def clip_slices_(params: Sequence[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
-    """Clip each slice along axis 0 of `params`' gradients alone, the way training does (engine.SliceClip,
+    """Clip each slice along axis 0 of `params`' gradients alone, the way training does (clipping.SliceClip,
     both halves at once); returns the pre-clip norms [1, S]."""
     clip = SliceClip(make_fabric(TrainEnv()), torch.optim.SGD(params, lr=0.1), max_norm)
     clip.apply_(bool(clip.clips))

@@ -13,10 +13,11 @@ import torch
 from references import load_seed
 from torch import nn
 from walla.manifests.validate import build
-from walla.train.calibration import CalibrationConfig, _TempHeads
+from walla.train.calibration import CalibrationConfig
 from walla.train.engine import init_generator, linear_init_, seeded
 from walla.train.heads import StackedHeads, WagerHead
 from walla.train.methods import stacked_gen, walla
+from walla.train.temperature_heads import TempHeads
 from walla.train.wager_training import init_heads
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -70,7 +71,7 @@ def test_stacked_gen_and_calibration_on_the_cpu_equal_the_seeded_host_init():
     assert _equal(net.parameters(), ref.parameters())
 
     cal = build(CalibrationConfig, {"hidden": [6, 3]}, "test")
-    heads = _TempHeads([6, 10], cal, "cpu")
+    heads = TempHeads([6, 10], cal.hidden, cal.t0, cal.t_min, cal.t_max, cal.seed, "cpu")
     for g, (head, d) in enumerate(zip(heads.heads, [6, 10], strict=True)):
         with seeded(cal.seed + g):
             layers = [nn.Linear(d, 6), nn.Linear(6, 3)]

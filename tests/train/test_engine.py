@@ -1,4 +1,4 @@
-"""train/engine.py and train/fit_loop.py: device/precision resolution, the optimizer factory, the one
+"""train/engine.py, clipping.py and fit_loop.py: device/precision resolution, the optimizer factory, the one
 clipping function, checkpoints, and the Fabric-driven fit_module."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 from references import clip_slices_
+from walla.train.clipping import clip_grad_norms_
+from walla.train.device_memory import to_device, to_host
 from walla.train.engine import (
     TrainEnv,
-    clip_grad_norms_,
     load_checkpoint,
     make_fabric,
     make_optimizer,
@@ -20,8 +21,6 @@ from walla.train.engine import (
     row_batches,
     save_checkpoint,
     seeded,
-    to_device,
-    to_host,
 )
 from walla.train.fit_loop import fit_module
 

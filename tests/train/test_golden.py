@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from walla.train import engine, golden
+from walla.train import engine, golden, golden_setup
 from walla.train.heads import StackedHeads
 from walla.train.methods import REGISTRY
 from walla.train.run_identity import TRAIN_SCHEMA
@@ -44,7 +44,7 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     )
     (line,) = golden.check(stored, current, schema=TRAIN_SCHEMA + 1)  # bumped: the digests are regenerated
     assert f"holds digests of TRAIN_SCHEMA {TRAIN_SCHEMA}, the code is schema {TRAIN_SCHEMA + 1}" in line
-    (line,) = golden.check(stored, current, setup="another")  # golden.py trains something else: regenerate
+    (line,) = golden.check(stored, current, setup="another")  # golden_setup.py changed: regenerate
     assert line.startswith("golden.json holds digests of another golden setup") and "bump" not in line.lower()
     fewer = {**stored, "methods": {k: v for k, v in current.items() if k != "uniform"}}
     (line,) = golden.check(fewer, current)  # a new method: its digest is added, no bump needed
@@ -88,7 +88,7 @@ def _path_digests(*paths: str) -> dict[str, dict]:
 
 def test_every_selectable_numeric_path_has_a_digest():
     stored = golden.read_golden()["methods"]
-    assert set(golden.PATHS) == {
+    assert set(golden_setup.PATHS) == {
         "bf16-mixed",
         "projection",
         "batched-seeds",
@@ -96,7 +96,7 @@ def test_every_selectable_numeric_path_has_a_digest():
         "calibrated",
         "join",
     }
-    for path, spec in golden.PATHS.items():
+    for path, spec in golden_setup.PATHS.items():
         assert {f"{m}@{path}" for m in spec["methods"]} <= set(stored)
     assert stored["walla-i@batched-seeds"]["n"] == 2 * stored["walla-i"]["n"]  # both seeds of one fit
     assert "agent_probs" in stored["walla-i@calibrated"]["columns"]  # the calibrated probs it pooled
@@ -111,7 +111,9 @@ def test_bf16_true_forced_where_bf16_mixed_is_asked_fails_the_golden_check(monke
 
     monkeypatch.setattr(engine, "Fabric", forced)
     # WALLA's fit runs under it (stacked-gen's mixes dtypes in bf16-true and raises: caught anyway)
-    monkeypatch.setitem(golden.PATHS, "bf16-mixed", {**golden.PATHS["bf16-mixed"], "methods": ["walla-i"]})
+    monkeypatch.setitem(
+        golden_setup.PATHS, "bf16-mixed", {**golden_setup.PATHS["bf16-mixed"], "methods": ["walla-i"]}
+    )
     moved = golden.changes(golden.read_golden(), _path_digests("bf16-mixed"))
     assert any(line.startswith("walla-i@bf16-mixed: moved by") for line in moved), moved
 

@@ -1,4 +1,4 @@
-"""How many seeds one batched WALLA fit holds (engine.seeds_per_chunk, walla.seed_bytes, issue 22).
+"""How many seeds one batched WALLA fit holds (device_memory.seeds_per_chunk, walla.seed_bytes, issue 22).
 
 The paper's heads at H = 4096 with 12 agents are 228M parameters per seed: on the host (3 GiB budget) one
 seed per chunk, as before; on an 80 GB GPU (79 GiB free) every seed of a 5-seed run in one chunk.
@@ -13,13 +13,13 @@ import pytest
 import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import build
-from walla.train.engine import (
+from walla.train.device_memory import (
     DEVICE_MEMORY_SHARE,
     PARAM_BUDGET_BYTES,
-    TrainEnv,
     free_device_bytes,
     seeds_per_chunk,
 )
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""A WALLA training step reads the device only through two queued engine.HostRead copies (issue 31).
+"""A WALLA training step reads the device only through two queued device_memory.HostRead copies (issue 31).
 
 On CUDA any other read (.item(), float(t), bool(t), a blocking .cpu()) waits for the device's queue to drain
 and leaves the GPU idle while the host catches up; before issue 31 a step had two such waits (the stopping
@@ -20,8 +20,10 @@ from synthetic import make_private_context_scenario
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from walla.manifests.validate import build
-from walla.train import engine, wager_training
-from walla.train.engine import HostRead, SliceClip, TrainEnv, make_fabric, to_host
+from walla.train import device_memory, wager_training
+from walla.train.clipping import SliceClip
+from walla.train.device_memory import HostRead, to_host
+from walla.train.engine import TrainEnv, make_fabric
 from walla.train.methods import walla
 from walla.train.wager_training import init_heads, train_heads
 
@@ -84,11 +86,13 @@ def test_each_step_waits_on_two_host_reads_and_reads_nothing_else(monkeypatch):
     assert waits == ["mse,metric,wager,adv,payout", "clips"] * th.steps
 
 
-def test_the_loop_does_not_read_back_through_engine_to_host(monkeypatch):
+def test_the_loop_does_not_read_back_through_to_host(monkeypatch):
     """to_host waits at once; the loop must queue its copies (HostRead) and wait later."""
     data = make_private_context_scenario(n=80, m=3, k=2, h=8, seed=1)
     cfg = walla.resolve(build(walla.Config, RAW, "test"), data)
-    monkeypatch.setattr(engine, "to_host", lambda *a: pytest.fail("engine.to_host called in the loop"))
+    monkeypatch.setattr(
+        device_memory, "to_host", lambda *a: pytest.fail("device_memory.to_host called in the loop")
+    )
     th = train_heads(data, cfg, [18], TrainEnv(), [None])
     assert th.steps > 0
 

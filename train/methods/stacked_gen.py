@@ -10,7 +10,7 @@ validation early stopping (SPEC §4.3). All seeds train as ONE module (`SeedStac
 parameters [S, ...], batched matmuls): each seed keeps its own init (nn.Linear defaults drawn on the
 training device from a generator seeded with the seed, engine.init_generator: on the CPU the values of
 nn.Linear under seeded(seed)), batch order (row_batches with its seed), dropout masks (its own generator),
-clipping and early stopping (engine.clip_gradients, scope "slice": each seed's slice of each group alone),
+clipping and early stopping (clipping.clip_gradients, scope "slice": each seed's slice of each group alone),
 and Adam is elementwise, so each seed's trajectory is that of training it alone. The loop is
 fit_loop.fit_module; best states and the states handed back stay on the training device.
 The SPEC learning rates (1e-7 MMLU/MedMCQA, 5e-7 PubMedQA hetero, 5e-6 homogeneous/BayesX) are set by
@@ -25,15 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
-from walla.train.engine import (
-    TrainEnv,
-    init_device,
-    init_generator,
-    linear_init_,
-    row_batches,
-    to_device,
-    to_host,
-)
+from walla.train.device_memory import to_device, to_host
+from walla.train.engine import TrainEnv, init_device, init_generator, linear_init_, row_batches
 from walla.train.fit_loop import fit_module
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput

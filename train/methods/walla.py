@@ -7,7 +7,7 @@ Each agent's head reads only its own last-layer hidden state and learns to wager
 response to its realized advantage over the others; the training loop (all agents of all seeds as one
 batched module, exactly decentralized) is train/wager_training.py. This module is the method's surface:
 its hyper-parameters, the data-dependent ones filled in (`resolve`), seeds chunked to a memory budget
-(engine.seeds_per_chunk: a share of the free memory on CUDA, so a GPU fits every seed at once; a fixed
+(device_memory.seeds_per_chunk: a share of the free memory on CUDA, so a GPU fits every seed at once; a fixed
 host budget on the CPU), one state per seed (its tensors on the training device until saved), and
 eval-mode predictions (weights = normalized wagers, the pooled forecast, payouts and advantages).
 
@@ -25,7 +25,8 @@ import torch
 from walla.manifests.validate import check, config, to_dict
 from walla.train import mechanism
 from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration
-from walla.train.engine import TrainEnv, free_device_bytes, seeds_per_chunk
+from walla.train.device_memory import free_device_bytes, seeds_per_chunk
+from walla.train.engine import TrainEnv
 from walla.train.heads import StackedHeads, stack_hidden
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.wager_training import hidden_stats, train_heads
