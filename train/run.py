@@ -5,8 +5,8 @@
     data = assemble_scenario(plan.scenario, Path("walla-store"))  # store/scenario.py
     results = run_plan(plan, data, "runs", TrainEnv(device="cpu"))
 
-`run(cfg)` resolves the plan (a manifest, a kind built from the store, agents joining), assembles the
-scenario, then calls `run_plan` under a progress bar and prints the summary table.
+`run(cfg)` resolves the plan (train/resolve.py: a manifest, a kind built from the store, agents
+joining), assembles the scenario, then calls `run_plan` under a progress bar and prints the summary table.
 
 Read top to bottom:
     1. take the runs directory's lock for this scenario (one walla train writer at a time);
@@ -15,10 +15,11 @@ Read top to bottom:
        probabilities, and each run records them as agent_probs;
     4. per method: its run key (train/run_identity.py: config, calibration, precision, device kind, init, the
        scenario's inputs) names the directory <method>/<key-id>/, so another configuration trains beside
-       the first; the runs still to do are the seeds with no complete run there, or whose run was trained
-       from other inputs or by another schema (stale), or all with force; fit them (seeds batched where
-       the method can), predict every row of every split, write logs/, predictions.parquet and run.json
-       (last), and state.pt only for the methods named by `save_states` (--save-states).
+       the first; the runs still to do (train/pending.py) are the seeds with no complete run there, or
+       whose run was trained from other inputs or by another schema (stale), or all with force; fit them
+       (seeds batched where the method can), predict every row of every split, write logs/,
+       predictions.parquet and run.json (last), and state.pt only for the methods named by `save_states`
+       (--save-states, train/resolve.py).
 States are written only where something uses them: joining (train/join.py continues the base runs' WALLA
 heads) and the live market (market/head.py) read them; the tables need only the predictions. A demo seed's
 WALLA state is ~7 MB and a paper one's ~0.9 GB against a few hundred kB of predictions, so by default no
@@ -39,15 +40,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from filelock import FileLock, Timeout
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from walla.manifests.scenario import list_scenarios
-from walla.manifests.validate import UsageError, to_dict
+from walla.manifests.validate import to_dict
 from walla.store.location import as_location
 from walla.store.scenario import assemble_scenario
 from walla.store.scenario_data import ScenarioData
@@ -55,53 +53,18 @@ from walla.train import mechanism
 from walla.train.calibration import apply_calibration, fit_calibration
 from walla.train.config import TrainConfig
 from walla.train.engine import TrainEnv, resolve_device, resolve_precision, save_checkpoint
-from walla.train.join import initial_params, joined_plan, train_command
-from walla.train.kinds import KINDS, plan_for_kind, trained_kind
+from walla.train.join import initial_params, train_command
 from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
-from walla.train.plan import Overrides, TrainPlan, load_plan, plan_yaml, with_spec
+from walla.train.pending import keys_beside, pending_runs
+from walla.train.plan import TrainPlan, plan_yaml
+from walla.train.resolve import resolve_plan, states_to_save
 from walla.train.run_identity import inputs_id, key_id
 from walla.train.run_keys import Continued, plan_key
-from walla.train.run_layout import (
-    LOCK,
-    PREDICTIONS,
-    RUN_META,
-    STATE,
-    RunFormatError,
-    list_run_dirs,
-    run_dir,
-    scenario_dir,
-)
-from walla.train.run_reader import read_run_meta
+from walla.train.run_layout import LOCK, RUN_META, STATE, run_dir, scenario_dir
 from walla.train.run_writer import write_key_file, write_run, write_scenario_table
 
 ProgressFn = Callable[[str, str, int | None], None]  # (event, method, seed): start | done | skipped
-ALL_STATES = "all"  # --save-states all: every method of the plan
-
-
-def states_to_save(text: str | None, plan: TrainPlan) -> frozenset[str]:
-    """--save-states: the methods of `plan` whose runs write state.pt (module docstring).
-
-    `text`: None (no state), "all", or comma-separated method names or families ("walla": every WALLA
-    method of the plan). Raises ValueError naming a name that is neither.
-    """
-    if text is None:
-        return frozenset()
-    names = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not names:
-        raise UsageError("--save-states: empty list (give methods or families, or all)")
-    out: set[str] = set()
-    for name in names:
-        found = [m.name for m in plan.methods if name in (ALL_STATES, m.name, m.info.family)]
-        if not found:
-            known = sorted(
-                {ALL_STATES, *(m.name for m in plan.methods), *(m.info.family for m in plan.methods)}
-            )
-            raise UsageError(
-                f"--save-states {name!r}: not a method or family of this plan (one of {', '.join(known)})"
-            )
-        out.update(found)
-    return frozenset(out)
 
 
 class RunsLockedError(RuntimeError):
@@ -163,64 +126,6 @@ def check_data(plan: TrainPlan, data: ScenarioData) -> None:
         )
 
 
-def _pending(
-    runs: Path,
-    data: ScenarioData,
-    name: str,
-    kid: str,
-    seeds,
-    ids: dict[int, str],
-    force: bool,
-    need_state: bool = False,
-):
-    """(seeds to train, {seed: run.json} of the runs kept, notes): missing, incomplete or stale runs (inputs
-    or schema changed) of run key `kid` are trained again, or all with force; with `need_state`, so are the
-    complete runs without a state.pt."""
-    todo, kept, notes = [], {}, []
-    for s in seeds:
-        path = run_dir(runs, data.name, name, kid, s)
-        if force or not (path / RUN_META).exists():
-            todo.append(s)
-            continue
-        try:
-            meta = read_run_meta(path)
-            pq.read_metadata(path / PREDICTIONS)  # a truncated or corrupt predictions file: redo the run
-        except (RunFormatError, OSError, pa.ArrowException) as e:
-            meta = {}
-            notes.append(f"{name} seed {s}: {str(e).splitlines()[0]}; retraining")
-        if meta.get("inputs_id") == ids[s] and need_state and not (path / STATE).exists():
-            todo.append(s)
-            notes.append(f"{name} seed {s}: trained without its state; retraining to write {STATE}")
-            continue
-        if meta.get("inputs_id") == ids[s]:
-            kept[s] = meta
-            continue
-        todo.append(s)
-        if meta:
-            notes.append(f"{name} seed {s}: trained from other inputs or by another walla train; retraining")
-    return todo, kept, notes
-
-
-def _beside(runs: Path, scenario: str, method: str, kid: str) -> list[str]:
-    """Notes on the other run directories of a method: other run keys are kept beside this one (their own
-    rows in walla eval), runs of the layout before run keys are never counted."""
-    found = [d for d in list_run_dirs(runs, scenario) if d.method == method]
-    others = sorted({d.key_id for d in found if d.key_id not in (None, kid)})
-    legacy = sorted(str(d.path) for d in found if d.key_id is None)
-    notes = []
-    if others:
-        notes.append(
-            f"{method}: run key {kid}; {len(others)} other key(s) beside it ({', '.join(others)}: another "
-            "config, precision, device or init), each its own row in walla eval"
-        )
-    if legacy:
-        notes.append(
-            f"{method}: {len(legacy)} run(s) written before run keys ({legacy[0]}, ...) are never counted; "
-            "delete them once retrained"
-        )
-    return notes
-
-
 def run_plan(
     plan: TrainPlan,
     data: ScenarioData,
@@ -272,8 +177,8 @@ def run_plan(
             ids = {s: inputs_id(key, s, *([cont.base_ids[s]] if cont else [])) for s in plan.seeds}
             write_key_file(runs, data.name, key, plan.seeds, command)
             keep_state = mp.name in save_states
-            pending, kept, notes = _pending(runs, data, mp.name, kid, plan.seeds, ids, force, keep_state)
-            notes += _beside(runs, data.name, mp.name, kid)
+            pending, kept, notes = pending_runs(runs, data, mp.name, kid, plan.seeds, ids, force, keep_state)
+            notes += keys_beside(runs, data.name, mp.name, kid)
             for line in notes:
                 note(line)
             for s, meta in kept.items():
@@ -350,53 +255,6 @@ def _check_output(out: MethodOutput, data: ScenarioData, name: str) -> None:
             f"method {name!r} returned weights {out.weights.shape} / agg_probs {out.agg_probs.shape}, "
             f"expected ({n}, {m}) / ({n}, {k})"
         )
-
-
-def resolve_plan(cfg: TrainConfig, store: Path) -> tuple[TrainPlan, str | None, TrainPlan, list[int] | None]:
-    """The plan `cfg` asks for: (plan, the preset line of a kind, the base plan a join continues, join
-    origin: each joined slot's slot in the base scenario, None when nothing joins)."""
-    overrides = Overrides(
-        methods=cfg.methods, seeds=cfg.seed_values(), calibrated=cfg.calibrated, hparams=cfg.hparams()
-    )
-    preset_line = None
-    named = (
-        cfg.scenario in KINDS
-        or cfg.scenario in list_scenarios()
-        or Path(cfg.scenario).suffix in (".yaml", ".yml")
-    )
-    trained = None if named else trained_kind(cfg.scenario, cfg.runs)
-    if cfg.scenario in KINDS:
-        kind_args = dict(
-            dataset=cfg.dataset,
-            models=cfg.models,
-            model=cfg.model,
-            agents=cfg.agents,
-            irrelevant=cfg.irrelevant,
-            eval_dataset=cfg.eval_dataset,
-        )
-        plan, preset_line = plan_for_kind(cfg.scenario, store, overrides, cfg.preset, **kind_args)
-    elif trained is not None:  # a kind's scenario by the name it printed and wrote (`hetero-medmcqa`)
-        plan, preset_line = plan_for_kind(trained[0], store, overrides, cfg.preset, **trained[1])
-        if plan.spec.name != cfg.scenario:  # e.g. a joined scenario: its runs came from its base and a join
-            raise UsageError(
-                f"--scenario {cfg.scenario}: {trained[0]} over the options recorded in {cfg.runs / cfg.scenario} "
-                f"builds {plan.spec.name} now; rerun the command that trained it (its base scenario, with "
-                "--add-agent / --drop-agent)"
-            )
-    elif cfg.preset is not None:
-        raise UsageError(
-            f"--preset is for --scenario {' | '.join(KINDS)}; scenario {cfg.scenario!r} names its presets "
-            "in its include: list"
-        )
-    else:
-        plan = load_plan(cfg.scenario, overrides)
-    base_plan, origin = plan, None
-    if cfg.add_agent or cfg.drop_agent:
-        epochs = None if cfg.from_scratch else cfg.join_epochs
-        plan, origin = joined_plan(plan, list(cfg.add_agent), list(cfg.drop_agent), epochs)
-        if cfg.from_scratch:
-            plan = with_spec(plan, dataclasses.replace(plan.spec, name=f"{plan.spec.name}-scratch"))
-    return plan, preset_line, base_plan, origin
 
 
 def run(cfg: TrainConfig, console: Console | None = None) -> list[dict]:

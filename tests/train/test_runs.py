@@ -13,7 +13,8 @@ from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import Overrides, build_plan
-from walla.train.run import RunsLockedError, run_plan, runs_lock, states_to_save
+from walla.train.resolve import states_to_save
+from walla.train.run import RunsLockedError, run_plan, runs_lock
 from walla.train.run_identity import key_id, run_key
 from walla.train.run_layout import (
     PREDICTIONS,
