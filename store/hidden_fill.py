@@ -17,7 +17,7 @@ BLOCK_BYTES = 32 << 20  # hidden rows read per block and variant: large sequenti
 
 
 class PartRows(Protocol):
-    """One dataset's rows of a scenario (store/scenario.py `_Part`)."""
+    """One dataset's rows of a scenario (store/scenario_parts.py `Part`)."""
 
     fs: dict  # (model, variant) -> FeatureSet
     src: dict  # (model, variant) -> [n] row of each question in that feature set

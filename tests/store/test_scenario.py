@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 import walla.store.scenario as scenario_mod
+import walla.store.scenario_parts as parts_mod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_fixtures import build_store, make_questions, make_rows, write_feature_set
@@ -102,8 +103,8 @@ def test_homogeneous_reads_two_feature_sets(tmp_path, monkeypatch):
         tmp_path, "toy", q, {"aloe": 1}, ["none", "relevant", "irrelevant"], chunk_rows=16, prompt=True
     )
     opened = []
-    orig = scenario_mod.read_feature_set
-    monkeypatch.setattr(scenario_mod, "read_feature_set", lambda p, **kw: opened.append(p) or orig(p, **kw))
+    orig = parts_mod.read_feature_set
+    monkeypatch.setattr(parts_mod, "read_feature_set", lambda p, **kw: opened.append(p) or orig(p, **kw))
     data = scenario_mod.assemble_scenario(
         Scenario(_entry(["aloe"] * 8, "one_relevant"), {}, DATASETS), tmp_path
     )
