@@ -10,15 +10,15 @@ E_{Y~y}||p - delta_Y||^2 is `-brier_score(p, y, c1=0, c2=1)`. With a one-hot y i
 with a soft y (BayesX) it is the expected Brier 1 + sum p^2 - 2 <p, y> (SPEC §5.2). Both differ only by a
 per-question constant, so D-Regret, MRR and Kendall tau are the same under either reading.
 
-Most metrics are a mean over questions of a per-question term (`*_terms` below): the bootstrap over
-questions (bootstrap.py) re-weights those terms. AUC and ECE are not such means; they have `*_resampled`
-forms that recompute them on every resample at once; either form agrees with the plain function on the
-resampled questions (tests/evaluate/test_eval_bootstrap.py). The ECE estimators, and why the tables' ECE is
-the debiased one, are evaluate/calibration_error.py.
+Most metrics are a mean over questions of a per-question term (`*_terms` below; the registry's value is
+their mean): the bootstrap over questions (bootstrap.py) re-weights those terms. AUC and ECE are not such
+means; they have `*_resampled` forms that recompute them on every resample at once; either form agrees
+with the plain function on the resampled questions (tests/evaluate/test_eval_bootstrap.py). The AUROC
+estimators are evaluate/auroc.py; the ECE estimators, and why the tables' ECE is the debiased one,
+evaluate/calibration_error.py.
 
 Shapes: N questions, M agents, K options; a set of B resamples is given as counts [N, B] (how often
-each question is drawn in each resample; questions first, so per-question gathers and running sums
-move whole rows).
+each question is drawn in each resample).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from walla.evaluate.auroc import auc, auc_resampled, class_auc, class_auc_resampled
 from walla.evaluate.calibration_error import ece_calibrated_draws, ece_debiased, ece_debiased_resampled
 from walla.train.mechanism import brier_score, regret
 
@@ -58,75 +59,13 @@ def accuracy_terms(p_agg: np.ndarray, label: np.ndarray) -> np.ndarray:
     return (np.argmax(p_agg, axis=-1) == label).astype(np.float64)
 
 
-def accuracy(p_agg: np.ndarray, label: np.ndarray) -> float:
-    """Mean of accuracy_terms."""
-    return float(np.mean(accuracy_terms(p_agg, label)))
-
-
-def auc(p_agg: np.ndarray, label: np.ndarray) -> float:
-    """Selective-prediction AUROC: max_k p_agg as a predictor of correctness (SPEC §8, §10.9).
-
-    NaN when every prediction is correct or every one is wrong (AUROC undefined).
-    """
-    return float(auc_resampled(p_agg, label, np.ones((len(label), 1)))[0])
-
-
-def auc_resampled(p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """`auc` on each resample of counts [N, B] -> [B]."""
-    return weighted_auc(np.max(p_agg, axis=-1), np.argmax(p_agg, axis=-1) == label, counts)
-
-
-def weighted_auc(score: np.ndarray, positive: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """AUROC of score [N] for positive [N] on each resample, a question drawn c times counting c times
-    (sklearn's roc_auc_score on the resampled rows) -> [B]; NaN where a resample lacks either class.
-
-    Mann-Whitney form: sum over drawn positives of (drawn negatives scored strictly below it + half those
-    tied with it), over #positives x #negatives. The negatives are sorted by score once; a running count
-    of drawn negatives, read where each positive's score falls (left and right of ties), gives both terms
-    for every resample. Counts are integers, so numerator and denominator are exact in float64.
-    """
-    negatives = np.flatnonzero(~positive)
-    order = np.argsort(score[negatives], kind="stable")
-    ranked = score[negatives][order]  # negative scores, ascending
-    running = np.zeros((len(negatives) + 1, counts.shape[1]))  # [Nn + 1, B]
-    np.cumsum(counts[negatives[order]], axis=0, out=running[1:])  # drawn negatives among the j lowest
-    below = running[np.searchsorted(ranked, score[positive], side="left")]  # [P, B] scored < the positive
-    upto = running[np.searchsorted(ranked, score[positive], side="right")]  # [P, B] scored <= it
-    drawn = counts[positive]  # [P, B]
-    pairs = drawn.sum(0) * running[-1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(pairs > 0, 0.5 * np.einsum("pb,pb->b", drawn, below + upto) / pairs, np.nan)
-
-
-def class_auc(p_agg: np.ndarray, label: np.ndarray) -> float:
-    """Usual class AUROC for binary tasks: p_agg[:, 1] as the score of label == 1. NaN if K != 2 or one class."""
-    return float(class_auc_resampled(p_agg, label, np.ones((len(label), 1)))[0])
-
-
-def class_auc_resampled(p_agg: np.ndarray, label: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """`class_auc` on each resample of counts [N, B] -> [B]."""
-    if p_agg.shape[-1] != 2:
-        return np.full(counts.shape[1], np.nan)
-    return weighted_auc(p_agg[:, 1], label == 1, counts)
-
-
 def nll_terms(p_agg: np.ndarray, label: np.ndarray) -> np.ndarray:
     """[N] -log(p_agg[label] + 1e-10)."""
     p = np.take_along_axis(p_agg, label[:, None], axis=-1)[:, 0].astype(np.float64)
     return -np.log(p + NLL_EPS)
 
 
-def nll(p_agg: np.ndarray, label: np.ndarray) -> float:
-    """Mean of nll_terms."""
-    return float(np.mean(nll_terms(p_agg, label)))
-
-
 # ----------------------------------------------------------------------------------------- weight metrics
-
-
-def mrr(weights: np.ndarray, agent_brier: np.ndarray) -> float:
-    """Mean of mrr_terms."""
-    return float(np.mean(mrr_terms(weights, agent_brier)))
 
 
 def mrr_terms(weights: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
@@ -140,11 +79,6 @@ def mrr_terms(weights: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
     w_best = weights[np.arange(n), best][:, None]  # [N, 1]
     before = (weights > w_best) | ((weights == w_best) & (np.arange(m)[None, :] < best[:, None]))  # [N, M]
     return 1.0 / (1.0 + before.sum(-1))
-
-
-def kendall_tau(weights: np.ndarray, agent_brier: np.ndarray) -> float:
-    """Mean of kendall_tau_terms (NaN for M < 2)."""
-    return float(np.mean(kendall_tau_terms(weights, agent_brier)))
 
 
 def kendall_tau_terms(weights: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
@@ -162,20 +96,10 @@ def kendall_tau_terms(weights: np.ndarray, agent_brier: np.ndarray) -> np.ndarra
     return (dw * ds).sum(-1) / len(i)
 
 
-def inverse_hhi(weights: np.ndarray) -> float:
-    """Mean of inverse_hhi_terms."""
-    return float(np.mean(inverse_hhi_terms(weights)))
-
-
 def inverse_hhi_terms(weights: np.ndarray) -> np.ndarray:
     """[N] effective number of agents (sum w)^2 / sum w^2 (M for uniform, 1 for one-hot)."""
     w = weights.astype(np.float64)
     return w.sum(-1) ** 2 / (w * w).sum(-1)
-
-
-def dynamic_regret(p_agg: np.ndarray, probs: np.ndarray, target: np.ndarray) -> float:
-    """Mean over questions of Brier(p_agg) - min_i Brier(p_i) (unhalved; per-question best agent)."""
-    return float(np.mean(regret_terms(brier(p_agg, target), per_agent_brier(probs, target))))
 
 
 def regret_terms(agg_brier: np.ndarray, agent_brier: np.ndarray) -> np.ndarray:
@@ -198,19 +122,9 @@ def bernoulli_kld_terms(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     return t * np.log(t / p) + (1 - t) * np.log((1 - t) / (1 - p))
 
 
-def bernoulli_kld(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean of bernoulli_kld_terms."""
-    return float(np.mean(bernoulli_kld_terms(pred, target)))
-
-
 def bernoulli_tvd_terms(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     """[N] total variation |pred - target| between two Bernoulli distributions."""
     return np.abs(np.asarray(pred, np.float64) - np.asarray(target, np.float64))
-
-
-def bernoulli_tvd(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean of bernoulli_tvd_terms."""
-    return float(np.mean(bernoulli_tvd_terms(pred, target)))
 
 
 # ----------------------------------------------------------------------------------------- subsets, wagers

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
+from walla.evaluate import auroc as A
 from walla.evaluate import calibration_error as C
 from walla.evaluate import metrics as M
 
@@ -24,31 +25,31 @@ def rng():
 
 def test_accuracy_hand_case_and_tie_goes_to_lowest_option():
     p = np.array([[0.7, 0.3], [0.5, 0.5], [0.2, 0.8], [0.1, 0.9]])
-    assert M.accuracy(p, np.array([0, 0, 0, 1])) == 0.75  # the 0.5/0.5 tie predicts option 0
+    assert M.accuracy_terms(p, np.array([0, 0, 0, 1])).mean() == 0.75  # the 0.5/0.5 tie predicts option 0
 
 
 def test_auc_is_correctness_vs_confidence_auroc(rng):
     p = _rand_probs(rng, 300, 4)
     label = rng.integers(0, 4, 300)
     correct = p.argmax(-1) == label
-    assert M.auc(p, label) == pytest.approx(roc_auc_score(correct, p.max(-1)))
+    assert A.auc(p, label) == pytest.approx(roc_auc_score(correct, p.max(-1)))
     # hand case: correct confidences {0.9, 0.6}, wrong {0.7} -> 1 of 2 pairs ordered
     p = np.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]])
-    assert M.auc(p, np.array([0, 0, 0])) == 0.5
+    assert A.auc(p, np.array([0, 0, 0])) == 0.5
 
 
 def test_auc_nan_when_all_correct_or_all_wrong():
     p = np.array([[0.9, 0.1], [0.8, 0.2]])
-    assert np.isnan(M.auc(p, np.array([0, 0])))
-    assert np.isnan(M.auc(p, np.array([1, 1])))
+    assert np.isnan(A.auc(p, np.array([0, 0])))
+    assert np.isnan(A.auc(p, np.array([1, 1])))
 
 
 def test_class_auc_binary_only(rng):
     p = _rand_probs(rng, 200, 2)
     label = rng.integers(0, 2, 200)
-    assert M.class_auc(p, label) == pytest.approx(roc_auc_score(label, p[:, 1]))
-    assert np.isnan(M.class_auc(_rand_probs(rng, 10, 3), rng.integers(0, 3, 10)))
-    assert np.isnan(M.class_auc(p[:3], np.array([1, 1, 1])))
+    assert A.class_auc(p, label) == pytest.approx(roc_auc_score(label, p[:, 1]))
+    assert np.isnan(A.class_auc(_rand_probs(rng, 10, 3), rng.integers(0, 3, 10)))
+    assert np.isnan(A.class_auc(p[:3], np.array([1, 1, 1])))
 
 
 def test_confidence_bins_first_bin_closed_and_edges_close_their_bin():
@@ -125,8 +126,8 @@ def test_ece_debiased_is_clipped_at_zero_and_registered():
 def test_nll_and_brier_hand_cases():
     p = np.array([[0.8, 0.2], [0.4, 0.6]])
     label = np.array([0, 0])
-    assert M.nll(p, label) == pytest.approx(-(np.log(0.8 + 1e-10) + np.log(0.4 + 1e-10)) / 2)
-    assert M.nll(np.array([[1.0, 0.0]]), np.array([1])) == pytest.approx(-np.log(1e-10))
+    assert M.nll_terms(p, label).mean() == pytest.approx(-(np.log(0.8 + 1e-10) + np.log(0.4 + 1e-10)) / 2)
+    assert M.nll_terms(np.array([[1.0, 0.0]]), np.array([1])).mean() == pytest.approx(-np.log(1e-10))
     onehot = np.eye(2)[label]
     assert M.brier(p, onehot).tolist() == pytest.approx([0.08, 0.72])
     # soft target: expected Brier 1 + sum p^2 - 2 <p, q>
@@ -137,12 +138,13 @@ def test_nll_and_brier_hand_cases():
 
 def test_mrr_ties_stable_descending_and_lowest_best_index():
     # weights tie between agents 0 and 1; best agent is 1 -> agent 0 comes first -> rank 2
-    assert M.mrr(np.array([[0.5, 0.5, 0.0]]), np.array([[0.2, 0.1, 0.3]])) == 0.5
+    assert M.mrr_terms(np.array([[0.5, 0.5, 0.0]]), np.array([[0.2, 0.1, 0.3]])).mean() == 0.5
     # Brier tie between agents 0 and 1 -> best is 0; two agents have larger weight -> rank 3
-    assert M.mrr(np.array([[0.2, 0.5, 0.3]]), np.array([[0.1, 0.1, 0.3]])) == pytest.approx(1 / 3)
+    rr = M.mrr_terms(np.array([[0.2, 0.5, 0.3]]), np.array([[0.1, 0.1, 0.3]]))  # [N]
+    assert rr.tolist() == pytest.approx([1 / 3])
     # uniform weights: 1 / (best index + 1)
     b = np.array([[0.3, 0.1, 0.2], [0.1, 0.2, 0.3], [0.3, 0.2, 0.1]])
-    assert M.mrr(np.full((3, 3), 1 / 3), b) == pytest.approx((1 / 2 + 1 + 1 / 3) / 3)
+    assert M.mrr_terms(np.full((3, 3), 1 / 3), b).mean() == pytest.approx((1 / 2 + 1 + 1 / 3) / 3)
 
 
 def test_mrr_matches_stable_argsort(rng):
@@ -152,39 +154,41 @@ def test_mrr_matches_stable_argsort(rng):
     for wi, bi in zip(w, b, strict=True):
         order = np.argsort(-wi, kind="stable")
         ranks.append(1 / (1 + np.flatnonzero(order == np.argmin(bi))[0]))
-    assert M.mrr(w, b) == pytest.approx(np.mean(ranks))
+    assert M.mrr_terms(w, b).mean() == pytest.approx(np.mean(ranks))
 
 
 def test_kendall_tau_matches_scipy_without_ties(rng):
     w = rng.random((50, 5))
     b = rng.random((50, 5))
     expected = np.mean([stats.kendalltau(wi, -bi).statistic for wi, bi in zip(w, b, strict=True)])
-    assert M.kendall_tau(w, b) == pytest.approx(expected)
+    assert M.kendall_tau_terms(w, b).mean() == pytest.approx(expected)
 
 
 def test_kendall_tau_a_with_ties_differs_from_tau_b():
     w = np.array([[0.5, 0.5, 0.0]])
     b = np.array([[0.1, 0.2, 0.3]])  # -Brier order 0 > 1 > 2
     # pairs: (0,1) weight tie -> 0; (0,2) concordant; (1,2) concordant -> 2/3 (tau-a)
-    assert M.kendall_tau(w, b) == pytest.approx(2 / 3)
+    assert M.kendall_tau_terms(w, b).mean() == pytest.approx(2 / 3)
     assert stats.kendalltau(w[0], -b[0]).statistic == pytest.approx(2 / np.sqrt(6))  # tau-b would differ
-    assert M.kendall_tau(np.full((4, 3), 1 / 3), np.random.default_rng(0).random((4, 3))) == 0.0
-    assert M.kendall_tau(np.array([[0.1, 0.9]]), np.array([[0.2, 0.1]])) == 1.0  # larger weight, lower Brier
-    assert np.isnan(M.kendall_tau(np.ones((3, 1)), np.ones((3, 1))))
+    assert M.kendall_tau_terms(np.full((4, 3), 1 / 3), np.random.default_rng(0).random((4, 3))).mean() == 0.0
+    # larger weight, lower Brier
+    assert M.kendall_tau_terms(np.array([[0.1, 0.9]]), np.array([[0.2, 0.1]])).mean() == 1.0
+    assert np.isnan(M.kendall_tau_terms(np.ones((3, 1)), np.ones((3, 1))).mean())
 
 
 def test_dynamic_regret_hand_case_and_registry_agrees(rng):
     probs = np.array([[[0.8, 0.2], [0.4, 0.6]]])  # Brier 0.08 and 0.72
     agg = np.array([[0.6, 0.4]])  # Brier 0.32
     target = np.array([[1.0, 0.0]])
-    assert M.dynamic_regret(agg, probs, target) == pytest.approx(0.24)
+    regret = M.regret_terms(M.brier(agg, target), M.per_agent_brier(probs, target))  # [N]
+    assert regret.tolist() == pytest.approx([0.24])
     p = _rand_probs(rng, 40, 3, 4)
     w = rng.dirichlet(np.ones(3), 40)
     agg = np.einsum("nm,nmk->nk", w, p)
     label = rng.integers(0, 4, 40)
     arrays = M.EvalArrays(agg, p, w, label, np.eye(4)[label])
     assert M.compute_metrics(arrays, ["d_regret"])["d_regret"] == pytest.approx(
-        M.dynamic_regret(agg, p, np.eye(4)[label])
+        M.regret_terms(M.brier(agg, np.eye(4)[label]), M.per_agent_brier(p, np.eye(4)[label])).mean()
     )
 
 
@@ -195,8 +199,8 @@ def test_bernoulli_kld_tvd_vs_scipy():
     expected = np.mean(
         [stats.entropy([t, 1 - t], [p, 1 - p]) for p, t in zip(clip(pred), clip(target), strict=True)]
     )
-    assert M.bernoulli_kld(pred, target) == pytest.approx(expected)
-    assert M.bernoulli_tvd(pred, target) == pytest.approx((0.1 + 0.2 + 0 + 0.1) / 4)
+    assert M.bernoulli_kld_terms(pred, target).mean() == pytest.approx(expected)
+    assert M.bernoulli_tvd_terms(pred, target).mean() == pytest.approx((0.1 + 0.2 + 0 + 0.1) / 4)
 
 
 def test_kld_tvd_registry_binary_only():
@@ -211,9 +215,9 @@ def test_kld_tvd_registry_binary_only():
 
 
 def test_inverse_hhi():
-    assert M.inverse_hhi(np.full((3, 4), 0.25)) == pytest.approx(4.0)
-    assert M.inverse_hhi(np.eye(3)) == pytest.approx(1.0)
-    assert M.inverse_hhi(np.array([[0.5, 0.25, 0.25]])) == pytest.approx(1 / 0.375)
+    assert M.inverse_hhi_terms(np.full((3, 4), 0.25)).mean() == pytest.approx(4.0)
+    assert M.inverse_hhi_terms(np.eye(3)).mean() == pytest.approx(1.0)
+    assert M.inverse_hhi_terms(np.array([[0.5, 0.25, 0.25]])).mean() == pytest.approx(1 / 0.375)
 
 
 def test_hard_subset_drops_questions_every_agent_gets_right():
