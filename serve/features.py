@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 from walla.extract.backends import Backend
 from walla.extract.scoring import renormalize, resolve_option_token_ids
-from walla.store.scenario import _softmax_rows  # the store's distribution of renormalized log-probs
+from walla.store.scenario import softmax_rows  # the store's distribution of renormalized log-probs
 
 Item = tuple[str, Sequence[str]]  # (the formatted prompt, its scored option strings)
 
@@ -41,6 +41,6 @@ def score_prompts(backend: Backend, items: Sequence[Item]) -> list[tuple[np.ndar
     for i, (_, strings) in enumerate(items):
         raw = res.raw_logprobs[i, [col[tok[i][s]] for s in strings]]  # [K]
         lp = renormalize(raw).astype(np.float64)[None, :]  # [1, K], as stored (float32) then read
-        probs = _softmax_rows(lp)[0].astype(np.float32)  # [K]
+        probs = softmax_rows(lp)[0].astype(np.float32)  # [K]
         out.append((probs, np.asarray(res.hidden[i]).astype(np.float16), int(res.n_tokens[i])))
     return out

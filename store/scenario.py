@@ -52,7 +52,7 @@ def _dense(col: pl.Series, k: np.ndarray, width: int, fill: float) -> np.ndarray
     return out
 
 
-def _softmax_rows(lp: np.ndarray) -> np.ndarray:
+def softmax_rows(lp: np.ndarray) -> np.ndarray:
     """Option distribution from renormalized log-probs [n, K] (-inf on absent options)."""
     e = np.exp(lp - lp.max(axis=1, keepdims=True))  # [n, K]
     return e / e.sum(axis=1, keepdims=True)
@@ -141,7 +141,7 @@ def _agent_arrays(parts: list[Part], agents: tuple[str, ...], variant: np.ndarra
         for (model, v), f in p.fs.items():
             s_idx = p.src[(model, v)]
             k_f = f.rows["n_options"].to_numpy().astype(np.int64)
-            dist = _softmax_rows(_dense(f.rows["option_logprobs"], k_f, k, -np.inf))[s_idx]  # [n_p, K]
+            dist = softmax_rows(_dense(f.rows["option_logprobs"], k_f, k, -np.inf))[s_idx]  # [n_p, K]
             nll = f.rows["prompt_nll"].to_numpy()[s_idx]  # [n_p]
             text = np.array(f.rows["prompt"].to_list(), dtype=object)[s_idx] if with_prompts else None
             ntok = (

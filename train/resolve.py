@@ -73,7 +73,7 @@ def states_to_save(text: str | None, plan: TrainPlan) -> frozenset[str]:
     """--save-states: the methods of `plan` whose runs write state.pt (train/run.py says which use them).
 
     `text`: None (no state), "all", or comma-separated method names or families ("walla": every WALLA
-    method of the plan). Raises ValueError naming a name that is neither.
+    method of the plan). Raises UsageError naming a name that is neither.
     """
     if text is None:
         return frozenset()
