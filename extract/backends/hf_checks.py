@@ -6,7 +6,7 @@
   versions; a failure is never cached;
 - the GEMM row-invariance probe of batch-invariant scoring (hf_packed.linear_rows_invariant: the decoder's
   linear layers up to 8,192 rows, the LM head up to the rows of its calls, HFBackend.head_rows: 682 for
-  SmolLM2, 128 for Gemma-3's 262k vocabulary, whose head was 80% of both probes' cost at a fixed 1,024)
+  SmolLM2, 128 for Gemma-3's 262k vocabulary, whose head was ~80% of both probes' cost at a fixed 1,024)
   depends on the kernels only: cached per machine (the dtype probe's machine key), dtype, layer shapes and
   classes, and row counts;
 - the packed-forward probe (probe_packed: random prompts alone, in two mixes and after a cached prefix, one

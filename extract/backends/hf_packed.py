@@ -18,8 +18,9 @@ a prompt computes depends on its batch mates:
   alone, and no prefix is cached;
 - norms, RoPE, activations and residuals are per token;
 - the LM head runs over the pack's last rows (option log-probs) and, chunked, over all its positions (prompt
-  NLL), in calls of at most `lm_head.chunk_rows` rows (the probe's range) and never fewer than `min_rows`; a prompt's NLL is the correctly rounded sum of its token
-  NLLs (math.fsum), so it does not depend on where its positions fell;
+  NLL), in calls of at most `lm_head.chunk_rows` rows (the probe's range) and never fewer than `min_rows`;
+  a prompt's NLL is the correctly rounded sum of its token NLLs (math.fsum), so it does not depend on where
+  its positions fell;
 - the decoder's linear layers are ONE GEMM over the T packed tokens. Whether a GEMM row is the same number
   whatever the other rows are is a property of the kernel, not of the math: on the development CPU
   (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M tried; MKL's fp32 GEMMs
