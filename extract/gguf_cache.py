@@ -13,7 +13,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -22,14 +21,11 @@ import gguf
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
+from walla.extract.user_cache import cache_root  # noqa: F401 (re-exported: its callers import it from here)
 
 log = logging.getLogger(__name__)
 
 DONE_MARKER = "walla-converted.json"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("WALLA_CACHE", Path.home() / ".cache" / "walla"))
 
 
 @contextlib.contextmanager

@@ -432,8 +432,8 @@ class HFBackend:
         KV cache, hidden states and token NLLs were computed once (run_prefix_packed): the same bits as without.
 
         One attention call per layer over all prompts (`blocked_attention`) where the probe verified it, else one
-        per prompt; the LM head is one GEMM over the prompts' last rows, and one chunked pass over all their
-        positions for the NLL (never fewer rows than `min_rows`); a prompt's NLL is the correctly rounded sum of
+        per prompt; the LM head runs over the prompts' last rows, and a chunked pass over all their positions for
+        the NLL, at most `head_rows()` and never fewer than `min_rows` rows a call; a prompt's NLL is the correctly rounded sum of
         its token NLLs (math.fsum: the same number whichever positions the prefix held).
         """
         if self.fixed_shapes and prefix is None:  # the fixed-shape path (CUDA): its own stream and attention
@@ -476,12 +476,18 @@ class HFBackend:
             np.array([p + len(x) for x in seqs], dtype=np.int32),
         )
 
+    def head_rows(self) -> int:
+        """Rows of each LM-head call of batch-invariant scoring (NLL chunks and option rows alike): the head's
+        row-invariance probe runs up to this many (hf_checks.rows_invariant)."""
+        return lm_head.chunk_rows(int(self.head.weight.shape[0]), self.chunk_elems, self.vocab_chunk)
+
     def _option_rows(self, h_last: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """Option log-probs of batch-invariant scoring: [n, d] -> [n, U]; the head GEMM as the probe ran it,
-        on at least `min_rows` rows and at most lm_head.HEAD_ROWS per call."""
+        on at least `min_rows` rows and at most `head_rows()` per call (as many as an NLL chunk: the probe then
+        covers every row count the head runs with)."""
         w, b = self.head.weight, getattr(self.head, "bias", None)
         parts = []
-        for hc in h_last.split(lm_head.HEAD_ROWS):
+        for hc in h_last.split(self.head_rows()):
             real = hc.shape[0]
             if real < self.min_rows:
                 hc = torch.cat([hc, hc[:1].expand(self.min_rows - real, -1)])
@@ -579,7 +585,9 @@ class HFBackend:
             self.rows_invariant, self.invariance_why = hf_fixed_probe.fixed_invariant(self)
             log.info("batch-invariant scoring: %s", self.invariance_why)
             return self.invariance_why
-        self.rows_invariant, min_rows, why = hf_checks.rows_invariant(self.model, max(self.batch_tokens, 2))
+        self.rows_invariant, min_rows, why = hf_checks.rows_invariant(
+            self.model, max(self.batch_tokens, 2), head_rows=self.head_rows(), vocab_chunk=self.vocab_chunk
+        )
         # never fewer than 2: a 1-token stream changed a prompt's bits on the development CPU (bf16, SmolLM2)
         # although the linear probe passed at M = 1; the packed probe below checks the result either way
         self.min_rows = max(2, min_rows)

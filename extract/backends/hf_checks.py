@@ -4,9 +4,11 @@
   architecture, the weights, the dtype and the library versions, so a pass is cached per model identity
   (the fingerprint's: GGUF sha256, hub commit, local file hash), dtype, device kind, forward path and
   versions; a failure is never cached;
-- the GEMM row-invariance probe of batch-invariant scoring (hf_packed.linear_rows_invariant, ~3 s on the
-  2-core CPU for SmolLM2 at 8,192 rows, plus the LM head at 1,024) depends on the kernels only: cached per
-  machine (the dtype probe's machine key), dtype, layer shapes and classes, and row count;
+- the GEMM row-invariance probe of batch-invariant scoring (hf_packed.linear_rows_invariant: the decoder's
+  linear layers up to 8,192 rows, the LM head up to the rows of its calls, HFBackend.head_rows: 682 for
+  SmolLM2, 128 for Gemma-3's 262k vocabulary, whose head was ~80% of both probes' cost at a fixed 1,024)
+  depends on the kernels only: cached per machine (the dtype probe's machine key), dtype, layer shapes and
+  classes, and row counts;
 - the packed-forward probe (probe_packed: random prompts alone, in two mixes and after a cached prefix, one
   attention call per layer, bit for bit) depends on the kernels and the model's shape: cached per machine,
   dtype, model class and attention shape, minimum rows and versions.
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import transformers
 from walla.extract import dtype_probe
-from walla.extract.backends import hf_packed
+from walla.extract.backends import hf_packed, lm_head
 from walla.extract.gguf_cache import cache_root
 from walla.store import atomic
 from walla.store.fingerprint import canonical
@@ -83,27 +85,39 @@ def self_check_once(backend, model_identity: dict, root: Path | None = None) -> 
     return False
 
 
-def rows_invariant(model, max_rows: int, root: Path | None = None) -> tuple[bool, int, str]:
+def rows_invariant(
+    model,
+    max_rows: int,
+    root: Path | None = None,
+    head_rows: int | None = None,
+    vocab_chunk: int = lm_head.VOCAB_CHUNK,
+) -> tuple[bool, int, str]:
     """hf_packed.linear_rows_invariant -> (invariant, min_rows, why), measured once per machine, dtype, layer
-    shapes and row count."""
+    shapes and row counts (the stream's `max_rows`, the LM head's calls' `head_rows`: HFBackend.head_rows)."""
     w = next(model.parameters())
+    head = model.get_output_embeddings()
+    if head_rows is None and head is not None:
+        head_rows = lm_head.chunk_rows(int(head.weight.shape[0]), vocab_chunk=vocab_chunk)
     linears = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     key = {
         "machine": dtype_probe.machine_key(str(w.device)),
         "dtype": str(w.dtype),
         "shapes": sorted({(m.in_features, m.out_features) for m in linears}),
-        "head": list(model.get_output_embeddings().weight.shape),
+        "head": list(head.weight.shape) if head is not None else None,
         "classes": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in linears}),
         "max_rows": int(max_rows),
         "rows": list(hf_packed.PROBE_ROWS),
-        "head_rows": hf_packed.HEAD_PROBE_ROWS,
+        "head_rows": head_rows,
+        "vocab_chunk": vocab_chunk,
         "torch": torch.__version__,
     }
     path = _path("rows", key, root)
     hit = _read(path)
     if hit is not None and isinstance(hit.get("invariant"), bool) and isinstance(hit.get("min_rows"), int):
         return hit["invariant"], hit["min_rows"], f"{hit.get('why', '')} (cached in {path})"
-    ok, min_rows, why = hf_packed.linear_rows_invariant(model, max_rows)
+    ok, min_rows, why = hf_packed.linear_rows_invariant(
+        model, max_rows, head_rows=head_rows, vocab_chunk=vocab_chunk
+    )
     _write(path, {"invariant": ok, "min_rows": min_rows, "why": why})
     return ok, min_rows, why
 
@@ -113,6 +127,11 @@ PROBE_LENGTHS = (1, 3, 17, 40, 63, 64, 65, 130)
 PROBE_PREFIX = (
     100  # tokens of the probe's shared prefix: one whole key block (run once for all prompts) and part of one
 )
+# prompts of PROBE_LENGTHS the cached-prefix check also scores with the prefix as their own tokens (each a
+# 100+ token forward through the LM head): after the 100-token prefix, which ends inside key block 1 (64-127),
+# one stays in that block, one crosses into block 2 and one into block 3 (the cases of blocked_attention's
+# per-prompt key blocks after a partly cached block); all eight still run after the cached prefix, in one pack
+PREFIX_CHECK_LENGTHS = (1, 40, 130)
 MIN_PROBE_LAYERS = 2  # decoder layers the packed probe runs at least (probe_depth)
 
 
@@ -157,6 +176,7 @@ def packed_invariant(backend, root: Path | None = None) -> tuple[bool, str]:
         "attention_version": hf_packed.ATTENTION_VERSION,
         "lengths": list(PROBE_LENGTHS),
         "prefix": PROBE_PREFIX,
+        "prefix_check": list(PREFIX_CHECK_LENGTHS),
         "layers": probe_depth(backend),
     }
     return cached_probe("packed", key, root, lambda: probe_packed(backend))
@@ -216,9 +236,10 @@ def first_layers(backend, depth: int) -> Iterator[set[int]]:
 @torch.inference_mode()
 def probe_packed(backend) -> tuple[bool, str]:
     """Random prompts (PROBE_LENGTHS tokens) scored alone, packed together, packed in reverse among another,
-    and after a cached shared prefix vs with the prefix as their own tokens, all with one attention call per
-    layer: every output (option log-probs, hidden state, NLL) must be the same bits, through the decoder's first
-    `probe_depth` layers (its docstring: why that is as strong as all of them). Returns (ok, why)."""
+    and after a cached shared prefix (those of PREFIX_CHECK_LENGTHS vs with the prefix as their own tokens),
+    all with one attention call per layer: every output (option log-probs, hidden state, NLL) must be the same
+    bits, through the decoder's first `probe_depth` layers (its docstring: why that is as strong as all of
+    them). Returns (ok, why)."""
     total = backend.decoder.config.num_hidden_layers
     with first_layers(backend, probe_depth(backend)) as ran:
         ok, why = _probe_packed(backend)
@@ -241,7 +262,8 @@ def _probe_packed(backend) -> tuple[bool, str]:
         window = backend.sliding_window  # a cache of a sliding-window layer keeps the window only: no prefix
         longest = PROBE_PREFIX + max(PROBE_LENGTHS)
         cache_ok = not (window and longest > window)
-        full = [backend.forward_packed([pre + s], cand) for s in prompts] if cache_ok else []
+        check = [i for i, n in enumerate(PROBE_LENGTHS) if n in PREFIX_CHECK_LENGTHS] if cache_ok else []
+        full = {i: backend.forward_packed([pre + prompts[i]], cand) for i in check}
         cached = backend.forward_packed(prompts, cand, backend.run_prefix_packed(pre)) if cache_ok else None
     finally:
         backend.attention_batched = before
@@ -254,12 +276,13 @@ def _probe_packed(backend) -> tuple[bool, str]:
         for i, (a, b) in enumerate(zip(alone, got, strict=True)):
             if not all(np.array_equal(x[0], y) for x, y in zip(a, b, strict=True)):
                 return False, _failed(name, PROBE_LENGTHS[i], backend)
-    for i, f in enumerate(full):
+    for i, f in full.items():
         if not all(np.array_equal(x[0], y[i]) for x, y in zip(f, cached, strict=True)):
             return False, _failed(f"after a cached {PROBE_PREFIX}-token prefix", PROBE_LENGTHS[i], backend)
     return True, (
         f"one attention call per layer: prompts of {', '.join(map(str, PROBE_LENGTHS))} tokens gave the same bits "
-        f"alone, in two mixes and after a cached prefix ({backend.dtype}, {backend.device.type})"
+        f"alone and in two mixes, and those of {', '.join(map(str, PREFIX_CHECK_LENGTHS))} after a cached prefix "
+        f"({backend.dtype}, {backend.device.type})"
     )
 
 

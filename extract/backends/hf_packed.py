@@ -17,9 +17,10 @@ a prompt computes depends on its batch mates:
   prompt's q/k/v slice through the model's own attention function (SDPA or eager) with exactly its shapes
   alone, and no prefix is cached;
 - norms, RoPE, activations and residuals are per token;
-- the LM head runs once over the pack's last rows (option log-probs) and once, chunked, over all its positions
-  (prompt NLL), never on fewer than `min_rows` rows; a prompt's NLL is the correctly rounded sum of its token
-  NLLs (math.fsum), so it does not depend on where its positions fell;
+- the LM head runs over the pack's last rows (option log-probs) and, chunked, over all its positions (prompt
+  NLL), in calls of at most `lm_head.chunk_rows` rows (the probe's range) and never fewer than `min_rows`;
+  a prompt's NLL is the correctly rounded sum of its token NLLs (math.fsum), so it does not depend on where
+  its positions fell;
 - the decoder's linear layers are ONE GEMM over the T packed tokens. Whether a GEMM row is the same number
   whatever the other rows are is a property of the kernel, not of the math: on the development CPU
   (AVX512-bf16, torch 2.13, oneDNN) bf16 GEMMs gave bit-identical rows for every M tried; MKL's fp32 GEMMs
@@ -350,13 +351,15 @@ def plan_packs(lengths: Sequence[int], batch_tokens: int, max_rows: int | None =
 
 
 MAX_MIN_ROWS = 16  # a GEMM whose rows agree only from more rows than this is treated as not row-invariant
-HEAD_PROBE_ROWS = 1024  # rows of the LM head's probe GEMM (option rows per call, NLL rows per chunk)
 
 
-def probed_linears(model) -> dict[tuple[int, int], tuple[Callable, torch.Tensor, bool]]:
+def probed_linears(
+    model, vocab_chunk: int = lm_head.VOCAB_CHUNK
+) -> dict[tuple, tuple[Callable, torch.Tensor, bool]]:
     """(how the forward runs it, weight, is the LM head) of one decoder linear layer per distinct (in, out)
-    shape, and of the LM head as the scoring paths apply it (lm_head.logits: `h @ w.T`)."""
-    layers: dict[tuple[int, int], tuple[Callable, torch.Tensor, bool]] = {}
+    shape, and of the LM head as the scoring paths apply it (lm_head.logits: `h @ w.T`; for a vocabulary
+    larger than `vocab_chunk`, token_nll's slices of `vocab_chunk` rows too)."""
+    layers: dict[tuple, tuple[Callable, torch.Tensor, bool]] = {}
     for m in model.get_decoder().modules():
         if isinstance(m, torch.nn.Linear):
             layers.setdefault((m.in_features, m.out_features), (m, m.weight, False))
@@ -364,44 +367,67 @@ def probed_linears(model) -> dict[tuple[int, int], tuple[Callable, torch.Tensor,
     if head is not None:
         w, b = head.weight, getattr(head, "bias", None)
         layers[(w.shape[1], w.shape[0], "head")] = (lambda x: lm_head.logits(x, w, b), w, True)
+        if w.shape[0] > vocab_chunk:
+            ws, bs = w[:vocab_chunk], None if b is None else b[:vocab_chunk]
+            layers[(w.shape[1], vocab_chunk, "head slice")] = (lambda x: lm_head.logits(x, ws, bs), ws, True)
     return layers
 
 
+def probe_windows(rows: Sequence[int], top: int) -> list[tuple[int, int]]:
+    """(start, M) of the windows of a `top`-row probe GEMM that linear_rows_invariant compares, largest M first:
+    every M of `rows` below `top` at the end of X (rows that sit at another offset of the full GEMM's blocking,
+    unaligned for most M), and those below MAX_MIN_ROWS + 1 at the start too (at offset 0 of both GEMMs: where
+    kernels switch strategies, GEMV and small-M paths, each M is cheap). One window per larger M halves the
+    probe's cost (the LM head's rows dominate it: Gemma-3's 262k vocabulary) and still runs each M."""
+    ms = sorted({r for r in rows if r < top}, reverse=True)
+    return [(s, m) for m in ms for s in ((0, top - m) if m <= MAX_MIN_ROWS else (top - m,))]
+
+
 @torch.inference_mode()
-def linear_rows_invariant(model, max_rows: int, rows: Sequence[int] = PROBE_ROWS) -> tuple[bool, int, str]:
+def linear_rows_invariant(
+    model,
+    max_rows: int,
+    rows: Sequence[int] = PROBE_ROWS,
+    head_rows: int | None = None,
+    vocab_chunk: int = lm_head.VOCAB_CHUNK,
+) -> tuple[bool, int, str]:
     """Does each of the model's linear layers (decoder and LM head) give a row the same bits whatever the other
     rows are, from some small row count on?
 
     Per distinct (in, out) shape, with that layer's weights, run as the forward runs it: random rows
-    X [max_rows, in] (at most HEAD_PROBE_ROWS for the LM head, whose calls are that small); every window of
-    M rows (M in `rows`, at the start and at the end of X) is compared with the same rows of the full GEMM,
-    bit for bit. A sample of M, not a proof for every M: it covers small M, where kernels switch strategies
-    (M = 1 is a GEMV; MKL's float32 kernels change again at a few rows). Returns (invariant, min_rows: the
-    smallest M from which every tested M agrees, one line saying what was checked or where it failed).
+    X [top, in], top = the most rows a call of it has: `max_rows` (a packed stream's tokens) for the decoder's,
+    `head_rows` (default: lm_head.chunk_rows of the CPU constants) for the LM head, whose calls are that small
+    (NLL chunks and option rows alike; at least MAX_MIN_ROWS + 1). Each window of M rows (probe_windows: M in
+    `rows`) is compared with the same rows of the full GEMM, bit for bit. A sample of M, not a proof for every
+    M: it covers small M, where kernels switch strategies (M = 1 is a GEMV; MKL's float32 kernels change again
+    at a few rows), and each side of the usual block sizes. Returns (invariant, min_rows: the smallest M from
+    which every tested M agrees, one line saying what was checked or where it failed).
     """
     gen = torch.Generator().manual_seed(0)
     min_rows, checked = 1, []
-    for shape, (run, w, is_head) in probed_linears(model).items():
+    for shape, (run, w, is_head) in probed_linears(model, vocab_chunk).items():
         k, n = shape[0], shape[1]
-        top = min(max_rows, HEAD_PROBE_ROWS) if is_head else max_rows
+        head_top = head_rows if head_rows is not None else lm_head.chunk_rows(n, vocab_chunk=vocab_chunk)
+        top = min(max_rows, max(head_top, MAX_MIN_ROWS + 1)) if is_head else max_rows
         x = torch.randn(top, k, generator=gen).to(device=w.device, dtype=w.dtype)
         full = run(x)
-        for m in sorted(
-            {r for r in rows if r < top}, reverse=True
-        ):  # largest first: stop at the first failure
-            if not all(torch.equal(run(x[s : s + m]), full[s : s + m]) for s in (0, top - m)):
-                min_rows = max(min_rows, m + 1)
-                if min_rows > MAX_MIN_ROWS:
-                    return (
-                        False,
-                        min_rows,
-                        (
-                            f"the {k}x{n} {'LM head' if is_head else 'linear layer'}'s rows differ between a {m}-row "
-                            f"and a {top}-row GEMM ({w.dtype}, {w.device}): each prompt runs alone"
-                        ),
-                    )
-                break
-        checked.append(f"{k}x{n}{' (LM head)' if is_head else ''}")
+        failed = next(  # largest M first: the first failure is the largest M that fails
+            (m for s, m in probe_windows(rows, top) if not torch.equal(run(x[s : s + m]), full[s : s + m])),
+            None,
+        )
+        if failed is not None:
+            min_rows = max(min_rows, failed + 1)
+            if min_rows > MAX_MIN_ROWS:
+                what = "LM head" if is_head else "linear layer"
+                return (
+                    False,
+                    min_rows,
+                    (
+                        f"the {k}x{n} {what}'s rows differ between a {failed}-row and a {top}-row GEMM ({w.dtype}, "
+                        f"{w.device}): each prompt runs alone"
+                    ),
+                )
+        checked.append(f"{k}x{n}{f' ({shape[2]}, up to {top} rows)' if is_head else ''}")
     return (
         True,
         min_rows,

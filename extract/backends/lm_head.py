@@ -12,12 +12,20 @@ CHUNK_ELEMS = 1 << 25
 # on CUDA: 4x larger chunks (256 MiB of bf16 logits): the head GEMM gets >= 1,000 rows even for a 128k
 # vocabulary, and the chunk loop runs fewer, larger kernels
 CHUNK_ELEMS_CUDA = 1 << 27
-# prompts whose last-position logits ([rows, V] float32) are computed at once: bounds that buffer when a
-# batch holds many short prompts (extract/sizing.py counts it as a fixed cost)
+# prompts whose last-position logits ([rows, V] float32) are computed at once on padded batches: bounds that
+# buffer when a batch holds many short prompts (extract/sizing.py counts it as a fixed cost); batch-invariant
+# scoring runs its option rows `chunk_rows` at a time instead, the row counts its NLL chunks have
 HEAD_ROWS = 1024
 # vocabulary rows per NLL chunk: the whole vocabulary of today's models, so each token chunk is ONE logsumexp
 # pass (measured 2x faster on CPU than 4096-row slices with a running logaddexp, which stays for smaller values)
 VOCAB_CHUNK = 1 << 18
+
+
+def chunk_rows(n_vocab: int, chunk_elems: int = CHUNK_ELEMS, vocab_chunk: int = VOCAB_CHUNK) -> int:
+    """Rows of each LM-head call of batch-invariant scoring (an NLL chunk of `token_nll`, the option rows of
+    a pack): a [rows, vocabulary slice] chunk holds about `chunk_elems` logits (Gemma-3's 262k vocabulary:
+    128 rows on a CPU, SmolLM2's 49k: 682). hf_packed.linear_rows_invariant probes the head up to these rows."""
+    return max(1, chunk_elems // min(n_vocab, vocab_chunk))
 
 
 def cap(z: torch.Tensor, softcap: float | None) -> torch.Tensor:
@@ -54,7 +62,7 @@ def token_nll(
     """
     n_vocab = w.shape[0]
     vc = min(n_vocab, vocab_chunk)
-    tc = max(1, min_rows, chunk_elems // vc)
+    tc = max(min_rows, chunk_rows(n_vocab, chunk_elems, vocab_chunk))
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     for t0 in range(0, h.shape[0], tc):
         hc, tg = h[t0 : t0 + tc], targets[t0 : t0 + tc]  # [tc, d], [tc]

@@ -40,7 +40,9 @@ def test_invariance_probes_have_their_own_seconds_on_the_load_line(local_tiny, m
     assert first.batch_invariant and first.rows_invariant is not None
     assert list(first.load_times) == ["dtype", "tokenizer", "weights", "invariance probes", "self-check"]
     probed = {"rows": 0, "packed": 0}
-    monkeypatch.setattr(hf_packed, "linear_rows_invariant", lambda *a: probed.update(rows=1) or (True, 1, ""))
+    monkeypatch.setattr(
+        hf_packed, "linear_rows_invariant", lambda *a, **k: probed.update(rows=1) or (True, 1, "")
+    )
     monkeypatch.setattr(hf_checks, "probe_packed", lambda *a: probed.update(packed=1) or (True, ""))
     second = load_hf_backend(local_tiny, dtype="bfloat16", device="cpu", batch_tokens=64)
     assert probed == {"rows": 0, "packed": 0}  # both read from $WALLA_CACHE/hf-checks
@@ -65,9 +67,9 @@ def test_row_invariance_probe_is_cached_per_machine_and_shapes(tmp_path, monkeyp
     calls = []
     orig = hf_packed.linear_rows_invariant
 
-    def counted(m, rows):
+    def counted(m, rows, **kw):
         calls.append(rows)
-        return orig(m, rows)
+        return orig(m, rows, **kw)
 
     monkeypatch.setattr(hf_packed, "linear_rows_invariant", counted)
     ok, min_rows, why = hf_checks.rows_invariant(model, 120, tmp_path)
@@ -76,7 +78,8 @@ def test_row_invariance_probe_is_cached_per_machine_and_shapes(tmp_path, monkeyp
     assert why2 == f"{why} (cached in {next(tmp_path.glob('rows-*.json'))})"
     hf_checks.rows_invariant(model, 64, tmp_path)  # another row count: measured
     hf_checks.rows_invariant(model.float(), 120, tmp_path)  # another dtype: measured
-    assert calls == [120, 64, 120]
+    hf_checks.rows_invariant(model, 120, tmp_path, head_rows=40)  # LM-head calls of another size: measured
+    assert calls == [120, 64, 120, 120]
 
 
 def test_weights_load_on_the_cpu_without_device_map(local_tiny, monkeypatch):
@@ -125,3 +128,21 @@ def test_probe_depth_covers_every_layer_type():
     assert depth(num_hidden_layers=18, layer_types=gemma3) == 6
     assert depth(num_hidden_layers=30, layer_types=["full_attention"] * 30) == 2
     assert depth(num_hidden_layers=30) == 2 and depth(num_hidden_layers=1) == 1
+
+
+def test_the_packed_probe_still_catches_attention_that_a_cached_prefix_changes(monkeypatch):
+    """The cached-prefix check scores PREFIX_CHECK_LENGTHS' prompts with the prefix as their own tokens too: a
+    blocked attention whose numbers move when keys come from a cached prefix fails it."""
+    tok = tiny_tokenizer()
+    be = HFBackend(tiny_model(len(tok), seed=3).to(torch.bfloat16), tok, batch_tokens=400, fixed_shapes=False)
+    be.min_rows = 2
+    assert hf_checks.probe_packed(be)[0]
+    orig = hf_packed.blocked_attention
+
+    def moved_by_a_prefix(query, key, value, lengths, prefix=0, *args):
+        out = orig(query, key, value, lengths, prefix, *args)
+        return out * 1.01 if prefix else out
+
+    monkeypatch.setattr(hf_packed, "blocked_attention", moved_by_a_prefix)
+    ok, why = hf_checks.probe_packed(be)
+    assert not ok and f"after a cached {hf_checks.PROBE_PREFIX}-token prefix" in why, why

@@ -12,7 +12,7 @@ import torch
 from test_hf_backend import PROMPTS, naive
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
-from walla.extract.backends import hf_packed
+from walla.extract.backends import hf_packed, lm_head
 from walla.extract.backends.hf import INVARIANT_SCORING, MIN_PREFIX, HFBackend, hf_identity, load_hf_backend
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
@@ -322,6 +322,57 @@ def test_gemms_invariant_from_a_few_rows_on_get_streams_padded_to_that_many(tok,
     assert_same_bits(together, alone)
     ids, pos, lengths = hf_packed.pack_inputs([[7, 8]], be.pad_id, min_rows=9)
     assert ids.shape == (1, 9) and lengths == [2, 7] and pos.tolist() == [[0, 1, *range(7)]]
+
+
+def kernel_for_rows(monkeypatch, rows: int, vocab: int | None = None) -> list[int]:
+    """lm_head.logits as a kernel picked for calls of exactly `rows` rows (of `vocab` outputs: any when None),
+    whose rows then round otherwise; returns the row counts of its calls."""
+    orig, seen = lm_head.logits, []
+
+    def logits(h, w, b=None):
+        seen.append(h.shape[0])
+        return orig(h, w, b) + 0.25 * (h.shape[0] == rows and vocab in (None, w.shape[0]))
+
+    monkeypatch.setattr(lm_head, "logits", logits)
+    return seen
+
+
+def test_the_head_probe_runs_the_row_count_the_heads_calls_have_and_catches_a_kernel_picked_for_it(
+    tok, monkeypatch
+):
+    """The LM head runs NLL chunks and option rows of HFBackend.head_rows() rows (here 40: chunk_elems over
+    the vocabulary), and its probe's reference GEMM has exactly that many: a head kernel whose rows round
+    otherwise only at that count fails it (a fixed 1,024-row reference never ran SmolLM2's 682-row chunks)."""
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    be = HFBackend(model, tok, batch_tokens=400, chunk_elems=40 * len(tok))
+    assert be.head_rows() == 40
+    ok, _, why = hf_packed.linear_rows_invariant(model, 400, head_rows=be.head_rows())
+    assert ok and "(head, up to 40 rows)" in why, why
+    kernel_for_rows(monkeypatch, 40)
+    ok, min_rows, why = hf_packed.linear_rows_invariant(model, 400, head_rows=be.head_rows())
+    assert not ok and min_rows > hf_packed.MAX_MIN_ROWS and "LM head's rows differ" in why, why
+    # token_nll's vocabulary slices are probed as they run too (a vocabulary larger than vocab_chunk)
+    monkeypatch.undo()
+    kernel_for_rows(monkeypatch, 40, vocab=16)
+    ok, _, why = hf_packed.linear_rows_invariant(model, 400, head_rows=40, vocab_chunk=16)
+    assert not ok and "32x16 LM head" in why, why
+
+
+def test_invariant_scoring_calls_the_head_with_head_rows_rows_at_most_and_keeps_the_bits(
+    tok, tmp_path, monkeypatch
+):
+    """Option rows go through the head head_rows() at a time, as NLL chunks do (the probe's range); the
+    bits are those of any other mix."""
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
+    model = tiny_model(len(tok)).to(torch.bfloat16)
+    be = HFBackend(model, tok, batch_tokens=2000, chunk_elems=3 * len(tok))
+    assert be.head_rows() == 3
+    be.settle_invariance()  # the probe's own calls run up to max(head_rows, MAX_MIN_ROWS + 1) rows
+    seen = kernel_for_rows(monkeypatch, -1)  # no row count picks another kernel: counts the calls only
+    together, mixed, alone = mixes(be, PROMPTS)
+    assert be.rows_invariant and max(seen) == max(3, be.min_rows), seen
+    assert_same_bits(together, mixed)
+    assert_same_bits(together, alone)
 
 
 def test_plan_packs_covers_every_prompt_once_within_the_budget():

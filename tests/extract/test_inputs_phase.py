@@ -31,8 +31,8 @@ except Settling:
 """
 
 
-def test_the_inputs_phase_imports_no_scoring_module(tmp_path):
-    model = save_tiny_checkpoint(tmp_path / "tiny")
+def imported_by_the_inputs_phase(tmp_path, model) -> list[str]:
+    """(transformers, the hf scoring) imported by the time the backend settles: 'True'/'False' each."""
     env = {**os.environ, "WALLA_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(model), str(tmp_path / "store")],
@@ -42,4 +42,18 @@ def test_the_inputs_phase_imports_no_scoring_module(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["False", "False"], proc.stdout  # neither transformers nor the hf scoring
+    return proc.stdout.split()
+
+
+def test_the_inputs_phase_imports_no_scoring_module(tmp_path):
+    model = save_tiny_checkpoint(tmp_path / "tiny")
+    got = imported_by_the_inputs_phase(tmp_path, model)
+    assert got == ["False", "False"], got  # neither transformers nor the hf scoring
+
+
+def test_a_gguf_models_digest_imports_no_transformers(tmp_path):
+    """A GGUF file's sha256 (its identity, hashed or read from the memo under $WALLA_CACHE) needs the cache
+    folder only: the embedded models' inputs phase imported transformers for it (via gguf_cache, 1.5-3 s)."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"a" * 1000)  # the inputs phase hashes the file; nothing parses it
+    assert imported_by_the_inputs_phase(tmp_path, model) == ["False", "False"]

