@@ -433,8 +433,8 @@ class HFBackend:
 
         One attention call per layer over all prompts (`blocked_attention`) where the probe verified it, else one
         per prompt; the LM head runs over the prompts' last rows, and a chunked pass over all their positions for
-        the NLL, at most `head_rows()` and never fewer than `min_rows` rows a call; a prompt's NLL is the correctly rounded sum of
-        its token NLLs (math.fsum: the same number whichever positions the prefix held).
+        the NLL, at most `head_rows()` and never fewer than `min_rows` rows a call; a prompt's NLL is the correctly
+        rounded sum of its token NLLs (math.fsum: the same number whichever positions the prefix held).
         """
         if self.fixed_shapes and prefix is None:  # the fixed-shape path (CUDA): its own stream and attention
             return hf_fixed.forward(self, seqs, cand)
