@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/extract_invariance.py --model gemma3-270m --repeat 3
     .venv/bin/python benchmarks/extract_invariance.py --dataset facts --size 400 --device cuda
 
-Loads the model once (as walla-extract does: extract/backends/hf.load_hf_backend), renders each dataset's
+Loads the model once (as walla-extract does: extract/backends/hf_load.load_hf_backend), renders each dataset's
 prompts exactly as the CLI does for its variants (`facts`: the demo's `--size 400`, variants none and relevant;
 `arc`: ARC-Challenge dev, 299 prompts, variant none), then scores them in calls of `--shard-rows` rows (the
 CLI's score() calls) with `--batch-invariant on` and `off` alternated, `--repeat` times, keeping the best of
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from walla.extract.backends.hf import load_hf_backend
+from walla.extract.backends.hf_load import load_hf_backend
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets.registry import default_template
 from walla.extract.datasets.table import load_dataset_table

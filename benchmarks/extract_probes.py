@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 from walla.extract.backends import hf_checks, lm_head
-from walla.extract.backends.hf import HFBackend, load_model
+from walla.extract.backends.hf import HFBackend
+from walla.extract.backends.hf_load import load_model
 from walla.extract.models import resolve_model
 from walla.manifests.catalog import load_models
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 from walla.extract import dtype_probe
-from walla.extract.backends.hf import DTYPES
+from walla.extract.backends.hf_modes import DTYPES
 from walla.extract.gguf_cache import converted_gguf_dir
 from walla.extract.models import resolve_model
 from walla.extract.prompts import get_template, option_strings

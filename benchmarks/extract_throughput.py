@@ -63,7 +63,9 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from walla.extract import dtype_probe
-from walla.extract.backends.hf import DTYPES, HFBackend, converted_gguf_dir
+from walla.extract.backends.hf import HFBackend
+from walla.extract.backends.hf_modes import DTYPES
+from walla.extract.gguf_cache import converted_gguf_dir
 from walla.extract.models import resolve_model
 from walla.manifests.catalog import load_models
 from walla.manifests.scenario import read_scenario
@@ -136,18 +138,18 @@ def _timed(fn) -> float:
 def time_breakdown(be, prompts: list[str], cand: list[int]) -> dict[str, float]:
     """Seconds of one score() call by kind (torch.profiler): the decoder's GEMMs, attention, the prompt-NLL
     head (its GEMM + cross-entropy), and everything else (norms, RoPE, activations, residuals, glue)."""
-    nll = be._token_nll
+    nll = be.token_nll
 
     def traced_nll(*args):
         with record_function("prompt_nll"):
             return nll(*args)
 
-    be._token_nll = traced_nll
+    be.token_nll = traced_nll
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
         be.score(prompts, cand)
         total = time.perf_counter() - t
-    be._token_nll = nll
+    be.token_nll = nll
     events = prof.events()
     spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "prompt_nll"]
     out = {

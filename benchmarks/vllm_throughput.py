@@ -14,7 +14,8 @@ import argparse
 import time
 from pathlib import Path
 
-from walla.extract.backends.hf import explain_dtype, load_hf_backend
+from walla.extract.backends.hf_load import load_hf_backend
+from walla.extract.backends.hf_modes import explain_dtype
 from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 import numpy as np
 from walla.extract.backends import Backend
-from walla.extract.backends.hf import explain_dtype
+from walla.extract.backends.hf_modes import explain_dtype
 from walla.extract.backends.registry import DEFAULT_BACKEND, backend_kind, backend_names
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template, load_dataset_table

@@ -14,16 +14,12 @@ causal attention a real token never sees the pads after it, so every row equals 
 and SDPA keeps its fast causal path. Left padding (mask + position ids from the mask) is available
 for comparison and tested to give the same hidden states.
 
-GGUF files (the embedded models) load from their safetensors copy in the walla cache
-(extract/gguf_cache.py, shared with the vllm backend). The attention implementation is
-transformers' own choice (SDPA where the architecture supports it, else eager).
-
 `compiled=True` runs each decoder layer through torch.compile (extract/backends/hf_compile.py): inductor
 fuses the elementwise work around the GEMMs (RMSNorm casts, RoPE, SiLU x up, residuals), which in eager
 mode costs more than the GEMMs themselves for a small model on a CPU; one compiled graph serves all layers.
 
-Batch composition (`--backend-arg batch_invariant=auto|on|off`, `explain_batch_invariant`): on a CPU, reduced precision
-(bfloat16, float16) is scored batch-invariantly: prompts are packed without padding, one attention call per
+Batch composition (`--backend-arg batch_invariant=auto|on|off`, hf_modes.explain_batch_invariant): on a CPU,
+reduced precision (bfloat16, float16) is scored batch-invariantly: prompts are packed without padding, one attention call per
 layer runs every prompt of a pack in key blocks aligned to its own position 0, a prefix every prompt of a call
 shares is run once and cached, and the LM head runs once over the pack (extract/backends/hf_packed.py), so a
 prompt's option log-probs, hidden state and NLL are the same bits in any batch mix and whatever prefix was
@@ -35,76 +31,44 @@ invariant, slower). On a CUDA device cuBLAS picks its kernels by row count, so t
 prompt ran alone: 11.3x the padded run on an H200); `on` runs the fixed-shape packs of
 extract/backends/hf_fixed.py instead (every kernel sees one shape whatever the mix; `batch_invariant=fixed`
 forces them on any device; 0.98x the padded run's extraction on an H100 at the 8B shape, so
-CUDA_INVARIANT_BY_DEFAULT is on and `auto` runs them on CUDA too). `off` (and float32's default) runs
+hf_modes.CUDA_INVARIANT_BY_DEFAULT is on and `auto` runs them on CUDA too). `off` (and float32's default) runs
 padded batches, whose outputs depend on
 which prompts share a pass, so the fingerprint records what fixes that (`batching`: batch tokens, shard
 rows, the order rule). float32 keeps the padded batches and the prefix
 cache without either key: there batch composition moves results by ~1e-5 (float32 GEMM rounding), far below
 anything a feature is used for; `--backend-arg batch_invariant=on` runs the same probed path in float32 (GEMMs get at
 least the row count from which the probe found rows identical).
+
+Around this module: hf_modes.py settles the dtype, the batch-invariant path and the fingerprint before any
+weights load; hf_load.py loads a model and builds the backend with its checks; hf_forward.py runs the padded
+and packed forward passes and their shared-prefix caches.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
+import functools
 import logging
-import math
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from walla.extract import device as devices
-from walla.extract import dtype_probe, hub
 from walla.extract.backends import (
-    BATCHING_KEY,
     Progress,
     ScoreResult,
     hf_checks,
-    hf_compile,
     hf_fixed,
     hf_fixed_probe,
+    hf_forward,
     hf_packed,
     lm_head,
     prompt_tokens,
 )
 from walla.extract.backends.hf_compile import compile_layers
-from walla.extract.gguf_cache import (  # noqa: F401 (cache_root, converted_gguf_dir: re-exported)
-    cache_root,
-    converted_gguf_dir,
-    local_weights_dir,
-    quiet_transformers,
-)
-from walla.extract.models import ResolvedModel
+from walla.extract.backends.hf_modes import invariant_by_default, invariant_path
 from walla.extract.scoring import plan_batches, run_groups
 
 log = logging.getLogger(__name__)
 
-DTYPES = dtype_probe.DTYPES
 MIN_PREFIX = 16  # shared leading tokens worth running once and caching
-
-
-@dataclass
-class _Prefix:
-    """The shared leading tokens of a score() call, run once."""
-
-    length: int  # P tokens
-    cache: object  # transformers Cache of the prefix, batch 1
-    h_last: torch.Tensor  # [d] final hidden state of the last prefix token (predicts each first suffix token)
-    nll_sum: float  # sum of the prefix's own next-token NLLs (positions 1..P-1)
-
-
-@dataclass
-class _PackedPrefix:
-    """The shared leading tokens of a batch-invariant score() call, run once (run_prefix_packed)."""
-
-    length: int  # P tokens
-    cache: object  # transformers Cache of the prefix, batch 1
-    h_last: torch.Tensor  # [d] final hidden state of the last prefix token (predicts each first suffix token)
-    token_nll: list[float]  # the prefix's own next-token NLLs (positions 1..P-1), summed per prompt with fsum
 
 
 # self-check: how far our forward's last hidden state may be from the model's own, relative to its largest value,
@@ -112,157 +76,6 @@ class _PackedPrefix:
 # SmolLM2-135M 3.0% (CPU), random Llama-3.2-1B shape 2.6% and Llama-3.1-8B shape 5.4% (H100; 0.05 failed it).
 # A forward that is wrong rather than rounded (a mask, a position, a layer, the wrong row) is off by O(1).
 HIDDEN_TOL_REDUCED = 0.15
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """`auto`: the dtype this machine runs GEMMs fastest, measured once per machine (extract/dtype_probe.py)."""
-    return DTYPES[explain_dtype(name, device)[0]]
-
-
-def explain_dtype(name: str, device: str) -> tuple[str, str]:
-    """(dtype name, why) for a --dtype value; `auto` is measured on `device` and cached under $WALLA_CACHE."""
-    return dtype_probe.resolve(name, device, dtype_probe.default_cache_dir())
-
-
-BATCH_INVARIANT_MODES = ("auto", "on", "off", "fixed")
-# version of the batch-invariant scoring's numerics, in the fingerprint of every invariant feature set: 2 = one
-# blocked attention call per layer, shared prefix cached, LM head over the pack, NLL by fsum (1, unrecorded:
-# per-prompt SDPA, per-prompt LM head). Bump it whenever invariant scoring computes other bits.
-INVARIANT_SCORING = 2
-# how rows are grouped into forward passes (recorded with the sizes where outputs depend on it)
-BATCH_ORDER = "score calls of shard_rows rows (cut at multiples of it), each sorted longest first"
-
-
-# `batch_invariant=auto` on CUDA in reduced precision: the fixed-shape path (hf_fixed.py) when True, padded
-# batches when False. The one switch for the CUDA default (issue 31: on if it costs <= 1.3x the padded run).
-# Measured on an H100 (random Llama shapes, ARC prompts, bf16, compile on, extraction as printed): fixed-v1
-# 9.20 s vs padded 6.50 s = 1.42x (8B, 213k tokens); fixed-v2 6.40 s vs 6.50 s = 0.98x (8B, best of 2);
-# fixed-v3 0.90 s vs 1.00 s = 0.90x (1B, 107k tokens, one run each). `--backend-arg batch_invariant=off`: padded.
-CUDA_INVARIANT_BY_DEFAULT = True
-
-
-def invariant_by_default(dtype: torch.dtype, device: str = "cpu") -> bool:
-    """`batch_invariant=auto`: on in reduced precision on a CPU, where batch composition moves results
-    visibly and packing costs little; on CUDA as CUDA_INVARIANT_BY_DEFAULT says (fixed shapes); off in
-    float32."""
-    if dtype == torch.float32:
-        return False
-    return CUDA_INVARIANT_BY_DEFAULT or not str(device).startswith("cuda")
-
-
-def invariant_path(mode: str, device: str) -> str:
-    """Which batch-invariant path a mode runs on `device`: `fixed` (hf_fixed.py: fixed shapes, for kernels that
-    pick by row count: CUDA) or `packed` (hf_packed.py: a packed stream, for row-invariant GEMMs: the CPU).
-    `batch_invariant=fixed` forces the fixed-shape path on any device."""
-    return "fixed" if mode == "fixed" or str(device).startswith("cuda") else "packed"
-
-
-def explain_batch_invariant(mode: str, dtype: torch.dtype, device: str) -> tuple[bool, str]:
-    """(batch-invariant scoring?, why) for --backend-arg batch_invariant=auto|on|off|fixed, a dtype and a
-    device (which path: `invariant_path`)."""
-    if mode in ("on", "off", "fixed"):
-        on = mode != "off"
-        path = f" ({invariant_path(mode, device)} path)" if on else ""
-        return on, f"batch-invariant {mode}{path} [--backend-arg batch_invariant]"
-    if mode != "auto":
-        raise ValueError(f"--backend-arg batch_invariant must be auto, on, off or fixed, got {mode!r}")
-    on = invariant_by_default(dtype, device)
-    if dtype == torch.float32:
-        why = "float32: padded batches (batch composition moves results by ~1e-5 there)"
-    elif on and invariant_path(mode, device) == "fixed":
-        why = (
-            f"fixed-shape packs of {hf_fixed.PACK_TOKENS} tokens on {device} (hf_fixed.py: every kernel sees one "
-            "shape, so cuBLAS cannot pick another by row count): a prompt's numbers do not depend on its batch"
-        )
-    elif on:
-        why = (
-            f"packed prompts, attention and LM head per prompt on {device}: a prompt's numbers do not depend "
-            "on its batch"
-        )
-    else:
-        why = (
-            f"padded batches on {device}, as a bare loop runs them (packed scoring runs attention prompt by "
-            "prompt, and one prompt per pass where cuBLAS picks kernels by row count); outputs then depend on "
-            "the batch composition, so the fingerprint records batch tokens, shard rows and order"
-        )
-    return on, f"batch-invariant auto -> {'on' if on else 'off'}: {why}"
-
-
-def batching_identity(dtype: torch.dtype, invariant: bool, batch_tokens: int, shard_rows: int) -> dict | None:
-    """What fixes the batch composition, where it changes the outputs (reduced precision, not invariant)."""
-    if invariant or dtype == torch.float32:
-        return None
-    return {"batch_tokens": int(batch_tokens), "shard_rows": int(shard_rows), "order": BATCH_ORDER}
-
-
-def hf_identity(
-    dtype: torch.dtype,
-    chat_template: bool,
-    compiled: bool = False,
-    batch_invariant: bool | None = None,
-    batching: dict | None = None,
-    fixed: dict | None = None,
-) -> dict:
-    """Fingerprint inputs of this backend (known before loading, so complete sets are skipped at once).
-
-    A compiled forward rounds differently (fused ops keep fp32 between them), so it is recorded; so is
-    batch-invariant scoring (other numbers than padded batches in reduced precision), and, in reduced
-    precision without it, the batching that fixes which prompts share a pass (with invariant scoring, the
-    version of its numerics, INVARIANT_SCORING; on the fixed-shape path, `fixed`: hf_fixed.fixed_identity(),
-    with hf_fixed.FIXED_SCORING as the version). Each key is absent when off,
-    so feature sets extracted before the option existed keep their fingerprint.
-    """
-    invariant = invariant_by_default(dtype) if batch_invariant is None else batch_invariant
-    scoring = {"invariant_scoring": INVARIANT_SCORING}
-    if fixed is not None:
-        scoring = {"invariant_scoring": hf_fixed.FIXED_SCORING, "fixed_shapes": fixed}
-    return {
-        **({"compile": True} if compiled else {}),
-        **({"batch_invariant": True, **scoring} if invariant else {}),
-        **({BATCHING_KEY: batching} if batching else {}),
-        "backend": "hf",
-        "transformers": transformers.__version__,
-        "torch": torch.__version__.split("+")[0],
-        "dtype": str(dtype).removeprefix("torch."),
-        "chat_template": bool(chat_template),
-        "nll": "real-tokens",
-    }  # prompt NLL over real tokens only (not the reference's pad/BOS quirk)
-
-
-def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str, times: dict | None = None):
-    """(model, tokenizer) for a resolved model; hub failures become one-line HubUnavailableError.
-
-    The weights are read straight onto the device in `dtype` (device_map): no float32 copy on the host,
-    no second copy to the GPU. `times` gets the seconds of the tokenizer and the weights.
-    """
-    times = {} if times is None else times
-    kwargs: dict = {"trust_remote_code": rm.trust_remote_code}
-    is_hub = rm.identity.get("source") == "hub"
-    src = local_weights_dir(rm)
-    if is_hub:
-        if rm.gguf_file:
-            kwargs["gguf_file"] = rm.gguf_file
-        if rm.revision:
-            kwargs["revision"] = rm.revision
-    why = hub.prepare_hub_access() if is_hub else ""
-    placement = {} if device == "cpu" else {"device_map": device}  # cpu: as before (no accelerate dispatch)
-    try:
-        with quiet_transformers():
-            t = time.perf_counter()
-            tok = AutoTokenizer.from_pretrained(src, **kwargs)
-            times["tokenizer"] = time.perf_counter() - t
-            # no attn_implementation: transformers picks SDPA where the architecture has it, else eager
-            # (forcing "sdpa" made e.g. Gemma-2 refuse to load with a message that never says "sdpa")
-            t = time.perf_counter()
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **placement, **kwargs)
-            model = model.to(device).eval()  # a no-op where device_map placed it
-            times["weights"] = time.perf_counter() - t
-    except (OSError, ValueError, RuntimeError) as e:
-        if not is_hub or isinstance(e, hub.HubUnavailableError):
-            raise
-        reason = (why + " and it is not in the local cache") if why else hub.describe_failure(e)
-        raise hub.unavailable("model", rm.load_from, reason, hub.EMBEDDED_HINT) from e
-    return model, tok
 
 
 class HFBackend:
@@ -327,187 +140,49 @@ class HFBackend:
             else bool(fixed_shapes)
         )
         self.pack_tokens = hf_fixed.check_pack_tokens(pack_tokens)  # tokens of every fixed-shape forward
-        self._attention = None  # the model's own attention function, found at the first packed forward
+        self.attention = None  # the model's own attention function, found at the first packed forward
         # measured at the first packed score() (settle_invariance): GEMM rows invariant from `min_rows` rows on,
         # attention over all prompts of a pack in one call
         self.rows_invariant: bool | None = None
         self.min_rows, self.attention_batched, self.invariance_why = 2, False, ""
         self.compiled = False
-        self.cache_kw = cache_keyword(self.decoder)
+        self.cache_kw = hf_forward.cache_keyword(self.decoder)
         if compiled:
             self.compile()
 
     # -- the forward pass -------------------------------------------------------------------------------
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head on selected positions only: [n, d] -> [n, V] float32."""
         return lm_head.cap(self.head(h).float(), self.softcap)
 
-    def _option_logprobs(self, h_last: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    def option_logprobs(self, h_last: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary log-probs of the candidate tokens: [n, d] -> [n, U]. Rows go through the head
         `lm_head.HEAD_ROWS` at a time, so a batch of many short prompts never holds more [rows, V] floats."""
         if h_last.shape[0] <= lm_head.HEAD_ROWS:
-            return torch.log_softmax(self._logits(h_last), dim=-1)[:, cand]
-        parts = [torch.log_softmax(self._logits(h), dim=-1)[:, cand] for h in h_last.split(lm_head.HEAD_ROWS)]
+            return torch.log_softmax(self.logits(h_last), dim=-1)[:, cand]
+        parts = [torch.log_softmax(self.logits(h), dim=-1)[:, cand] for h in h_last.split(lm_head.HEAD_ROWS)]
         return torch.cat(parts)
 
-    def _token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """-log p(target | position) for T positions without materializing [T, V]: [T, d], [T] -> [T]."""
         w, b = self.head.weight, getattr(self.head, "bias", None)
         rows = self.min_rows if self.batch_invariant else 1
         return lm_head.token_nll(h, targets, w, b, self.softcap, self.chunk_elems, self.vocab_chunk, rows)
 
-    @torch.inference_mode()
-    def run_prefix(self, ids: list[int]) -> _Prefix:
-        """Run the tokens every prompt of a call starts with once; their KV cache is reused by each batch."""
-        x = torch.tensor([ids], device=self.device)  # [1, P]
-        out = self.decoder(input_ids=x, use_cache=True)
-        h = out.last_hidden_state[0]  # [P, d]
-        nll_sum = float(self._token_nll(h[:-1], x[0, 1:]).sum()) if len(ids) > 1 else 0.0
-        return _Prefix(len(ids), output_cache(out), h[-1], nll_sum)
-
-    @torch.inference_mode()
-    def forward_batch(
-        self, seqs: list[list[int]], cand: torch.Tensor, prefix: _Prefix | None = None
-    ) -> tuple[np.ndarray, ...]:
-        """One padded batch -> (raw option log-probs [n, U], hidden [n, d], nll [n], n_tokens [n]).
-
-        With `prefix`, `seqs` are the prompts' tokens AFTER the shared prefix (right padding only).
-        """
-        n = len(seqs)
-        lens = torch.tensor([len(s) for s in seqs])  # [n]
-        if int(lens.min()) < 1:
-            raise ValueError("a prompt encoded to zero tokens")
-        width = int(lens.max())
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)  # [n, L]
-        real = torch.zeros((n, width), dtype=torch.bool)  # [n, L] True at real tokens
-        for i, s in enumerate(seqs):
-            if self.padding_side == "right" or prefix is not None:
-                ids[i, : len(s)] = torch.tensor(s)
-                real[i, : len(s)] = True
-            else:
-                ids[i, width - len(s) :] = torch.tensor(s)
-                real[i, width - len(s) :] = True
-        ids, real = ids.to(self.device), real.to(self.device)
-        if prefix is not None:
-            cache = copy.deepcopy(prefix.cache)
-            cache.batch_repeat_interleave(n)  # [1, ...] -> [n, ...]; positions continue after the prefix
-            out = self.decoder(input_ids=ids, **{self.cache_kw: cache}, use_cache=True)
-            last = (lens - 1).to(self.device)  # [n]
-        elif self.padding_side == "right" or bool(real.all()):
-            # causal attention: no real token attends to the pads after it -> no mask needed (SDPA is_causal path)
-            out = self.decoder(input_ids=ids, use_cache=False)
-            last = (lens - 1).to(self.device)  # [n]
-        else:
-            pos = (real.long().cumsum(-1) - 1).clamp(min=0)  # [n, L] positions count real tokens only
-            out = self.decoder(input_ids=ids, attention_mask=real.long(), position_ids=pos, use_cache=False)
-            last = torch.full((n,), width - 1, device=self.device)
-        h = out.last_hidden_state  # [n, L, d], after the final norm
-        h_last = h[torch.arange(n, device=self.device), last]  # [n, d]
-        opt = self._option_logprobs(h_last, cand.to(self.device))  # [n, U] last position only
-        # prompt NLL: position t predicts token t+1; both must be real tokens
-        pred = real[:, :-1] & real[:, 1:]  # [n, L-1]
-        row_of = torch.arange(n, device=self.device).unsqueeze(1).expand(n, width - 1)[pred]  # [T]
-        tok_nll = self._token_nll(h[:, :-1][pred], ids[:, 1:][pred])  # [T]
-        sums = torch.zeros(n, device=self.device).index_add_(0, row_of, tok_nll)  # [n]
-        total = lens.clone()
-        if prefix is not None:  # + the prefix's own NLL + each first suffix token predicted from the prefix
-            first = torch.log_softmax(self._logits(prefix.h_last[None]), dim=-1)[0, ids[:, 0]]  # [n]
-            sums = sums + prefix.nll_sum - first
-            total = total + prefix.length
-        counts = (total - 1).clamp(min=1).to(self.device)  # a 1-token prompt has NLL 0 (reference clamps too)
-        return (
-            opt.float().cpu().numpy(),
-            h_last.float().cpu().numpy(),
-            (sums / counts).cpu().numpy(),
-            total.numpy().astype(np.int32),
-        )
-
-    @torch.inference_mode()
     def forward_packed(
-        self, seqs: list[list[int]], cand: torch.Tensor, prefix: _PackedPrefix | None = None
+        self, seqs: list[list[int]], cand: torch.Tensor, prefix: hf_forward.PackedPrefix | None = None
     ) -> tuple[np.ndarray, ...]:
-        """Prompts packed into one stream (hf_packed.py): same outputs as forward_batch, but each prompt's bits
-        do not depend on the others. With `prefix`, `seqs` are the prompts' tokens after a shared prefix whose
-        KV cache, hidden states and token NLLs were computed once (run_prefix_packed): the same bits as without.
-
-        One attention call per layer over all prompts (`blocked_attention`) where the probe verified it, else one
-        per prompt; the LM head runs over the prompts' last rows, and a chunked pass over all their positions for
-        the NLL, at most `head_rows()` and never fewer than `min_rows` rows a call; a prompt's NLL is the correctly
-        rounded sum of its token NLLs (math.fsum: the same number whichever positions the prefix held).
-        """
+        """A batch-invariant forward: the fixed-shape path (hf_fixed.py: CUDA) or a packed stream
+        (hf_forward.packed, optionally after a shared prefix); each prompt's bits do not depend on the others."""
         if self.fixed_shapes and prefix is None:  # the fixed-shape path (CUDA): its own stream and attention
             return hf_fixed.forward(self, seqs, cand)
-        p = prefix.length if prefix is not None else 0
-        ids, pos, lengths = hf_packed.pack_inputs(seqs, self.pad_id, self.min_rows, offset=p)
-        ids, pos = ids.to(self.device), pos.to(self.device)  # [1, T]
-        self._attention = self._attention or hf_packed.own_attention(self.model)
-        cache = copy.deepcopy(prefix.cache) if prefix is not None else None
-        with hf_packed.packed_decoder(self.decoder, lengths, self._attention, p, self.attention_batched):
-            out = self.decoder(
-                input_ids=ids, position_ids=pos, **{self.cache_kw: cache}, use_cache=cache is not None
-            )
-        h = out.last_hidden_state[0]  # [T, d]
-        n = torch.tensor([len(x) for x in seqs], device=self.device)  # [n]
-        starts = torch.cumsum(n, 0) - n  # [n]
-        opt = self._option_rows(h[starts + n - 1], cand.to(self.device))  # [n, U]
-        # token NLLs: stream position t predicts t+1 within a prompt; with a prefix, its last position
-        # predicts each prompt's first token
-        inner = torch.ones(h.shape[0], dtype=torch.bool, device=self.device)
-        inner[starts + n - 1] = False  # a prompt's last position predicts nothing here
-        inner[int(n.sum()) :] = False  # pad rows of a short stream
-        rows, targets = h[:-1][inner[:-1]], ids[0, 1:][inner[:-1]]  # [R, d], [R]
-        if prefix is not None:
-            rows = torch.cat([prefix.h_last[None].expand(len(seqs), -1), rows])
-            targets = torch.cat([ids[0, starts], targets])
-        tok = self._token_nll(rows, targets).double().cpu().numpy()  # [R]
-        first = tok[: len(seqs)].tolist() if prefix is not None else [None] * len(seqs)
-        own = np.split(
-            tok[len(seqs) if prefix is not None else 0 :], np.cumsum([len(x) - 1 for x in seqs])[:-1]
-        )
-        nlls = []
-        for s_own, s_first, seq in zip(own, first, seqs, strict=True):
-            terms = [*s_own.tolist(), *(prefix.token_nll + [s_first] if prefix is not None else [])]
-            nlls.append(math.fsum(terms) / max(p + len(seq) - 1, 1))  # a 1-token prompt has NLL 0
-        return (
-            opt.float().cpu().numpy(),
-            h[starts + n - 1].float().cpu().numpy(),
-            np.array(nlls, dtype=np.float32),
-            np.array([p + len(x) for x in seqs], dtype=np.int32),
-        )
+        return hf_forward.packed(self, seqs, cand, prefix)
 
     def head_rows(self) -> int:
         """Rows of each LM-head call of batch-invariant scoring (NLL chunks and option rows alike): the head's
         row-invariance probe runs up to this many (hf_checks.rows_invariant)."""
         return lm_head.chunk_rows(int(self.head.weight.shape[0]), self.chunk_elems, self.vocab_chunk)
-
-    def _option_rows(self, h_last: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
-        """Option log-probs of batch-invariant scoring: [n, d] -> [n, U]; the head GEMM as the probe ran it,
-        on at least `min_rows` rows and at most `head_rows()` per call (as many as an NLL chunk: the probe then
-        covers every row count the head runs with)."""
-        w, b = self.head.weight, getattr(self.head, "bias", None)
-        parts = []
-        for hc in h_last.split(self.head_rows()):
-            real = hc.shape[0]
-            if real < self.min_rows:
-                hc = torch.cat([hc, hc[:1].expand(self.min_rows - real, -1)])
-            z = lm_head.cap(lm_head.logits(hc, w, b).float(), self.softcap)
-            parts.append(torch.log_softmax(z, dim=-1)[:real, cand])
-        return torch.cat(parts)
-
-    @torch.inference_mode()
-    def run_prefix_packed(self, ids: list[int]) -> _PackedPrefix:
-        """The shared prefix of a batch-invariant score() call, run once as a packed prompt of its own."""
-        x, pos, lengths = hf_packed.pack_inputs([ids], self.pad_id, self.min_rows)
-        self._attention = self._attention or hf_packed.own_attention(self.model)
-        with hf_packed.packed_decoder(self.decoder, lengths, self._attention, 0, self.attention_batched):
-            out = self.decoder(input_ids=x.to(self.device), position_ids=pos.to(self.device), use_cache=True)
-        cache = output_cache(out)
-        if x.shape[1] > len(ids):  # a pad segment of a short stream: drop it from the cache
-            cache.crop(len(ids))
-        h = out.last_hidden_state[0, : len(ids)]  # [P, d]
-        tok = self._token_nll(h[:-1], x[0, 1 : len(ids)].to(self.device)) if len(ids) > 1 else h.new_zeros(0)
-        return _PackedPrefix(len(ids), cache, h[-1], tok.double().cpu().tolist())
 
     def shared_prefix(self, enc: list[list[int]]) -> int:
         """Length of the token prefix every prompt shares (0 when too short to be worth caching)."""
@@ -545,12 +220,12 @@ class HFBackend:
         if self.batch_invariant:
             return self._score_packed(enc, lengths, token_ids, progress)
         p = self.shared_prefix(enc)
-        prefix = self.run_prefix(enc[0][:p]) if p else None
+        prefix = hf_forward.run_prefix(self, enc[0][:p]) if p else None
         batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)  # the cache counts as tokens
         cand = torch.tensor(token_ids, dtype=torch.long)
 
         def run(idx: np.ndarray) -> tuple[np.ndarray, ...]:
-            return self.forward_batch([enc[i][p:] for i in idx], cand, prefix)
+            return hf_forward.padded(self, [enc[i][p:] for i in idx], cand, prefix)
 
         return ScoreResult(*run_groups(batches, run, lengths, progress))
 
@@ -560,7 +235,7 @@ class HFBackend:
         no prefix cache; one prompt per pack where the GEMMs are not row-invariant). All give the same bits."""
         self.settle_invariance()
         p = self.shared_prefix(enc) if self.attention_batched else 0
-        prefix = self.run_prefix_packed(enc[0][:p]) if p else None
+        prefix = hf_forward.run_prefix_packed(self, enc[0][:p]) if p else None
         rows = self.max_batch_rows if self.rows_invariant else 1
         packs = hf_packed.plan_packs(lengths - p, self.batch_tokens, rows)
         cand = torch.tensor(token_ids, dtype=torch.long)
@@ -632,8 +307,8 @@ class HFBackend:
         ref_lp = torch.log_softmax(z, dim=-1)
         cand = torch.arange(min(64, ref_lp.shape[-1]))
         h_model = seen[0][0]  # [L, d] the model's own decoder output, in its dtype
-        opt_head = self._option_logprobs(h_model[-1:], cand.to(self.device))[0].float().cpu().numpy()
-        nll_head = self._token_nll(h_model[:-1], x[0, 1:]).float().mean().item()
+        opt_head = self.option_logprobs(h_model[-1:], cand.to(self.device))[0].float().cpu().numpy()
+        nll_head = self.token_nll(h_model[:-1], x[0, 1:]).float().mean().item()
         ref_nll = -ref_lp[:-1].gather(1, x[0, 1:, None]).mean().item()
         err = max(float(np.abs(opt_head - ref_lp[-1, cand].cpu().numpy()).max()), abs(nll_head - ref_nll))
         unit = 0.0 if self.dtype == torch.float32 else torch.finfo(self.dtype).eps / 2  # unit roundoff
@@ -643,7 +318,7 @@ class HFBackend:
             # path needs no probe, and a compiled one is probed after compiling (probe_after_compile): settled
             # here, it was probed eager and cached under the eager key, so every later run probed again
             self.settle_invariance()
-        forward = self.forward_packed if self.batch_invariant else self.forward_batch
+        forward = self.forward_packed if self.batch_invariant else functools.partial(hf_forward.padded, self)
         _opt, hid, _nll, _ = forward([ids], cand)
         ref_h = h_model[-1].float().cpu().numpy()
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
@@ -683,7 +358,7 @@ class HFBackend:
         if self.batch_invariant and self.fixed_shapes:  # one key step and more: every attention graph now
             step = hf_fixed.KEY_BLOCKS * hf_fixed.QUANTUM
             ids = (ids * step)[: step + 1]
-        forward = self.forward_packed if self.batch_invariant else self.forward_batch
+        forward = self.forward_packed if self.batch_invariant else functools.partial(hf_forward.padded, self)
         forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 
     def probe_after_compile(self, compiled: bool) -> bool:
@@ -698,82 +373,6 @@ class HFBackend:
             torch.cuda.empty_cache()
 
 
-def cache_keyword(decoder) -> str:
-    """The decoder's name for a KV cache argument: `cache` where the installed transformers has it (5.2x renamed
-    `past_key_values`, which then warns on every call with a site-packages path), else `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-
-
-def output_cache(out):
-    """The KV cache of a decoder output, by its name in the installed transformers (see cache_keyword)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
 def _last_hidden(out) -> torch.Tensor:
     """The decoder's final hidden states from its output (a ModelOutput, or a tuple when return_dict is off)."""
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-
-
-def load_hf_backend(
-    rm: ResolvedModel,
-    *,
-    dtype: str = "auto",
-    device: str | None = None,
-    batch_tokens: int = 4096,
-    chat_template: bool = False,
-    compiled: bool = False,
-    batch_invariant: bool | None = None,
-    shard_rows: int | None = None,
-    fixed_shapes: bool | None = None,
-    max_batch_rows: int | None = None,
-) -> HFBackend:
-    """Load a resolved model and wrap it; runs the self-check (once per model and machine: cached), then
-    compiles when `compiled`. `backend.load_times` says where the seconds went."""
-    device = device or devices.default_device()
-    times: dict[str, float] = {}
-    t = time.perf_counter()
-    torch_dtype = resolve_dtype(dtype, device)  # measured once per machine, then read from its cache
-    times["dtype"] = time.perf_counter() - t
-    model, tok = load_model(rm, torch_dtype, device, times)
-    cuda = device.startswith("cuda")
-    backend = HFBackend(
-        model,
-        tok,
-        batch_tokens=batch_tokens,
-        chat_template=chat_template,
-        identity={"model": rm.identity},
-        chunk_elems=lm_head.CHUNK_ELEMS_CUDA if cuda else lm_head.CHUNK_ELEMS,
-        batch_invariant=batch_invariant,
-        shard_rows=shard_rows,
-        fixed_shapes=fixed_shapes,
-        max_batch_rows=max_batch_rows,
-    )
-    if rm.hidden_size and rm.hidden_size != backend.hidden_size:
-        raise ValueError(
-            f"model {rm.name!r}: manifest hidden_size {rm.hidden_size} but the loaded model has "
-            f"{backend.hidden_size}; fix manifests/models.yaml"
-        )
-    probe_late = backend.probe_after_compile(compiled)
-    if backend.batch_invariant and not probe_late:  # the probes invariant scoring rests on (cached): timed
-        t = time.perf_counter()
-        backend.settle_invariance()
-        times["invariance probes"] = time.perf_counter() - t
-    t = time.perf_counter()
-    cached = hf_checks.self_check_once(backend, rm.identity)  # eager, before compiling: the architecture
-    times["self-check (cached)" if cached else "self-check"] = time.perf_counter() - t
-    if compiled:
-        t = time.perf_counter()
-        hf_compile.use_compile_cache(
-            hf_compile.compile_cache_dir(rm.identity, str(torch_dtype), device, cache_root())
-        )
-        before = hf_compile.cache_counts()
-        backend.compile()
-        cached = hf_compile.served_from_cache(before, hf_compile.cache_counts())
-        times["compile (cached)" if cached else "compile"] = time.perf_counter() - t
-    if probe_late:  # on the compiled forward that will run (probe_after_compile)
-        t = time.perf_counter()
-        backend.settle_invariance()
-        times["invariance probes (compiled)"] = time.perf_counter() - t
-    backend.load_times = times
-    return backend

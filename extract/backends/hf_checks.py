@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import transformers
 from walla.extract import dtype_probe
-from walla.extract.backends import hf_packed, lm_head
+from walla.extract.backends import hf_forward, hf_packed, lm_head
 from walla.extract.gguf_cache import cache_root
 from walla.store import atomic
 from walla.store.fingerprint import canonical
@@ -264,7 +264,11 @@ def _probe_packed(backend) -> tuple[bool, str]:
         cache_ok = not (window and longest > window)
         check = [i for i, n in enumerate(PROBE_LENGTHS) if n in PREFIX_CHECK_LENGTHS] if cache_ok else []
         full = {i: backend.forward_packed([pre + prompts[i]], cand) for i in check}
-        cached = backend.forward_packed(prompts, cand, backend.run_prefix_packed(pre)) if cache_ok else None
+        cached = (
+            backend.forward_packed(prompts, cand, hf_forward.run_prefix_packed(backend, pre))
+            if cache_ok
+            else None
+        )
     finally:
         backend.attention_batched = before
     n = len(prompts)

@@ -6,7 +6,7 @@
 The scoring itself is extract/backends/hf.py; this is the registry's view of it. `settle` decides, in
 this order and before anything loads: the dtype (`auto` measured once per machine, extract/dtype_probe.py),
 `compile` (by device and job size, extract/backends/hf_compile.py), `batch_invariant` (by dtype and device,
-hf.py), the batch tokens and shard rows (free memory and the model's shape on CUDA, extract/sizing.py), and
+hf_modes.py), the batch tokens and shard rows (free memory and the model's shape on CUDA, extract/sizing.py), and
 from those the determinism tier and the identity, so the fingerprint records what the model runs with:
 
 - `bitwise`: batch-invariant scoring: a packed stream on the CPU (hf_packed.py), fixed-shape packs on
@@ -48,9 +48,10 @@ from walla.manifests.validate import check, config
 if TYPE_CHECKING:
     from walla.extract.backends.hf import HFBackend
 
-# The scoring modules (hf.py, hf_fixed.py, hf_compile.py: transformers' modeling code, 1.5-3 s) are imported
-# where they are first used, in settle/load: `walla extract`'s inputs phase asks this kind only for the
-# device and the model's revision, and a few thousand questions then read in under a second (issue 39).
+# The scoring modules (hf.py, hf_modes.py, hf_load.py and the hf_*.py they import: transformers' modeling
+# code, 1.5-3 s) are imported where they are first used, in settle/load: `walla extract`'s inputs phase asks
+# this kind only for the device and the model's revision, and a few thousand questions then read in under a
+# second (issue 39).
 
 # float32 on padded batches (`tolerance` tier): how far one prompt's outputs may move between two batchings
 # (batch tokens, shard rows). Measured (issue 27): SmolLM2-135M, 40 rows, --shard-rows 5 --batch-tokens 200
@@ -66,16 +67,17 @@ class HFOptions:
     """`--backend-arg` keys of the hf backend (`auto` is decided by `HF.settle`)."""
 
     compile: str = "auto"  # torch.compile the decoder layers: auto (by device and job size) | on | off
-    # batch-invariant scoring: auto (on in reduced precision; on CUDA as hf.CUDA_INVARIANT_BY_DEFAULT) | on (the
-    # device's path: packed on a CPU, fixed shapes on CUDA) | off | fixed (the fixed-shape path on any device)
+    # batch-invariant scoring: auto (on in reduced precision; on CUDA as hf_modes.CUDA_INVARIANT_BY_DEFAULT)
+    # | on (the device's path: packed on a CPU, fixed shapes on CUDA) | off | fixed (the fixed-shape path on any
+    # device)
     batch_invariant: str = "auto"
     # prompts per forward pass at most (0: as many as the batch tokens hold); `walla check`'s `hf batch=1` row.
     # Recorded where it changes numbers (padded batches: in `batching`); a bitwise tier's numbers do not move
     max_batch_rows: int = 0
 
     def __post_init__(self) -> None:
-        from walla.extract.backends.hf import BATCH_INVARIANT_MODES  # scoring modules: see the imports
         from walla.extract.backends.hf_compile import COMPILE_MODES
+        from walla.extract.backends.hf_modes import BATCH_INVARIANT_MODES  # scoring modules: see the imports
 
         check(self.compile in COMPILE_MODES, "compile", "auto, on or off", self.compile)
         check(self.max_batch_rows >= 0, "max_batch_rows", ">= 0 (0: no limit)", self.max_batch_rows)
@@ -170,7 +172,8 @@ class HFKind:
 
     def settle(self, request: BackendRequest, options: HFOptions, recorded: dict | None = None) -> Settled:
         from walla.extract.backends import hf_fixed  # scoring modules: see the imports
-        from walla.extract.backends.hf import (
+        from walla.extract.backends.hf_compile import explain_compile
+        from walla.extract.backends.hf_modes import (
             DTYPES,
             batching_identity,
             explain_batch_invariant,
@@ -178,7 +181,6 @@ class HFKind:
             hf_identity,
             invariant_path,
         )
-        from walla.extract.backends.hf_compile import explain_compile
 
         device_kind = devices.check_device_name(request.device)
         dtype_name, dtype_why = explain_dtype(request.dtype, request.device)
@@ -256,7 +258,7 @@ class HFKind:
         return 1
 
     def load(self, settled: Settled) -> HFBackend:
-        from walla.extract.backends.hf import load_hf_backend  # scoring modules: see the imports
+        from walla.extract.backends.hf_load import load_hf_backend  # scoring modules: see the imports
         from walla.extract.model_stats import non_embedding_params
 
         backend = load_hf_backend(

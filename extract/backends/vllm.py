@@ -376,7 +376,8 @@ class VLLMKind:
         device_kind = devices.check_device_name(request.device)
         # `auto` is measured here as for hf (the GEMM probe, cached per machine): the fingerprint records the
         # dtype the engine is then started with, never the literal "auto"
-        # (dtype_probe, not hf.explain_dtype: the hf scoring modules import transformers' modeling code, ~1.5 s)
+        # (dtype_probe, not hf_modes.explain_dtype: the hf scoring modules import transformers' modeling code,
+        # ~1.5 s)
         dtype, dtype_why = dtype_probe.resolve(request.dtype, request.device, dtype_probe.default_cache_dir())
         asked = request.shard_rows or (recorded or {}).get("shard_rows")
         rows, rows_why = sizing.settle_shard_rows(request.device, asked, request.hidden_size)

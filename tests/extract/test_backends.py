@@ -10,8 +10,8 @@ import torch
 import transformers
 from walla.extract.backends import Backend, BackendKind, BackendRequest
 from walla.extract.backends.dummy import DUMMY, DummyBackend
-from walla.extract.backends.hf import INVARIANT_SCORING
 from walla.extract.backends.hf_kind import HF
+from walla.extract.backends.hf_modes import INVARIANT_SCORING
 from walla.extract.backends.registry import (
     BACKEND_KINDS,
     backend_kind,

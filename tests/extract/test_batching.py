@@ -14,10 +14,10 @@ import pytest
 import torch
 from tiny_model import register_tiny_catalog
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest, hf, hf_kind
+from walla.extract.backends import BackendRequest, hf_kind, hf_modes
 from walla.extract.backends.dummy import DummyBackend
-from walla.extract.backends.hf import BATCH_ORDER, explain_batch_invariant
 from walla.extract.backends.hf_kind import FP32_PADDED_BOUND, HF, HFOptions
+from walla.extract.backends.hf_modes import BATCH_ORDER, explain_batch_invariant
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
 from walla.extract.variant import call_ranges
@@ -55,12 +55,12 @@ def _run(cfg: ExtractConfig) -> tuple[Path, list[str]]:
 def test_batch_invariance_auto_by_dtype_and_device(monkeypatch):
     bf16, fp32 = torch.bfloat16, torch.float32
     assert explain_batch_invariant("auto", bf16, "cpu")[0] is True
-    # CUDA: the one switch hf.CUDA_INVARIANT_BY_DEFAULT decides between fixed shapes and padded batches
-    monkeypatch.setattr(hf, "CUDA_INVARIANT_BY_DEFAULT", False)
+    # CUDA: the one switch hf_modes.CUDA_INVARIANT_BY_DEFAULT decides between fixed shapes and padded batches
+    monkeypatch.setattr(hf_modes, "CUDA_INVARIANT_BY_DEFAULT", False)
     on_cuda, why = explain_batch_invariant("auto", bf16, "cuda:0")
     assert on_cuda is False and why.startswith("batch-invariant auto -> off: padded batches on cuda:0")
     assert "the fingerprint records batch tokens, shard rows and order" in why
-    monkeypatch.setattr(hf, "CUDA_INVARIANT_BY_DEFAULT", True)
+    monkeypatch.setattr(hf_modes, "CUDA_INVARIANT_BY_DEFAULT", True)
     on_cuda, why = explain_batch_invariant("auto", bf16, "cuda:0")
     assert on_cuda is True and why.startswith("batch-invariant auto -> on: fixed-shape packs of 8192 tokens")
     assert explain_batch_invariant("auto", fp32, "cuda")[0] is False
@@ -240,8 +240,8 @@ def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny
     """The glue around extract/sizing.py, with the CUDA figures faked: config read without weights."""
     rm = ResolvedModel("tiny", str(tmp_path / "tiny"), None, None, {"source": "local"})
     req = BackendRequest(rm, "bfloat16", "cuda", False, 32)
-    default = HF.settle(req, HFOptions()).options.batch_invariant  # CUDA's default: one switch in hf.py
-    assert default == ("fixed" if hf.CUDA_INVARIANT_BY_DEFAULT else "off")
+    default = HF.settle(req, HFOptions()).options.batch_invariant  # CUDA's default: one switch in hf_modes.py
+    assert default == ("fixed" if hf_modes.CUDA_INVARIANT_BY_DEFAULT else "off")
     padded = HFOptions(batch_invariant="off")  # the sizes are recorded where the batching decides the bits
     # no CUDA in this process: the fallback, and why
     settled = HF.settle(req, padded)

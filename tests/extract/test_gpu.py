@@ -24,10 +24,11 @@ from tiny_model import (
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 from walla.extract import dtype_probe, sizing
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest, hf, hf_fixed, hf_fixed_probe
-from walla.extract.backends.hf import HFBackend, load_hf_backend
+from walla.extract.backends import BackendRequest, hf_fixed, hf_fixed_probe, hf_modes
+from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_compile import explain_compile
 from walla.extract.backends.hf_kind import HF
+from walla.extract.backends.hf_load import load_hf_backend
 from walla.extract.config import ExtractConfig
 from walla.extract.models import ResolvedModel
 from walla.store.featureset import read_feature_set
@@ -100,7 +101,7 @@ def test_default_flags_on_cuda_equal_a_bare_loop(tmp_path, local_model, dataset)
         inputs["kernels"]["capability"] == f"{major}.{minor}"
         and inputs["kernels"]["cuda"] == torch.version.cuda
     )
-    if hf.CUDA_INVARIANT_BY_DEFAULT:  # fixed-shape packs: the tier is bitwise, the constants recorded
+    if hf_modes.CUDA_INVARIANT_BY_DEFAULT:  # fixed-shape packs: the tier is bitwise, the constants recorded
         assert any(
             x.startswith("batch-invariant auto -> on: fixed-shape packs of 8192 tokens") for x in lines
         )

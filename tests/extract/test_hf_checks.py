@@ -6,7 +6,8 @@ import pytest
 import torch
 from tiny_model import save_tiny_checkpoint, spy_from_pretrained, tiny_model, tiny_tokenizer
 from walla.extract.backends import hf_checks, hf_packed
-from walla.extract.backends.hf import HFBackend, load_hf_backend
+from walla.extract.backends.hf import HFBackend
+from walla.extract.backends.hf_load import load_hf_backend
 from walla.extract.models import ResolvedModel
 
 

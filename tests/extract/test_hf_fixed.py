@@ -14,15 +14,11 @@ from test_hf_backend import naive
 from test_hf_packed import ARC, gemma2
 from tiny_model import register_tiny_catalog, tiny_model, tiny_tokenizer
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest, hf, hf_fixed, hf_fixed_probe
-from walla.extract.backends.hf import (
-    HFBackend,
-    explain_batch_invariant,
-    hf_identity,
-    invariant_path,
-    load_hf_backend,
-)
+from walla.extract.backends import BackendRequest, hf_fixed, hf_fixed_probe, hf_modes
+from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_kind import HF, HFOptions
+from walla.extract.backends.hf_load import load_hf_backend
+from walla.extract.backends.hf_modes import explain_batch_invariant, hf_identity, invariant_path
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 from walla.extract.device import kernel_identity
@@ -313,7 +309,7 @@ def test_identity_and_settle_record_the_fixed_path():
     packed = HF.settle(req, HFOptions(compile="off", batch_invariant="on"))
     assert packed.identity["invariant_scoring"] == 2 and "fixed_shapes" not in packed.identity
     cuda = HF.settle(replace(req, device="cuda"), HFOptions(compile="off"))  # auto on CUDA
-    if hf.CUDA_INVARIANT_BY_DEFAULT:
+    if hf_modes.CUDA_INVARIANT_BY_DEFAULT:
         assert cuda.tier == "bitwise" and cuda.identity["fixed_shapes"] == hf_fixed.fixed_identity(
             "cuda", bf16
         )

@@ -13,7 +13,9 @@ from test_hf_backend import PROMPTS, naive
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
 from walla.extract.backends import hf_packed, lm_head
-from walla.extract.backends.hf import INVARIANT_SCORING, MIN_PREFIX, HFBackend, hf_identity, load_hf_backend
+from walla.extract.backends.hf import MIN_PREFIX, HFBackend
+from walla.extract.backends.hf_load import load_hf_backend
+from walla.extract.backends.hf_modes import INVARIANT_SCORING, hf_identity
 from walla.extract.check import render_prompts
 from walla.extract.config import ExtractConfig
 from walla.extract.door import target_for

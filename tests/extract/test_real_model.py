@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from walla.extract.backends.hf import converted_gguf_dir
 from walla.extract.config import ExtractConfig
+from walla.extract.gguf_cache import converted_gguf_dir
 from walla.extract.models import resolve_model
 from walla.extract.run import run
 from walla.manifests.catalog import load_models

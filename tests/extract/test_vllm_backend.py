@@ -94,7 +94,8 @@ def test_the_vllm_parent_imports_no_hf_scoring_code():
     transformers' modeling code, torch._dynamo, sympy: ~1.5-5 s of imports) stay out of it."""
     code = (
         "import sys, walla.extract.run, walla.extract.backends.vllm\n"
-        "heavy = ('walla.extract.backends.hf', 'transformers.modeling_utils', 'torch._dynamo', 'sympy')\n"
+        "heavy = ('walla.extract.backends.hf', 'walla.extract.backends.hf_modes', 'walla.extract.backends.hf_load',\n"
+        "         'walla.extract.backends.hf_forward', 'transformers.modeling_utils', 'torch._dynamo', 'sympy')\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from walla.extract.backends import hf
+from walla.extract.backends import hf_load
 from walla.manifests import catalog
 
 CORPUS = [
@@ -118,13 +118,13 @@ def register_tiny_catalog(tmp_path: Path, monkeypatch, questions: list[tuple[str
 def spy_from_pretrained(monkeypatch) -> list[dict]:
     """The keyword arguments of every AutoModelForCausalLM.from_pretrained call the hf backend makes."""
     seen: list[dict] = []
-    orig = hf.AutoModelForCausalLM.from_pretrained
+    orig = hf_load.AutoModelForCausalLM.from_pretrained
 
     def spy(*a, **k):
         seen.append(k)
         return orig(*a, **k)
 
-    monkeypatch.setattr(hf.AutoModelForCausalLM, "from_pretrained", spy)
+    monkeypatch.setattr(hf_load.AutoModelForCausalLM, "from_pretrained", spy)
     return seen
 
 
@@ -141,7 +141,7 @@ def compile_runs(tmp_path: Path, device: str, dtypes: list[str], **model_kw) -> 
     times, folders = [], []
     for dtype in dtypes:
         torch._dynamo.reset()  # a new run: nothing compiled in memory, only what the disk caches hold
-        be = hf.load_hf_backend(local_tiny, dtype=dtype, device=device, batch_tokens=64, compiled=True)
+        be = hf_load.load_hf_backend(local_tiny, dtype=dtype, device=device, batch_tokens=64, compiled=True)
         times.append(be.load_times)
         folders.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
         want = hf_compile.compile_cache_dir(local_tiny.identity, dtype, device, tmp_path)
