@@ -40,6 +40,7 @@ cli_mfu=<x> plain_loop_mfu=<x> gemm_ceiling_mfu=<x> outputs_match=<bool> speedup
 dtype_factor=<x> invariance_cost=<x> passes_ratio=<x> dtype=<auto dtype>`.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
@@ -55,6 +56,51 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+
+from walla.cli.torch_build import cpu_only_torch
+
+# --model: the embedded SmolLM2 (the detailed CPU run) or one of extract_shapes.SHAPES
+MODELS = ("smollm2", "tiny", "1b", "8b")
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N")
+    ap.add_argument(
+        "--model",
+        choices=MODELS,
+        help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
+    )
+    ap.add_argument("--n", type=int, default=64, help="PubMedQA records given to the CLI (maybe rows drop)")
+    ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
+    ap.add_argument("--other-n", type=int, default=16, help="prompts timed in both dtypes (the dtype factor)")
+    ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
+    ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
+    ap.add_argument("--tokens", type=int, help="shapes: ARC prompt tokens (default: 1b 500k, 8b 200k)")
+    ap.add_argument("--dtype", default="bfloat16", help="shapes: the dtype of the CLI and the loop")
+    ap.add_argument(
+        "--loop-batch", default="16,32,64,128,256", help="shapes: the bare loop's batch sizes (best)"
+    )
+    ap.add_argument(
+        "--tokenizer", help="shapes: a saved SmolLM2 tokenizer dir (default: the embedded model's)"
+    )
+    ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import extract_shapes  # benchmarks/extract_shapes.py: the shape flow (this script's folder is on sys.path)
 import numpy as np
@@ -383,28 +429,9 @@ def result_line(r: Run) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    ap.add_argument(
-        "--model",
-        choices=("smollm2", *extract_shapes.SHAPES),
-        help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
-    )
-    ap.add_argument("--n", type=int, default=64, help="PubMedQA records given to the CLI (maybe rows drop)")
-    ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
-    ap.add_argument("--other-n", type=int, default=16, help="prompts timed in both dtypes (the dtype factor)")
-    ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
-    ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
-    ap.add_argument("--tokens", type=int, help="shapes: ARC prompt tokens (default: 1b 500k, 8b 200k)")
-    ap.add_argument("--dtype", default="bfloat16", help="shapes: the dtype of the CLI and the loop")
-    ap.add_argument(
-        "--loop-batch", default="16,32,64,128,256", help="shapes: the bare loop's batch sizes (best)"
-    )
-    ap.add_argument(
-        "--tokenizer", help="shapes: a saved SmolLM2 tokenizer dir (default: the embedded model's)"
-    )
-    ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
+    ap = parser()
     args = ap.parse_args()
+    assert set(MODELS[1:]) == set(extract_shapes.SHAPES), "MODELS lists extract_shapes.SHAPES"
     args.model = args.model or ("1b" if args.device.startswith("cuda") else "smollm2")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: no CUDA GPU is usable here (torch {torch.__version__})")

@@ -64,6 +64,7 @@ Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_se
 (--only-share: RESULT device_step_share=<x> seeds_over_1=<x>; the share is the --seeds fit's)
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
@@ -78,6 +79,49 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+from walla.cli.torch_build import cpu_only_torch
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, usage=argparse.SUPPRESS
+    )
+    ap.add_argument(
+        "--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N (every section but 2)"
+    )
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--skip-all", action="store_true", help="only the WALLA comparison")
+    ap.add_argument("--step-heads", type=int, default=12, help="heads of the before/after step (section 2)")
+    ap.add_argument("--step-reps", type=int, default=10, help="timed steps per before/after measurement")
+    ap.add_argument("--only-step", action="store_true", help="section 2 alone")
+    ap.add_argument("--only-share", action="store_true", help="section 7 alone")
+    ap.add_argument("--agents", type=int, help="agents of section 7's store (default: SHARE_SIZES)")
+    ap.add_argument("--hidden", type=int, help="hidden size H of section 7's store (default: SHARE_SIZES)")
+    ap.add_argument("--rows", type=int, help="questions of section 7's store, 8:1:1 (default: SHARE_SIZES)")
+    ap.add_argument("--share-epochs", type=int, help="epochs of section 7's fits (default: SHARE_SIZES)")
+    ap.add_argument("--share-reps", type=int, default=2, help="section 7: best of this many fits per size")
+    ap.add_argument(
+        "--cli", action="store_true", help="section 8 too: the walla-train command at section 7's size"
+    )
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import numpy as np
 import polars as pl
@@ -914,28 +958,6 @@ def full_run(args, device: str) -> None:
         f"old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f} "
         f"device_step_share={share:.3f} seeds_over_1={ratio:.2f}"
     )
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (every section but 2)")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--precision", default="auto")
-    ap.add_argument("--skip-all", action="store_true", help="only the WALLA comparison")
-    ap.add_argument("--step-heads", type=int, default=12, help="heads of the before/after step (section 2)")
-    ap.add_argument("--step-reps", type=int, default=10, help="timed steps per before/after measurement")
-    ap.add_argument("--only-step", action="store_true", help="section 2 alone")
-    ap.add_argument("--only-share", action="store_true", help="section 7 alone")
-    ap.add_argument("--agents", type=int, help="agents of section 7's store (default: SHARE_SIZES)")
-    ap.add_argument("--hidden", type=int, help="hidden size H of section 7's store (default: SHARE_SIZES)")
-    ap.add_argument("--rows", type=int, help="questions of section 7's store, 8:1:1 (default: SHARE_SIZES)")
-    ap.add_argument("--share-epochs", type=int, help="epochs of section 7's fits (default: SHARE_SIZES)")
-    ap.add_argument("--share-reps", type=int, default=2, help="section 7: best of this many fits per size")
-    ap.add_argument(
-        "--cli", action="store_true", help="section 8 too: the walla-train command at section 7's size"
-    )
-    return ap
 
 
 def share_sizes(args: argparse.Namespace, device: str) -> argparse.Namespace:

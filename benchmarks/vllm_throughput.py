@@ -8,11 +8,25 @@ first pass builds its kernels), then the timed call. Engine/model load time is r
 Prints `RESULT vllm_over_hf=<x> hf_tok_s=<..> vllm_tok_s=<..> ...`.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--data-file", default="../shared/data/arc/ARC-Challenge-Dev.jsonl")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 from walla.extract.backends.hf import explain_dtype, load_hf_backend
 from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
@@ -38,11 +52,7 @@ def timed(backend, texts: list[str], cand: list[int]) -> tuple[float, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=64)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--data-file", default="../shared/data/arc/ARC-Challenge-Dev.jsonl")
-    args = ap.parse_args()
+    args = parser().parse_args()
     ok, why = vllm_usable()
     if not ok:
         raise SystemExit(f"vllm_throughput: {why}")
