@@ -40,7 +40,7 @@ def prompts_for(args) -> list[str]:
     data = Path(args.data_file) if args.data_file and Path(args.data_file).exists() else None
     dataset = "arc-challenge" if data else "facts"
     cfg = ExtractConfig(model="smollm2-135m", dataset=dataset, data_file=data, limit=args.n, progress=False)
-    prompts, _, _ = render_prompts(cfg)
+    prompts = render_prompts(cfg)  # [RenderedPrompt], variant none, as walla check renders them
     return [p.text for p in prompts][: args.n]
 
 
