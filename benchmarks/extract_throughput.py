@@ -1,10 +1,15 @@
 """Extraction throughput: the real CLI vs a bare transformers loop on the same prompts and dtype, and MFU.
 
-    .venv/bin/python benchmarks/extract_throughput.py [--n 64] [--ref-n 6] [--other-n 16] [--rss-rows 0]
+    .venv/bin/python benchmarks/extract_throughput.py                  # the CPU default: minutes, no compile
+    .venv/bin/python benchmarks/extract_throughput.py --n 64 --compiled --repeat 2   # the full CPU run (~25 min loaded)
+    .venv/bin/python benchmarks/extract_throughput.py [--n 24] [--ref-n 6] [--other-n 16] [--rss-rows 0]
     .venv/bin/python benchmarks/extract_throughput.py --device cuda [--model 1b|8b] [--tokens 500000]
     .venv/bin/python benchmarks/extract_throughput.py --device cpu --model tiny     # the shape flow, small
 
-`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below. `--model
+`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below; by default on 24
+PubMedQA records and without the compiled runs (`--compiled` adds them: a CPU compile of the model, in the CLI and
+in-process, took most of a 25-minute run of the old default, --n 64 with them, on the shared 2-core machine).
+Every ratio compares the same prompts in the same dtype either way. `--model
 tiny|1b|8b` (the default on `--device cuda`: 1b) measures a random-weight Llama of that real shape on ARC
 prompts instead (benchmarks/extract_shapes.py: the issue-22 setting): the CLI with default flags vs a bare
 loop, MFU against the GEMM peak measured in the same run, outputs compared; the same RESULT ratios
@@ -17,12 +22,13 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
 - `--dtype auto`: the decision of extract/dtype_probe.py, re-measured here and written to the same
   per-machine cache the CLI reads, so the CLI below makes exactly this decision;
 - `walla-extract --dtype auto` as a subprocess (whole command wall time, and its extraction time as it
-  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and `--backend-arg compile=on`;
+  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and (--compiled)
+  `--backend-arg compile=on`;
 - a bare 15-line transformers loop (`extract_shapes.bare_loop`: batches of 16 sorted by length, left padding,
   `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype;
 - our hf backend in-process (the extraction fast path without the CLI around it): as the CLI runs it
   (batch-invariant packing in reduced precision, extract/backends/hf_packed.py), with padded batches
-  (`invariance_cost`: padded over packed, same dtype), and compiled (`--backend-arg compile=on`);
+  (`invariance_cost`: padded over packed, same dtype), and (--compiled) compiled (`--backend-arg compile=on`);
 - the GEMM ceiling: the model's own linear layers at its own shapes (8192-token batches) timed alone, i.e.
   the MFU the forward would reach if attention, norms, RoPE, activations and the NLL head were free;
 - the dtype factor: our backend and the plain loop in both dtypes on the first `--other-n` prompts;
@@ -32,7 +38,8 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
   over that loop on those prompts (fp32 vs fp32);
 - the LLM passes over a dataset for the 12-agent homogeneous PubMedQA scenario (reference 12, ours 2).
 MFU = 2 x non-embedding params x prompt tokens / time / the measured GEMM peak of the dtype used;
-`mfu` is our backend in-process (eager, the default below 300k prompt tokens), `mfu_compiled` compiled,
+`mfu` is our backend in-process (eager, the default below 300k prompt tokens), `mfu_compiled` compiled (nan
+without --compiled, as `cli_compiled_over_plain_loop`; the time breakdown is then the eager backend's),
 `cli_mfu` the CLI's extraction, `plain_loop_mfu` the bare loop, `gemm_ceiling_mfu` the GEMM-only bound.
 `--repeat N` times CLI, plain loop and backend N times, interleaved, and keeps the best of each.
 Last line: `RESULT cli_over_plain_loop=<x> cli_compiled_over_plain_loop=<x> mfu=<x> mfu_compiled=<x>
@@ -46,6 +53,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import resource
 import subprocess
@@ -82,7 +90,10 @@ def parser() -> argparse.ArgumentParser:
         choices=MODELS,
         help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
     )
-    ap.add_argument("--n", type=int, default=64, help="PubMedQA records given to the CLI (maybe rows drop)")
+    ap.add_argument("--n", type=int, default=24, help="PubMedQA records given to the CLI (maybe rows drop)")
+    ap.add_argument(
+        "--compiled", action="store_true", help="also the compiled runs (CLI compile=on, compiled backend)"
+    )
     ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
     ap.add_argument("--other-n", type=int, default=16, help="prompts timed in both dtypes (the dtype factor)")
     ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
@@ -258,11 +269,17 @@ class Run:
     ref: dict[str, float] = field(default_factory=dict)  # tok/s on the --ref-n prompts: reference, ours fp32
     outputs: dict[str, float] = field(default_factory=dict)  # max |d| of outputs (see check_outputs)
     compile_s: float = 0.0
+    compiled: bool = False  # whether the compiled runs were measured (--compiled)
     passes: tuple[int, int] = (0, 0)
     parts: dict[str, float] = field(default_factory=dict)
 
     def tps(self, name: str) -> float:
-        return self.tokens / self.s[name]
+        return self.tokens / self.s[name] if name in self.s else math.nan  # nan: not measured (--compiled)
+
+    @property
+    def profiled(self) -> str:
+        """The in-process backend whose time is broken down: the compiled one where it was measured."""
+        return "compiled" if self.compiled else "ours"
 
     def mfu(self, name: str, dtype: str | None = None) -> float:
         return 2 * self.non_emb * self.tps(name) / (self.peaks[dtype or self.auto] * 1e9)
@@ -278,11 +295,12 @@ def model_counts(model) -> tuple[int, int]:
 
 
 def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat: int, first_cli: tuple):
-    """CLI (eager, compiled), plain loop, our backend packed / padded / compiled, all in the auto dtype;
-    `first_cli` (wall s, extraction s) is the CLI run that gave the prompts (round 0).
-    Returns (option token ids, the compiled backend, the plain loop's last outputs)."""
+    """CLI (eager, and compiled where r.compiled), plain loop, our backend packed / padded (/ compiled), all in
+    the auto dtype; `first_cli` (wall s, extraction s) is the CLI run that gave the prompts (round 0).
+    Returns (option token ids, the backend to profile: compiled or as the CLI, the plain loop's last outputs)."""
     model, tok = load(src, DTYPES[r.auto])
-    m_compiled = copy.deepcopy(model)  # copied before any output_hidden_states call: its hooks break graphs
+    # copied before any output_hidden_states call: its hooks break graphs
+    m_compiled = copy.deepcopy(model) if r.compiled else None
     r.n_params, r.non_emb = model_counts(model)
     ours = HFBackend(model, tok, batch_tokens=BATCH_TOKENS)  # as the CLI: packed in reduced precision
     padded = HFBackend(model, tok, batch_tokens=BATCH_TOKENS, batch_invariant=False)
@@ -290,21 +308,27 @@ def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat:
     for warm in (ours, padded):
         warm.score(prompts[:2], cand)
     extract_shapes.bare_loop(model, tok, prompts[:2], cand)
-    t = time.perf_counter()
-    bec = HFBackend(m_compiled, tok, batch_tokens=BATCH_TOKENS, compiled=True)  # compiles and traces once
-    bec.score(prompts[:2], cand)
-    r.compile_s = time.perf_counter() - t
-    best = dict.fromkeys(["cli_c_wall", "cli_c", "loop", "ours", "padded", "compiled"], np.inf)
+    bec = ours
+    if r.compiled:
+        t = time.perf_counter()
+        bec = HFBackend(m_compiled, tok, batch_tokens=BATCH_TOKENS, compiled=True)  # compiles and traces once
+        bec.score(prompts[:2], cand)
+        r.compile_s = time.perf_counter() - t
+    compiled_keys = ["cli_c_wall", "cli_c", "compiled"] if r.compiled else []
+    best = dict.fromkeys([*compiled_keys, "loop", "ours", "padded"], np.inf)
     best |= dict(zip(("cli_wall", "cli"), first_cli, strict=True))
     for i in range(repeat):  # interleaved; the best of each counts (a shared machine is noisy)
         cli = run_cli(subset, tmp / f"store{i}")[:2] if i else first_cli
         got = dict(zip(("cli_wall", "cli"), cli, strict=True))
-        got |= dict(zip(("cli_c_wall", "cli_c"), run_cli(subset, tmp / f"store-c{i}", "on")[:2], strict=True))
+        if r.compiled:
+            cli_c = run_cli(subset, tmp / f"store-c{i}", "on")[:2]
+            got |= dict(zip(("cli_c_wall", "cli_c"), cli_c, strict=True))
         loop_out = extract_shapes.bare_loop(model, tok, prompts, cand)
         got["loop"] = loop_out[2]
         got["ours"] = _timed(lambda: ours.score(prompts, cand))
         got["padded"] = _timed(lambda: padded.score(prompts, cand))
-        got["compiled"] = _timed(lambda: bec.score(prompts, cand))
+        if r.compiled:
+            got["compiled"] = _timed(lambda: bec.score(prompts, cand))
         best = {k: min(v, got[k]) for k, v in best.items()}
     r.s = best
     r.s["gemm"] = gemm_seconds_per_token(model) * r.tokens
@@ -356,6 +380,9 @@ def print_table(r: Run) -> None:
         ("plain transformers loop (no prompt NLL)", "loop"),
     ]
     for what, key in rows:
+        if key not in r.s:
+            print(f"{what + ' [' + r.auto + ']':<68} not measured (--compiled)")
+            continue
         print(f"{what + ' [' + r.auto + ']':<68} {r.s[key]:8.1f} {r.tps(key):7.0f} {r.mfu(key):6.3f}")
 
 
@@ -376,10 +403,13 @@ def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
         f"batch invariance ({a} both): padded batches {r.tps('padded') / r.tps('ours'):.2f}x the packed, "
         f"batch-invariant scoring"
     )
-    print(
-        f"compiled backend ({a} both): compile + first trace {r.compile_s:.1f} s in-process (once per process; "
-        f"the CLI's load line includes it); compiled vs eager {r.tps('compiled') / r.tps('ours'):.2f}x"
-    )
+    if r.compiled:
+        print(
+            f"compiled backend ({a} both): compile + first trace {r.compile_s:.1f} s in-process (once per "
+            f"process; the CLI's load line includes it); compiled vs eager {r.tps('compiled') / r.tps('ours'):.2f}x"
+        )
+    else:
+        print("compiled runs (CLI compile=on, compiled backend) not measured: --compiled adds them")
     ok = r.outputs["lp"] <= TOL and r.outputs["hidden"] <= TOL
     print(
         f"fp32 fast path vs reference-style fp32 loop on {ref_n} prompts: max |d option log-prob| "
@@ -401,8 +431,8 @@ def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
     )
     print(
         f"GEMM share: the decoder's linear layers alone run at {2 * r.non_emb * r.tps('gemm') / 1e9:.0f} "
-        f"GFLOP/s and take {r.s['gemm']:.1f} s of the compiled backend's {r.s['compiled']:.1f} s "
-        f"({r.s['gemm'] / r.s['compiled']:.0%}); the rest is attention (SDPA), norms, RoPE, activations and "
+        f"GFLOP/s and take {r.s['gemm']:.1f} s of the {r.profiled} backend's {r.s[r.profiled]:.1f} s "
+        f"({r.s['gemm'] / r.s[r.profiled]:.0%}); the rest is attention (SDPA), norms, RoPE, activations and "
         "the prompt-NLL head (not counted in MFU)"
     )
     total = r.parts["total (under the profiler)"]
@@ -410,7 +440,7 @@ def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
         f"{k} {v:.2f} s" + ("" if k.startswith("total") else f" ({v / total:.0%})")
         for k, v in r.parts.items()
     ]
-    print("where the compiled backend's time goes: " + ", ".join(shares))
+    print(f"where the {r.profiled} backend's time goes: " + ", ".join(shares))
 
 
 def result_line(r: Run) -> str:
@@ -466,7 +496,7 @@ def main() -> None:
     peaks = {d: gemm_peak(d) for d in ("float32", "bfloat16")}
     choice = dtype_probe.probe("cpu", dtype_probe.default_cache_dir(), refresh=True)
     other = "float32" if choice.dtype != "float32" else "bfloat16"
-    r = Run(auto=choice.dtype, other=other, peaks=peaks, why=choice.why())
+    r = Run(auto=choice.dtype, other=other, peaks=peaks, why=choice.why(), compiled=args.compiled)
 
     # 2. the real CLI once for its prompts and outputs, then everything in the auto dtype ----------------
     with tempfile.TemporaryDirectory() as d:
