@@ -1,14 +1,15 @@
 """Extraction throughput: the real CLI vs a bare transformers loop on the same prompts and dtype, and MFU.
 
     .venv/bin/python benchmarks/extract_throughput.py                  # the CPU default: minutes, no compile
-    .venv/bin/python benchmarks/extract_throughput.py --n 64 --compiled --repeat 2   # the full CPU run (~25 min loaded)
-    .venv/bin/python benchmarks/extract_throughput.py [--n 24] [--ref-n 6] [--other-n 16] [--rss-rows 0]
+    .venv/bin/python benchmarks/extract_throughput.py --n 64 --compiled   # the old default: past 18 min under load
+    .venv/bin/python benchmarks/extract_throughput.py [--n 48] [--ref-n 6] [--other-n 16] [--rss-rows 0]
     .venv/bin/python benchmarks/extract_throughput.py --device cuda [--model 1b|8b] [--tokens 500000]
     .venv/bin/python benchmarks/extract_throughput.py --device cpu --model tiny     # the shape flow, small
 
-`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below; by default on 24
-PubMedQA records and without the compiled runs (`--compiled` adds them: a CPU compile of the model, in the CLI and
-in-process, took most of a 25-minute run of the old default, --n 64 with them, on the shared 2-core machine).
+`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below; by default on 48
+PubMedQA records (about 24 prompts after the "maybe" rows drop and yes/no are balanced; fewer leave no test row)
+and without the compiled runs (`--compiled` adds them: a CPU compile of the model in the CLI and in-process; the
+old default, --n 64 with them, was stopped unfinished after 18 min on the shared 2-core machine at load 12-14).
 Every ratio compares the same prompts in the same dtype either way. `--model
 tiny|1b|8b` (the default on `--device cuda`: 1b) measures a random-weight Llama of that real shape on ARC
 prompts instead (benchmarks/extract_shapes.py: the issue-22 setting): the CLI with default flags vs a bare
@@ -90,7 +91,12 @@ def parser() -> argparse.ArgumentParser:
         choices=MODELS,
         help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
     )
-    ap.add_argument("--n", type=int, default=24, help="PubMedQA records given to the CLI (maybe rows drop)")
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=48,
+        help="PubMedQA records given to the CLI (maybe rows drop, yes/no balanced)",
+    )
     ap.add_argument(
         "--compiled", action="store_true", help="also the compiled runs (CLI compile=on, compiled backend)"
     )

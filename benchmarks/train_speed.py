@@ -1,6 +1,6 @@
 """Training speed with the paper's heads on a synthetic 12-agent scenario (N = 1,000, 8:1:1, H = 576, K = 2).
 
-    .venv/bin/python benchmarks/train_speed.py                  # the CPU default: minutes (2 seeds, no section 6)
+    .venv/bin/python benchmarks/train_speed.py                  # the CPU default: minutes (2 seeds, 1 epoch, no section 6)
     .venv/bin/python benchmarks/train_speed.py --seeds 5 --all-methods   # the paper's 5 seeds and every method
     .venv/bin/python benchmarks/train_speed.py [--device cpu|cuda] [--seeds 5] [--epochs 2] [--skip-all]
     .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone (CPU)
@@ -9,10 +9,12 @@
     .venv/bin/python benchmarks/train_speed.py --only-share --hidden 4096 --agents 12 --rows 1126  # paper, CPU
 
 Every section runs on `--device` (default cpu) except section 2, a CPU comparison with old code. Seeds: 5
-(the paper's) on an accelerator, 2 on the CPU unless --seeds says otherwise; section 6 (every method, ~10 min
-of a quiet 2-core CPU at 5 seeds) runs on an accelerator, on the CPU only with --all-methods. So the CPU default
-measures the same comparisons (batched vs per-agent loop on the same seeds, before vs after, 1 vs several seeds)
-on 2 seeds x 12 agents instead of 5 x 12, in minutes.
+(the paper's) on an accelerator, 2 on the CPU unless --seeds says otherwise; epochs of sections 3-6: 2 on an
+accelerator, 1 on the CPU unless --epochs; section 6 (every method, ~10 min of a quiet 2-core CPU at 5 seeds) runs
+on an accelerator, on the CPU only with --all-methods. So the CPU default measures the same comparisons (batched vs
+per-agent loop on the same seeds and epochs, before vs after, 1 vs several seeds) on 2 seeds x 12 agents x 1 epoch
+instead of 5 x 12 x 2: 7.4 min at 2 epochs on the shared 2-core machine (load 9-14), the per-agent loop 3.2 min
+of it.
 
 Configuration (printed): WALLA I heads Linear(576 -> 4096) -> 512 -> 256 -> 1 (projection_dim 4096, the
 reference's parametrization), dropout 0.1, batch 100, lr 5e-5, T 2, clip 1.0, no early stop.
@@ -111,7 +113,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--seeds", type=int, help="seeds of sections 3-8 (default: 5 on an accelerator, 2 on the CPU)"
     )
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument(
+        "--epochs", type=int, help="epochs of sections 3-6 (default: 2 on an accelerator, 1 on the CPU)"
+    )
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--skip-all", action="store_true", help="no section 6 (every method), on any device")
     ap.add_argument(
@@ -178,6 +182,10 @@ SHARE_SIZES = {
 # seeds of sections 3-8 when --seeds is not given: the paper's 5 on an accelerator; on the CPU 2 (5 seeds' fits,
 # loop and section 6 ran past 12 min on the shared 2-core machine; 2 seeds x 12 agents still fill a fit chunk)
 DEFAULT_SEEDS = {"accelerator": 5, "cpu": 2}
+DEFAULT_EPOCHS = {
+    "accelerator": 2,
+    "cpu": 1,
+}  # sections 3-6 (the per-agent loop: 3.2 min of 2 epochs on the CPU)
 
 
 # ---------------------------------------------------------------------------- the synthetic scenario
@@ -985,10 +993,10 @@ def full_run(args, device: str) -> None:
 
 
 def share_sizes(args: argparse.Namespace, device: str) -> argparse.Namespace:
-    """`args` with the seeds and section 7's sizes the command line left out taken from DEFAULT_SEEDS and
-    SHARE_SIZES for `device`'s kind."""
+    """`args` with the seeds, epochs and section 7's sizes the command line left out taken from DEFAULT_SEEDS,
+    DEFAULT_EPOCHS and SHARE_SIZES for `device`'s kind."""
     kind = "cpu" if device == "cpu" else "accelerator"
-    sizes = {**SHARE_SIZES[kind], "seeds": DEFAULT_SEEDS[kind]}
+    sizes = {**SHARE_SIZES[kind], "seeds": DEFAULT_SEEDS[kind], "epochs": DEFAULT_EPOCHS[kind]}
     return argparse.Namespace(
         **{**vars(args), **{k: v for k, v in sizes.items() if getattr(args, k) is None}}
     )

@@ -122,5 +122,7 @@ def test_seeds_default_to_the_papers_five_on_an_accelerator_only(bench):
     on the CPU."""
     args = bench.parser().parse_args([])
     assert bench.share_sizes(args, "cuda").seeds == 5 and bench.share_sizes(args, "cpu").seeds == 2
+    assert bench.share_sizes(args, "cuda").epochs == 2 and bench.share_sizes(args, "cpu").epochs == 1
+    assert bench.share_sizes(bench.parser().parse_args(["--epochs", "2"]), "cpu").epochs == 2
     assert bench.share_sizes(bench.parser().parse_args(["--seeds", "5"]), "cpu").seeds == 5
     assert not args.all_methods and bench.parser().parse_args(["--all-methods"]).all_methods
