@@ -62,6 +62,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -488,6 +490,14 @@ def main_shapes(args: argparse.Namespace) -> None:
     extract_shapes.report(r)
 
 
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Says how long a part of the run took as it ends (a run stopped by a time limit keeps the lines)."""
+    t = time.perf_counter()
+    yield
+    print(f"done: {name} in {time.perf_counter() - t:.1f} s", flush=True)
+
+
 def main() -> None:
     args = parse_args()
     if args.model != "smollm2":
@@ -499,8 +509,9 @@ def main() -> None:
     src = converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"])
 
     # 1. peaks and the auto decision (the same function and cache the CLI uses) -------------------------
-    peaks = {d: gemm_peak(d) for d in ("float32", "bfloat16")}
-    choice = dtype_probe.probe("cpu", dtype_probe.default_cache_dir(), refresh=True)
+    with phase("GEMM peaks and the auto dtype"):
+        peaks = {d: gemm_peak(d) for d in ("float32", "bfloat16")}
+        choice = dtype_probe.probe("cpu", dtype_probe.default_cache_dir(), refresh=True)
     other = "float32" if choice.dtype != "float32" else "bfloat16"
     r = Run(auto=choice.dtype, other=other, peaks=peaks, why=choice.why(), compiled=args.compiled)
 
@@ -510,20 +521,26 @@ def main() -> None:
         records = json.loads(PUBMEDQA.read_text())
         subset = tmp / "ori_pqal_subset.json"
         subset.write_text(json.dumps(dict(list(records.items())[: args.n])))
-        wall, dt, lines = run_cli(subset, tmp / "store-prompts")
+        with phase("walla extract, first run"):
+            wall, dt, lines = run_cli(subset, tmp / "store-prompts")
         fs = read_feature_set(Path(lines[-1].strip()))
         prompts = fs.rows["prompt"].to_list()
         counts = fs.rows["n_prompt_tokens"].to_list()
         r.n_prompts, r.tokens = len(prompts), int(sum(counts))
         cli_lp = np.array(fs.rows["raw_option_logprobs"].to_list(), dtype=np.float32)  # [N, 2] YES, NO
-        cand, bec, loop_out = time_in_process(r, src, subset, tmp, prompts, args.repeat, (wall, dt))
+        with phase(f"CLI, bare loop and backend runs ({r.n_prompts} prompts, --repeat {args.repeat})"):
+            cand, bec, loop_out = time_in_process(r, src, subset, tmp, prompts, args.repeat, (wall, dt))
 
     # 3. the dtype factor, the fp32 reference, the profile ------------------------------------------------
-    time_dtypes(r, src, prompts[: args.other_n], counts[: args.other_n], cand)
-    check_outputs(r, src, prompts[: args.ref_n], counts[: args.ref_n], cand, cli_lp, loop_out[0])
-    r.passes = passes_for_scenario()
-    r.peaks = {k: max(v, gemm_peak(k)) for k, v in r.peaks.items()}
-    r.parts = time_breakdown(bec, prompts, cand)
+    with phase(f"both dtypes on {min(args.other_n, r.n_prompts)} prompts"):
+        time_dtypes(r, src, prompts[: args.other_n], counts[: args.other_n], cand)
+    with phase(f"the fp32 reference on {min(args.ref_n, r.n_prompts)} prompts"):
+        check_outputs(r, src, prompts[: args.ref_n], counts[: args.ref_n], cand, cli_lp, loop_out[0])
+    with phase("LLM passes and the GEMM peaks again"):
+        r.passes = passes_for_scenario()
+        r.peaks = {k: max(v, gemm_peak(k)) for k, v in r.peaks.items()}
+    with phase(f"the {r.profiled} backend under the profiler"):
+        r.parts = time_breakdown(bec, prompts, cand)
 
     print(
         f"model SmolLM2-135M: {r.n_params / 1e6:.1f}M params, {r.non_emb / 1e6:.1f}M non-embedding; "
