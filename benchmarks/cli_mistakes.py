@@ -173,7 +173,9 @@ def mistakes() -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], usage=argparse.SUPPRESS
+    )  # a mistake: one line
     parser.add_argument("--only", choices=("sizes", "mistakes"), default=None)
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose sources are counted")
     parser.add_argument("--walla", default=WALLA, help="the walla command the mistakes run")

@@ -18,12 +18,54 @@ Prints per dataset the seconds, tokens per second, which path each side ran (tie
 Last line: `RESULT model=.. device=.. dtype=.. invariance_cost_<dataset>=<x> ... same_bits=<bool>`.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
 import os
 import time
 from pathlib import Path
+
+from walla.cli.torch_build import cpu_only_torch
+
+# prompts per variant on a CPU unless --limit says otherwise: 40 ARC prompts in bf16 took 90 s of CPU time (both
+# sides and the check, 2-core CPU), so every prompt (~1,100, each side twice) extrapolates past an hour;
+# 32 a variant (96 prompts) take minutes
+CPU_LIMIT = 32
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options; built before torch loads, so --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dataset", default="facts,arc", help="comma-separated: facts, arc")
+    ap.add_argument("--size", type=int, default=400, help="facts rows (the demo's --size)")
+    ap.add_argument(
+        "--limit",
+        type=int,
+        help=f"score only the first N prompts of each variant (default: {CPU_LIMIT} on a CPU, all on an "
+        "accelerator; 0: all)",
+    )
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N")
+    ap.add_argument("--batch-tokens", type=int, default=8192)
+    ap.add_argument("--shard-rows", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=2)
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import numpy as np
 import torch
@@ -38,10 +80,6 @@ from walla.extract.variant import prepare_variant
 from walla.manifests.catalog import load_datasets, load_models
 
 REPO = Path(__file__).resolve().parents[1]
-# prompts per variant on a CPU unless --limit says otherwise: 40 ARC prompts in bf16 took 90 s of CPU time (both
-# sides and the check, 2-core CPU), so every prompt (~1,100, each side twice) extrapolates past an hour;
-# 32 a variant (96 prompts) take minutes
-CPU_LIMIT = 32
 REAL_DATA = Path(os.environ.get("REAL_DATA", REPO.parent / "shared" / "data"))  # as the Makefile
 ARC = REAL_DATA / "arc" / "ARC-Challenge-Dev.jsonl"
 # dataset name -> (walla dataset, config overrides, variants)
@@ -86,22 +124,7 @@ def score_all(backend, jobs, shard_rows: int, invariant: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--dataset", default="facts,arc", help="comma-separated: facts, arc")
-    ap.add_argument("--size", type=int, default=400, help="facts rows (the demo's --size)")
-    ap.add_argument(
-        "--limit",
-        type=int,
-        help=f"score only the first N prompts of each variant (default: {CPU_LIMIT} on a CPU, all on an "
-        "accelerator; 0: all)",
-    )
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch-tokens", type=int, default=8192)
-    ap.add_argument("--shard-rows", type=int, default=256)
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
+    args = parser().parse_args()
     if args.limit is None:
         args.limit = CPU_LIMIT if args.device == "cpu" else 0
     rm = resolve_model(load_models()[args.model])

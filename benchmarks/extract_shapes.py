@@ -26,6 +26,7 @@ Last line: `RESULT device=.. model=.. cli_over_plain_loop=.. cli_wall_over_plain
 plain_loop_mfu=.. outputs_match=.. tokens=.. dtype=..`.
 """
 
+# ruff: noqa: E402 (run as a script it answers before the imports that load torch)
 from __future__ import annotations
 
 import json
@@ -37,6 +38,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if __name__ == "__main__":  # a module of extract_throughput.py, which reads the options and runs this flow
+    print(
+        "extract_shapes.py: run it through benchmarks/extract_throughput.py --model tiny|1b|8b "
+        "(--device cpu --model tiny on a CPU; --help there)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
 import numpy as np
 import torch

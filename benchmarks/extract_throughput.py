@@ -1,10 +1,17 @@
 """Extraction throughput: the real CLI vs a bare transformers loop on the same prompts and dtype, and MFU.
 
-    .venv/bin/python benchmarks/extract_throughput.py [--n 64] [--ref-n 6] [--other-n 16] [--rss-rows 0]
+    .venv/bin/python benchmarks/extract_throughput.py                  # the CPU default: minutes, no compile
+    .venv/bin/python benchmarks/extract_throughput.py --n 64 --compiled   # the old default: past 18 min under load
+    .venv/bin/python benchmarks/extract_throughput.py [--n 32] [--ref-n 6] [--other-n 6] [--rss-rows 0]
     .venv/bin/python benchmarks/extract_throughput.py --device cuda [--model 1b|8b] [--tokens 500000]
     .venv/bin/python benchmarks/extract_throughput.py --device cpu --model tiny     # the shape flow, small
 
-`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below. `--model
+`--device cpu` with the embedded SmolLM2-135M (the default) is the detailed CPU run below; by default on 32
+PubMedQA records (16 prompts: the "maybe" rows drop, yes/no are balanced to 8 each, split 6/1/1 per class; 24
+records leave no test row, which walla extract refuses)
+and without the compiled runs (`--compiled` adds them: a CPU compile of the model in the CLI and in-process; the
+old default, --n 64 with them, was stopped unfinished after 18 min on the shared 2-core machine at load 12-14).
+Every ratio compares the same prompts in the same dtype either way. `--model
 tiny|1b|8b` (the default on `--device cuda`: 1b) measures a random-weight Llama of that real shape on ARC
 prompts instead (benchmarks/extract_shapes.py: the issue-22 setting): the CLI with default flags vs a bare
 loop, MFU against the GEMM peak measured in the same run, outputs compared; the same RESULT ratios
@@ -17,12 +24,13 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
 - `--dtype auto`: the decision of extract/dtype_probe.py, re-measured here and written to the same
   per-machine cache the CLI reads, so the CLI below makes exactly this decision;
 - `walla-extract --dtype auto` as a subprocess (whole command wall time, and its extraction time as it
-  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and `--backend-arg compile=on`;
+  prints it: prompts, batching, forward pass, prompt NLL, store writes), eager and (--compiled)
+  `--backend-arg compile=on`;
 - a bare 15-line transformers loop (`extract_shapes.bare_loop`: batches of 16 sorted by length, left padding,
   `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype;
 - our hf backend in-process (the extraction fast path without the CLI around it): as the CLI runs it
   (batch-invariant packing in reduced precision, extract/backends/hf_packed.py), with padded batches
-  (`invariance_cost`: padded over packed, same dtype), and compiled (`--backend-arg compile=on`);
+  (`invariance_cost`: padded over packed, same dtype), and (--compiled) compiled (`--backend-arg compile=on`);
 - the GEMM ceiling: the model's own linear layers at its own shapes (8192-token batches) timed alone, i.e.
   the MFU the forward would reach if attention, norms, RoPE, activations and the NLL head were free;
 - the dtype factor: our backend and the plain loop in both dtypes on the first `--other-n` prompts;
@@ -32,7 +40,8 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
   over that loop on those prompts (fp32 vs fp32);
 - the LLM passes over a dataset for the 12-agent homogeneous PubMedQA scenario (reference 12, ours 2).
 MFU = 2 x non-embedding params x prompt tokens / time / the measured GEMM peak of the dtype used;
-`mfu` is our backend in-process (eager, the default below 300k prompt tokens), `mfu_compiled` compiled,
+`mfu` is our backend in-process (eager, the default below 300k prompt tokens), `mfu_compiled` compiled (nan
+without --compiled, as `cli_compiled_over_plain_loop`; the time breakdown is then the eager backend's),
 `cli_mfu` the CLI's extraction, `plain_loop_mfu` the bare loop, `gemm_ceiling_mfu` the GEMM-only bound.
 `--repeat N` times CLI, plain loop and backend N times, interleaved, and keeps the best of each.
 Last line: `RESULT cli_over_plain_loop=<x> cli_compiled_over_plain_loop=<x> mfu=<x> mfu_compiled=<x>
@@ -40,11 +49,13 @@ cli_mfu=<x> plain_loop_mfu=<x> gemm_ceiling_mfu=<x> outputs_match=<bool> speedup
 dtype_factor=<x> invariance_cost=<x> passes_ratio=<x> dtype=<auto dtype>`.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
 import copy
 import json
+import math
 import os
 import resource
 import subprocess
@@ -52,9 +63,64 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+
+from walla.cli.torch_build import cpu_only_torch
+
+# --model: the embedded SmolLM2 (the detailed CPU run) or one of extract_shapes.SHAPES
+MODELS = ("smollm2", "tiny", "1b", "8b")
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N")
+    ap.add_argument(
+        "--model",
+        choices=MODELS,
+        help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
+    )
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=32,
+        help="PubMedQA records given to the CLI (maybe rows drop, yes/no balanced)",
+    )
+    ap.add_argument(
+        "--compiled", action="store_true", help="also the compiled runs (CLI compile=on, compiled backend)"
+    )
+    ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
+    ap.add_argument("--other-n", type=int, default=6, help="prompts timed in both dtypes (the dtype factor)")
+    ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
+    ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
+    ap.add_argument("--tokens", type=int, help="shapes: ARC prompt tokens (default: 1b 500k, 8b 200k)")
+    ap.add_argument("--dtype", default="bfloat16", help="shapes: the dtype of the CLI and the loop")
+    ap.add_argument(
+        "--loop-batch", default="16,32,64,128,256", help="shapes: the bare loop's batch sizes (best)"
+    )
+    ap.add_argument(
+        "--tokenizer", help="shapes: a saved SmolLM2 tokenizer dir (default: the embedded model's)"
+    )
+    ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import extract_shapes  # benchmarks/extract_shapes.py: the shape flow (this script's folder is on sys.path)
 import numpy as np
@@ -214,11 +280,17 @@ class Run:
     ref: dict[str, float] = field(default_factory=dict)  # tok/s on the --ref-n prompts: reference, ours fp32
     outputs: dict[str, float] = field(default_factory=dict)  # max |d| of outputs (see check_outputs)
     compile_s: float = 0.0
+    compiled: bool = False  # whether the compiled runs were measured (--compiled)
     passes: tuple[int, int] = (0, 0)
     parts: dict[str, float] = field(default_factory=dict)
 
     def tps(self, name: str) -> float:
-        return self.tokens / self.s[name]
+        return self.tokens / self.s[name] if name in self.s else math.nan  # nan: not measured (--compiled)
+
+    @property
+    def profiled(self) -> str:
+        """The in-process backend whose time is broken down: the compiled one where it was measured."""
+        return "compiled" if self.compiled else "ours"
 
     def mfu(self, name: str, dtype: str | None = None) -> float:
         return 2 * self.non_emb * self.tps(name) / (self.peaks[dtype or self.auto] * 1e9)
@@ -234,11 +306,12 @@ def model_counts(model) -> tuple[int, int]:
 
 
 def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat: int, first_cli: tuple):
-    """CLI (eager, compiled), plain loop, our backend packed / padded / compiled, all in the auto dtype;
-    `first_cli` (wall s, extraction s) is the CLI run that gave the prompts (round 0).
-    Returns (option token ids, the compiled backend, the plain loop's last outputs)."""
+    """CLI (eager, and compiled where r.compiled), plain loop, our backend packed / padded (/ compiled), all in
+    the auto dtype; `first_cli` (wall s, extraction s) is the CLI run that gave the prompts (round 0).
+    Returns (option token ids, the backend to profile: compiled or as the CLI, the plain loop's last outputs)."""
     model, tok = load(src, DTYPES[r.auto])
-    m_compiled = copy.deepcopy(model)  # copied before any output_hidden_states call: its hooks break graphs
+    # copied before any output_hidden_states call: its hooks break graphs
+    m_compiled = copy.deepcopy(model) if r.compiled else None
     r.n_params, r.non_emb = model_counts(model)
     ours = HFBackend(model, tok, batch_tokens=BATCH_TOKENS)  # as the CLI: packed in reduced precision
     padded = HFBackend(model, tok, batch_tokens=BATCH_TOKENS, batch_invariant=False)
@@ -246,21 +319,27 @@ def time_in_process(r: Run, src: Path, subset: Path, tmp: Path, prompts, repeat:
     for warm in (ours, padded):
         warm.score(prompts[:2], cand)
     extract_shapes.bare_loop(model, tok, prompts[:2], cand)
-    t = time.perf_counter()
-    bec = HFBackend(m_compiled, tok, batch_tokens=BATCH_TOKENS, compiled=True)  # compiles and traces once
-    bec.score(prompts[:2], cand)
-    r.compile_s = time.perf_counter() - t
-    best = dict.fromkeys(["cli_c_wall", "cli_c", "loop", "ours", "padded", "compiled"], np.inf)
+    bec = ours
+    if r.compiled:
+        t = time.perf_counter()
+        bec = HFBackend(m_compiled, tok, batch_tokens=BATCH_TOKENS, compiled=True)  # compiles and traces once
+        bec.score(prompts[:2], cand)
+        r.compile_s = time.perf_counter() - t
+    compiled_keys = ["cli_c_wall", "cli_c", "compiled"] if r.compiled else []
+    best = dict.fromkeys([*compiled_keys, "loop", "ours", "padded"], np.inf)
     best |= dict(zip(("cli_wall", "cli"), first_cli, strict=True))
     for i in range(repeat):  # interleaved; the best of each counts (a shared machine is noisy)
         cli = run_cli(subset, tmp / f"store{i}")[:2] if i else first_cli
         got = dict(zip(("cli_wall", "cli"), cli, strict=True))
-        got |= dict(zip(("cli_c_wall", "cli_c"), run_cli(subset, tmp / f"store-c{i}", "on")[:2], strict=True))
+        if r.compiled:
+            cli_c = run_cli(subset, tmp / f"store-c{i}", "on")[:2]
+            got |= dict(zip(("cli_c_wall", "cli_c"), cli_c, strict=True))
         loop_out = extract_shapes.bare_loop(model, tok, prompts, cand)
         got["loop"] = loop_out[2]
         got["ours"] = _timed(lambda: ours.score(prompts, cand))
         got["padded"] = _timed(lambda: padded.score(prompts, cand))
-        got["compiled"] = _timed(lambda: bec.score(prompts, cand))
+        if r.compiled:
+            got["compiled"] = _timed(lambda: bec.score(prompts, cand))
         best = {k: min(v, got[k]) for k, v in best.items()}
     r.s = best
     r.s["gemm"] = gemm_seconds_per_token(model) * r.tokens
@@ -312,6 +391,9 @@ def print_table(r: Run) -> None:
         ("plain transformers loop (no prompt NLL)", "loop"),
     ]
     for what, key in rows:
+        if key not in r.s:
+            print(f"{what + ' [' + r.auto + ']':<68} not measured (--compiled)")
+            continue
         print(f"{what + ' [' + r.auto + ']':<68} {r.s[key]:8.1f} {r.tps(key):7.0f} {r.mfu(key):6.3f}")
 
 
@@ -332,10 +414,13 @@ def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
         f"batch invariance ({a} both): padded batches {r.tps('padded') / r.tps('ours'):.2f}x the packed, "
         f"batch-invariant scoring"
     )
-    print(
-        f"compiled backend ({a} both): compile + first trace {r.compile_s:.1f} s in-process (once per process; "
-        f"the CLI's load line includes it); compiled vs eager {r.tps('compiled') / r.tps('ours'):.2f}x"
-    )
+    if r.compiled:
+        print(
+            f"compiled backend ({a} both): compile + first trace {r.compile_s:.1f} s in-process (once per "
+            f"process; the CLI's load line includes it); compiled vs eager {r.tps('compiled') / r.tps('ours'):.2f}x"
+        )
+    else:
+        print("compiled runs (CLI compile=on, compiled backend) not measured: --compiled adds them")
     ok = r.outputs["lp"] <= TOL and r.outputs["hidden"] <= TOL
     print(
         f"fp32 fast path vs reference-style fp32 loop on {ref_n} prompts: max |d option log-prob| "
@@ -357,8 +442,8 @@ def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
     )
     print(
         f"GEMM share: the decoder's linear layers alone run at {2 * r.non_emb * r.tps('gemm') / 1e9:.0f} "
-        f"GFLOP/s and take {r.s['gemm']:.1f} s of the compiled backend's {r.s['compiled']:.1f} s "
-        f"({r.s['gemm'] / r.s['compiled']:.0%}); the rest is attention (SDPA), norms, RoPE, activations and "
+        f"GFLOP/s and take {r.s['gemm']:.1f} s of the {r.profiled} backend's {r.s[r.profiled]:.1f} s "
+        f"({r.s['gemm'] / r.s[r.profiled]:.0%}); the rest is attention (SDPA), norms, RoPE, activations and "
         "the prompt-NLL head (not counted in MFU)"
     )
     total = r.parts["total (under the profiler)"]
@@ -366,7 +451,7 @@ def print_ratios(r: Run, other_n: int, ref_n: int) -> None:
         f"{k} {v:.2f} s" + ("" if k.startswith("total") else f" ({v / total:.0%})")
         for k, v in r.parts.items()
     ]
-    print("where the compiled backend's time goes: " + ", ".join(shares))
+    print(f"where the {r.profiled} backend's time goes: " + ", ".join(shares))
 
 
 def result_line(r: Run) -> str:
@@ -385,28 +470,9 @@ def result_line(r: Run) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    ap.add_argument(
-        "--model",
-        choices=("smollm2", *extract_shapes.SHAPES),
-        help="smollm2 (embedded; cpu only, the default there) or a random-weight shape (default on cuda: 1b)",
-    )
-    ap.add_argument("--n", type=int, default=64, help="PubMedQA records given to the CLI (maybe rows drop)")
-    ap.add_argument("--ref-n", type=int, default=6, help="prompts for the fp32 reference-style output check")
-    ap.add_argument("--other-n", type=int, default=16, help="prompts timed in both dtypes (the dtype factor)")
-    ap.add_argument("--repeat", type=int, default=1, help="time CLI, plain loop and backend N times (best)")
-    ap.add_argument("--rss-rows", type=int, default=0, help="also measure peak RSS of a real extraction")
-    ap.add_argument("--tokens", type=int, help="shapes: ARC prompt tokens (default: 1b 500k, 8b 200k)")
-    ap.add_argument("--dtype", default="bfloat16", help="shapes: the dtype of the CLI and the loop")
-    ap.add_argument(
-        "--loop-batch", default="16,32,64,128,256", help="shapes: the bare loop's batch sizes (best)"
-    )
-    ap.add_argument(
-        "--tokenizer", help="shapes: a saved SmolLM2 tokenizer dir (default: the embedded model's)"
-    )
-    ap.add_argument("--work-dir", help="shapes: where the random model and stores go (default: a temp dir)")
+    ap = parser()
     args = ap.parse_args()
+    assert set(MODELS[1:]) == set(extract_shapes.SHAPES), "MODELS lists extract_shapes.SHAPES"
     args.model = args.model or ("1b" if args.device.startswith("cuda") else "smollm2")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: no CUDA GPU is usable here (torch {torch.__version__})")
@@ -427,6 +493,14 @@ def main_shapes(args: argparse.Namespace) -> None:
     extract_shapes.report(r)
 
 
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Says how long a part of the run took as it ends (a run stopped by a time limit keeps the lines)."""
+    t = time.perf_counter()
+    yield
+    print(f"done: {name} in {time.perf_counter() - t:.1f} s", flush=True)
+
+
 def main() -> None:
     args = parse_args()
     if args.model != "smollm2":
@@ -438,10 +512,11 @@ def main() -> None:
     src = converted_gguf_dir(Path(rm.load_from) / rm.gguf_file, rm.identity["gguf_sha256"])
 
     # 1. peaks and the auto decision (the same function and cache the CLI uses) -------------------------
-    peaks = {d: gemm_peak(d) for d in ("float32", "bfloat16")}
-    choice = dtype_probe.probe("cpu", dtype_probe.default_cache_dir(), refresh=True)
+    with phase("GEMM peaks and the auto dtype"):
+        peaks = {d: gemm_peak(d) for d in ("float32", "bfloat16")}
+        choice = dtype_probe.probe("cpu", dtype_probe.default_cache_dir(), refresh=True)
     other = "float32" if choice.dtype != "float32" else "bfloat16"
-    r = Run(auto=choice.dtype, other=other, peaks=peaks, why=choice.why())
+    r = Run(auto=choice.dtype, other=other, peaks=peaks, why=choice.why(), compiled=args.compiled)
 
     # 2. the real CLI once for its prompts and outputs, then everything in the auto dtype ----------------
     with tempfile.TemporaryDirectory() as d:
@@ -449,20 +524,26 @@ def main() -> None:
         records = json.loads(PUBMEDQA.read_text())
         subset = tmp / "ori_pqal_subset.json"
         subset.write_text(json.dumps(dict(list(records.items())[: args.n])))
-        wall, dt, lines = run_cli(subset, tmp / "store-prompts")
+        with phase("walla extract, first run"):
+            wall, dt, lines = run_cli(subset, tmp / "store-prompts")
         fs = read_feature_set(Path(lines[-1].strip()))
         prompts = fs.rows["prompt"].to_list()
         counts = fs.rows["n_prompt_tokens"].to_list()
         r.n_prompts, r.tokens = len(prompts), int(sum(counts))
         cli_lp = np.array(fs.rows["raw_option_logprobs"].to_list(), dtype=np.float32)  # [N, 2] YES, NO
-        cand, bec, loop_out = time_in_process(r, src, subset, tmp, prompts, args.repeat, (wall, dt))
+        with phase(f"CLI, bare loop and backend runs ({r.n_prompts} prompts, --repeat {args.repeat})"):
+            cand, bec, loop_out = time_in_process(r, src, subset, tmp, prompts, args.repeat, (wall, dt))
 
     # 3. the dtype factor, the fp32 reference, the profile ------------------------------------------------
-    time_dtypes(r, src, prompts[: args.other_n], counts[: args.other_n], cand)
-    check_outputs(r, src, prompts[: args.ref_n], counts[: args.ref_n], cand, cli_lp, loop_out[0])
-    r.passes = passes_for_scenario()
-    r.peaks = {k: max(v, gemm_peak(k)) for k, v in r.peaks.items()}
-    r.parts = time_breakdown(bec, prompts, cand)
+    with phase(f"both dtypes on {min(args.other_n, r.n_prompts)} prompts"):
+        time_dtypes(r, src, prompts[: args.other_n], counts[: args.other_n], cand)
+    with phase(f"the fp32 reference on {min(args.ref_n, r.n_prompts)} prompts"):
+        check_outputs(r, src, prompts[: args.ref_n], counts[: args.ref_n], cand, cli_lp, loop_out[0])
+    with phase("LLM passes and the GEMM peaks again"):
+        r.passes = passes_for_scenario()
+        r.peaks = {k: max(v, gemm_peak(k)) for k, v in r.peaks.items()}
+    with phase(f"the {r.profiled} backend under the profiler"):
+        r.parts = time_breakdown(bec, prompts, cand)
 
     print(
         f"model SmolLM2-135M: {r.n_params / 1e6:.1f}M params, {r.non_emb / 1e6:.1f}M non-embedding; "

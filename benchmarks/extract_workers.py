@@ -53,7 +53,9 @@ def extract(args, store: Path, workers: int | None) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], usage=argparse.SUPPRESS
+    )  # a mistake: one line
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--shard-rows", type=int, default=16, help="rows per range (= per durable shard)")

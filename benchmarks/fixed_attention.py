@@ -17,19 +17,53 @@ where its own needs 1 (the compiled steps: the same graphs for any step count).
 Last line: `RESULT device=.. eager_ms=.. compiled_ms=.. sdpa_ms=.. same_bits=..`.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from walla.extract.backends import hf_fixed
+from walla.cli.torch_build import cpu_only_torch
 
 HEADS, KV_HEADS, DIM = 32, 8, 128  # Llama-3.1-8B
 # the pack on a CPU unless --tokens says otherwise: bf16 attention of 8,192 tokens x 32 heads is a GPU size
 CPU_TOKENS = 1024
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], usage=argparse.SUPPRESS)
+    ap.add_argument(
+        "--device",
+        type=device_option,
+        help="cpu | cuda | cuda:N (default: cuda where torch sees one, else cpu)",
+    )
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        help=f"tokens of the pack (default: extraction's, hf_fixed.PACK_TOKENS, on CUDA; {CPU_TOKENS:,} on a CPU)",
+    )
+    ap.add_argument("--repeat", type=int, default=5)
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from walla.extract.backends import hf_fixed
 
 
 def sync(device: str) -> None:
@@ -62,15 +96,9 @@ def run(q, k, v, st: hf_fixed._Stream, compiled: bool) -> torch.Tensor:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument(
-        "--tokens",
-        type=int,
-        help=f"tokens of the pack (default: {hf_fixed.PACK_TOKENS:,} on CUDA, as extraction; {CPU_TOKENS:,} on a CPU)",
-    )
-    ap.add_argument("--repeat", type=int, default=5)
-    args = ap.parse_args()
+    args = parser().parse_args()
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.tokens is None:
         args.tokens = CPU_TOKENS if torch.device(args.device).type == "cpu" else hf_fixed.PACK_TOKENS
     dev, n_tok = args.device, hf_fixed.check_pack_tokens(args.tokens)

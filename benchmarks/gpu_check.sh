@@ -8,6 +8,10 @@
 # it); ARC_DATA_DIR: the folder holding arc/ARC-Challenge-Dev.jsonl (REAL_DATA). Every step writes its log
 # to OUT_DIR as it runs (tee, unbuffered), so a step stopped by a time limit keeps what it measured.
 set -u
+if ! nvidia-smi -L >/dev/null 2>&1; then  # a CPU machine: say so at once, before anything imports torch
+    echo "gpu_check.sh: no CUDA GPU here (nvidia-smi -L lists none); run it on a GPU host" >&2
+    exit 2
+fi
 OUT=${1:?OUT_DIR}
 TOK=${2:?TOKENIZER_DIR}
 export REAL_DATA=${3:?ARC_DATA_DIR}

@@ -52,7 +52,9 @@ def one(modules: list[str]) -> tuple[float, dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], usage=argparse.SUPPRESS
+    )  # a mistake: one line
     ap.add_argument("--backend", choices=sorted(RUN_IMPORTS), default="hf")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)

@@ -14,6 +14,7 @@ recomputed from the stored reports with walla.train.mechanism.net_payout. Exit 1
 Bounded: loopback only, a fresh database (a temporary SQLite file unless --db).
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--agents", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=500)
+    ap.add_argument("--wave", type=int, default=25, help="rounds open at once")
+    ap.add_argument("--resolvers", type=int, default=4, help="threads resolving a wave")
+    ap.add_argument("--db", default=None, help="database path or URL (default: a temporary SQLite file)")
+    ap.add_argument("--in-process", action="store_true", help="serve from this process (no subprocess)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import numpy as np
 import torch
@@ -42,7 +59,7 @@ SETTINGS = {"variant": "I", "pooling": "linear", "c1": 1.0, "c2": 0.5, "c3": 0.5
 
 
 def _server(database: str, in_process: bool):
-    """(url, stop) of a server on a free loopback port: in this process, or `walla-market serve`."""
+    """(url, stop) of a server on a free loopback port: in this process, or `walla market serve`."""
     ledger = Ledger.open(database)
     ledger.ensure_operator(OP_TOKEN)
     if in_process:
@@ -50,9 +67,9 @@ def _server(database: str, in_process: bool):
         return srv.url, lambda: (srv.stop(), ledger.close())
     ledger.close()
     port = free_port()
-    exe = Path(sys.executable).with_name("walla-market")
+    exe = Path(sys.executable).with_name("walla")
     proc = subprocess.Popen(
-        [str(exe), "serve", "--db", database, "--port", str(port)],
+        [str(exe), "market", "serve", "--db", database, "--port", str(port)],
         env={**os.environ, "WALLA_MARKET_OPERATOR_TOKEN": OP_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -177,13 +194,7 @@ def audit(database: str, sent: dict, agents: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agents", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=500)
-    ap.add_argument("--wave", type=int, default=25, help="rounds open at once")
-    ap.add_argument("--resolvers", type=int, default=4, help="threads resolving a wave")
-    ap.add_argument("--db", default=None, help="database path or URL (default: a temporary SQLite file)")
-    ap.add_argument("--in-process", action="store_true", help="serve from this process (no subprocess)")
+    ap = parser()
     args = ap.parse_args(argv)
     if args.agents < 2 or args.rounds < 1 or args.wave < 1 or args.resolvers < 1:
         ap.error("--agents >= 2, --rounds, --wave and --resolvers >= 1")

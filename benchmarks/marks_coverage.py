@@ -20,10 +20,25 @@ Seeded (--seed); numpy only, one BLAS thread (the report's own setting: small pr
 RESULT fwer_max_upper=<bound> ece_min_coverage=<rate>
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load walla and numpy)
 from __future__ import annotations
 
 import argparse
 import time
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before walla loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--draws", type=int, default=20_000, help="null tables per FWER setting")
+    ap.add_argument("--ece-draws", type=int, default=2_000, help="predictors per ECE setting")
+    ap.add_argument("--power-draws", type=int, default=2_000, help="tables per power setting")
+    ap.add_argument("--seed", type=int, default=37)
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -64,12 +79,7 @@ def stated_power_difference(n: int, tables: int, seed: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draws", type=int, default=20_000, help="null tables per FWER setting")
-    parser.add_argument("--ece-draws", type=int, default=2_000, help="predictors per ECE setting")
-    parser.add_argument("--power-draws", type=int, default=2_000, help="tables per power setting")
-    parser.add_argument("--seed", type=int, default=37)
-    args = parser.parse_args()
+    args = parser().parse_args()
     with threadpool_limits(limits=1):
         worst = 0.0
         print(

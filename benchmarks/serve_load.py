@@ -13,6 +13,7 @@ next to `walla extract`'s on the same models (the feature sets' recorded prompt 
 GPU goal is >= 0.8x). Prints one JSON line of the figures last.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,40 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from walla.cli.torch_build import cpu_only_torch
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--runs", type=Path, required=True)
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--store", type=Path, required=True)
+    ap.add_argument("--method", default="walla-i")
+    ap.add_argument(
+        "--device",
+        type=device_option,
+        help="cpu | cuda | cuda:N (default: the device kind the feature sets recorded)",
+    )
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--requests", type=int, default=64, help="forecasts per concurrency level")
+    ap.add_argument("--max-wait-ms", type=float, default=10.0)
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import httpx
 import numpy as np
@@ -99,16 +134,7 @@ def level(url: str, c: int, n: int, offset: int, fc: Forecaster) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=Path, required=True)
-    ap.add_argument("--scenario", required=True)
-    ap.add_argument("--store", type=Path, required=True)
-    ap.add_argument("--method", default="walla-i")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--requests", type=int, default=64, help="forecasts per concurrency level")
-    ap.add_argument("--max-wait-ms", type=float, default=10.0)
-    args = ap.parse_args()
+    args = parser().parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     t0 = time.perf_counter()
     pool = load_pool(

@@ -15,6 +15,7 @@ Goal: assembly >= 50% of raw read throughput, peak extra memory <= 1.2x the asse
 Last line: RESULT assemble_over_raw=<ratio> peak_mem_ratio=<ratio>
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load walla)
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,21 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before walla loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, default=30_000)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--agents", type=int, default=12)
+    ap.add_argument("--dir", type=Path, default=None, help="where to build the store (default: a temp dir)")
+    ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)  # child-process mode
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import numpy as np
 import polars as pl
@@ -222,13 +238,7 @@ def measure(store: Path, agents: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=30_000)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--agents", type=int, default=12)
-    ap.add_argument("--dir", type=Path, default=None, help="where to build the store (default: a temp dir)")
-    ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)  # child-process mode
-    args = ap.parse_args()
+    args = parser().parse_args()
     if args.measure is not None:
         print(json.dumps(measure(args.measure, args.agents)))
         return

@@ -1,12 +1,20 @@
 """Training speed with the paper's heads on a synthetic 12-agent scenario (N = 1,000, 8:1:1, H = 576, K = 2).
 
+    .venv/bin/python benchmarks/train_speed.py                  # the CPU default: minutes (2 seeds, 1 epoch, no section 6)
+    .venv/bin/python benchmarks/train_speed.py --seeds 5 --all-methods   # the paper's 5 seeds and every method
     .venv/bin/python benchmarks/train_speed.py [--device cpu|cuda] [--seeds 5] [--epochs 2] [--skip-all]
     .venv/bin/python benchmarks/train_speed.py --only-step --step-heads 12    # section 2 alone (CPU)
     .venv/bin/python benchmarks/train_speed.py --device cuda --only-share      # section 7 alone
     .venv/bin/python benchmarks/train_speed.py --device cuda --only-share --cli  # 7, then the command (8)
     .venv/bin/python benchmarks/train_speed.py --only-share --hidden 4096 --agents 12 --rows 1126  # paper, CPU
 
-Every section runs on `--device` (default cpu) except section 2, a CPU comparison with old code.
+Every section runs on `--device` (default cpu) except section 2, a CPU comparison with old code. Seeds: 5
+(the paper's) on an accelerator, 2 on the CPU unless --seeds says otherwise; epochs of sections 3-6: 2 on an
+accelerator, 1 on the CPU unless --epochs; section 6 (every method, ~10 min of a quiet 2-core CPU at 5 seeds) runs
+on an accelerator, on the CPU only with --all-methods. So the CPU default measures the same comparisons (batched vs
+per-agent loop on the same seeds and epochs, before vs after, 1 vs several seeds) on 2 seeds x 12 agents x 1 epoch
+instead of 5 x 12 x 2: 7.4 min at 2 epochs on the shared 2-core machine (load 9-14), the per-agent loop 3.2 min
+of it.
 
 Configuration (printed): WALLA I heads Linear(576 -> 4096) -> 512 -> 256 -> 1 (projection_dim 4096, the
 reference's parametrization), dropout 0.1, batch 100, lr 5e-5, T 2, clip 1.0, no early stop.
@@ -59,11 +67,13 @@ Prints:
        preset with --share-epochs): the import of the train recipe alone, then for 1 and --seeds seeds the
        command's wall time against what its run.json files give the fits and predictions; the rest is the
        command's own (imports, CUDA and Lightning set-up, store reads, writes).
-Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_5_seeds_s=<x>
-           old_step_speedup_fp32=<x> old_step_speedup_bf16=<x> device_step_share=<x> seeds_over_1=<x>
-(--only-share: RESULT device_step_share=<x> seeds_over_1=<x>; the share is the --seeds fit's)
+Last line: RESULT walla_train_mfu=<x> walla_speedup_vs_loop=<x> all_methods_s=<x, nan when skipped>
+           old_step_speedup_fp32=<x> old_step_speedup_bf16=<x> device_step_share=<x> seeds_over_1=<x> seeds=<n>
+(--only-share: RESULT device_step_share=<x> seeds_over_1=<x> seeds=<n>; the share is the --seeds fit's;
+all_methods_s was all_methods_5_seeds_s, the seeds are now their own key)
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
@@ -78,6 +88,58 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+from walla.cli.torch_build import cpu_only_torch
+
+
+def device_option(device: str) -> str:
+    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
+    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
+    if version:
+        raise argparse.ArgumentTypeError(
+            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
+        )
+    return device
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, usage=argparse.SUPPRESS
+    )
+    ap.add_argument(
+        "--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N (every section but 2)"
+    )
+    ap.add_argument(
+        "--seeds", type=int, help="seeds of sections 3-8 (default: 5 on an accelerator, 2 on the CPU)"
+    )
+    ap.add_argument(
+        "--epochs", type=int, help="epochs of sections 3-6 (default: 2 on an accelerator, 1 on the CPU)"
+    )
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--skip-all", action="store_true", help="no section 6 (every method), on any device")
+    ap.add_argument(
+        "--all-methods", action="store_true", help="section 6 on the CPU too (default: accelerators)"
+    )
+    ap.add_argument("--step-heads", type=int, default=12, help="heads of the before/after step (section 2)")
+    ap.add_argument(
+        "--step-reps", type=int, default=5, help="timed steps per before/after measurement (median)"
+    )
+    ap.add_argument("--only-step", action="store_true", help="section 2 alone")
+    ap.add_argument("--only-share", action="store_true", help="section 7 alone")
+    ap.add_argument("--agents", type=int, help="agents of section 7's store (default: SHARE_SIZES)")
+    ap.add_argument("--hidden", type=int, help="hidden size H of section 7's store (default: SHARE_SIZES)")
+    ap.add_argument("--rows", type=int, help="questions of section 7's store, 8:1:1 (default: SHARE_SIZES)")
+    ap.add_argument("--share-epochs", type=int, help="epochs of section 7's fits (default: SHARE_SIZES)")
+    ap.add_argument("--share-reps", type=int, default=2, help="section 7: best of this many fits per size")
+    ap.add_argument(
+        "--cli", action="store_true", help="section 8 too: the walla-train command at section 7's size"
+    )
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import numpy as np
 import polars as pl
@@ -109,6 +171,13 @@ SHARE_SIZES = {
     "accelerator": {"agents": 12, "hidden": 4096, "rows": 1126, "share_epochs": 5},
     "cpu": {"agents": 4, "hidden": 256, "rows": 400, "share_epochs": 2},
 }
+# seeds of sections 3-8 when --seeds is not given: the paper's 5 on an accelerator; on the CPU 2 (5 seeds' fits,
+# loop and section 6 ran past 12 min on the shared 2-core machine; 2 seeds x 12 agents still fill a fit chunk)
+DEFAULT_SEEDS = {"accelerator": 5, "cpu": 2}
+DEFAULT_EPOCHS = {
+    "accelerator": 2,
+    "cpu": 1,
+}  # sections 3-6 (the per-agent loop: 3.2 min of 2 epochs on the CPU)
 
 
 # ---------------------------------------------------------------------------- the synthetic scenario
@@ -898,43 +967,30 @@ def full_run(args, device: str) -> None:
         else:
             print("bf16-mixed results are within seed noise of float32")
     t_loop = loop_comparison(data, cfg, seeds, runs, chunks, precision, peak, bw, dims, device)
-    total = math.nan if args.skip_all else all_methods(data, seeds, args.epochs, device)
+    if args.skip_all or (torch.device(device).type == "cpu" and not args.all_methods):
+        print(
+            "section 6 (every method) skipped: "
+            + ("--skip-all" if args.skip_all else "on the CPU without --all-methods")
+        )
+        total = math.nan
+    else:
+        total = all_methods(data, seeds, args.epochs, device)
     share, ratio = device_share(args, device, share_precision(args.precision, device))
     if args.cli:
         cli_section(args, device)
     print(
         f"RESULT walla_train_mfu={runs[precision]['mfu']:.3f} walla_speedup_vs_loop="
-        f"{t_loop / runs[precision]['secs']:.2f} all_methods_5_seeds_s={total:.2f} "
+        f"{t_loop / runs[precision]['secs']:.2f} all_methods_s={total:.2f} "
         f"old_step_speedup_fp32={ratios['fp32']:.2f} old_step_speedup_bf16={ratios['bf16']:.2f} "
-        f"device_step_share={share:.3f} seeds_over_1={ratio:.2f}"
+        f"device_step_share={share:.3f} seeds_over_1={ratio:.2f} seeds={args.seeds}"
     )
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (every section but 2)")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--precision", default="auto")
-    ap.add_argument("--skip-all", action="store_true", help="only the WALLA comparison")
-    ap.add_argument("--step-heads", type=int, default=12, help="heads of the before/after step (section 2)")
-    ap.add_argument("--step-reps", type=int, default=10, help="timed steps per before/after measurement")
-    ap.add_argument("--only-step", action="store_true", help="section 2 alone")
-    ap.add_argument("--only-share", action="store_true", help="section 7 alone")
-    ap.add_argument("--agents", type=int, help="agents of section 7's store (default: SHARE_SIZES)")
-    ap.add_argument("--hidden", type=int, help="hidden size H of section 7's store (default: SHARE_SIZES)")
-    ap.add_argument("--rows", type=int, help="questions of section 7's store, 8:1:1 (default: SHARE_SIZES)")
-    ap.add_argument("--share-epochs", type=int, help="epochs of section 7's fits (default: SHARE_SIZES)")
-    ap.add_argument("--share-reps", type=int, default=2, help="section 7: best of this many fits per size")
-    ap.add_argument(
-        "--cli", action="store_true", help="section 8 too: the walla-train command at section 7's size"
-    )
-    return ap
 
 
 def share_sizes(args: argparse.Namespace, device: str) -> argparse.Namespace:
-    """`args` with section 7's sizes the command line left out taken from SHARE_SIZES for `device`'s kind."""
-    sizes = SHARE_SIZES["cpu" if device == "cpu" else "accelerator"]
+    """`args` with the seeds, epochs and section 7's sizes the command line left out taken from DEFAULT_SEEDS,
+    DEFAULT_EPOCHS and SHARE_SIZES for `device`'s kind."""
+    kind = "cpu" if device == "cpu" else "accelerator"
+    sizes = {**SHARE_SIZES[kind], "seeds": DEFAULT_SEEDS[kind], "epochs": DEFAULT_EPOCHS[kind]}
     return argparse.Namespace(
         **{**vars(args), **{k: v for k, v in sizes.items() if getattr(args, k) is None}}
     )
@@ -952,7 +1008,7 @@ def main(argv: list[str] | None = None) -> None:
         share, ratio = device_share(args, device, share_precision(args.precision, device))
         if args.cli:
             cli_section(args, device)
-        print(f"RESULT device_step_share={share:.3f} seeds_over_1={ratio:.2f}")
+        print(f"RESULT device_step_share={share:.3f} seeds_over_1={ratio:.2f} seeds={args.seeds}")
     else:
         full_run(args, device)
 

@@ -8,11 +8,25 @@ first pass builds its kernels), then the timed call. Engine/model load time is r
 Prints `RESULT vllm_over_hf=<x> hf_tok_s=<..> vllm_tok_s=<..> ...`.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--data-file", default="../shared/data/arc/ARC-Challenge-Dev.jsonl")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 from walla.extract.backends.hf_load import load_hf_backend
 from walla.extract.backends.hf_modes import explain_dtype
@@ -27,7 +41,7 @@ def prompts_for(args) -> list[str]:
     data = Path(args.data_file) if args.data_file and Path(args.data_file).exists() else None
     dataset = "arc-challenge" if data else "facts"
     cfg = ExtractConfig(model="smollm2-135m", dataset=dataset, data_file=data, limit=args.n, progress=False)
-    prompts, _, _ = render_prompts(cfg)
+    prompts = render_prompts(cfg)  # [RenderedPrompt], variant none, as walla check renders them
     return [p.text for p in prompts][: args.n]
 
 
@@ -39,11 +53,7 @@ def timed(backend, texts: list[str], cand: list[int]) -> tuple[float, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=64)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--data-file", default="../shared/data/arc/ARC-Challenge-Dev.jsonl")
-    args = ap.parse_args()
+    args = parser().parse_args()
     ok, why = vllm_usable()
     if not ok:
         raise SystemExit(f"vllm_throughput: {why}")

@@ -114,3 +114,15 @@ def test_section_7_defaults_to_the_paper_size_on_an_accelerator_only(bench):
     cpu = bench.share_sizes(args, "cpu")
     assert cpu.hidden < 4096 and cpu.agents < 12 and cpu.rows < 1126
     assert bench.share_sizes(bench.parser().parse_args(["--hidden", "4096"]), "cpu").hidden == 4096
+
+
+def test_seeds_default_to_the_papers_five_on_an_accelerator_only(bench):
+    """5 seeds' fits, per-agent loop and every method ran past 12 minutes on the shared 2-core CPU: its
+    default is 2 seeds (still one fit chunk of 24 heads); --seeds wins on both; section 6 needs --all-methods
+    on the CPU."""
+    args = bench.parser().parse_args([])
+    assert bench.share_sizes(args, "cuda").seeds == 5 and bench.share_sizes(args, "cpu").seeds == 2
+    assert bench.share_sizes(args, "cuda").epochs == 2 and bench.share_sizes(args, "cpu").epochs == 1
+    assert bench.share_sizes(bench.parser().parse_args(["--epochs", "2"]), "cpu").epochs == 2
+    assert bench.share_sizes(bench.parser().parse_args(["--seeds", "5"]), "cpu").seeds == 5
+    assert not args.all_methods and bench.parser().parse_args(["--all-methods"]).all_methods
