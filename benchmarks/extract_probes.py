@@ -12,12 +12,26 @@ threads waiting on each other), so compare those between two versions. Last line
 packed_s=.. rows_cpu_s=.. packed_cpu_s=..` per model.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
 from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--model", default="smollm2-135m,gemma3-270m", help="comma-separated models.yaml names")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--batch-tokens", type=int, default=8192)
+    return ap
+
+
+if __name__ == "__main__":
+    parser().parse_args()
 
 import torch
 from walla.extract.backends import hf_checks, lm_head
@@ -35,11 +49,7 @@ def timed(run, *args, **kwargs) -> tuple:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m,gemma3-270m", help="comma-separated models.yaml names")
-    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    ap.add_argument("--batch-tokens", type=int, default=8192)
-    args = ap.parse_args()
+    args = parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     head_cpu = [0.0]
