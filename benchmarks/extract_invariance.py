@@ -26,22 +26,12 @@ import os
 import time
 from pathlib import Path
 
-from walla.cli.torch_build import cpu_only_torch
+from walla.cli.torch_build import device_argument
 
 # prompts per variant on a CPU unless --limit says otherwise: 40 ARC prompts in bf16 took 90 s of CPU time (both
 # sides and the check, 2-core CPU), so every prompt (~1,100, each side twice) extrapolates past an hour;
 # 32 a variant (96 prompts) take minutes
 CPU_LIMIT = 32
-
-
-def device_option(device: str) -> str:
-    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
-    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
-    if version:
-        raise argparse.ArgumentTypeError(
-            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
-        )
-    return device
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         "accelerator; 0: all)",
     )
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N")
+    ap.add_argument("--device", default="cpu", type=device_argument, help="cpu | cuda | cuda:N")
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--shard-rows", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=2)

@@ -69,26 +69,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from walla.cli.torch_build import cpu_only_torch
+from walla.cli.torch_build import device_argument
 
 # --model: the embedded SmolLM2 (the detailed CPU run) or one of extract_shapes.SHAPES
 MODELS = ("smollm2", "tiny", "1b", "8b")
 
 
-def device_option(device: str) -> str:
-    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
-    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
-    if version:
-        raise argparse.ArgumentTypeError(
-            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
-        )
-    return device
-
-
 def parser() -> argparse.ArgumentParser:
     """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=argparse.SUPPRESS)
-    ap.add_argument("--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N")
+    ap.add_argument("--device", default="cpu", type=device_argument, help="cpu | cuda | cuda:N")
     ap.add_argument(
         "--model",
         choices=MODELS,

@@ -23,21 +23,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from walla.cli.torch_build import cpu_only_torch
+from walla.cli.torch_build import device_argument
 
 HEADS, KV_HEADS, DIM = 32, 8, 128  # Llama-3.1-8B
 # the pack on a CPU unless --tokens says otherwise: bf16 attention of 8,192 tokens x 32 heads is a GPU size
 CPU_TOKENS = 1024
-
-
-def device_option(device: str) -> str:
-    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
-    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
-    if version:
-        raise argparse.ArgumentTypeError(
-            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
-        )
-    return device
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], usage=argparse.SUPPRESS)
     ap.add_argument(
         "--device",
-        type=device_option,
+        type=device_argument,
         help="cpu | cuda | cuda:N (default: cuda where torch sees one, else cpu)",
     )
     ap.add_argument(

@@ -25,17 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from walla.cli.torch_build import cpu_only_torch
-
-
-def device_option(device: str) -> str:
-    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
-    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
-    if version:
-        raise argparse.ArgumentTypeError(
-            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
-        )
-    return device
+from walla.cli.torch_build import device_argument
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", default="walla-i")
     ap.add_argument(
         "--device",
-        type=device_option,
+        type=device_argument,
         help="cpu | cuda | cuda:N (default: the device kind the feature sets recorded)",
     )
     ap.add_argument("--concurrency", default="1,8,32")

@@ -89,17 +89,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
-from walla.cli.torch_build import cpu_only_torch
-
-
-def device_option(device: str) -> str:
-    """--device as given; CUDA asked of a CPU-only torch build (its metadata, no import) is refused here."""
-    version = cpu_only_torch() if device.strip().lower().startswith("cuda") else None
-    if version:
-        raise argparse.ArgumentTypeError(
-            f"{device}: no CUDA GPU is usable here (torch {version}, built without CUDA)"
-        )
-    return device
+from walla.cli.torch_build import device_argument
 
 
 def parser() -> argparse.ArgumentParser:
@@ -108,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, usage=argparse.SUPPRESS
     )
     ap.add_argument(
-        "--device", default="cpu", type=device_option, help="cpu | cuda | cuda:N (every section but 2)"
+        "--device", default="cpu", type=device_argument, help="cpu | cuda | cuda:N (every section but 2)"
     )
     ap.add_argument(
         "--seeds", type=int, help="seeds of sections 3-8 (default: 5 on an accelerator, 2 on the CPU)"

@@ -11,6 +11,7 @@ creating a CUDA context, so a later fork stays safe). Anything less certain is l
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import importlib.metadata
 import os
@@ -61,26 +62,37 @@ def visible_nvidia_gpus(library: str = NVML_LIBRARY) -> int | None:
     return 0 if count.value == 0 else (None if mask is not None else count.value)
 
 
-def refuse_cuda_early(sub: str, device: str | None) -> None:
-    """Exit 2 with one line when `device` asks for CUDA and this machine surely cannot give it."""
+def cuda_unusable(device: str | None) -> str | None:
+    """Why CUDA `device` can never run on this machine, told without importing torch; None when it is not a
+    CUDA device or when it may run (torch then tells)."""
     if not (device and device.strip().lower().startswith("cuda")):
-        return
+        return None
     version = torch_version()
     if version is None:
-        return  # no torch at all: the stage's own import says so
+        return None  # no torch at all: the stage's own import says so
     if version.endswith("+cpu"):
-        raise fail(
-            sub,
-            f"--device {device}: no CUDA GPU is usable on this machine (torch {version}, built without CUDA); "
-            "use --device cpu",
-            USAGE,
-        )
+        return f"no CUDA GPU is usable on this machine (torch {version}, built without CUDA)"
     if "+rocm" in version:
-        return  # ROCm serves "cuda" through HIP: NVML does not count its devices
+        return None  # ROCm serves "cuda" through HIP: NVML does not count its devices
     if visible_nvidia_gpus() == 0:
-        raise fail(
-            sub,
-            f"--device {device}: no CUDA GPU is usable on this machine (torch {version}; the NVIDIA driver "
-            "sees no device, or CUDA_VISIBLE_DEVICES hides them all); use --device cpu",
-            USAGE,
+        return (
+            f"no CUDA GPU is usable on this machine (torch {version}; the NVIDIA driver sees no device, or "
+            "CUDA_VISIBLE_DEVICES hides them all)"
         )
+    return None
+
+
+def refuse_cuda_early(sub: str, device: str | None) -> None:
+    """Exit 2 with one line when `device` asks for CUDA and this machine surely cannot give it."""
+    why = cuda_unusable(device)
+    if why:
+        raise fail(sub, f"--device {device}: {why}; use --device cpu", USAGE)
+
+
+def device_argument(device: str) -> str:
+    """An argparse `type=` for --device (the benchmarks): a CUDA device this machine can never give is refused
+    as a usage error, in one line, before torch loads."""
+    why = cuda_unusable(device)
+    if why:
+        raise argparse.ArgumentTypeError(f"{device}: {why}")
+    return device

@@ -71,5 +71,5 @@ def test_cuda_of_a_cpu_only_torch_is_refused_at_once(name):
         pytest.skip("this torch is a CUDA build: torch itself has to tell whether a GPU is usable")
     r = probe(BENCH / f"{name}.py", "--device", "cuda", "--runs", "r", "--scenario", "s", "--store", "st")
     lines = r["stderr"].strip().splitlines()
-    assert r["code"] == 2 and len(lines) == 1 and "no CUDA GPU is usable here" in lines[0], r
+    assert r["code"] == 2 and len(lines) == 1 and "no CUDA GPU is usable on this machine" in lines[0], r
     assert r["heavy"] == [], r
