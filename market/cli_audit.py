@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 from walla.cli import options
+from walla.cli.exits import message_of
 from walla.market.audit_heads import key_from, read_heads
 from walla.market.cli_common import fail
 
@@ -46,7 +47,7 @@ def audit_command(
         key = key_from(key_file)
         heads = read_heads(head) if head is not None else []
     except (OSError, UnicodeDecodeError) as e:
-        raise fail(f"--head/--key-file: {e}") from None
+        raise fail(f"--head/--key-file: {message_of(e)}") from None
     except ValueError as e:
         raise fail(f"--head {e}") from None
     _check_ledger_file(db)
