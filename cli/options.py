@@ -138,11 +138,11 @@ def build_config(cls: type, options: dict[str, Any], sub: str) -> Any:
 
 
 def checked_config(cls: type, options: dict[str, Any], sub: str, check_names: Callable[[Any], None]) -> Any:
-    """`build_config`, then what a stage that imports torch answers first, each in one line, exit 2: a CUDA
-    device a CPU-only torch cannot give (cli/torch_build.py) and a name the options give that is not known
-    (`check_names(cfg)` raises KeyError)."""
+    """`build_config`, then what a stage that imports torch answers first, each in one line: a CUDA device
+    this machine can never give (cli/torch_build.py, exit 2) and a name the options give that is not known
+    (`check_names(cfg)` raises KeyError: exit 2; or answers with its own line and code)."""
     cfg = build_config(cls, options, sub)
-    refuse_cuda_early(sub, cfg.device)  # a CPU-only torch: answered without importing it
+    refuse_cuda_early(sub, cfg.device)  # answered without importing torch
     try:
         check_names(cfg)
     except KeyError as e:

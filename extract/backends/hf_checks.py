@@ -30,7 +30,7 @@ import torch
 import transformers
 from walla.extract import dtype_probe
 from walla.extract.backends import hf_forward, hf_packed, lm_head
-from walla.extract.gguf_cache import cache_root
+from walla.extract.user_cache import cache_root
 from walla.store import atomic
 from walla.store.fingerprint import canonical
 

@@ -18,8 +18,9 @@ from walla.extract import hub
 from walla.extract.backends import hf_checks, hf_compile, lm_head
 from walla.extract.backends.hf import HFBackend
 from walla.extract.backends.hf_modes import resolve_dtype
-from walla.extract.gguf_cache import cache_root, local_weights_dir, quiet_transformers
+from walla.extract.gguf_cache import local_weights_dir, quiet_transformers
 from walla.extract.models import ResolvedModel
+from walla.extract.user_cache import cache_root
 
 
 def load_model(rm: ResolvedModel, dtype: torch.dtype, device: str, times: dict | None = None):

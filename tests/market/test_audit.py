@@ -4,6 +4,8 @@ event or report is edited by hand, the audit exits 1 with one line naming that r
 
 from __future__ import annotations
 
+import sqlite3
+
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import text
@@ -94,16 +96,20 @@ def test_export_parquet(market, tmp_path, capfd):
     assert "export:" in capfd.readouterr().out
 
 
-def test_export_of_an_empty_or_foreign_file_writes_nothing(tmp_path, capfd):
-    """Export opens the database read-only, as the audit does: one line, exit 1, the file as it was and no
-    Parquet written (it used to create the market's tables in it)."""
-    import sqlite3
-
+def _not_ledgers(tmp_path) -> tuple:
+    """An empty file and another program's SQLite database: neither is a walla market ledger."""
     empty = tmp_path / "empty.db"
     empty.touch()
     foreign = tmp_path / "other.db"
     with sqlite3.connect(foreign) as c:
         c.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    return empty, foreign
+
+
+def test_export_of_an_empty_or_foreign_file_writes_nothing(tmp_path, capfd):
+    """Export opens the database read-only, as the audit does: one line, exit 1, the file as it was and no
+    Parquet written (it used to create the market's tables in it)."""
+    empty, foreign = _not_ledgers(tmp_path)
     before = foreign.read_bytes()
     for path in (empty, foreign):
         out = tmp_path / f"out-{path.stem}"

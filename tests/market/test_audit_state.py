@@ -10,11 +10,10 @@ tables and "OK".
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 from sqlalchemy import text
-from test_audit import _busy_market, _db_arg
+from test_audit import _busy_market, _db_arg, _not_ledgers
 from walla.market import events
 from walla.market.cli import run_market
 from walla.market.models import RoundSettings
@@ -117,11 +116,7 @@ def test_a_malformed_value_is_one_line_naming_its_column(market, capfd, edit, ne
 
 def test_an_empty_file_or_another_programs_database_is_not_a_ledger(tmp_path, capfd):
     """One line, exit 1, and the file as it was: the audit opens read-only and creates nothing."""
-    empty = tmp_path / "empty.db"
-    empty.touch()
-    foreign = tmp_path / "other.db"
-    with sqlite3.connect(foreign) as c:
-        c.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    empty, foreign = _not_ledgers(tmp_path)
     before = foreign.read_bytes()
     for path in (empty, foreign):
         _fails_with(str(path), capfd, f"audit of {path}: not a walla market ledger (no table")
