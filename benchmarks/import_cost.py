@@ -25,10 +25,10 @@ import sys
 import time
 
 RUN_IMPORTS = {
-    "hf": ("walla.extract.run", "walla.extract.backends.hf_kind", "walla.extract.backends.hf"),
+    "hf": ("walla.extract.run", "walla.extract.backends.hf.kind", "walla.extract.backends.hf.backend"),
     "vllm": (
         "walla.extract.run",
-        "walla.extract.backends.vllm",
+        "walla.extract.backends.vllm.backend",
         "transformers.models.auto.tokenization_auto",
     ),
 }

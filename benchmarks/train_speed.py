@@ -29,7 +29,7 @@ Prints:
        written into persistent buffers) with torch's fused Adam in float32, and in bf16 its master mode with
        mixed_adam.MasterAdam (a C kernel compiled at run time; when it cannot be built, that commit's autocast
        recipe). "After" is the package: StackedHeads on autograd's own backward, engine.make_optimizer
-       (torch's fused Adam), clipping.py's per-slice clipping (SliceClip's halves). The ratio printed is the old code's speedup, after
+       (torch's fused Adam), engine/clipping.py's per-slice clipping (SliceClip's halves). The ratio printed is the old code's speedup, after
        step time / before step time (> 1: the old code was faster); it goes unless that is >= 1.5 at the
        default precision (32-true). Its reason to exist was the fresh weight gradient autograd allocates
        every step (first touch of new pages); run at the paper's size (--step-heads 60: 12 agents x 5
@@ -135,18 +135,28 @@ import numpy as np
 import polars as pl
 import torch
 from walla.manifests.validate import build
-from walla.store.featureset import FeatureSetSpec, open_writer
+from walla.store.features.format import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
-from walla.store.scenario_data import ScenarioData
+from walla.store.scenario.data import ScenarioData
 from walla.store.schema import VARIANT_CODE
-from walla.train import device_memory, mechanism, online_stop, wager_training
-from walla.train.clipping import scale_slices_, slice_clip_coefs
-from walla.train.device_memory import free_device_bytes
-from walla.train.dropout_masks import DropoutMasks
-from walla.train.engine import TrainEnv, gemm_flops, make_optimizer, resolve_device, resolve_precision, seeded
-from walla.train.heads import StackedHeads, WagerHead
+from walla.train import mechanism
+from walla.train.engine import memory as device_memory
+from walla.train.engine.clipping import scale_slices_, slice_clip_coefs
+from walla.train.engine.fabric import (
+    TrainEnv,
+    gemm_flops,
+    make_optimizer,
+    resolve_device,
+    resolve_precision,
+    seeded,
+)
+from walla.train.engine.memory import free_device_bytes
 from walla.train.methods import REGISTRY, get_method, walla
-from walla.train.wager_training import train_heads
+from walla.train.wagers import stopping as online_stop
+from walla.train.wagers import training as wager_training
+from walla.train.wagers.dropout import DropoutMasks
+from walla.train.wagers.heads import StackedHeads, WagerHead
+from walla.train.wagers.training import train_heads
 
 HEADS = {"lr": 5e-5, "batch_size": 100, "projection_dim": 4096, "hidden": [512, 256], "patience": 10**9}
 BEFORE_COMMIT = "2c38e00"  # the last commit with the hand-written backward and mixed_adam.MasterAdam
@@ -272,7 +282,7 @@ def roofline(n_params: int, flops: float, peak: float, bw: float, bytes_per_para
 
 
 def load_before(commit: str = BEFORE_COMMIT) -> tuple[ModuleType, ModuleType] | str:
-    """train/heads.py and train/mixed_adam.py of `commit` from git history, imported from a temporary
+    """train/wagers/heads.py and train/mixed_adam.py of `commit` from git history, imported from a temporary
     directory as standalone modules (their one package import re-pointed); or why they cannot be."""
     root = Path(__file__).resolve().parents[1]
     sources = {}
@@ -318,7 +328,7 @@ def _wager_loss(r: torch.Tensor, goal: torch.Tensor, cfg: walla.Config) -> torch
 
 
 def _after_step(g: int, h: int, cfg: walla.Config, bf16: bool) -> Callable[[], None]:
-    """The package's step: autograd backward, engine optimizer, clipping.py's per-slice clipping."""
+    """The package's step: autograd backward, engine optimizer, engine/clipping.py's per-slice clipping."""
     with seeded(0):
         heads = StackedHeads([h] * g, cfg.hidden, cfg.dropout, cfg.projection_dim)
     opt = make_optimizer(heads.parameters(), "adam", cfg.lr)
@@ -898,7 +908,7 @@ def cli_section(args, device: str) -> None:
 
 def mask_draws(agents: int, seeds: int, cfg: walla.Config, device: str, reps: int = 5) -> tuple[float, float]:
     """Host seconds per step to draw one step's dropout masks of `seeds` x `agents` heads: the formula
-    drawn one generator after another (the code before issue 31) vs train/dropout_masks.py (raw stream, a
+    drawn one generator after another (the code before issue 31) vs train/wagers/dropout.py (raw stream, a
     thread per generator; `take` also overlaps it with the device step, which this does not count)."""
     b, keep = cfg.batch_size, 1 - cfg.dropout
     gens = [np.random.default_rng([18 + s, 1]) for s in range(seeds)]

@@ -4,7 +4,7 @@
     walla store ls | verify | rm                           walla.store.cli
     walla train --scenario demo-hetero-facts               walla.train.cli (stage 2)
     walla eval --report tables.md                          walla.evaluate.cli (stage 3)
-    walla check --model M --dataset D                      walla.extract.cli_check (backend parity)
+    walla check --model M --dataset D                      walla.extract.parity_cli (backend parity)
     walla market init | serve | add-agent | agent | replay walla.market.cli (the live market)
     walla serve --runs runs --scenario demo-hetero-facts   walla.serve.cli (a trained pool, live)
     walla demo                                             walla.cli.demo (what `make demo` runs)
@@ -43,7 +43,7 @@ COMMANDS = {  # the one list of walla's subcommands: name -> where it lives, its
         "Metrics with 95% intervals, the paper's tables (.md/.tex/.csv) and plots, from saved runs.",
     ),
     "check": Lazy(
-        "walla.extract.cli_check:app",
+        "walla.extract.parity_cli:app",
         "Parity of option probabilities, hidden states and prompt NLL across backends (exit 1 beyond "
         "tolerance).",
     ),

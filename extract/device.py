@@ -125,7 +125,7 @@ def _version(dist: str) -> str | None:
 
 def kernel_identity(device: str) -> dict:
     """Which kernel path computes on `device`: recorded in the fingerprint of every feature set whose numbers are
-    promised finer than a tolerance (hf_kind.py: bitwise and batch-recorded sets), because the same dtype on the
+    promised finer than a tolerance (hf/kind.py: bitwise and batch-recorded sets), because the same dtype on the
     same library versions computes other bits on another path (issue 37: bf16 on SmolLM2-135M, AVX512-bf16 vs
     oneDNN capped at AVX2: option log-probs up to 0.197 apart, 0 of 80 rows equal).
 

@@ -32,7 +32,6 @@ import logging
 import time
 from pathlib import Path
 
-from walla.extract import hub
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, BackendKind, Settled
 from walla.extract.backends.registry import identity_difference, open_backend
 from walla.extract.command import reproduce_command
@@ -40,17 +39,24 @@ from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, default_template, load_dataset_table
 from walla.extract.distributed import extract_parallel
 from walla.extract.door import settle_for, target_for, with_pinned
-from walla.extract.models import ResolvedModel
+from walla.extract.models import hub
+from walla.extract.models.resolve import ResolvedModel
 from walla.extract.progress import Progress
 from walla.extract.prompts import PromptTemplate, build_prompts, get_template
 from walla.extract.splits import SplitProtocol
 from walla.extract.timeline import Timeline
 from walla.extract.variant import prepare_variant, score_and_write
 from walla.manifests import catalog  # module attribute: tests swap catalog.load_models / load_datasets
-from walla.store.featureset import FeatureSetSpec, find_complete, open_writer, read_feature_set, writer_lock
+from walla.store.features.format import (
+    FeatureSetSpec,
+    find_complete,
+    open_writer,
+    read_feature_set,
+    writer_lock,
+)
+from walla.store.features.layout import META_FILE, WRITER_FILE, StoreError
 from walla.store.files import read_json
 from walla.store.fingerprint import canonical
-from walla.store.layout import META_FILE, WRITER_FILE, StoreError
 from walla.store.listing import list_feature_sets
 from walla.store.questions import write_question_table
 

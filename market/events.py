@@ -10,7 +10,7 @@ writers that read the same last link cannot both append: one insert fails and it
 Appends queue on a PostgreSQL advisory lock; SQLite has one writer at a time, and the ledger keeps the
 last link in memory there (one INSERT per event). An edited, deleted or inserted event breaks the chain at
 that row. The chain has no key: rewriting it whole (every hash recomputed) is caught by the heads the
-operator records outside the database, and the audit replays the log against every table (audit.py).
+operator records outside the database, and the audit replays the log against every table (audit/prove.py).
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ import socket
 import threading
 
 import uvicorn
+from walla.market.api.guard import guarded_config
+from walla.market.api.server import MAX_BODY, create_app
 from walla.market.client import wait_ready
-from walla.market.guard import guarded_config
 from walla.market.ledger import Ledger
-from walla.market.server import MAX_BODY, create_app
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -30,7 +30,7 @@ class LocalServer:
     ) -> None:
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
-        config = guarded_config(  # the connection limits of `walla market serve` (guard.py)
+        config = guarded_config(  # the connection limits of `walla market serve` (api/guard.py)
             create_app(ledger, max_body, **app_kwargs),
             host=host,
             port=self.port,

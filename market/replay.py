@@ -2,7 +2,7 @@
 
     result = replay(ReplayConfig(scenario="demo-homo-facts", runs="runs", store="walla-store"))
 
-Per seed of one run key of the WALLA method (run_choice.py: the key the user names, or the method's only
+Per seed of one run key of the WALLA method (../train/runs/choice.py: the key the user names, or the method's only
 one; every seed walla eval counts unless seeds are named): a fresh ledger and server on a
 free loopback port; one agent per slot, each with its own token, its own head (its slot of the run's
 state.pt, AgentHead) and its own features from the store (StoreFeatures: that agent's probabilities and
@@ -14,7 +14,7 @@ are computed exactly as walla eval computes the table's (evaluate/metrics.py), n
 With `learn`, heads keep updating from their own payouts (Agent.collect_payouts), so the live numbers
 then differ from the offline ones by design: the report shows both.
 
-Runs are found only through run_choice.py, i.e. the runs walla eval counts (evaluate/load.py).
+Runs are found only through ../train/runs/choice.py, i.e. the runs walla eval counts (evaluate/load.py).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
-from walla.market.run_choice import choose_runs
-from walla.store.scenario import assemble_scenario
+from walla.store.scenario.assemble import assemble_scenario
 from walla.train import mechanism
-from walla.train.run_layout import RunFormatError
-from walla.train.run_reader import RunRecord
+from walla.train.runs.choice import choose_runs
+from walla.train.runs.layout import RunFormatError
+from walla.train.runs.reader import RunRecord
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
 WAVE = 20  # rounds open at once with frozen heads
@@ -57,7 +57,7 @@ class ReplayConfig:
     batch_size: int = 1  # with learn: resolved rounds per head update
     limit: int | None = None  # first N test questions only
     db: str | None = None  # a ledger path/URL (default: a temporary SQLite file per seed)
-    key: str | None = None  # a run key id of the method (run_choice.py); None: its only key
+    key: str | None = None  # a run key id of the method (../train/runs/choice.py); None: its only key
     run: Path | None = None  # a key or seed directory: names scenario, method, key (and seed)
 
 
@@ -127,7 +127,7 @@ def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, d
         "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
         "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
     }
-    # the live numbers as walla train stores its predictions (float32, train/run_writer.py), then widened as the
+    # the live numbers as walla train stores its predictions (float32, train/runs/writer.py), then widened as the
     # reader widens them: an exact tie offline ([0.5, 0.5]) stays one live, so argmax-based metrics agree
     pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
     pad[:, :k_live] = _stored(live["pool"])

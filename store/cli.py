@@ -23,7 +23,7 @@ from walla.cli import new_app
 from walla.cli.exits import DATA, USAGE, fail
 
 if TYPE_CHECKING:
-    from walla.store.featureset import FeatureSetInfo
+    from walla.store.features.format import FeatureSetInfo
     from walla.store.location import Location
 
 app = new_app(no_args_is_help=True)
@@ -36,7 +36,7 @@ def _group() -> None:
 
 def _store() -> ModuleType:
     """The store's modules, imported when a command runs (zarr, polars, fsspec): walla.cli.lazy."""
-    import walla.store.cli_ops as ops
+    import walla.store.commands as ops
 
     return ops
 

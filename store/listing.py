@@ -12,8 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from walla.store.files import read_json
-from walla.store.layout import (
+from walla.store.features.layout import (
     FEATURES_DIR,
     FS_DIR_RE,
     INCOMPLETE,
@@ -25,6 +24,7 @@ from walla.store.layout import (
     StoreError,
     durable_shards,
 )
+from walla.store.files import read_json
 from walla.store.location import as_location, du, is_remote, rmtree, subdirs
 from walla.store.schema import FEATURE_SCHEMA_VERSION
 

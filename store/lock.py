@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
-from walla.store.feature_spec import FeatureSetSpec
-from walla.store.layout import LOCK, LockedError
+from walla.store.features.layout import LOCK, LockedError
+from walla.store.features.spec import FeatureSetSpec
 from walla.store.location import is_remote
 
 

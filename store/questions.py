@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from walla.store import atomic
+from walla.store.features.layout import StoreError, check_name, fix_command
 from walla.store.files import read_json, read_parquet
 from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
-from walla.store.layout import StoreError, check_name, fix_command
 from walla.store.listing import list_feature_sets
 from walla.store.location import as_location, is_remote, subdirs
 from walla.store.provenance import library_versions, now_iso

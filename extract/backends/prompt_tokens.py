@@ -1,4 +1,4 @@
-"""The tokenizer half of a backend, shared by hf.py and vllm.py: a prompt's text and ids exactly as the model is
+"""The tokenizer half of a backend, shared by hf/backend.py and vllm/backend.py: a prompt's text and ids exactly as the model is
 fed them (both keep the model's own transformers tokenizer, so prompts, option tokens and chat templates are
 handled alike whichever backend scores them).
 

@@ -4,7 +4,7 @@
     backend = open_backend(settled)                             # load what was decided
     register_backend(DUMMY)                                     # tests/conftest.py: the seeded fake
 
-walla extract (extract/run.py), `walla check` (extract/check.py), every Ray worker (extract/distributed.py)
+walla extract (extract/run.py), `walla check` (extract/parity.py), every Ray worker (extract/distributed.py)
 and the market agent (market/agent.py) go through these two functions, so they run and fingerprint a model
 the same way. A new backend is a module with a kind object (extract/backends/__init__.py: `BackendKind`:
 its `Options`, `settle`, `load`) and one entry here; nothing else lists backend names (the catalog, the
@@ -24,8 +24,8 @@ from walla.manifests.validate import build
 
 # name -> "module:attribute" of its kind object (imported on first use), or the kind object itself
 BACKEND_KINDS: dict[str, str | BackendKind] = {
-    "hf": "walla.extract.backends.hf_kind:HF",
-    "vllm": "walla.extract.backends.vllm:VLLM",
+    "hf": "walla.extract.backends.hf.kind:HF",
+    "vllm": "walla.extract.backends.vllm.backend:VLLM",
 }
 DEFAULT_BACKEND = "hf"  # a model without a backend hint, or whose hinted backend cannot run here
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, func, insert, select, update
 from walla.market import db
-from walla.market.errors import ClientError, bad
+from walla.market.api.errors import ClientError, bad
+from walla.market.api.models import RoundSettings
 from walla.market.ledger.common import ROUND_STAMP, check_finite, settings_of
-from walla.market.models import RoundSettings
 
 if TYPE_CHECKING:
     from walla.market.ledger import Ledger

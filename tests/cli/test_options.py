@@ -19,9 +19,10 @@ from walla.extract.config import ExtractConfig
 from walla.serve.cli import app as serve_app
 from walla.serve.config import ServeConfig
 from walla.train import config as train_config
-from walla.train import engine, loggers
+from walla.train import loggers
 from walla.train.cli import app as train_app
 from walla.train.config import TrainConfig
+from walla.train.engine import fabric as engine
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("extract", "store", "train", "evaluate", "manifests", "cli", "market", "serve")

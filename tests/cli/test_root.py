@@ -130,11 +130,11 @@ def test_demo_runs_every_step_and_stops_at_the_first_failure(tmp_path, monkeypat
 
 
 def test_market_serve_help_states_the_servers_max_body():
-    """`--max-body` defaults to the server's MAX_BODY, named in words (server.py imports FastAPI)."""
+    """`--max-body` defaults to the server's MAX_BODY, named in words (api/server.py imports FastAPI)."""
     pytest.importorskip(
         "fastapi", reason="the market server needs the market extra: pip install 'walla[market]'"
     )
-    from walla.market.server import MAX_BODY
+    from walla.market.api.server import MAX_BODY
 
     serve = load(MARKET_COMMANDS["serve"])
     (opt,) = [p for p in serve.params if p.name == "max_body"]

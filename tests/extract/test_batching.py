@@ -14,15 +14,17 @@ import pytest
 import torch
 from tiny_model import register_tiny_catalog
 from walla.extract import run as run_mod
-from walla.extract.backends import BackendRequest, hf_kind, hf_modes
+from walla.extract.backends import BackendRequest
 from walla.extract.backends.dummy import DummyBackend
-from walla.extract.backends.hf_kind import FP32_PADDED_BOUND, HF, HFOptions
-from walla.extract.backends.hf_modes import BATCH_ORDER, explain_batch_invariant
+from walla.extract.backends.hf import kind as hf_kind
+from walla.extract.backends.hf import modes as hf_modes
+from walla.extract.backends.hf.kind import FP32_PADDED_BOUND, HF, HFOptions
+from walla.extract.backends.hf.modes import BATCH_ORDER, explain_batch_invariant
 from walla.extract.config import ExtractConfig
-from walla.extract.models import ResolvedModel
+from walla.extract.models.resolve import ResolvedModel
 from walla.extract.variant import call_ranges
-from walla.store import feature_writer
-from walla.store.featureset import read_feature_set
+from walla.store.features import writer as feature_writer
+from walla.store.features.format import read_feature_set
 
 QUESTIONS = [
     ("Which gas do plants take in ?", "the sun"),
@@ -240,7 +242,7 @@ def test_hf_kind_sizes_a_cuda_request_from_free_memory_and_config(tmp_path, tiny
     """The glue around extract/sizing.py, with the CUDA figures faked: config read without weights."""
     rm = ResolvedModel("tiny", str(tmp_path / "tiny"), None, None, {"source": "local"})
     req = BackendRequest(rm, "bfloat16", "cuda", False, 32)
-    default = HF.settle(req, HFOptions()).options.batch_invariant  # CUDA's default: one switch in hf_modes.py
+    default = HF.settle(req, HFOptions()).options.batch_invariant  # CUDA's default: one switch in hf/modes.py
     assert default == ("fixed" if hf_modes.CUDA_INVARIANT_BY_DEFAULT else "off")
     padded = HFOptions(batch_invariant="off")  # the sizes are recorded where the batching decides the bits
     # no CUDA in this process: the fallback, and why

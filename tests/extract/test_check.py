@@ -12,11 +12,13 @@ import typer
 from test_hf_backend import PROMPTS
 from tiny_model import tiny_model, tiny_tokenizer
 from typer.testing import CliRunner
-from walla.extract import check as check_mod
-from walla.extract.backends import ScoreResult, hf_packed
-from walla.extract.backends.hf import HFBackend
+from walla.extract import parity as check_mod
+from walla.extract.backends import ScoreResult
+from walla.extract.backends.hf import packed as hf_packed
+from walla.extract.backends.hf.backend import HFBackend
 from walla.extract.backends.registry import backend_options
-from walla.extract.check import (
+from walla.extract.config import ExtractConfig
+from walla.extract.parity import (
     TIE_GAP,
     TOLERANCES,
     compare,
@@ -27,8 +29,7 @@ from walla.extract.check import (
     violations,
     worst,
 )
-from walla.extract.cli_check import app
-from walla.extract.config import ExtractConfig
+from walla.extract.parity_cli import app
 
 
 def result(seed: int, noise: float = 0.0, base: ScoreResult | None = None) -> ScoreResult:

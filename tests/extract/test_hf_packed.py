@@ -1,4 +1,4 @@
-"""Batch-invariant hf scoring (extract/backends/hf_packed.py): right numbers, and the same bits in any batch mix."""
+"""Batch-invariant hf scoring (extract/backends/hf/packed.py): right numbers, and the same bits in any batch mix."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import torch
 from test_hf_backend import PROMPTS, naive
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
-from walla.extract.backends import hf_packed, lm_head
-from walla.extract.backends.hf import MIN_PREFIX, HFBackend
-from walla.extract.backends.hf_load import load_hf_backend
-from walla.extract.backends.hf_modes import INVARIANT_SCORING, hf_identity
-from walla.extract.check import render_prompts
+from walla.extract.backends.hf import lm_head
+from walla.extract.backends.hf import packed as hf_packed
+from walla.extract.backends.hf.backend import MIN_PREFIX, HFBackend
+from walla.extract.backends.hf.load import load_hf_backend
+from walla.extract.backends.hf.modes import INVARIANT_SCORING, hf_identity
 from walla.extract.config import ExtractConfig
 from walla.extract.door import target_for
+from walla.extract.parity import render_prompts
 
 OTHERS = [
     "Question : Is the door of room 7 painted blue ? Answer with YES or NO . Answer :",

@@ -20,13 +20,13 @@ from tiny_model import register_tiny_catalog
 from walla.extract import device as devices
 from walla.extract import door, dtype_probe
 from walla.extract import run as run_mod
-from walla.extract.backends.hf import HFBackend
-from walla.extract.backends.hf_kind import FP32_PADDED_BOUND
+from walla.extract.backends.hf.backend import HFBackend
+from walla.extract.backends.hf.kind import FP32_PADDED_BOUND
 from walla.extract.backends.registry import identity_difference
 from walla.extract.config import ExtractConfig
 from walla.extract.door import settle_for
-from walla.store.feature_spec import FeatureSetSpec
-from walla.store.featureset import read_feature_set
+from walla.store.features.format import read_feature_set
+from walla.store.features.spec import FeatureSetSpec
 
 # a CPU without AVX512-bf16, as far as oneDNN's GEMMs and ATen's vector kernels can tell
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
@@ -150,7 +150,7 @@ def test_a_bf16_set_is_never_continued_or_reported_complete_on_another_cpu_kerne
 
 def test_float32_keeps_one_fingerprint_across_cpu_kernel_paths_within_its_bound(tmp_path, tiny):
     """The tolerance tier does not record the kernel path: another path moves float32 results by float32
-    rounding only, inside FP32_PADDED_BOUND (hf_kind.py's docstring), checked here under the AVX2 cap."""
+    rounding only, inside FP32_PADDED_BOUND (hf/kind.py's docstring), checked here under the AVX2 cap."""
     cfg = config(tmp_path, tiny, "float32", "a")
     (here,) = run_mod.run(ExtractConfig(**{**cfg, "variants": ("none",)}), out=lambda s: None)
     code, out = in_child(tmp_path, tiny, {**cfg, "store": str(tmp_path / "b")}, AVX2)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from walla.extract import dtype_probe
 from walla.extract import run as run_mod
-from walla.extract.backends import vllm as vllm_mod
 from walla.extract.backends.dummy import DummyBackend
+from walla.extract.backends.vllm import backend as vllm_mod
 from walla.extract.config import ExtractConfig
 from walla.manifests import catalog
-from walla.store.featureset import read_feature_set
+from walla.store.features.format import read_feature_set
 
 PAPER_MODELS = ("gemma2", "llama3.1", "aloe", "biomistral")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from market_fixtures import OP_TOKEN, snapshot
 from walla.market.cli import run_market
-from walla.market.cli_operator import TOKEN_ENV
+from walla.market.cli.operator import TOKEN_ENV
 
 
 def _setup(market):

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from market_fixtures import OP_TOKEN, snapshot
 from starlette.testclient import TestClient
+from walla.market.api.models import RoundSettings
+from walla.market.api.server import create_app
 from walla.market.ledger import Ledger
-from walla.market.models import RoundSettings
-from walla.market.server import create_app
 
 MAX_EXAMPLES = 600
 

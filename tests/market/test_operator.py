@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 from market_fixtures import snapshot
+from walla.market.api.server import create_app
 from walla.market.client import MarketError
-from walla.market.server import create_app
 from walla.train import mechanism
 
 

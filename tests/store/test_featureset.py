@@ -7,8 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 from store_fixtures import make_questions, make_rows, write_feature_set
-from walla.store.feature_writer import default_chunk_rows
-from walla.store.featureset import (
+from walla.store.features.format import (
     FeatureSetSpec,
     IncompleteError,
     LockedError,
@@ -19,7 +18,8 @@ from walla.store.featureset import (
     open_writer,
     read_feature_set,
 )
-from walla.store.hidden_io import HiddenReader
+from walla.store.features.hidden_io import HiddenReader
+from walla.store.features.writer import default_chunk_rows
 from walla.store.questions import read_question_table, write_question_table
 
 

@@ -11,7 +11,7 @@ import torch
 from method_runs import HASHING, brier, config_of, informed_mrr, run, run_seeds
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import ConfigError
-from walla.train import embedding_cache
+from walla.train.methods import embedding_cache
 from walla.train.methods.nirt_router import Config as NIRTConfig
 from walla.train.methods.nirt_router import NIRTHead, PosLinear
 from walla.train.methods.router_dc import contrastive_loss
@@ -110,7 +110,7 @@ def test_same_seed_same_weights(private, name):
 
 
 def test_frozen_embeddings_are_encoded_once(private, monkeypatch, tmp_path):
-    from walla.train.engine import TrainEnv
+    from walla.train.engine.fabric import TrainEnv
 
     calls = []
     real = embedding_cache._encode_uncached

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from synthetic import make_private_context_scenario
 from walla.store.schema import VARIANT_CODE
-from walla.train import embedding_cache, encoders
-from walla.train.embedding_cache import cache_key, cache_path, encode_texts
-from walla.train.encoders import OFFLINE_DEFAULT, EncoderSpec, router_texts
+from walla.train.methods import embedding_cache, encoders
+from walla.train.methods.embedding_cache import cache_key, cache_path, encode_texts
+from walla.train.methods.encoders import OFFLINE_DEFAULT, EncoderSpec, router_texts
 
 HASH = EncoderSpec("hashing", "none", 512, True, "right")
 MINILM = EncoderSpec(OFFLINE_DEFAULT, "mean", 256, True, "right")

@@ -1,5 +1,5 @@
 """TRAIN_SCHEMA is pinned by numbers (issue 28): every method's golden run matches the digests stored for the
-current schema, and a change of the numbers fails with the instruction to bump it (train/golden.py)."""
+current schema, and a change of the numbers fails with the instruction to bump it (train/golden/check.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import copy
 import numpy as np
 import pytest
 import torch
-from walla.train import engine, golden, golden_setup
-from walla.train.heads import StackedHeads
+from walla.train.engine import fabric as engine
+from walla.train.golden import check as golden
+from walla.train.golden import setup as golden_setup
 from walla.train.methods import REGISTRY
-from walla.train.run_identity import TRAIN_SCHEMA
+from walla.train.runs.identity import TRAIN_SCHEMA
+from walla.train.wagers.heads import StackedHeads
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +41,16 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     assert line.startswith(
         f"the training numbers changed but TRAIN_SCHEMA did not (still {TRAIN_SCHEMA}): walla-ii: moved"
     )
-    assert "Bump TRAIN_SCHEMA in train/run_identity.py" in line and line.endswith(
+    assert "Bump TRAIN_SCHEMA in train/runs/identity.py" in line and line.endswith(
         "python -m walla.train.golden --write"
     )
     (line,) = golden.check(stored, current, schema=TRAIN_SCHEMA + 1)  # bumped: the digests are regenerated
     assert f"holds digests of TRAIN_SCHEMA {TRAIN_SCHEMA}, the code is schema {TRAIN_SCHEMA + 1}" in line
-    (line,) = golden.check(stored, current, setup="another")  # golden_setup.py changed: regenerate
-    assert line.startswith("golden.json holds digests of another golden setup") and "bump" not in line.lower()
+    (line,) = golden.check(stored, current, setup="another")  # golden/setup.py changed: regenerate
+    assert (
+        line.startswith("golden/golden.json holds digests of another golden setup")
+        and "bump" not in line.lower()
+    )
     fewer = {**stored, "methods": {k: v for k, v in current.items() if k != "uniform"}}
     (line,) = golden.check(fewer, current)  # a new method: its digest is added, no bump needed
     assert line.startswith("golden digests missing for ['uniform']")
@@ -66,7 +71,7 @@ def test_the_sketch_passes_float_noise_and_catches_a_change():
 
 
 def test_write_refuses_moved_digests_under_the_same_schema(current, tmp_path):
-    path = tmp_path / "golden.json"
+    path = tmp_path / "golden/golden.json"
     golden.write(current, path, schema=7, setup="s")
     golden.write(current, path, schema=7, setup="s")  # unchanged: fine
     with pytest.raises(ValueError, match="digests of TRAIN_SCHEMA 7 moved .walla-i: .*bump TRAIN_SCHEMA"):
@@ -103,7 +108,7 @@ def test_every_selectable_numeric_path_has_a_digest():
 
 
 def test_bf16_true_forced_where_bf16_mixed_is_asked_fails_the_golden_check(monkeypatch):
-    """The mutation of the issue: train/engine.py handing Lightning bf16-true for a bf16-mixed run."""
+    """The mutation of the issue: train/engine/fabric.py handing Lightning bf16-true for a bf16-mixed run."""
     real = engine.Fabric
 
     def forced(*args, precision=None, **kw):
@@ -144,7 +149,7 @@ def test_the_early_stopping_path_stops_early():
 @pytest.mark.gpu
 def test_cuda_training_numbers_match_their_digests():
     """The golden runs and every path on a CUDA device (its own init draw, cuBLAS, bf16-mixed on the GPU),
-    against train/golden_cuda.json within golden.CUDA_TOLERANCE; written there by
+    against train/golden/golden_cuda.json within golden.CUDA_TOLERANCE; written there by
     `python -m walla.train.golden --write --device cuda` on a CUDA machine."""
     current = golden.compute(device="cuda")
     file, tolerance, _ = golden.golden_file("cuda")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from method_runs import config_of, run_seeds, tiny_encoder_dir
 from synthetic import make_private_context_scenario
-from walla.train import encoders, routers
-from walla.train.methods import get_method
+from walla.train.methods import encoders, get_method
+from walla.train.methods import routing as routers
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,6 @@ def _save(state, tmp_path):
 
 
 def _env():
-    from walla.train.engine import TrainEnv
+    from walla.train.engine.fabric import TrainEnv
 
     return TrainEnv()

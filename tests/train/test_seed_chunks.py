@@ -13,13 +13,13 @@ import pytest
 import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import build
-from walla.train.device_memory import (
+from walla.train.engine.fabric import TrainEnv
+from walla.train.engine.memory import (
     DEVICE_MEMORY_SHARE,
     PARAM_BUDGET_BYTES,
     free_device_bytes,
     seeds_per_chunk,
 )
-from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 
 GIB = 2**30

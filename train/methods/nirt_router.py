@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from walla.manifests.validate import check, config
 from walla.train.methods import LogFn, MethodOutput
+from walla.train.methods.routing import RouterConfig, fit_router, router_predict
 from walla.train.pooling_losses import mixture_ce
-from walla.train.routers import RouterConfig, fit_router, router_predict
 
 P_CLAMP = 1e-6
 

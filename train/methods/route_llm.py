@@ -5,7 +5,7 @@
     loss = mixture cross-entropy of the linear pool (soft target for BayesX)
 
 Defaults = the paper's: bert-base-uncased pooled output fine-tuned end to end with AdamW lr 5e-5 (head and
-encoder, encoder_lr_mult 1), wd 0.01, clip 1.0, batch 50, 5 epochs (shared machinery: walla.train.routers).
+encoder, encoder_lr_mult 1), wd 0.01, clip 1.0, batch 50, 5 epochs (shared machinery: walla.train.methods.routing).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from walla.manifests.validate import check, config
 from walla.train.methods import LogFn, MethodOutput
+from walla.train.methods.routing import RouterConfig, fit_router, router_predict
 from walla.train.pooling_losses import mixture_ce
-from walla.train.routers import RouterConfig, fit_router, router_predict
 
 
 @config

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from walla.manifests.validate import check, config
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.routers import RouterConfig, fit_router, router_predict
+from walla.train.methods.routing import RouterConfig, fit_router, router_predict
 
 NEG_MAX_P = 0.5  # a negative whose p_gold exceeds this is not a negative
 POS_MIN_P = 0.01  # a positive whose p_gold is below this contributes nothing

@@ -1,0 +1,1 @@
+"""The hf backend kind: transformers models on CPU or GPU."""

@@ -1,0 +1,1 @@
+"""The vllm backend kind: vLLM's offline engines in their own interpreter."""

@@ -1,0 +1,1 @@
+"""Where a model's files come from: the catalog entry resolved, the hub, GGUF copies, the user cache."""

@@ -1,0 +1,1 @@
+"""The market's HTTP API: app, dependencies, errors, typed models, guard, routes."""

@@ -1,0 +1,1 @@
+"""The work of the market's commands, apart from their command lines."""

@@ -1,0 +1,1 @@
+"""Feature sets: one (model, dataset, variant) extraction on disk, written and read here."""

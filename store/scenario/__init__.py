@@ -1,0 +1,1 @@
+"""Scenario assembly: a scenario manifest + the store -> the arrays every method consumes."""

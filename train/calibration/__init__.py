@@ -1,0 +1,1 @@
+"""Adaptive temperature scaling of each agent's option distribution."""

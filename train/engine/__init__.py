@@ -1,0 +1,1 @@
+"""The training engine: device, precision, optimizer, clipping and the generic loop."""

@@ -1,0 +1,1 @@
+"""Training numbers pinned to TRAIN_SCHEMA (python -m walla.train.golden)."""

@@ -1,0 +1,1 @@
+"""The runs-on-disk contract: layout, identity, keys, writer, reader, lineage."""

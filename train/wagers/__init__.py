@@ -1,0 +1,1 @@
+"""WALLA's wager heads and their batched, decentralized training."""
