@@ -59,11 +59,11 @@ if __name__ == "__main__":
 
 import numpy as np
 import torch
-from walla.extract.backends.hf.load import load_hf_backend
+from walla.extract.backends.hf import load_hf_backend
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets.registry import default_template
 from walla.extract.datasets.table import load_dataset_table
-from walla.extract.models.resolve import resolve_model
+from walla.extract.models import resolve_model
 from walla.extract.prompts import get_template
 from walla.extract.run import _lookup, dataset_request
 from walla.extract.variant import prepare_variant

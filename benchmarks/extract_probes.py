@@ -34,11 +34,10 @@ if __name__ == "__main__":
     parser().parse_args()
 
 import torch
-from walla.extract.backends.hf import lm_head
-from walla.extract.backends.hf import probes as hf_checks
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.load import load_model
-from walla.extract.models.resolve import resolve_model
+from walla.extract.backends.hf import HFBackend, load_model
+from walla.extract.backends.hf import _lm_head as lm_head
+from walla.extract.backends.hf import _probes as hf_checks
+from walla.extract.models import resolve_model
 from walla.manifests.catalog import load_models
 
 

@@ -51,13 +51,12 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 from walla.extract import dtype_probe
-from walla.extract.backends.hf.modes import DTYPES
-from walla.extract.models.gguf import converted_gguf_dir
-from walla.extract.models.resolve import resolve_model
+from walla.extract.backends.hf import DTYPES
+from walla.extract.models import converted_gguf_dir, resolve_model
 from walla.extract.prompts import get_template, option_strings
 from walla.extract.scoring import resolve_option_token_ids
 from walla.manifests.catalog import load_models
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 
 # decoder shapes (layers, hidden, heads, kv heads, MLP, tied embeddings); the vocabulary is the tokenizer's
 SHAPES = {

@@ -29,7 +29,7 @@ SAME dtype on the SAME prompts; going from one dtype to another is its own facto
 - a bare 15-line transformers loop (`extract_shapes.bare_loop`: batches of 16 sorted by length, left padding,
   `logits_to_keep=1`, hidden states, no prompt NLL) in the auto dtype;
 - our hf backend in-process (the extraction fast path without the CLI around it): as the CLI runs it
-  (batch-invariant packing in reduced precision, extract/backends/hf/packed.py), with padded batches
+  (batch-invariant packing in reduced precision, extract/backends/hf/_packed.py), with padded batches
   (`invariance_cost`: padded over packed, same dtype), and (--compiled) compiled (`--backend-arg compile=on`);
 - the GEMM ceiling: the model's own linear layers at its own shapes (8192-token batches) timed alone, i.e.
   the MFU the forward would reach if attention, norms, RoPE, activations and the NLL head were free;
@@ -119,13 +119,11 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from walla.extract import dtype_probe
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.modes import DTYPES
-from walla.extract.models.gguf import converted_gguf_dir
-from walla.extract.models.resolve import resolve_model
+from walla.extract.backends.hf import DTYPES, HFBackend
+from walla.extract.models import converted_gguf_dir, resolve_model
 from walla.manifests.catalog import load_models
 from walla.manifests.scenario import read_scenario
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(os.environ.get("REAL_DATA", REPO.parent / "shared" / "data"))  # as the Makefile

@@ -1,4 +1,4 @@
-"""Fixed-shape attention (extract/backends/hf/fixed.py) against the padded path's SDPA, one layer, side by side.
+"""Fixed-shape attention (extract/backends/hf/_fixed.py) against the padded path's SDPA, one layer, side by side.
 
     .venv/bin/python benchmarks/fixed_attention.py --device cuda                  # Llama-3.1-8B's heads, 8,192 tokens
     .venv/bin/python benchmarks/fixed_attention.py --device cpu --tokens 1024     # this code path on a CPU
@@ -53,7 +53,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 import torch.nn.functional as F
-from walla.extract.backends.hf import fixed as hf_fixed
+from walla.extract.backends.hf import _fixed as hf_fixed
 
 
 def sync(device: str) -> None:

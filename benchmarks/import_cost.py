@@ -25,10 +25,10 @@ import sys
 import time
 
 RUN_IMPORTS = {
-    "hf": ("walla.extract.run", "walla.extract.backends.hf.kind", "walla.extract.backends.hf.backend"),
+    "hf": ("walla.extract.run", "walla.extract.backends.hf._kind", "walla.extract.backends.hf._backend"),
     "vllm": (
         "walla.extract.run",
-        "walla.extract.backends.vllm.backend",
+        "walla.extract.backends.vllm._backend",
         "transformers.models.auto.tokenization_auto",
     ),
 }

@@ -57,7 +57,7 @@ from walla.market.local import free_port
 from walla.serve.app import create_serve_app
 from walla.serve.forecast import Forecaster
 from walla.serve.loading import ServeConfig, load_pool
-from walla.store.features.layout import META_FILE
+from walla.store.features import META_FILE
 from walla.store.files import read_json
 
 COLORS = ["red", "blue", "green", "white", "black", "yellow", "grey", "pink"]

@@ -50,9 +50,9 @@ import numpy as np
 import polars as pl
 from walla.manifests.catalog import DatasetEntry
 from walla.manifests.scenario import Scenario, ScenarioSpec
-from walla.store.features.format import FeatureSetSpec, open_writer
+from walla.store.features import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
-from walla.store.scenario.assemble import assemble_scenario
+from walla.store.scenario import assemble_scenario
 
 DATASET = "synthetic"
 MODEL = "synth-llm"

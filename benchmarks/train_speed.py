@@ -135,28 +135,27 @@ import numpy as np
 import polars as pl
 import torch
 from walla.manifests.validate import build
-from walla.store.features.format import FeatureSetSpec, open_writer
+from walla.store.features import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
-from walla.store.scenario.data import ScenarioData
+from walla.store.scenario import ScenarioData
 from walla.store.schema import VARIANT_CODE
 from walla.train import mechanism
-from walla.train.engine import memory as device_memory
-from walla.train.engine.clipping import scale_slices_, slice_clip_coefs
-from walla.train.engine.fabric import (
+from walla.train.engine import (
     TrainEnv,
+    free_device_bytes,
     gemm_flops,
     make_optimizer,
     resolve_device,
     resolve_precision,
+    scale_slices_,
     seeded,
+    slice_clip_coefs,
 )
-from walla.train.engine.memory import free_device_bytes
+from walla.train.engine import _memory as device_memory
 from walla.train.methods import REGISTRY, get_method, walla
-from walla.train.wagers import stopping as online_stop
-from walla.train.wagers import training as wager_training
-from walla.train.wagers.dropout import DropoutMasks
-from walla.train.wagers.heads import StackedHeads, WagerHead
-from walla.train.wagers.training import train_heads
+from walla.train.wagers import DropoutMasks, StackedHeads, WagerHead, train_heads
+from walla.train.wagers import _stopping as online_stop
+from walla.train.wagers import _training as wager_training
 
 HEADS = {"lr": 5e-5, "batch_size": 100, "projection_dim": 4096, "hidden": [512, 256], "patience": 10**9}
 BEFORE_COMMIT = "2c38e00"  # the last commit with the hand-written backward and mixed_adam.MasterAdam
@@ -282,7 +281,7 @@ def roofline(n_params: int, flops: float, peak: float, bw: float, bytes_per_para
 
 
 def load_before(commit: str = BEFORE_COMMIT) -> tuple[ModuleType, ModuleType] | str:
-    """train/wagers/heads.py and train/mixed_adam.py of `commit` from git history, imported from a temporary
+    """train/wagers/_heads.py and train/mixed_adam.py of `commit` from git history, imported from a temporary
     directory as standalone modules (their one package import re-pointed); or why they cannot be."""
     root = Path(__file__).resolve().parents[1]
     sources = {}
@@ -908,7 +907,7 @@ def cli_section(args, device: str) -> None:
 
 def mask_draws(agents: int, seeds: int, cfg: walla.Config, device: str, reps: int = 5) -> tuple[float, float]:
     """Host seconds per step to draw one step's dropout masks of `seeds` x `agents` heads: the formula
-    drawn one generator after another (the code before issue 31) vs train/wagers/dropout.py (raw stream, a
+    drawn one generator after another (the code before issue 31) vs train/wagers/_dropout.py (raw stream, a
     thread per generator; `take` also overlaps it with the device step, which this does not count)."""
     b, keep = cfg.batch_size, 1 - cfg.dropout
     gens = [np.random.default_rng([18 + s, 1]) for s in range(seeds)]

@@ -28,11 +28,10 @@ def parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     parser().parse_args()
 
-from walla.extract.backends.hf.load import load_hf_backend
-from walla.extract.backends.hf.modes import explain_dtype
-from walla.extract.backends.vllm.backend import load_vllm_backend, vllm_usable
+from walla.extract.backends.hf import explain_dtype, load_hf_backend
+from walla.extract.backends.vllm import load_vllm_backend, vllm_usable
 from walla.extract.config import ExtractConfig
-from walla.extract.models.resolve import resolve_model
+from walla.extract.models import resolve_model
 from walla.extract.parity import render_prompts
 from walla.manifests.catalog import load_models
 

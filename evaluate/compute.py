@@ -27,7 +27,7 @@ from walla.evaluate.load import ScenarioRuns
 from walla.evaluate.metrics import METRICS
 from walla.evaluate.tables import Cell, Column, Row, Table
 from walla.train.methods import REGISTRY
-from walla.train.runs.layout import SCENARIO_META
+from walla.train.runs import SCENARIO_META
 
 NOT_RECORDED = (
     "LLM compute per question: compute not recorded (scenario.json has no meta.compute, which scenario "

@@ -1,10 +1,10 @@
-"""Gather a scenario's saved runs for evaluation, through the one run-format reader (walla.train.runs.reader).
+"""Gather a scenario's saved runs for evaluation, through the one run-format reader (walla.train.runs._reader).
 
-Nothing here recomputes a prediction or knows a file name: `walla.train.runs.reader` reads, this module only
+Nothing here recomputes a prediction or knows a file name: `walla.train.runs._reader` reads, this module only
 decides which runs count and how they form rows. A run counts when it is complete, readable, carries a
 run key (run.json `run_key`) and was trained from the scenario's CURRENT inputs by this schema of
 walla train, and, for a joined run (--add-agent / --drop-agent), while the base run it continued is still
-the current run of its key (train/runs/lineage.py stale_run_reason, the check every reader of runs makes); every
+the current run of its key (train/runs/_lineage.py stale_run_reason, the check every reader of runs makes); every
 other run becomes a `Problem` listed in the report and is never aggregated into a row.
 
 Seeds are averaged only within one run key: a method trained under several keys (another lr, another
@@ -20,19 +20,26 @@ from pathlib import Path
 from typing import Any
 
 from walla.train.methods import REGISTRY
-from walla.train.runs.identity import TRAIN_SCHEMA, VALIDITY, key_id
-from walla.train.runs.layout import (
+from walla.train.runs import (
     METHOD_GROUPS,
     SCENARIO_META,
+    TRAIN_SCHEMA,
+    VALIDITY,
     RunDir,
     RunFormatError,
+    RunRecord,
+    ScenarioTable,
     is_complete,
     key_dir,
+    key_id,
     list_run_dirs,
     list_scenarios,
+    read_key_file,
+    read_run,
+    read_scenario_table,
+    stale_run_reason,
+    train_command,
 )
-from walla.train.runs.lineage import stale_run_reason, train_command
-from walla.train.runs.reader import RunRecord, ScenarioTable, read_key_file, read_run, read_scenario_table
 
 Run = RunRecord  # evaluation reads RunRecords; the alias keeps plots/report signatures short
 Scenario = ScenarioTable
@@ -105,7 +112,7 @@ def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRec
     key = run.run_key
     why = stale_run_reason(
         d.path, run.meta, table.meta.get("inputs_id")
-    )  # the one rule (train/runs/lineage.py)
+    )  # the one rule (train/runs/_lineage.py)
     if why is not None:
         problems.append(_stale(name, d, why, retrain))
     elif key_id(key) != d.key_id or key.get("method") != d.method:

@@ -133,7 +133,7 @@ def _config(run: Run) -> dict:
 
 
 def _heads_by_role(ev: ScenarioEval, run: Run) -> bool:
-    """Whether the run's calibration had one head per context role (train/calibration/temperature.py `_roles`: by_role
+    """Whether the run's calibration had one head per context role (train/calibration/_temperature.py `_roles`: by_role
     yes, or auto when the scenario routes the relevant context to some agents)."""
     by_role = (_config(run).get("calibration") or {}).get("by_role", "auto")
     routed = bool((ev.data.scenario.variant == VARIANT_CODE["relevant"]).any())

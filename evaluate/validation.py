@@ -3,7 +3,7 @@
 Choosing the "best baseline" by its test mean picks, among several equally good baselines, the one the
 test questions happened to favour, and then tests the other rows against that lucky draw on the same
 questions (issue 28: 13% false ‡ marks at a nominal 5%). Every run's predictions.parquet holds every
-split, so the same runs are read back on the scenario's validation questions (through walla.train.runs.reader,
+split, so the same runs are read back on the scenario's validation questions (through walla.train.runs._reader,
 the one reader) and the metrics computed there, per seed, averaged over seeds as the table does.
 Only baseline rows (learning-free, learning-based) are read: they are the only candidates. Methods that
 early-stop on the validation questions (the routers, StackedGen) see them during training, so their
@@ -19,8 +19,7 @@ from walla.evaluate.aggregate import summarize
 from walla.evaluate.load import ScenarioRuns
 from walla.evaluate.metrics import EvalArrays, compute_metrics, hard_subset
 from walla.evaluate.significance import BASELINE_GROUPS
-from walla.train.runs.layout import RunFormatError
-from walla.train.runs.reader import read_run, read_scenario_table
+from walla.train.runs import RunFormatError, read_run, read_scenario_table
 
 Means = dict[str, float]  # metric -> seed mean
 

@@ -5,7 +5,7 @@
         --ray-address auto --workers 8 --store s3://bucket/walla-store                    # a GPU cluster
 
 The driver (the `walla extract` process) resolves everything a fingerprint needs, writes the question
-table and opens each feature set's writer (store/features/writer.py) exactly as the single-process path
+table and opens each feature set's writer (store/features/_writer.py) exactly as the single-process path
 does; then, instead of scoring itself:
 1. it starts N actors (`RangeWorker`); each settles the driver's `Settled` again on its own machine and
    stops with one line naming the field when it settles another identity (another GPU model, another
@@ -37,7 +37,7 @@ from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.progress import Progress
 from walla.extract.variant import PreparedVariant, prepare_variant, score_range
-from walla.store.features.writer import attach_writer, default_chunk_rows, open_writer
+from walla.store.features import attach_writer, default_chunk_rows, open_writer
 
 # replacements before giving up: a worker that always dies (OOM) is not retried forever
 MAX_DEATHS_PER_WORKER = 2

@@ -30,7 +30,7 @@ from walla.extract.backends.registry import (
     unknown_backend,
 )
 from walla.extract.config import ExtractConfig
-from walla.extract.models.resolve import ResolvedModel, resolve_model
+from walla.extract.models import ResolvedModel, resolve_model
 from walla.manifests import catalog  # module attribute: tests swap catalog.load_models
 
 log = logging.getLogger(__name__)

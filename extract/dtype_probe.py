@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 from walla.extract import device as devices
-from walla.extract.models.cache import cache_root
+from walla.extract.models import cache_root
 from walla.store import atomic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

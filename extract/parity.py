@@ -9,7 +9,7 @@ compare a run with the reference (hf, batched as walla extract batches):
 Every row opens its backend through the one door (extract/door.py `open_for`); hf's own rows are hf backend
 options, settled like any other (`max_batch_rows=1`, `batch_invariant=off`), never a loaded backend changed.
 - `hf batch=1`: the same prompts one per forward pass. In reduced precision the hf backend is
-  batch-invariant (extract/backends/hf/packed.py), so this row must be bit-identical: any difference
+  batch-invariant (extract/backends/hf/_packed.py), so this row must be bit-identical: any difference
   fails. In float32 (padded batches) it must agree to float32 rounding.
 - reduced precision only, hf's own noise measured in this run (no verdict): `hf padded` (padded
   batches: the same weights and dtype, other kernel shapes) and `hf float32` (the same prompts in
@@ -34,7 +34,7 @@ from dataclasses import replace
 
 import numpy as np
 from walla.extract.backends import Backend
-from walla.extract.backends.hf.modes import explain_dtype
+from walla.extract.backends.hf import explain_dtype
 from walla.extract.backends.registry import DEFAULT_BACKEND, backend_kind, backend_names
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template, load_dataset_table
@@ -189,7 +189,7 @@ def args_for(name: str, args: dict) -> dict:
     return {k: v for k, v in args.items() if k in keys}
 
 
-# the hf rows beside the reference, each an hf backend option settled like any other (extract/backends/hf/kind.py
+# the hf rows beside the reference, each an hf backend option settled like any other (extract/backends/hf/_kind.py
 # HFOptions): the same prompts one per forward pass, and, where hf is batch-invariant, padded batches
 BATCH_ONE = ("hf batch=1", {"max_batch_rows": 1})
 PADDED = ("hf padded", {"batch_invariant": "off"})
@@ -205,7 +205,7 @@ def score_all(cfg: ExtractConfig, backends: list[str], prompts, dtype: str, devi
     """Every row's ScoreResult on the prompts: (results by row name, option columns, timings, hf mode).
 
     hf mode: {"batch_invariant": packed scoring on, "packs": several prompts per pack, or one each where
-    the GEMMs are not row-invariant (extract/backends/hf/packed.py)}."""
+    the GEMMs are not row-invariant (extract/backends/hf/_packed.py)}."""
     results, token_sets, timings = {}, {}, {}
     mode = {"batch_invariant": False, "packs": None}
     runs = [("hf", "hf", dtype, {}), (BATCH_ONE[0], "hf", dtype, BATCH_ONE[1])]

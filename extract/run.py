@@ -39,22 +39,24 @@ from walla.extract.config import ExtractConfig
 from walla.extract.datasets import DatasetRequest, default_template, load_dataset_table
 from walla.extract.distributed import extract_parallel
 from walla.extract.door import settle_for, target_for, with_pinned
-from walla.extract.models import hub
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
+from walla.extract.models import _hub as hub
 from walla.extract.progress import Progress
 from walla.extract.prompts import PromptTemplate, build_prompts, get_template
 from walla.extract.splits import SplitProtocol
 from walla.extract.timeline import Timeline
 from walla.extract.variant import prepare_variant, score_and_write
 from walla.manifests import catalog  # module attribute: tests swap catalog.load_models / load_datasets
-from walla.store.features.format import (
+from walla.store.features import (
+    META_FILE,
+    WRITER_FILE,
     FeatureSetSpec,
+    StoreError,
     find_complete,
     open_writer,
     read_feature_set,
     writer_lock,
 )
-from walla.store.features.layout import META_FILE, WRITER_FILE, StoreError
 from walla.store.files import read_json
 from walla.store.fingerprint import canonical
 from walla.store.listing import list_feature_sets

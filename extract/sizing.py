@@ -14,7 +14,7 @@ memory free before the model loads and from the model's shape:
 - one token of a padded forward pass holds its residual stream and, in the widest layer step, the MLP's
   three intermediate-size tensors or attention's q/k/v and RoPE copies (GQA keys counted at full width, as
   transformers may repeat them), RMSNorm's float32 copies, the final hidden state and its prompt-NLL copy,
-  and the shared-prefix KV cache of every layer (extract/backends/hf/backend.py reuses it per batch);
+  and the shared-prefix KV cache of every layer (extract/backends/hf/_backend.py reuses it per batch);
 - the token count is rounded down to a power of two and capped at 65,536 (the issue's H100 runs: 65,536
   reached 0.96x the bare loop on the 8B shape; larger batches add no GEMM efficiency, only memory risk);
 - a shard is 8,192 rows (fewer when its hidden states would take more than 1 GiB of host memory): many

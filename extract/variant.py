@@ -7,7 +7,7 @@ batch-invariant, a forward pass) however the rows were handed out or resumed.
 
 `score_and_write` keeps a GPU busy between calls: with `overlap`, ONE background thread tokenizes the next
 piece and writes the previous one to the store while the device runs the current one. Writes stay in
-order and each is one durable shard (store/features/writer.py), so a crash loses at most the pieces not yet
+order and each is one durable shard (store/features/_writer.py), so a crash loses at most the pieces not yet
 written and never stores a row twice.
 """
 

@@ -24,7 +24,7 @@ KINDS = (
     "homo",
     "hetero-context",
 )  # the paper's scenario kinds, built from the store (train/kinds.py)
-SCENARIO_JSON = "scenario.json"  # <runs>/<scenario>/scenario.json, by walla train (train/runs/writer.py)
+SCENARIO_JSON = "scenario.json"  # <runs>/<scenario>/scenario.json, by walla train (train/runs/_writer.py)
 
 
 def close_matches(value: str, namespaces: Mapping[str, tuple[Iterable[str], str]], n: int = 3) -> list[str]:

@@ -1,7 +1,7 @@
 """Scenario files: read once into a Scenario that the store assembles and the train stage plans.
 
     scenario = read_scenario("demo-hetero-facts")     # manifests/scenarios/<name>.yaml, or any YAML path
-    data = assemble_scenario(scenario, Path("walla-store"))               # store/scenario/assemble.py
+    data = assemble_scenario(scenario, Path("walla-store"))               # store/scenario/_assemble.py
     plan = load_plan("demo-hetero-facts")              # train/plan.py: parse_scenario(name, build_plan)
 
 A scenario file has three top-level keys (plus `include:` and comments):

@@ -9,7 +9,7 @@ Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's h
 w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
 agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
 A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on
-(walla.train.wagers.step.wager_loss), then walla train's own step: per-head gradient-norm clipping at the
+(walla.train.wagers._step.wager_loss), then walla train's own step: per-head gradient-norm clipping at the
 run's `clip` and one Adam step at the run's lr (wager_step.optimizer_step through a single-device
 Fabric, the optimizer from engine.make_optimizer). The Adam moments start at zero: a run's state.pt keeps
 the best parameters, not its optimizer state (there is none to load yet).
@@ -22,15 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from walla.train.calibration.temperature import CalibrationConfig
-from walla.train.engine.fabric import TrainEnv, make_fabric, make_optimizer
+from walla.train.calibration import CalibrationConfig
+from walla.train.engine import TrainEnv, make_fabric, make_optimizer
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
-from walla.train.runs.layout import STATE
-from walla.train.runs.lineage import read_current_run_meta, train_command
-from walla.train.runs.reader import read_scenario_meta
-from walla.train.wagers.heads import StackedHeads
-from walla.train.wagers.step import optimizer_step, wager_loss
+from walla.train.runs import STATE, read_current_run_meta, read_scenario_meta, train_command
+from walla.train.wagers import StackedHeads, optimizer_step, wager_loss
 
 
 class HeadError(ValueError):
@@ -78,7 +75,7 @@ class AgentHead:
     def from_run(cls, run: str | Path, slot: int) -> AgentHead:
         """The head of agent `slot` in a complete, current WALLA run directory (run.json + state.pt): a
         stale run (other inputs, another walla train schema) or one moved out of its key directory is
-        refused, as walla eval and joining refuse it (train/runs/lineage.py read_current_run_meta)."""
+        refused, as walla eval and joining refuse it (train/runs/_lineage.py read_current_run_meta)."""
         run = Path(run)
         meta = read_current_run_meta(run)  # RunFormatError when missing, unreadable or stale
         method = str(meta.get("method", "?"))

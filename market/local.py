@@ -10,8 +10,7 @@ import socket
 import threading
 
 import uvicorn
-from walla.market.api.guard import guarded_config
-from walla.market.api.server import MAX_BODY, create_app
+from walla.market.api import MAX_BODY, create_app, guarded_config
 from walla.market.client import wait_ready
 from walla.market.ledger import Ledger
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from walla.market.api.models import RoundSettings
+from walla.market.api import RoundSettings
 from walla.train import mechanism
 
 

@@ -35,11 +35,9 @@ from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
-from walla.store.scenario.assemble import assemble_scenario
+from walla.store.scenario import assemble_scenario
 from walla.train import mechanism
-from walla.train.runs.choice import choose_runs
-from walla.train.runs.layout import RunFormatError
-from walla.train.runs.reader import RunRecord
+from walla.train.runs import RunFormatError, RunRecord, choose_runs
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
 WAVE = 20  # rounds open at once with frozen heads
@@ -127,7 +125,7 @@ def _compare(live: dict, record, table, rows: np.ndarray) -> tuple[dict, dict, d
         "wagers": float(np.abs(live["wagers"] - record.extras["wagers"][rows]).max()),
         "payouts": float(np.abs(live["payouts"] - record.extras["payouts"][rows]).max()),
     }
-    # the live numbers as walla train stores its predictions (float32, train/runs/writer.py), then widened as the
+    # the live numbers as walla train stores its predictions (float32, train/runs/_writer.py), then widened as the
     # reader widens them: an exact tie offline ([0.5, 0.5]) stays one live, so argmax-based metrics agree
     pad = np.zeros((len(rows), table.target.shape[1]))  # live pools have the question's options only
     pad[:, :k_live] = _stored(live["pool"])

@@ -1,5 +1,5 @@
 """Input hygiene for text that people read: what a question, an option or a note may hold, and when two
-options are the same to a reader. Plain functions, so that any API can use them (market/api/models.py's
+options are the same to a reader. Plain functions, so that any API can use them (market/api/_models.py's
 types do; so may another FastAPI app):
 
     clean_text("Is it?\\n", newlines=True)        # the value, or ValueError("contains ...")

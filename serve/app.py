@@ -29,9 +29,17 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from walla.market.api.deps import bearer, current_principal, install_auth, require_operator
-from walla.market.api.errors import ClientError
-from walla.market.api.server import BodyLimit, _error_handlers, error_response, validation_message
+from walla.market.api import (
+    BodyLimit,
+    ClientError,
+    _error_handlers,
+    bearer,
+    current_principal,
+    error_response,
+    install_auth,
+    require_operator,
+    validation_message,
+)
 from walla.serve.batcher import QueueFull
 from walla.serve.forecast import Forecaster, Job, identity_tag
 from walla.serve.models import ChatIn, ForecastIn, ForecastsIn, OutcomeIn, message_text, split_options

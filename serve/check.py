@@ -1,6 +1,6 @@
 """`walla serve --check`: serve = offline. Every test question of the run, asked by `question_id` through the
 served pool (the LLMs scoring live, batched as the server batches), against the pooled probabilities and
-wagers `walla train` stored for that run and seed (predictions.parquet, read by train/runs/reader.py).
+wagers `walla train` stored for that run and seed (predictions.parquet, read by train/runs/_reader.py).
 
     result = check_served(forecaster)      # {"n": 20, "pool": 3.0e-08, "wagers": 1.2e-08}
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import typer
 import uvicorn
 from walla.cli.exits import DATA, answered, fail
-from walla.market.api.errors import ClientError
-from walla.market.cli.operator import check_port, operator_token
-from walla.market.commands.operator import open_ledger, setup_operator
+from walla.market.api import ClientError
+from walla.market.cli import check_port, operator_token
+from walla.market.commands import open_ledger, setup_operator
 from walla.market.ledger import Ledger
 from walla.serve.app import create_serve_app
 from walla.serve.check import TOLERANCE, check_served

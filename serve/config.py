@@ -17,7 +17,7 @@ from walla.manifests.validate import config, option
 
 @config
 class ServeConfig:
-    # the run (train/runs/choice.py) and what it was trained from
+    # the run (train/runs/_choice.py) and what it was trained from
     scenario: str = option(help="a trained scenario")
     runs: Path = option(Path("runs"), "runs root (walla train --runs)")
     store: Path = option(Path("walla-store"), "the feature store it was trained from")

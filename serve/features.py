@@ -6,7 +6,7 @@ The scoring path is extraction's: option tokens resolved by extract/scoring.py `
 (per prompt, as the market's LLMFeatures does), ONE `backend.score` call for the whole batch over the union of
 the option tokens (as extract/variant.py scores a shard), each prompt's raw log-probs of its own options
 renormalized as extract/variant.py `feature_rows` stores them (float32), turned into a distribution as
-store/scenario/assemble.py assembles it (softmax in float64, stored float32), hidden states rounded to the store's
+store/scenario/_assemble.py assembles it (softmax in float64, stored float32), hidden states rounded to the store's
 float16. So a served question's features equal the stored ones wherever the backend's numbers are
 batch-invariant (tier `bitwise`), and the heads and pool see what they were trained on.
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 from walla.extract.backends import Backend
 from walla.extract.scoring import renormalize, resolve_option_token_ids
-from walla.store.scenario.assemble import softmax_rows  # the store's distribution of renormalized log-probs
+from walla.store.scenario import softmax_rows  # the store's distribution of renormalized log-probs
 
 Item = tuple[str, Sequence[str]]  # (the formatted prompt, its scored option strings)
 

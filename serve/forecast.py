@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from walla.extract.prompts import option_strings, render
-from walla.market.api.errors import ClientError
+from walla.market.api import ClientError
 from walla.market.ledger import Ledger, Principal
 from walla.market.payouts import pooled_forecast
 from walla.serve.batcher import Batcher

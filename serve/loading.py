@@ -4,7 +4,7 @@
     pool.model_id        # walla:demo-hetero-facts/walla-i/seed18
     pool.agents[0].head  # AgentHead: that agent's own slot of the run's state.pt
 
-- the run: train/runs/choice.py `choose_runs` (the runs walla-eval counts: current, lineage checked, one key);
+- the run: train/runs/_choice.py `choose_runs` (the runs walla-eval counts: current, lineage checked, one key);
 - each agent's LLM: extract/door.py `open_for(cfg, expect=identity)`, settled to the identity the feature
   set the run was trained on recorded (its meta.json in the store), with the options the recording backend
   kind says settle to it (extract/backends/registry.py `recorded_options`; serve names no backend): another
@@ -34,12 +34,12 @@ from walla.extract.door import IdentityMismatch, open_for, settle_for, target_fo
 from walla.extract.prompts import PromptTemplate, get_template
 from walla.extract.run import settled_identity
 from walla.manifests.catalog import load_datasets
-from walla.market.api.models import RoundSettings
+from walla.market.api import RoundSettings
 from walla.market.head import AgentHead
 from walla.serve.config import ServeConfig
-from walla.store.features.layout import FEATURES_DIR, META_FILE, StoreError
+from walla.store.features import FEATURES_DIR, META_FILE, StoreError
 from walla.store.files import read_json
-from walla.train.runs.choice import RunChoice, choose_runs
+from walla.train.runs import RunChoice, choose_runs
 
 log = logging.getLogger("walla.serve")
 

@@ -1,4 +1,4 @@
-"""The serving API's request types: the market's constrained types (market/api/models.py) for every text and
+"""The serving API's request types: the market's constrained types (market/api/_models.py) for every text and
 number, plus what a forecast adds. FastAPI checks them at the door; /openapi.json states them.
 
 Options are compared for duplicates after NFKC normalization and removal of invisible (format, Cf)
@@ -11,7 +11,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from walla.market.api.models import MAX_OPTIONS, Id, Line, Note, Question, ResolutionIn
+from walla.market.api import MAX_OPTIONS, Id, Line, Note, Question, ResolutionIn
 from walla.market.text import check_distinct
 
 MAX_BATCH = 64  # forecasts in one POST /v1/forecasts

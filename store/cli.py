@@ -23,7 +23,7 @@ from walla.cli import new_app
 from walla.cli.exits import DATA, USAGE, fail
 
 if TYPE_CHECKING:
-    from walla.store.features.format import FeatureSetInfo
+    from walla.store.features import FeatureSetInfo
     from walla.store.location import Location
 
 app = new_app(no_args_is_help=True)

@@ -1,7 +1,7 @@
 """What `walla store ls | verify | rm` use of the store, in one module: the command line (store/cli.py)
 imports it once, when a command runs, so `walla store --help` imports neither zarr nor polars."""
 
-from walla.store.features.format import (  # noqa: F401
+from walla.store.features import (  # noqa: F401
     LockedError,
     StoreError,
     list_feature_sets,

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import polars as pl
-from walla.store.features.layout import StoreError
+from walla.store.features import StoreError
 from walla.store.location import as_location, is_remote, read_parquet_remote
 
 _REASONS = {

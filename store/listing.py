@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from walla.store.features.layout import (
+from walla.store.features import (
     FEATURES_DIR,
     FS_DIR_RE,
     INCOMPLETE,

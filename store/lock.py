@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
-from walla.store.features.layout import LOCK, LockedError
-from walla.store.features.spec import FeatureSetSpec
+from walla.store.features import LOCK, FeatureSetSpec, LockedError
 from walla.store.location import is_remote
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from walla.store import atomic
-from walla.store.features.layout import StoreError, check_name, fix_command
+from walla.store.features import StoreError, check_name, fix_command
 from walla.store.files import read_json, read_parquet
 from walla.store.fingerprint import canonical, checksum_matches, file_checksum, fingerprint
 from walla.store.listing import list_feature_sets

@@ -1,7 +1,7 @@
 """The suite collects without the optional extras: a test that needs one skips, naming it, instead of breaking
 collection (`pytest -m gpu` on a GPU host without the market extra stopped at tests/cli/test_root.py).
 
-A test module imports an extra's package, or a walla module that imports one (walla.market.api.server: fastapi;
+A test module imports an extra's package, or a walla module that imports one (walla.market.api._server: fastapi;
 walla.market.agent: httpx), inside the test or after `pytest.importorskip`, never at its top. This test
 collects the whole suite in a child interpreter where those packages cannot be imported (a sitecustomize
 puts None in sys.modules: `import fastapi` raises ModuleNotFoundError, importlib.util.find_spec answers None,

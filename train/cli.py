@@ -10,7 +10,7 @@
     walla train --scenario hetero-context [--irrelevant] [--dataset D]  # all models, one sees the context
     walla train --scenario S --add-agent M [--drop-agent M] [--from-scratch]  # agents join / leave (join.py)
 
-Runs live under runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/runs/layout.py): another config, precision
+Runs live under runs/<scenario>/<method>/<key-id>/seed=<s>/ (train/runs/_layout.py): another config, precision
 or device trains beside the existing runs; finished runs of the same run key are skipped unless --force.
 The options are TrainConfig's fields (train/config.py), generated from them (cli/options.py); the options
 and the scenario's name are checked before the recipe (train/run.py, torch, Lightning) is imported. Errors

@@ -21,7 +21,7 @@ from walla.manifests.validate import config, option
 
 FIRST_SEED = 18  # SPEC §4.5: repeat r uses seed 18 + r
 LOGGERS = ("csv", "tensorboard", "wandb")  # train/loggers.py's (a test keeps them equal)
-# Lightning's names and their short forms (train/engine/fabric.py PRECISIONS, PRECISION_ALIASES; a test keeps them equal)
+# Lightning's names and their short forms (train/engine/_fabric.py PRECISIONS, PRECISION_ALIASES; a test keeps them equal)
 PRECISIONS = ("auto", "32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "32", "64", "bf16", "16")
 
 

@@ -13,13 +13,13 @@ default init instead (the comparison the README reports).
 
 Which base run a joined run continues is computed, not searched (the base-key rule, also the market's:
 market/head.py takes only current runs): the run key the base scenario's plan gives the method under this
-command's settings (train/runs/keys.py plan_key, on the base scenario as assembled now), one key for every seed.
+command's settings (train/runs/_keys.py plan_key, on the base scenario as assembled now), one key for every seed.
 A seed whose base run is missing or of another key (another lr, precision, device or calibration), or whose
 base run is stale (other inputs, another TRAIN_SCHEMA), stops the join with one line naming the keys and
 what differs. The joined runs' key names that base key (`init: {continued_from, base_key_id}`) and the
 base scenario's inputs id (`base_inputs_id`), and each seed's run.json the base run it continued
 (`continued`): a joined run counts only while that base run is still the current run of its key
-(train/runs/lineage.py lineage_reason, checked wherever a run is read), so a join of a base since retrained from
+(train/runs/_lineage.py lineage_reason, checked wherever a run is read), so a join of a base since retrained from
 other inputs is stale, never averaged with a join of the new base. Every refusal names the `walla train`
 command that fixes it, with the options that built the base scenario (train_command: a kind's too).
 """
@@ -32,16 +32,27 @@ from pathlib import Path
 
 import torch
 from walla.manifests.validate import UsageError, replace
-from walla.store.scenario.data import ScenarioData
+from walla.store.scenario import ScenarioData
 from walla.train.config import TrainConfig
-from walla.train.engine.fabric import TrainEnv, load_checkpoint
+from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.plan import TrainPlan, with_spec
-from walla.train.runs.identity import VALIDITY, jsonable, key_id
-from walla.train.runs.keys import Continued, plan_key
-from walla.train.runs.layout import STATE, RunFormatError, is_complete, key_dir, list_run_dirs, run_dir
-from walla.train.runs.lineage import stale_run_reason
-from walla.train.runs.reader import read_key_file, read_run_meta
-from walla.train.wagers.training import init_heads
+from walla.train.runs import (
+    STATE,
+    VALIDITY,
+    Continued,
+    RunFormatError,
+    is_complete,
+    jsonable,
+    key_dir,
+    key_id,
+    list_run_dirs,
+    plan_key,
+    read_key_file,
+    read_run_meta,
+    run_dir,
+    stale_run_reason,
+)
+from walla.train.wagers import init_heads
 
 
 def train_command(cfg: TrainConfig, *, base: bool = False, settings: bool = False) -> str:

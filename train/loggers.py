@@ -4,7 +4,7 @@
     logs({"step": 1, "loss": 0.3})                   # once per training batch (a method's LogFn)
     rows = logs.finish()                             # the rows, also in <run_dir>/logs/metrics.csv
 
-The CSV log (`logs/metrics.csv`, Lightning's CSVLogger) is part of the run format (train/runs/layout.py): the
+The CSV log (`logs/metrics.csv`, Lightning's CSVLogger) is part of the run format (train/runs/_layout.py): the
 plots read it. `kind` adds one more Lightning logger; a logger whose packages are not installed is one
 line naming the packages to install. walla depends on Fabric alone (`lightning_fabric`), which has no W&B
 logger: `--logger wandb` uses the one of the full `lightning` package, imported only then (the full

@@ -11,7 +11,7 @@ reads the file once and hands it here):
       methods: [uniform, stacked-gen, walla-i, walla-ii]   # or `all`; left out: the registry's default list
       seeds: [18, 19, 20, 21, 22]          # SPEC §4.5: repeat r uses 18 + r
       calibrated: false                    # calibrate every agent before every method (SPEC §9)
-      calibration: {epochs: 25}            # CalibrationConfig keys (train/calibration/temperature.py)
+      calibration: {epochs: 25}            # CalibrationConfig keys (train/calibration/_temperature.py)
       hparams:                             # per method family or method name
         walla: {lr: 5.0e-7, epochs: 50}    # the family: walla-i, walla-ii, walla-i-log, walla-i-cal
         walla-ii: {lr: 1.0e-5}             # one method only
@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from walla.manifests.scenario import Build, Scenario, ScenarioSpec, parse_scenario
 from walla.manifests.validate import check, collect, config, to_dict
-from walla.train.calibration.temperature import CalibrationConfig
+from walla.train.calibration import CalibrationConfig
 from walla.train.methods import ALL, REGISTRY, MethodInfo, default_methods, method_module
 
 DEFAULT_SEEDS = (18, 19, 20, 21, 22)  # SPEC §4.5: repeat r uses 18 + r
@@ -98,7 +98,7 @@ class TrainPlan:
     methods: tuple[MethodPlan, ...]
     seeds: tuple[int, ...]
     calibrated: bool
-    calibration: Any  # CalibrationConfig (train/calibration/temperature.py)
+    calibration: Any  # CalibrationConfig (train/calibration/_temperature.py)
     source: str
 
     @property

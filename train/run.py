@@ -1,8 +1,8 @@
-"""The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/runs/layout.py).
+"""The train recipe: a TrainPlan on an assembled scenario -> runs on disk (format: train/runs/_layout.py).
 
     run(build(TrainConfig, {"scenario": "demo-hetero-facts"}, "command line"))  # what `walla train` does
     plan = load_plan("demo-hetero-facts")                       # or step by step: train/plan.py
-    data = assemble_scenario(plan.scenario, Path("walla-store"))  # store/scenario/assemble.py
+    data = assemble_scenario(plan.scenario, Path("walla-store"))  # store/scenario/_assemble.py
     results = run_plan(plan, data, "runs", TrainEnv(device="cpu"))
 
 `run(cfg)` resolves the plan (train/resolve.py: a manifest, a kind built from the store, agents
@@ -13,9 +13,9 @@ Read top to bottom:
     2. write scenario.parquet + scenario.json (rewritten only when the scenario's inputs changed);
     3. optionally calibrate every agent once (plan.calibrated): every method then pools the calibrated
        probabilities, and each run records them as agent_probs;
-    4. per method: its run key (train/runs/identity.py: config, calibration, precision, device kind, init, the
+    4. per method: its run key (train/runs/_identity.py: config, calibration, precision, device kind, init, the
        scenario's inputs) names the directory <method>/<key-id>/, so another configuration trains beside
-       the first; the runs still to do (train/runs/pending.py) are the seeds with no complete run there, or
+       the first; the runs still to do (train/runs/_pending.py) are the seeds with no complete run there, or
        whose run was trained from other inputs or by another schema (stale), or all with force; fit them
        (seeds batched where the method can), predict every row of every split, write logs/,
        predictions.parquet and run.json (last), and state.pt only for the methods named by `save_states`
@@ -47,22 +47,32 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from walla.manifests.validate import to_dict
 from walla.store.location import as_location
-from walla.store.scenario.assemble import assemble_scenario
-from walla.store.scenario.data import ScenarioData
+from walla.store.scenario import ScenarioData, assemble_scenario
 from walla.train import mechanism
-from walla.train.calibration.temperature import apply_calibration, fit_calibration
+from walla.train.calibration import apply_calibration, fit_calibration
 from walla.train.config import TrainConfig
-from walla.train.engine.fabric import TrainEnv, resolve_device, resolve_precision, save_checkpoint
+from walla.train.engine import TrainEnv, resolve_device, resolve_precision, save_checkpoint
 from walla.train.join import initial_params, train_command
 from walla.train.loggers import RunLogger, check_logger
 from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import TrainPlan, plan_yaml
 from walla.train.resolve import resolve_plan, states_to_save
-from walla.train.runs.identity import inputs_id, key_id
-from walla.train.runs.keys import Continued, plan_key
-from walla.train.runs.layout import LOCK, RUN_META, STATE, run_dir, scenario_dir
-from walla.train.runs.pending import keys_beside, pending_runs
-from walla.train.runs.writer import write_key_file, write_run, write_scenario_table
+from walla.train.runs import (
+    LOCK,
+    RUN_META,
+    STATE,
+    Continued,
+    inputs_id,
+    key_id,
+    keys_beside,
+    pending_runs,
+    plan_key,
+    run_dir,
+    scenario_dir,
+    write_key_file,
+    write_run,
+    write_scenario_table,
+)
 
 ProgressFn = Callable[[str, str, int | None], None]  # (event, method, seed): start | done | skipped
 

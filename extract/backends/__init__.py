@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # annotations only: models pulls the hub and zarr, numpy ~0.3 s, into every config error
     import numpy as np
-    from walla.extract.models.resolve import ResolvedModel
+    from walla.extract.models import ResolvedModel
 
 
 @dataclass

@@ -18,7 +18,7 @@ import numpy as np
 from walla.extract import sizing
 from walla.extract.backends import TIER_KEY, BackendRequest, Progress, ScoreResult, Settled
 from walla.extract.device import check_device_name
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.extract.scoring import plan_batches
 from walla.manifests.validate import config
 

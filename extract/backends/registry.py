@@ -24,8 +24,8 @@ from walla.manifests.validate import build
 
 # name -> "module:attribute" of its kind object (imported on first use), or the kind object itself
 BACKEND_KINDS: dict[str, str | BackendKind] = {
-    "hf": "walla.extract.backends.hf.kind:HF",
-    "vllm": "walla.extract.backends.vllm.backend:VLLM",
+    "hf": "walla.extract.backends.hf._kind:HF",
+    "vllm": "walla.extract.backends.vllm._backend:VLLM",
 }
 DEFAULT_BACKEND = "hf"  # a model without a backend hint, or whose hinted backend cannot run here
 

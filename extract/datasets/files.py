@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from walla.extract.models import hub
+from walla.extract.models import _hub as hub
 
 
 def read_json_records(path: Path) -> Iterator[tuple[str, object]]:

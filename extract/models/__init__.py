@@ -1,1 +1,28 @@
-"""Where a model's files come from: the catalog entry resolved, the hub, GGUF copies, the user cache."""
+"""Where a model's files come from: the catalog entry resolved, the hub, GGUF copies, the user cache.
+
+Rooms (private: import their public names from this door):
+- `_cache`: The per-user cache folder, `$WALLA_CACHE` (default ~/.cache/walla): the GGUF copies, the load-time checks' verdicts and the model files' sha256 live under it. A module of its own so that what needs only the folder (a model file's digest in `walla extract`'s inputs phase) imports neither torch nor transformers (gguf_cache does).
+- `_gguf`: The per-user cache under `$WALLA_CACHE` (default ~/.cache/walla) and the GGUF -> safetensors copies in it.
+- `_hub`: Hugging Face Hub access that fails fast and in one line.
+- `_resolve`: Resolve a ModelEntry (manifests/models.yaml) to something a backend can load, plus its identity.
+- `_stats`: What a model costs per token: its non-embedding parameter count (forward FLOPs ~ 2 x that x tokens).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_ROOMS = {
+    "_cache": ("cache_root",),
+    "_gguf": ("converted_gguf_dir", "local_weights_dir", "quiet_transformers"),
+    "_resolve": ("ResolvedModel", "pin_revision", "resolve_model"),
+    "_stats": ("non_embedding_params",),
+}
+_EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:  # PEP 562: a room loads when a name of it is first asked for
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

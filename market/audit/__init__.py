@@ -1,1 +1,25 @@
-"""The ledger audit: stored values, the state rebuilt from events, the heads outside the database."""
+"""The ledger audit: stored values, the state rebuilt from events, the heads outside the database.
+
+Rooms (private: import their public names from this door):
+- `_heads`: The audit's anchor outside the database: the head file (`EVENT_ID HASH [HMAC]` per line) and its key.
+- `_prove`: Audit a ledger end to end: it proves the tables' state from the hash-chained event log, and the log against the heads the operator recorded, so neither an edited row nor a rewritten chain passes.
+- `_rebuild`: The audit's proof of the state: rebuild every ledger row from the event log alone, then compare the tables with it field by field.
+- `_values`: The audit's first pass: read every ledger row as the database holds it and check each stored value's type.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_ROOMS = {
+    "_heads": ("head_line", "key_from", "read_heads"),
+    "_prove": ("audit", "not_a_ledger", "open_readonly"),
+}
+_EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:  # PEP 562: a room loads when a name of it is first asked for
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

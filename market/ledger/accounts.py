@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, func, insert, select, update
 from walla.market import db
-from walla.market.api.errors import ClientError, bad
+from walla.market.api import ClientError, bad
 from walla.market.ledger.common import (
     OPERATOR,
     Principal,

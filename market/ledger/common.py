@@ -12,7 +12,7 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from walla.market.api.models import RoundSettings
+from walla.market.api import RoundSettings
 
 OPERATOR = "operator"
 OPEN_STATES = ("open", "closed")  # a round whose reports are not yet paid (or voided)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from walla.market import db
-from walla.market.api.errors import ClientError, bad
+from walla.market.api import ClientError, bad
 from walla.market.ledger.common import OPEN_STATES, Principal, check_finite, dumps
 from walla.market.ledger.rounds import round_row, status
 from walla.market.payouts import pooled_forecast, worst_payout

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, insert, select, update
 from walla.market import db
-from walla.market.api.errors import ClientError, bad
-from walla.market.api.models import RoundSettings
+from walla.market.api import ClientError, RoundSettings, bad
 from walla.market.ledger.common import LedgerInvariantError, check_finite, dumps, same
 from walla.market.ledger.reports import reports_of
 from walla.market.ledger.rounds import current, round_dict, round_row, status

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, func, insert, select, update
 from walla.market import db
-from walla.market.api.errors import ClientError, bad
-from walla.market.api.models import RoundSettings
+from walla.market.api import ClientError, RoundSettings, bad
 from walla.market.ledger.common import ROUND_STAMP, check_finite, settings_of
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from walla.train import config as train_config
 from walla.train import loggers
 from walla.train.cli import app as train_app
 from walla.train.config import TrainConfig
-from walla.train.engine import fabric as engine
+from walla.train.engine import _fabric as engine
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("extract", "store", "train", "evaluate", "manifests", "cli", "market", "serve")

@@ -134,7 +134,7 @@ def test_market_serve_help_states_the_servers_max_body():
     pytest.importorskip(
         "fastapi", reason="the market server needs the market extra: pip install 'walla[market]'"
     )
-    from walla.market.api.server import MAX_BODY
+    from walla.market.api import MAX_BODY
 
     serve = load(MARKET_COMMANDS["serve"])
     (opt,) = [p for p in serve.params if p.name == "max_body"]

@@ -1,9 +1,9 @@
-"""Small runs with fixed numbers, written by TRAIN's writer (walla.train.runs.writer), for the evaluate tests.
+"""Small runs with fixed numbers, written by TRAIN's writer (walla.train.runs._writer), for the evaluate tests.
 
     from eval_fixtures import write_scenario, write_run      # pytest puts tests/evaluate on sys.path
 
 The scenario is a real `ScenarioData` written by `write_scenario_table`; a run is a real `MethodOutput`
-written by `walla.train.runs.writer.write_run` with the run.json fields walla train records, its training curve
+written by `walla.train.runs._writer.write_run` with the run.json fields walla train records, its training curve
 by train's CSV logger. Evaluation then reads them with its own reader, so the tests check that the one
 writer and the one reader agree (issue 9: "a test writes runs with train's writer and reads them with
 evaluate's reader").
@@ -15,12 +15,19 @@ import json
 from pathlib import Path
 
 import numpy as np
-from walla.store.scenario.data import ScenarioData
+from walla.store.scenario import ScenarioData
 from walla.train.methods import REGISTRY, MethodOutput
-from walla.train.runs.identity import key_id, run_key
-from walla.train.runs.layout import RUN_META, SCENARIO_META, run_dir, scenario_dir
-from walla.train.runs.writer import write_key_file, write_scenario_table
-from walla.train.runs.writer import write_run as train_write_run
+from walla.train.runs import (
+    RUN_META,
+    SCENARIO_META,
+    key_id,
+    run_dir,
+    run_key,
+    scenario_dir,
+    write_key_file,
+    write_scenario_table,
+)
+from walla.train.runs import write_run as train_write_run
 
 SPEC = {"dataset": "toy", "context": "none"}  # a stand-in for the resolved scenario spec
 

@@ -13,9 +13,8 @@ from eval_fixtures import LABEL, PROBS, SPLIT, write_run, write_scenario
 from walla.evaluate.load import load_scenario_runs
 from walla.evaluate.report import EvalConfig, run
 from walla.train.methods import MethodOutput
-from walla.train.runs.identity import TRAIN_SCHEMA
-from walla.train.runs.layout import RUN_META, scenario_dir
-from walla.train.runs.writer import write_run as train_write_run
+from walla.train.runs import RUN_META, TRAIN_SCHEMA, scenario_dir
+from walla.train.runs import write_run as train_write_run
 
 UNIFORM = np.full((6, 2), 0.5)
 ALPHA = np.tile([1.0, 0.0], (6, 1))  # every weight on agent alpha: ACC 60 on the test rows

@@ -10,8 +10,7 @@ import torch
 import transformers
 from walla.extract.backends import Backend, BackendKind, BackendRequest
 from walla.extract.backends.dummy import DUMMY, DummyBackend
-from walla.extract.backends.hf.kind import HF
-from walla.extract.backends.hf.modes import INVARIANT_SCORING
+from walla.extract.backends.hf import HF, INVARIANT_SCORING
 from walla.extract.backends.registry import (
     BACKEND_KINDS,
     backend_kind,
@@ -19,12 +18,12 @@ from walla.extract.backends.registry import (
     register_backend,
     settle_backend,
 )
-from walla.extract.backends.vllm.backend import VLLM
+from walla.extract.backends.vllm import VLLM
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
 from walla.extract.device import kernel_identity
 from walla.extract.door import choose_backend
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.manifests import catalog
 from walla.manifests.validate import ConfigError
 

@@ -16,15 +16,14 @@ from tiny_model import register_tiny_catalog
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest
 from walla.extract.backends.dummy import DummyBackend
-from walla.extract.backends.hf import kind as hf_kind
-from walla.extract.backends.hf import modes as hf_modes
-from walla.extract.backends.hf.kind import FP32_PADDED_BOUND, HF, HFOptions
-from walla.extract.backends.hf.modes import BATCH_ORDER, explain_batch_invariant
+from walla.extract.backends.hf import BATCH_ORDER, FP32_PADDED_BOUND, HF, HFOptions, explain_batch_invariant
+from walla.extract.backends.hf import _kind as hf_kind
+from walla.extract.backends.hf import _modes as hf_modes
 from walla.extract.config import ExtractConfig
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.extract.variant import call_ranges
-from walla.store.features import writer as feature_writer
-from walla.store.features.format import read_feature_set
+from walla.store.features import _writer as feature_writer
+from walla.store.features import read_feature_set
 
 QUESTIONS = [
     ("Which gas do plants take in ?", "the sun"),

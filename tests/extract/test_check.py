@@ -14,8 +14,8 @@ from tiny_model import tiny_model, tiny_tokenizer
 from typer.testing import CliRunner
 from walla.extract import parity as check_mod
 from walla.extract.backends import ScoreResult
-from walla.extract.backends.hf import packed as hf_packed
-from walla.extract.backends.hf.backend import HFBackend
+from walla.extract.backends.hf import HFBackend
+from walla.extract.backends.hf import _packed as hf_packed
 from walla.extract.backends.registry import backend_options
 from walla.extract.config import ExtractConfig
 from walla.extract.parity import (

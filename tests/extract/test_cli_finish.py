@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tiny_model import save_tiny_checkpoint
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 
 CHILD = r"""
 import atexit, gc, json, sys, threading, time

@@ -22,7 +22,7 @@ from walla.extract.cli import app
 from walla.extract.config import ExtractConfig
 from walla.manifests import catalog
 from walla.store.cli import app as store_app
-from walla.store.features.format import list_feature_sets, read_feature_set
+from walla.store.features import list_feature_sets, read_feature_set
 
 
 @pytest.fixture(scope="module")

@@ -25,16 +25,13 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForC
 from walla.extract import dtype_probe, sizing
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest
-from walla.extract.backends.hf import fixed as hf_fixed
-from walla.extract.backends.hf import fixed_probe as hf_fixed_probe
-from walla.extract.backends.hf import modes as hf_modes
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.compile import explain_compile
-from walla.extract.backends.hf.kind import HF
-from walla.extract.backends.hf.load import load_hf_backend
+from walla.extract.backends.hf import HF, HFBackend, explain_compile, load_hf_backend
+from walla.extract.backends.hf import _fixed as hf_fixed
+from walla.extract.backends.hf import _fixed_probe as hf_fixed_probe
+from walla.extract.backends.hf import _modes as hf_modes
 from walla.extract.config import ExtractConfig
-from walla.extract.models.resolve import ResolvedModel
-from walla.store.features.format import read_feature_set
+from walla.extract.models import ResolvedModel
+from walla.store.features import read_feature_set
 
 pytestmark = pytest.mark.gpu
 
@@ -306,7 +303,7 @@ def test_second_compile_on_cuda_is_served_from_the_cache(tmp_path, monkeypatch):
     afresh), in the same folder. Prints the seconds of both (pytest -s)."""
     from tiny_model import compile_runs
     from torch._dynamo.utils import counters
-    from walla.extract.backends.hf import compile as hf_compile
+    from walla.extract.backends.hf import _compile as hf_compile
 
     monkeypatch.setenv("WALLA_CACHE", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after the test
@@ -323,7 +320,7 @@ def test_vllm_batch_invariant_mode_gives_the_same_bits_in_any_mix(tmp_path, monk
     """`--backend vllm` on a GPU of compute capability >= 8.0 settles VLLM_BATCH_INVARIANT=1 (`auto`); a
     prompt scored among others and alone then gives the same bits (what would let its tier be `bitwise`)."""
     from walla.extract.backends.registry import open_backend, settle_backend
-    from walla.extract.backends.vllm import backend as vb
+    from walla.extract.backends.vllm import _backend as vb
 
     if not vb.vllm_usable()[0]:
         pytest.skip(f"vLLM is not installed here ({vb.SETUP_HINT})")

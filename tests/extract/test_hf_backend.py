@@ -7,10 +7,9 @@ import pytest
 import torch
 from tiny_model import tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM
-from walla.extract.backends.hf import lm_head
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.load import load_model
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.backends.hf import HFBackend, load_model
+from walla.extract.backends.hf import _lm_head as lm_head
+from walla.extract.models import ResolvedModel
 from walla.extract.scoring import renormalize
 
 PROMPTS = [

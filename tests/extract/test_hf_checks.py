@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_model import save_tiny_checkpoint, spy_from_pretrained, tiny_model, tiny_tokenizer
-from walla.extract.backends.hf import packed as hf_packed
-from walla.extract.backends.hf import probes as hf_checks
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.load import load_hf_backend
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.backends.hf import HFBackend, load_hf_backend
+from walla.extract.backends.hf import _packed as hf_packed
+from walla.extract.backends.hf import _probes as hf_checks
+from walla.extract.models import ResolvedModel
 
 
 @pytest.fixture

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 from tiny_model import CORPUS, compile_runs, tiny_model, tiny_tokenizer
 from walla.extract.backends import BackendRequest
-from walla.extract.backends.hf import compile as hf_compile
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.compile import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, explain_compile
+from walla.extract.backends.hf import COMPILE_MIN_TOKENS, COMPILE_MIN_TOKENS_CUDA, HFBackend, explain_compile
+from walla.extract.backends.hf import _compile as hf_compile
 from walla.extract.backends.registry import settle_backend
 from walla.extract.command import reproduce_command
 from walla.extract.config import ExtractConfig
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.manifests.validate import ConfigError
 
 

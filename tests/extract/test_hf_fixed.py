@@ -1,4 +1,4 @@
-"""Fixed-shape batch-invariant scoring (extract/backends/hf/fixed.py), forced on the CPU: right numbers, and a
+"""Fixed-shape batch-invariant scoring (extract/backends/hf/_fixed.py), forced on the CPU: right numbers, and a
 prompt's bits the same alone and in two batch mixes (Llama: GQA; Gemma-2: soft-capping, sliding window)."""
 
 from __future__ import annotations
@@ -15,19 +15,24 @@ from test_hf_packed import ARC, gemma2
 from tiny_model import register_tiny_catalog, tiny_model, tiny_tokenizer
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest
-from walla.extract.backends.hf import fixed as hf_fixed
-from walla.extract.backends.hf import fixed_probe as hf_fixed_probe
-from walla.extract.backends.hf import modes as hf_modes
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.kind import HF, HFOptions
-from walla.extract.backends.hf.load import load_hf_backend
-from walla.extract.backends.hf.modes import explain_batch_invariant, hf_identity, invariant_path
+from walla.extract.backends.hf import (
+    HF,
+    HFBackend,
+    HFOptions,
+    explain_batch_invariant,
+    hf_identity,
+    invariant_path,
+    load_hf_backend,
+)
+from walla.extract.backends.hf import _fixed as hf_fixed
+from walla.extract.backends.hf import _fixed_probe as hf_fixed_probe
+from walla.extract.backends.hf import _modes as hf_modes
 from walla.extract.config import ExtractConfig
 from walla.extract.device import kernel_identity
 from walla.extract.door import target_for
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.extract.parity import render_prompts
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 
 PACK = 512  # tokens of every fixed-shape forward in these tests (the tiny models' positions go to 512)
 LENGTHS = (1, 5, 16, 17, 140, 300, 33, 700)  # 700 > PACK: alone in a stream of 1,024

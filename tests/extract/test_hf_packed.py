@@ -1,4 +1,4 @@
-"""Batch-invariant hf scoring (extract/backends/hf/packed.py): right numbers, and the same bits in any batch mix."""
+"""Batch-invariant hf scoring (extract/backends/hf/_packed.py): right numbers, and the same bits in any batch mix."""
 
 from __future__ import annotations
 
@@ -12,11 +12,9 @@ import torch
 from test_hf_backend import PROMPTS, naive
 from tiny_model import CORPUS, tiny_model, tiny_tokenizer
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
-from walla.extract.backends.hf import lm_head
-from walla.extract.backends.hf import packed as hf_packed
-from walla.extract.backends.hf.backend import MIN_PREFIX, HFBackend
-from walla.extract.backends.hf.load import load_hf_backend
-from walla.extract.backends.hf.modes import INVARIANT_SCORING, hf_identity
+from walla.extract.backends.hf import INVARIANT_SCORING, MIN_PREFIX, HFBackend, hf_identity, load_hf_backend
+from walla.extract.backends.hf import _lm_head as lm_head
+from walla.extract.backends.hf import _packed as hf_packed
 from walla.extract.config import ExtractConfig
 from walla.extract.door import target_for
 from walla.extract.parity import render_prompts

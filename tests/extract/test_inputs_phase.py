@@ -19,7 +19,7 @@ class Settling(Exception):
     pass
 
 def settle_run(*args, **kwargs):  # the phase after inputs: stop there and say what the inputs imported
-    print("transformers" in sys.modules, "walla.extract.backends.hf.backend" in sys.modules)
+    print("transformers" in sys.modules, "walla.extract.backends.hf._backend" in sys.modules)
     raise Settling
 
 recipe.settle_for = settle_run  # run.py settles through extract/door.py settle_for

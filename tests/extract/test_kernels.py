@@ -20,13 +20,11 @@ from tiny_model import register_tiny_catalog
 from walla.extract import device as devices
 from walla.extract import door, dtype_probe
 from walla.extract import run as run_mod
-from walla.extract.backends.hf.backend import HFBackend
-from walla.extract.backends.hf.kind import FP32_PADDED_BOUND
+from walla.extract.backends.hf import FP32_PADDED_BOUND, HFBackend
 from walla.extract.backends.registry import identity_difference
 from walla.extract.config import ExtractConfig
 from walla.extract.door import settle_for
-from walla.store.features.format import read_feature_set
-from walla.store.features.spec import FeatureSetSpec
+from walla.store.features import FeatureSetSpec, read_feature_set
 
 # a CPU without AVX512-bf16, as far as oneDNN's GEMMs and ATen's vector kernels can tell
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}

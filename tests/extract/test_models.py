@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from walla.extract.models import resolve as models
+from walla.extract.models import _resolve as models
 from walla.manifests import catalog
 
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from walla.extract.config import ExtractConfig
-from walla.extract.models.gguf import converted_gguf_dir
-from walla.extract.models.resolve import resolve_model
+from walla.extract.models import converted_gguf_dir, resolve_model
 from walla.extract.run import run
 from walla.manifests.catalog import load_models
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 from walla.store.questions import read_question_table
 
 PQA = Path(__file__).resolve().parents[3] / "shared" / "data" / "pubmedqa" / "ori_pqal.json"

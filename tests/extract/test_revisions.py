@@ -13,10 +13,10 @@ import pytest
 from tiny_model import tiny_model, tiny_tokenizer
 from walla.extract import run as run_mod
 from walla.extract.config import ExtractConfig
-from walla.extract.models import hub
-from walla.extract.models.resolve import pin_revision, resolve_model
+from walla.extract.models import _hub as hub
+from walla.extract.models import pin_revision, resolve_model
 from walla.manifests import catalog
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 from walla.store.questions import question_dir
 
 SHA_A, SHA_B, SHA_C, SHA_D = (c * 40 for c in "abcd")

@@ -14,7 +14,7 @@ from walla.extract import run as run_mod
 from walla.extract.backends.dummy import DUMMY, DummyBackend
 from walla.extract.config import ExtractConfig
 from walla.manifests import catalog
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 from walla.store.questions import read_question_table
 
 ARC = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 from walla.extract import dtype_probe
 from walla.extract import run as run_mod
 from walla.extract.backends.dummy import DummyBackend
-from walla.extract.backends.vllm import backend as vllm_mod
+from walla.extract.backends.vllm import _backend as vllm_mod
 from walla.extract.config import ExtractConfig
 from walla.manifests import catalog
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 
 PAPER_MODELS = ("gemma2", "llama3.1", "aloe", "biomistral")
 

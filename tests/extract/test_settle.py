@@ -26,7 +26,7 @@ from walla.extract import parity as check_mod
 from walla.extract import run as run_mod
 from walla.extract.backends import BackendRequest, Settled
 from walla.extract.backends.dummy import DummyBackend
-from walla.extract.backends.hf.kind import FP32_PADDED_BOUND, HF
+from walla.extract.backends.hf import FP32_PADDED_BOUND, HF
 from walla.extract.backends.registry import (
     BACKEND_KINDS,
     backend_kind,
@@ -39,12 +39,11 @@ from walla.extract.backends.registry import (
 )
 from walla.extract.cli import app as extract_app
 from walla.extract.config import ExtractConfig
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.manifests import catalog
 from walla.manifests.validate import check, config
 from walla.store.cli import app as store_app
-from walla.store.features.format import read_feature_set
-from walla.store.features.spec import FeatureSetSpec
+from walla.store.features import FeatureSetSpec, read_feature_set
 
 RM = ResolvedModel("m", "/models/m", None, None, {"source": "local", "path": "/models/m"})
 CHIPS = {"cpu": "AMD EPYC 7B13", "cuda": "NVIDIA H100 80GB HBM3"}

@@ -15,9 +15,9 @@ import pytest
 import torch
 from walla.extract.backends import BackendRequest
 from walla.extract.backends.registry import open_backend, settle_backend
-from walla.extract.backends.vllm import backend as vb
-from walla.extract.backends.vllm import engine as ve
-from walla.extract.models.resolve import ResolvedModel, resolve_model
+from walla.extract.backends.vllm import _backend as vb
+from walla.extract.backends.vllm import _engine as ve
+from walla.extract.models import ResolvedModel, resolve_model
 from walla.extract.parity import compare
 from walla.manifests.catalog import load_models
 
@@ -93,9 +93,9 @@ def test_the_vllm_parent_imports_no_hf_scoring_code():
     """The parent of --backend vllm keeps a tokenizer and runs the dtype probe: the hf scoring modules (and
     transformers' modeling code, torch._dynamo, sympy: ~1.5-5 s of imports) stay out of it."""
     code = (
-        "import sys, walla.extract.run, walla.extract.backends.vllm.backend\n"
-        "heavy = ('walla.extract.backends.hf.backend', 'walla.extract.backends.hf.modes', 'walla.extract.backends.hf.load',\n"
-        "         'walla.extract.backends.hf.forward', 'transformers.modeling_utils', 'torch._dynamo', 'sympy')\n"
+        "import sys, walla.extract.run, walla.extract.backends.vllm._backend\n"
+        "heavy = ('walla.extract.backends.hf._backend', 'walla.extract.backends.hf._modes', 'walla.extract.backends.hf._load',\n"
+        "         'walla.extract.backends.hf._forward', 'transformers.modeling_utils', 'torch._dynamo', 'sympy')\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -139,7 +139,7 @@ def test_settled_invariance_is_in_the_identity_command_and_worker_env(monkeypatc
     with 0 over an exported 1 and keeps the identity of sets made before the option existed."""
     from tiny_model import save_tiny_checkpoint
     from walla.extract import device as devices
-    from walla.store.features.spec import FeatureSetSpec
+    from walla.store.features import FeatureSetSpec
 
     monkeypatch.setattr(vb, "vllm_usable", lambda: (True, ""))
     monkeypatch.setattr(

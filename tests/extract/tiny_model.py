@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from walla.extract.backends.hf import load as hf_load
+from walla.extract.backends.hf import _load as hf_load
 from walla.manifests import catalog
 
 CORPUS = [
@@ -133,8 +133,8 @@ def compile_runs(tmp_path: Path, device: str, dtypes: list[str], **model_kw) -> 
     (dynamo reset before each: only torch's on-disk caches carry over), with WALLA_CACHE = `tmp_path` set by
     the caller: ([load_times of each], [TORCHINDUCTOR_CACHE_DIR after each]); each folder is checked to be
     the model's and dtype's own and to hold files. `model_kw` go to tiny_model (default: seed 5)."""
-    from walla.extract.backends.hf import compile as hf_compile
-    from walla.extract.models.resolve import ResolvedModel
+    from walla.extract.backends.hf import _compile as hf_compile
+    from walla.extract.models import ResolvedModel
 
     mdir = save_tiny_checkpoint(tmp_path / "tiny", **({"seed": 5} | model_kw))
     local_tiny = ResolvedModel("tiny", str(mdir), None, None, {"source": "local", "files_sha256": "abc"})

@@ -23,7 +23,7 @@ from walla.cli.main import app as root_app
 from walla.extract.backends.dummy import DUMMY
 from walla.extract.cli import app as extract_app
 from walla.store.cli import app as store_app
-from walla.store.features.format import StoreError, list_feature_sets, read_feature_set
+from walla.store.features import StoreError, list_feature_sets, read_feature_set
 
 runner = CliRunner()
 BASE = ["--model", "smollm2-135m", "--backend", "dummy", "--variants", "none", "--no-progress"]

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from test_audit import _busy_market, _db_arg, _not_ledgers
 from walla.market import events
-from walla.market.api.models import RoundSettings
+from walla.market.api import RoundSettings
 from walla.market.cli import run_market
 from walla.market.payouts import round_payouts
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import httpx
 from market_fixtures import OP_TOKEN, snapshot
-from walla.market.cli import run_market
-from walla.market.cli.operator import TOKEN_ENV
+from walla.market.cli import TOKEN_ENV, run_market
 
 
 def _setup(market):

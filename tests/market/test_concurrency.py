@@ -13,8 +13,7 @@ import time
 
 from market_fixtures import wait_until
 from sqlalchemy import event
-from walla.market.api.errors import ClientError
-from walla.market.api.models import RoundSettings
+from walla.market.api import ClientError, RoundSettings
 from walla.market.client import MarketClient, MarketError
 from walla.market.ledger import Ledger, Principal, hash_token
 from walla.market.payouts import worst_payout

@@ -13,13 +13,13 @@ import httpx
 from market_fixtures import OP_TOKEN
 from sqlalchemy import func, select
 from walla.market import db
-from walla.market.cli.operator import TOKEN_ENV
+from walla.market.cli import TOKEN_ENV
 from walla.market.client import MarketClient, MarketError, wait_ready
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
 
 N_ROUNDS, N_AGENTS = 24, 3
-SERVE = "from walla.market.cli.operator import app; app(prog_name='walla market')"
+SERVE = "from walla.market.cli import app; app(prog_name='walla market')"
 KILL_AFTER = 4  # acknowledged resolutions before the kill: the rest of the burst is in flight or queued
 
 

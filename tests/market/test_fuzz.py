@@ -20,8 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from market_fixtures import OP_TOKEN, snapshot
 from starlette.testclient import TestClient
-from walla.market.api.models import RoundSettings
-from walla.market.api.server import create_app
+from walla.market.api import RoundSettings, create_app
 from walla.market.ledger import Ledger
 
 MAX_EXAMPLES = 600

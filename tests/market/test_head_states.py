@@ -7,8 +7,7 @@ import shutil
 
 import pytest
 from walla.market.head import AgentHead, HeadError
-from walla.train.runs.choice import choose_runs
-from walla.train.runs.layout import STATE
+from walla.train.runs import STATE, choose_runs
 
 
 def test_a_run_without_its_state_names_the_flag(trained, tmp_path):

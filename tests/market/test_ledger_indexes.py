@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 from walla.market import db
-from walla.market.api.models import RoundSettings
+from walla.market.api import RoundSettings
 from walla.market.ledger import Ledger
 
 INDEXES = sorted(ix.name for t in db.metadata.sorted_tables for ix in t.indexes)

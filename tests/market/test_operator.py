@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 from market_fixtures import snapshot
-from walla.market.api.server import create_app
+from walla.market.api import create_app
 from walla.market.client import MarketError
 from walla.train import mechanism
 

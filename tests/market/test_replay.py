@@ -22,10 +22,7 @@ from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
 from walla.market.replay import ReplayConfig, _compare, replay, scenario_data
 from walla.store.schema import VARIANTS
-from walla.train.runs.choice import choose_runs
-from walla.train.runs.identity import TRAIN_SCHEMA
-from walla.train.runs.layout import RUN_META, RunFormatError
-from walla.train.runs.reader import read_scenario_table
+from walla.train.runs import RUN_META, TRAIN_SCHEMA, RunFormatError, choose_runs, read_scenario_table
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +269,7 @@ def test_audit_of_a_replayed_market(replayed, capfd):
 def test_head_update_calls_the_training_step(trained, monkeypatch):
     """One implementation of the step: AgentHead.update runs walla train's wager_loss and optimizer_step."""
     from walla.market import head as head_module
-    from walla.train.wagers import step as wager_step
+    from walla.train.wagers import _step as wager_step
 
     calls = []
     for name in ("wager_loss", "optimizer_step"):

@@ -10,7 +10,7 @@ import pytest
 from trained_market import train_more
 from walla.market.cli import run_market
 from walla.market.replay import ReplayConfig, replay
-from walla.train.runs.choice import RunChoiceError, choose_runs
+from walla.train.runs import RunChoiceError, choose_runs
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Slow and greedy clients (issue 37, finding 8), over raw sockets on 127.0.0.1 against a live server with a
-1 s read timeout and at most 6 connections per address (market/api/guard.py, api/deps.py).
+1 s read timeout and at most 6 connections per address (market/api/_guard.py, api/deps.py).
 
 Before the fix a body dripped a byte at a time never timed out (the timeout was per chunk), headers had no
 deadline at all, idle connections were held without limit, and every unknown token was a database read.
@@ -21,9 +21,8 @@ import time
 import httpx
 import pytest
 from market_fixtures import OP_TOKEN, reset_ledger, snapshot, wait_until
-from walla.market.api.deps import UNKNOWN_TOKEN_BURST
-from walla.market.api.server import create_app
-from walla.market.cli.operator import TOKEN_ENV
+from walla.market.api import UNKNOWN_TOKEN_BURST, create_app
+from walla.market.cli import TOKEN_ENV
 from walla.market.client import wait_ready
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
@@ -31,7 +30,7 @@ from walla.market.local import LocalServer, free_port
 READ_TIMEOUT = 1.0
 PER_CLIENT = 6
 DRIP_EVERY = 0.25  # s between bytes: well inside the read timeout, so only a whole-request deadline trips
-SERVE = "from walla.market.cli.operator import app; app(prog_name='walla market')"  # as test_fault.py
+SERVE = "from walla.market.cli import app; app(prog_name='walla market')"  # as test_fault.py
 
 
 @pytest.fixture(scope="module")

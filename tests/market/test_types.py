@@ -45,7 +45,7 @@ def test_overflowing_settings_refused(market, settings, field):
 def test_ledger_refuses_non_finite_inside_its_transaction(market):
     """Finding 3: settings that slip past the types (constructed unchecked) cannot commit a non-finite bound or
     payout: the ledger checks inside the transaction and writes nothing."""
-    from walla.market.api.models import RoundSettings
+    from walla.market.api import RoundSettings
     from walla.market.ledger import LedgerInvariantError  # here: the test file still runs on ed1cac5
 
     ledger = market.ledger

@@ -15,7 +15,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 from walla.extract import cli as extract_cli
 from walla.train import cli as train_cli
-from walla.train.runs.layout import list_scenarios
+from walla.train.runs import list_scenarios
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
 

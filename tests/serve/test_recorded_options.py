@@ -7,7 +7,7 @@ import pytest
 from walla.extract import device as devices
 from walla.extract.backends import BackendRequest
 from walla.extract.backends.registry import settle_backend
-from walla.extract.models.resolve import ResolvedModel
+from walla.extract.models import ResolvedModel
 from walla.serve.loading import ServeError, extract_config_for
 
 RM = ResolvedModel("m", "/models/m", None, None, {"source": "local", "path": "/models/m"})

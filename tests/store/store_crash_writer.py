@@ -20,7 +20,7 @@ N_ROWS, HIDDEN, SHARD, CHUNK_ROWS = 40, 8, 16, 6  # shard boundaries (16, 32) fa
 def spec_and_data():
     import polars as pl  # noqa: F401  (imported here so the forkserver preload stays cheap)
     from store_fixtures import make_questions, make_rows
-    from walla.store.features.format import FeatureSetSpec
+    from walla.store.features import FeatureSetSpec
 
     q = make_questions(N_ROWS, seed=3)
     rows, hidden = make_rows(q, "none", hidden_size=HIDDEN, seed=3)
@@ -30,7 +30,7 @@ def spec_and_data():
 
 def write_all(store: Path) -> Path:
     """The writer loop an extractor runs: resume from done_rows, write shards, commit."""
-    from walla.store.features.format import open_writer
+    from walla.store.features import open_writer
 
     spec, rows, hidden = spec_and_data()
     with open_writer(store, spec, hidden_size=HIDDEN, total_rows=N_ROWS, chunk_rows=CHUNK_ROWS) as w:
@@ -42,7 +42,7 @@ def write_all(store: Path) -> Path:
 def count_steps(store: Path) -> int:
     """Run a clean write in-process and return how many interceptable steps it took."""
     from walla.store import atomic
-    from walla.store.features import writer as feature_writer
+    from walla.store.features import _writer as feature_writer
 
     n = {"calls": 0}
     orig_replace, orig_hidden = atomic.replace, feature_writer._write_hidden
@@ -66,7 +66,7 @@ def count_steps(store: Path) -> int:
 def crash_run(store: str, crash_at: int, flavor: str) -> None:
     """Child entry point: write, and SIGKILL ourselves at step `crash_at`."""
     from walla.store import atomic
-    from walla.store.features import writer as feature_writer
+    from walla.store.features import _writer as feature_writer
 
     n = {"calls": 0}
     orig_replace, orig_hidden = atomic.replace, feature_writer._write_hidden
@@ -104,7 +104,7 @@ def hold_lock(store: str, ready: str) -> None:
     """Child entry point: write one shard, signal `ready`, then wait to be killed (lock held)."""
     import time
 
-    from walla.store.features.format import open_writer
+    from walla.store.features import open_writer
 
     spec, rows, hidden = spec_and_data()
     with open_writer(Path(store), spec, hidden_size=HIDDEN, total_rows=N_ROWS, chunk_rows=CHUNK_ROWS) as w:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from walla.store.features.format import FeatureSetSpec, open_writer
+from walla.store.features import FeatureSetSpec, open_writer
 from walla.store.questions import write_question_table
 from walla.store.schema import SPLITS, VARIANT_CODE
 

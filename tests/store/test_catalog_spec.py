@@ -185,6 +185,6 @@ def test_layers_point_one_way():
     assert "walla.manifests.scenario" in loaded
     assert not [m for m in loaded if not m.startswith("walla.manifests")], loaded
     loaded = _modules_loaded_by("walla.store")
-    assert "walla.store.scenario.assemble" in loaded
+    assert "walla.store.scenario._assemble" in loaded
     command_layer = {"walla.cli", "walla.cli.exits"}
     assert not [m for m in loaded if not m.startswith("walla.store") and m not in command_layer], loaded

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 import store_crash_writer as cw
-from walla.store.features.format import (
+from walla.store.features import (
     IncompleteError,
     LockedError,
     find_complete,
@@ -26,7 +26,7 @@ def ctx():
     # forkserver: children fork from a clean single-threaded server that has the modules imported
     # (fast: no interpreter start per crash, and no inherited zarr/polars threads).
     c = multiprocessing.get_context("forkserver")
-    c.set_forkserver_preload(["store_crash_writer", "store_fixtures", "walla.store.features.format"])
+    c.set_forkserver_preload(["store_crash_writer", "store_fixtures", "walla.store.features._format"])
     return c
 
 

@@ -7,19 +7,19 @@ import numpy as np
 import polars as pl
 import pytest
 from store_fixtures import make_questions, make_rows, write_feature_set
-from walla.store.features.format import (
+from walla.store.features import (
     FeatureSetSpec,
+    HiddenReader,
     IncompleteError,
     LockedError,
     StaleSchemaError,
     StoreError,
+    default_chunk_rows,
     find_complete,
     list_feature_sets,
     open_writer,
     read_feature_set,
 )
-from walla.store.features.hidden_io import HiddenReader
-from walla.store.features.writer import default_chunk_rows
 from walla.store.questions import read_question_table, write_question_table
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from walla.store.features.format import FeatureSetSpec
+from walla.store.features import FeatureSetSpec
 from walla.store.fingerprint import canonical_json, fingerprint
 
 GOLDEN_INPUTS = {
@@ -80,7 +80,7 @@ def test_spec_fingerprint_includes_schema_version_and_names(monkeypatch):
     )
     assert spec.fingerprint != FeatureSetSpec("aloe", "pubmedqa", "relevant", spec.inputs).fingerprint
     assert spec.fingerprint != FeatureSetSpec("gemma2", "pubmedqa", "none", spec.inputs).fingerprint
-    import walla.store.features.spec as fsmod
+    import walla.store.features._spec as fsmod
 
     before = spec.fingerprint
     monkeypatch.setattr(fsmod, "FEATURE_SCHEMA_VERSION", 99)

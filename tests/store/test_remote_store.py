@@ -16,18 +16,18 @@ from typer.testing import CliRunner
 from walla.manifests.catalog import DatasetEntry
 from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.store.cli import app
-from walla.store.features.format import (
+from walla.store.features import (
     FeatureSetSpec,
     IncompleteError,
+    attach_writer,
     list_feature_sets,
     open_writer,
     read_feature_set,
+    validate_rows,
 )
-from walla.store.features.rows import validate_rows
-from walla.store.features.writer import attach_writer
 from walla.store.location import RemotePath, as_location
 from walla.store.questions import read_question_table, write_question_table
-from walla.store.scenario.assemble import assemble_scenario
+from walla.store.scenario import assemble_scenario
 
 DATASETS = {
     "toy": DatasetEntry(name="toy", loader="jsonl", split_protocol={"mode": "uniform"}, has_context=True)

@@ -7,14 +7,14 @@ import time
 import numpy as np
 import polars as pl
 import pytest
-import walla.store.scenario.assemble as scenario_mod
-import walla.store.scenario.sources as parts_mod
+import walla.store.scenario._assemble as scenario_mod
+import walla.store.scenario._sources as parts_mod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_fixtures import build_store, make_questions, make_rows, write_feature_set
 from walla.manifests.catalog import DatasetEntry, ModelEntry
 from walla.manifests.scenario import Scenario, ScenarioSpec
-from walla.store.features.format import (
+from walla.store.features import (
     FeatureSetSpec,
     StaleSchemaError,
     StoreError,
@@ -22,7 +22,7 @@ from walla.store.features.format import (
     open_writer,
 )
 from walla.store.questions import write_question_table
-from walla.store.scenario import routing
+from walla.store.scenario import _routing as routing
 from walla.store.schema import VARIANT_CODE
 
 NONE, REL, IRR = VARIANT_CODE["none"], VARIANT_CODE["relevant"], VARIANT_CODE["irrelevant"]

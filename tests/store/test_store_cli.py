@@ -4,7 +4,7 @@ import polars as pl
 from store_fixtures import build_store, make_questions, make_rows
 from typer.testing import CliRunner
 from walla.store.cli import app
-from walla.store.features.format import FeatureSetSpec, list_feature_sets, open_writer
+from walla.store.features import FeatureSetSpec, list_feature_sets, open_writer
 
 runner = CliRunner()
 

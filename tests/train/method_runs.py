@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from walla.manifests.validate import build
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.mechanism import brier_loss
 from walla.train.methods import get_method
 

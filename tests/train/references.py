@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from walla.train.engine.clipping import SliceClip
-from walla.train.engine.fabric import TrainEnv, make_fabric
+from walla.train.engine import SliceClip, TrainEnv, make_fabric
 from walla.train.mechanism_checks import as_float, check_consts, check_values
 
 

@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-from walla.store.scenario.assemble import ScenarioData
+from walla.store.scenario import ScenarioData
 from walla.store.schema import VARIANT_CODE
 from walla.train import run as train_run
 

@@ -10,8 +10,8 @@ from references import load_seed
 from scipy.stats import entropy
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import ConfigError
-from walla.store.scenario.assemble import ScenarioData
-from walla.train.engine.fabric import TrainEnv
+from walla.store.scenario import ScenarioData
+from walla.train.engine import TrainEnv
 from walla.train.methods import self_certainty, stacked_gen
 
 

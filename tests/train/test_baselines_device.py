@@ -16,7 +16,7 @@ import pytest
 import torch
 from method_runs import HASHING, config_of, tiny_encoder_dir
 from synthetic import make_private_context_scenario
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.methods import embedding_cache, get_method, stacked_gen
 from walla.train.methods import routing as routers
 

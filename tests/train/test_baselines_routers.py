@@ -110,7 +110,7 @@ def test_same_seed_same_weights(private, name):
 
 
 def test_frozen_embeddings_are_encoded_once(private, monkeypatch, tmp_path):
-    from walla.train.engine.fabric import TrainEnv
+    from walla.train.engine import TrainEnv
 
     calls = []
     real = embedding_cache._encode_uncached

@@ -90,9 +90,9 @@ def test_cli_store_trains_through_walla_train(bench, tmp_path):
 
 def test_waits_at_once_changes_when_the_host_waits_not_the_numbers(bench):
     from walla.manifests.validate import build
-    from walla.train.engine.fabric import TrainEnv
+    from walla.train.engine import TrainEnv
     from walla.train.methods import walla
-    from walla.train.wagers import training as wager_training
+    from walla.train.wagers import _training as wager_training
 
     data = bench.synthetic_scenario(n=60, m=3, k=2, h=8, seed=2)
     raw = {**bench.HEADS, "lr": 1e-2, "hidden": [8], "projection_dim": 16, "epochs": 2, "batch_size": 16}

@@ -7,13 +7,13 @@ import pytest
 import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import build
-from walla.train.calibration.temperature import (
+from walla.train.calibration import (
     CalibrationConfig,
     apply_calibration,
     fit_calibration,
     temperatures,
 )
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 
 FAST = {"lr": 1e-2, "epochs": 15}

@@ -13,12 +13,10 @@ import torch
 from references import load_seed
 from torch import nn
 from walla.manifests.validate import build
-from walla.train.calibration.heads import TempHeads
-from walla.train.calibration.temperature import CalibrationConfig
-from walla.train.engine.fabric import init_generator, linear_init_, seeded
+from walla.train.calibration import CalibrationConfig, TempHeads
+from walla.train.engine import init_generator, linear_init_, seeded
 from walla.train.methods import stacked_gen, walla
-from walla.train.wagers.heads import StackedHeads, WagerHead
-from walla.train.wagers.training import init_heads
+from walla.train.wagers import StackedHeads, WagerHead, init_heads
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 CFG = build(walla.Config, {"hidden": [8, 4], "projection_dim": 16}, "test")

@@ -1,4 +1,4 @@
-"""train/wagers/dropout.py draws the very masks of the formula it replaces, `gen.random(shape, float32) < keep`
+"""train/wagers/_dropout.py draws the very masks of the formula it replaces, `gen.random(shape, float32) < keep`
 per generator and width in turn: raw-stream path, float fallback (odd sizes, a buffered half, other keeps),
 threads and the step drawn ahead."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from walla.train.wagers.dropout import DropoutMasks, keep_mask, raw_limit
+from walla.train.wagers import DropoutMasks, keep_mask, raw_limit
 
 
 @pytest.mark.parametrize("keep", [0.9, 0.5, 1 - 0.3, 2 / 3, 1 - 1e-9, 1e-9, 0.75])
@@ -34,7 +34,7 @@ def test_threshold_edges():
 
 
 def _reference(seeds, m, n_kinds, widths, keep, sizes):
-    """The masks as train/wagers/training.py drew them before: per width, per seed its wager generator's
+    """The masks as train/wagers/_training.py drew them before: per width, per seed its wager generator's
     [M, b, w] then its diagnostic generator's [(D-1) M, b, w], concatenated."""
     gens = [np.random.default_rng([s, 1]) for s in seeds]
     diag = [np.random.default_rng([s, 2]) for s in seeds]
@@ -54,7 +54,7 @@ def _reference(seeds, m, n_kinds, widths, keep, sizes):
 
 @pytest.mark.parametrize(("seeds", "n_kinds"), [([18], 1), ([18, 19, 20], 1), ([18, 19], 3)])
 def test_stream_equals_the_old_masks(seeds, n_kinds):
-    from walla.train.wagers.training import _dropout, _Layout
+    from walla.train.wagers import _dropout, _Layout
 
     m, widths, sizes = 3, (16, 7), [10, 10, 5, 10, 10, 5]
 

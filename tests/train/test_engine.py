@@ -1,4 +1,4 @@
-"""train/engine/fabric.py, engine/clipping.py and engine/loop.py: device/precision resolution, the optimizer factory, the one
+"""train/engine/_fabric.py, engine/clipping.py and engine/loop.py: device/precision resolution, the optimizer factory, the one
 clipping function, checkpoints, and the Fabric-driven fit_module."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 from references import clip_slices_
-from walla.train.engine.clipping import clip_grad_norms_
-from walla.train.engine.fabric import (
+from walla.train.engine import (
     TrainEnv,
+    clip_grad_norms_,
+    fit_module,
     load_checkpoint,
     make_fabric,
     make_optimizer,
@@ -20,9 +21,9 @@ from walla.train.engine.fabric import (
     row_batches,
     save_checkpoint,
     seeded,
+    to_device,
+    to_host,
 )
-from walla.train.engine.loop import fit_module
-from walla.train.engine.memory import to_device, to_host
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 X = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))

@@ -1,5 +1,5 @@
 """TRAIN_SCHEMA is pinned by numbers (issue 28): every method's golden run matches the digests stored for the
-current schema, and a change of the numbers fails with the instruction to bump it (train/golden/check.py)."""
+current schema, and a change of the numbers fails with the instruction to bump it (train/golden/_check.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import copy
 import numpy as np
 import pytest
 import torch
-from walla.train.engine import fabric as engine
-from walla.train.golden import check as golden
-from walla.train.golden import setup as golden_setup
+from walla.train.engine import _fabric as engine
+from walla.train.golden import _check as golden
+from walla.train.golden import _setup as golden_setup
 from walla.train.methods import REGISTRY
-from walla.train.runs.identity import TRAIN_SCHEMA
-from walla.train.wagers.heads import StackedHeads
+from walla.train.runs import TRAIN_SCHEMA
+from walla.train.wagers import StackedHeads
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     assert line.startswith(
         f"the training numbers changed but TRAIN_SCHEMA did not (still {TRAIN_SCHEMA}): walla-ii: moved"
     )
-    assert "Bump TRAIN_SCHEMA in train/runs/identity.py" in line and line.endswith(
+    assert "Bump TRAIN_SCHEMA in train/runs/_identity.py" in line and line.endswith(
         "python -m walla.train.golden --write"
     )
     (line,) = golden.check(stored, current, schema=TRAIN_SCHEMA + 1)  # bumped: the digests are regenerated
@@ -108,7 +108,7 @@ def test_every_selectable_numeric_path_has_a_digest():
 
 
 def test_bf16_true_forced_where_bf16_mixed_is_asked_fails_the_golden_check(monkeypatch):
-    """The mutation of the issue: train/engine/fabric.py handing Lightning bf16-true for a bf16-mixed run."""
+    """The mutation of the issue: train/engine/_fabric.py handing Lightning bf16-true for a bf16-mixed run."""
     real = engine.Fabric
 
     def forced(*args, precision=None, **kw):

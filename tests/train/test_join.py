@@ -12,14 +12,22 @@ import pytest
 import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.scenario import Scenario, ScenarioSpec
-from walla.train.engine.fabric import TrainEnv, load_checkpoint
+from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.join import initial_params, joined_plan
 from walla.train.plan import Overrides, build_plan
 from walla.train.run import run_plan
-from walla.train.runs.identity import TRAIN_SCHEMA, inputs_id
-from walla.train.runs.layout import RUN_META, STATE, RunFormatError, list_run_dirs
-from walla.train.runs.lineage import lineage_reason, read_current_run_meta, stale_run_reason
-from walla.train.runs.reader import read_run_meta
+from walla.train.runs import (
+    RUN_META,
+    STATE,
+    TRAIN_SCHEMA,
+    RunFormatError,
+    inputs_id,
+    lineage_reason,
+    list_run_dirs,
+    read_current_run_meta,
+    read_run_meta,
+    stale_run_reason,
+)
 
 HP = {"walla": {"lr": 3.0e-3, "epochs": 2, "hidden": [8], "projection_dim": None, "batch_size": 20}}
 

@@ -1,6 +1,6 @@
 """A joined run counts only while the base run it continued is the current run of its key (issue 37,
 finding 2), checked wherever a run is read: walla eval (evaluate/load.py), the market's runs
-(train/runs/choice.py choose_runs: replays, `walla serve`) and its heads (train/runs/lineage.py
+(train/runs/_choice.py choose_runs: replays, `walla serve`) and its heads (train/runs/_lineage.py
 read_current_run_meta). And every join refusal names a `walla train` command that works.
 
 The issue's sequence, through the real commands on dummy-extracted feature sets:
@@ -26,10 +26,7 @@ from walla.extract.cli import app as extract_app
 from walla.store.cli import app as store_app
 from walla.store.listing import list_feature_sets
 from walla.train import cli as train_cli
-from walla.train.runs.choice import RunChoiceError, choose_runs
-from walla.train.runs.layout import RunFormatError
-from walla.train.runs.lineage import read_current_run_meta
-from walla.train.runs.reader import read_run_meta
+from walla.train.runs import RunChoiceError, RunFormatError, choose_runs, read_current_run_meta, read_run_meta
 
 runner = CliRunner()
 BASE = "hetero-facts"

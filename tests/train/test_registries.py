@@ -22,13 +22,13 @@ from walla.extract.datasets.rows import DatasetRequest, Loaded, canonical_row
 from walla.manifests import catalog
 from walla.manifests.scenario import Scenario, ScenarioSpec
 from walla.manifests.validate import check, config
-from walla.store.features.format import read_feature_set
+from walla.store.features import read_feature_set
 from walla.train import methods
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.methods import MethodInfo, MethodOutput
 from walla.train.plan import Overrides, build_plan, load_plan
 from walla.train.run import run_plan
-from walla.train.runs.layout import list_run_dirs
+from walla.train.runs import list_run_dirs
 
 # --- a new dataset loader: one function ---------------------------------------------------------------
 

@@ -69,6 +69,6 @@ def _save(state, tmp_path):
 
 
 def _env():
-    from walla.train.engine.fabric import TrainEnv
+    from walla.train.engine import TrainEnv
 
     return TrainEnv()

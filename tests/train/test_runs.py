@@ -1,4 +1,4 @@
-"""The run format (train/runs/layout.py, runs/writer.py, runs/reader.py) and the recipe (train/run.py): round trip, completion marker,
+"""The run format (train/runs/_layout.py, runs/writer.py, runs/reader.py) and the recipe (train/run.py): round trip, completion marker,
 skipping finished runs, retraining stale ones, and the one-writer lock."""
 
 from __future__ import annotations
@@ -10,24 +10,27 @@ import numpy as np
 import pytest
 from synthetic import make_private_context_scenario
 from walla.manifests.scenario import Scenario, ScenarioSpec
-from walla.train.engine.fabric import TrainEnv, load_checkpoint
+from walla.train.engine import TrainEnv, load_checkpoint
 from walla.train.methods import MethodOutput, method_module
 from walla.train.plan import Overrides, build_plan
 from walla.train.resolve import states_to_save
 from walla.train.run import RunsLockedError, run_plan, runs_lock
-from walla.train.runs.identity import key_id, run_key
-from walla.train.runs.layout import (
+from walla.train.runs import (
     PREDICTIONS,
     RUN_META,
     STATE,
     RunDir,
     RunFormatError,
     is_complete,
+    key_id,
     list_run_dirs,
+    read_run,
+    read_scenario_table,
     run_dir,
+    run_key,
+    write_run,
+    write_scenario_table,
 )
-from walla.train.runs.reader import read_run, read_scenario_table
-from walla.train.runs.writer import write_run, write_scenario_table
 
 SPEC = {"dataset": "synthetic", "agents": ["a", "b", "c"]}
 TRAIN = {

@@ -13,10 +13,10 @@ import pytest
 import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import build
-from walla.train.engine.fabric import TrainEnv
-from walla.train.engine.memory import (
+from walla.train.engine import (
     DEVICE_MEMORY_SHARE,
     PARAM_BUDGET_BYTES,
+    TrainEnv,
     free_device_bytes,
     seeds_per_chunk,
 )

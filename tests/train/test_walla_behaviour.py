@@ -14,7 +14,7 @@ import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import ConfigError, build
 from walla.train import mechanism
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 
 FAST = {"lr": 3e-3, "epochs": 6, "patience": 1000, "projection_dim": None}  # learnable fast, small heads

@@ -12,10 +12,9 @@ import torch
 from synthetic import make_private_context_scenario
 from walla.manifests.validate import build
 from walla.train import mechanism
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
-from walla.train.wagers.heads import StackedHeads
-from walla.train.wagers.training import init_heads, train_heads
+from walla.train.wagers import StackedHeads, init_heads, train_heads
 
 RAW = {
     "variant": "II",

@@ -17,8 +17,8 @@ from synthetic import make_private_context_scenario
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from walla.manifests.validate import build
-from walla.train.calibration.temperature import CalibrationConfig, fit_calibration
-from walla.train.engine.fabric import TrainEnv, resolve_device
+from walla.train.calibration import CalibrationConfig, fit_calibration
+from walla.train.engine import TrainEnv, resolve_device
 from walla.train.methods import get_method, walla
 
 

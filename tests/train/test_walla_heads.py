@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 from references import clip_slices_
-from walla.train.engine.fabric import seeded
-from walla.train.wagers.heads import StackedHeads, stack_hidden
+from walla.train.engine import seeded
+from walla.train.wagers import StackedHeads, stack_hidden
 
 DIMS = [12, 9, 12]
 

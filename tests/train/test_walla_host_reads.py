@@ -20,13 +20,11 @@ from synthetic import make_private_context_scenario
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from walla.manifests.validate import build
-from walla.train.engine import memory as device_memory
-from walla.train.engine.clipping import SliceClip
-from walla.train.engine.fabric import TrainEnv, make_fabric
-from walla.train.engine.memory import HostRead, to_host
+from walla.train.engine import HostRead, SliceClip, TrainEnv, make_fabric, to_host
+from walla.train.engine import _memory as device_memory
 from walla.train.methods import walla
-from walla.train.wagers import training as wager_training
-from walla.train.wagers.training import init_heads, train_heads
+from walla.train.wagers import _training as wager_training
+from walla.train.wagers import init_heads, train_heads
 
 RAW = {"lr": 1e-2, "epochs": 2, "batch_size": 30, "hidden": [8, 4], "projection_dim": 16, "clip": 0.05}
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from walla.train.wagers.stopping import OnlineStop
+from walla.train.wagers import OnlineStop
 
 
 def test_lazy_best_copy_equals_eager_copy():

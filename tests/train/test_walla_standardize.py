@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import torch
 from synthetic import make_private_context_scenario
-from walla.train.engine.fabric import TrainEnv
+from walla.train.engine import TrainEnv
 from walla.train.methods import walla
 from walla.train.methods.walla import Config, hidden_stats
 

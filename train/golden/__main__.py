@@ -1,7 +1,7 @@
-"""`python -m walla.train.golden [--write] [--device cuda]`: the golden check (train/golden/check.py)."""
+"""`python -m walla.train.golden [--write] [--device cuda]`: the golden check (train/golden/_check.py)."""
 
 import typer
-from walla.train.golden.check import main
+from walla.train.golden._check import main
 
 if __name__ == "__main__":
     typer.run(main)

@@ -23,9 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
-from walla.train.engine.fabric import TrainEnv, init_device, row_batches, seeded
-from walla.train.engine.loop import fit_module
-from walla.train.engine.memory import to_device
+from walla.train.engine import TrainEnv, fit_module, init_device, row_batches, seeded, to_device
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.methods.embedding_cache import frozen_features

@@ -25,9 +25,16 @@ import numpy as np
 import torch
 from torch import nn
 from walla.manifests.validate import build, check, config, to_dict
-from walla.train.engine.fabric import TrainEnv, init_device, init_generator, linear_init_, row_batches
-from walla.train.engine.loop import fit_module
-from walla.train.engine.memory import to_device, to_host
+from walla.train.engine import (
+    TrainEnv,
+    fit_module,
+    init_device,
+    init_generator,
+    linear_init_,
+    row_batches,
+    to_device,
+    to_host,
+)
 from walla.train.method_io import as_rows, pooled_output, scenario_tensors
 from walla.train.methods import LogFn, MethodOutput
 from walla.train.pooling_losses import mixture_nll, val_metric

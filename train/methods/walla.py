@@ -5,7 +5,7 @@
 
 Each agent's head reads only its own last-layer hidden state and learns to wager its hindsight best
 response to its realized advantage over the others; the training loop (all agents of all seeds as one
-batched module, exactly decentralized) is train/wagers/training.py. This module is the method's surface:
+batched module, exactly decentralized) is train/wagers/_training.py. This module is the method's surface:
 its hyper-parameters, the data-dependent ones filled in (`resolve`), seeds chunked to a memory budget
 (device_memory.seeds_per_chunk: a share of the free memory on CUDA, so a GPU fits every seed at once; a fixed
 host budget on the CPU), one state per seed (its tensors on the training device until saved), and
@@ -24,12 +24,10 @@ import numpy as np
 import torch
 from walla.manifests.validate import check, config, to_dict
 from walla.train import mechanism
-from walla.train.calibration.temperature import CalibrationConfig, apply_calibration, fit_calibration
-from walla.train.engine.fabric import TrainEnv
-from walla.train.engine.memory import free_device_bytes, seeds_per_chunk
+from walla.train.calibration import CalibrationConfig, apply_calibration, fit_calibration
+from walla.train.engine import TrainEnv, free_device_bytes, seeds_per_chunk
 from walla.train.methods import LogFn, MethodOutput
-from walla.train.wagers.heads import StackedHeads, stack_hidden
-from walla.train.wagers.training import hidden_stats, train_heads
+from walla.train.wagers import StackedHeads, hidden_stats, stack_hidden, train_heads
 
 # float32 copies of every parameter a chunk holds: parameter, gradient, two Adam moments, best copy, spare
 # (the states handed back, on the training device)

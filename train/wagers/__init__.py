@@ -1,1 +1,29 @@
-"""WALLA's wager heads and their batched, decentralized training."""
+"""WALLA's wager heads and their batched, decentralized training.
+
+Rooms (private: import their public names from this door):
+- `_dropout`: WALLA's dropout keep-masks: drawn on the host from per-seed numpy generators, the same bits as ever, faster.
+- `_heads`: Wager heads: one small MLP per agent on that agent's own last-layer hidden state (SPEC §5.1).
+- `_step`: The maths of one WALLA training batch, shared by walla train (wagers/training.py) and a live agent (market/head.py): raw scores -> wagers, realized advantages, hindsight best responses and each agent's own loss; the backward, per-head clipping and optimizer step; the early-stopping metric.
+- `_stopping`: Online early stopping of WALLA's batched heads, one stopping state per seed (SPEC §4.2).
+- `_training`: WALLA's batched, decentralized training loop: every agent of every seed in one StackedHeads.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_ROOMS = {
+    "_dropout": ("DropoutMasks", "keep_mask", "raw_limit"),
+    "_heads": ("StackedHeads", "WagerHead", "stack_hidden"),
+    "_step": ("optimizer_step", "wager_loss"),
+    "_stopping": ("OnlineStop",),
+    "_training": ("_Layout", "_dropout", "hidden_stats", "init_heads", "train_heads"),
+}
+_EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:  # PEP 562: a room loads when a name of it is first asked for
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from walla.market.api.deps import AfterId, CurrentPrincipal, LedgerDep, Operator
-from walla.market.api.models import DIGITS, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
+from walla.market.api._deps import AfterId, CurrentPrincipal, LedgerDep, Operator
+from walla.market.api._models import DIGITS, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
 from walla.market.stats import market_stats
 from walla.market.text import NAME_PATTERN
 

@@ -10,9 +10,9 @@ agent's to read once the round is resolved.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from walla.market.api.deps import CurrentPrincipal, LedgerDep, Operator, RoundId
-from walla.market.api.errors import ClientError
-from walla.market.api.models import ReportIn, ReportOut
+from walla.market.api._deps import CurrentPrincipal, LedgerDep, Operator, RoundId
+from walla.market.api._errors import ClientError
+from walla.market.api._models import ReportIn, ReportOut
 
 router = APIRouter(prefix="/rounds", tags=["reports"])
 

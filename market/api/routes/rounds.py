@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from walla.market.api.deps import AfterId, CurrentPrincipal, LedgerDep, Operator, RoundId
-from walla.market.api.errors import bad
-from walla.market.api.models import DIGITS, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut, VoidIn
+from walla.market.api._deps import AfterId, CurrentPrincipal, LedgerDep, Operator, RoundId
+from walla.market.api._errors import bad
+from walla.market.api._models import DIGITS, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut, VoidIn
 from walla.market.ledger import Principal
 
 router = APIRouter(prefix="/rounds", tags=["rounds"])

@@ -1,0 +1,138 @@
+"""The operator's commands: `walla market init | serve | add-agent` (the ledger and its HTTP server).
+
+    walla market init --db market.db                 # tables + the operator's token (printed once)
+    walla market serve --db market.db --port 8765    # the HTTP API and the dashboard at /
+    walla market add-agent alice --db market.db      # an agent's token (printed once)
+
+The operator's token: `init` (or the first `serve` of a new database) creates one and prints it once;
+set WALLA_MARKET_OPERATOR_TOKEN (or pass --operator-token-file FILE) to choose it instead, e.g. in CI.
+Only its sha256 is stored.
+
+This module checks the options and imports nothing heavy; each command then imports its implementation,
+commands/operator.py (the ledger and the server stack), once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import typer
+from walla.cli import exits, options
+from walla.cli.exits import DATA, USAGE
+from walla.market.cli._voice import fail
+from walla.market.text import agent_name
+
+TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
+
+app = options.app()
+
+DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (postgresql://user@host/db)")
+TOKEN_FILE = typer.Option(
+    None, "--operator-token-file", help=f"file holding the operator token (or ${TOKEN_ENV})"
+)
+
+
+def operator_token(token_file: Path | None, sub: str = "market") -> str | None:
+    """The operator's token from `token_file` or $WALLA_MARKET_OPERATOR_TOKEN, checked (>= 16 characters);
+    None: neither is set (the ledger then makes one). Errors are one line of `walla <sub>`: these helpers
+    serve `walla market` and `walla serve` alike."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise exits.fail(sub, f"--operator-token-file {token_file}: {e.strerror}", DATA) from None
+        if len(token) < 16:
+            raise exits.fail(
+                sub, f"--operator-token-file {token_file}: expected a token of >= 16 characters", USAGE
+            )
+        return token
+    token = os.environ.get(TOKEN_ENV)
+    if token is not None and len(token.strip()) < 16:
+        raise exits.fail(sub, f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
+    return token.strip() if token else None
+
+
+def check_port(host: str, port: int, sub: str = "market") -> None:
+    """One line of `walla <sub>` unless `host:port` can be listened on (checked before the server loads)."""
+    if not 1 <= port <= 65535:
+        raise exits.fail(sub, f"--port: expected 1..65535, got {port}", USAGE)
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise exits.fail(
+            sub, f"--host {host} --port {port}: cannot listen ({e.strerror or e})", DATA
+        ) from None
+
+
+@app.command()
+def init(db: str = DB, operator_token_file: Path = TOKEN_FILE) -> None:
+    """Create the ledger's tables and the operator (its token is printed once)."""
+    token = operator_token(operator_token_file)
+    # each command imports its one implementation module when it runs, once its options hold: walla.cli.lazy
+    from walla.market.commands import _operator as impl
+
+    impl.init(db, token, operator_token_file)
+
+
+@app.command("add-agent")
+def add_agent(
+    name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
+) -> None:
+    """Register an agent; prints its token once (only a hash is stored)."""
+    try:
+        name = agent_name(name)  # market/text.py: light, so a bad name answers before the ledger loads
+    except ValueError as e:
+        raise fail(e, USAGE) from None
+    from walla.market.commands import _operator as impl
+
+    impl.add_agent(name, db)
+
+
+@app.command()
+def serve(
+    db: str = DB,
+    host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on"),
+    port: int = typer.Option(8765, "--port", help="TCP port"),
+    operator_token_file: Path = TOKEN_FILE,
+    max_body: int = typer.Option(
+        None, "--max-body", help="largest request body in bytes (default: 65536, the server's MAX_BODY)"
+    ),
+    rate: float = typer.Option(
+        None,
+        "--rate",
+        help="requests per second per token, bursts of 200 (0: no limit; default: the server's RATE)",
+    ),
+    read_timeout: float = typer.Option(
+        None,
+        "--read-timeout",
+        help="seconds a request (headers and body) may take to arrive, from its first byte "
+        "(default: the server's READ_TIMEOUT_S); else 408",
+    ),
+    max_client_connections: int = typer.Option(
+        None,
+        "--max-client-connections",
+        help="open connections per client address (default: the server's MAX_CLIENT_CONNECTIONS); "
+        "more are refused with 429",
+    ),
+) -> None:
+    """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
+    # the options are checked before the server stack (FastAPI, SQLAlchemy, torch) is imported
+    if max_body is not None and max_body < 1024:
+        raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}", USAGE)
+    if rate is not None and not 0 <= rate < float("inf"):
+        raise fail(f"--rate: expected a number >= 0, got {rate}", USAGE)
+    if read_timeout is not None and not 0 < read_timeout <= 3600:
+        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
+    if max_client_connections is not None and not 1 <= max_client_connections <= 100_000:
+        raise fail(f"--max-client-connections: expected 1..100000, got {max_client_connections}", USAGE)
+    check_port(host, port)
+    token = operator_token(operator_token_file)
+    from walla.market.commands import _operator as impl
+
+    impl.serve(
+        db, host, port, token, operator_token_file, max_body, rate, read_timeout, max_client_connections
+    )
