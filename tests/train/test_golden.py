@@ -48,7 +48,7 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     assert f"holds digests of TRAIN_SCHEMA {TRAIN_SCHEMA}, the code is schema {TRAIN_SCHEMA + 1}" in line
     (line,) = golden.check(stored, current, setup="another")  # golden/setup.py changed: regenerate
     assert (
-        line.startswith("golden/golden.json holds digests of another golden setup")
+        line.startswith("golden.json holds digests of another golden setup")
         and "bump" not in line.lower()
     )
     fewer = {**stored, "methods": {k: v for k, v in current.items() if k != "uniform"}}
@@ -71,7 +71,7 @@ def test_the_sketch_passes_float_noise_and_catches_a_change():
 
 
 def test_write_refuses_moved_digests_under_the_same_schema(current, tmp_path):
-    path = tmp_path / "golden/golden.json"
+    path = tmp_path / "golden.json"
     golden.write(current, path, schema=7, setup="s")
     golden.write(current, path, schema=7, setup="s")  # unchanged: fine
     with pytest.raises(ValueError, match="digests of TRAIN_SCHEMA 7 moved .walla-i: .*bump TRAIN_SCHEMA"):

@@ -40,7 +40,7 @@ HPARAMS = {  # the demo preset's shape (manifests/scenarios/_demo.yaml), sized f
     "nirt-router": {**HASHING, "batch_size": 8, "agent_dim": 16, "hidden_dim": 16},
 }
 # Every other numeric path a user can select, each trained as a variant of the golden run and digested
-# per method (golden/golden.json "paths"): what the variant changes from HPARAMS / the 32-true, one-seed,
+# per method (golden.json "paths"): what the variant changes from HPARAMS / the 32-true, one-seed,
 # uncalibrated run. `join`: the run continues the heads of a base run on agents g0, g1 with g2 joining
 # (--add-agent).
 PROJECTION = {"walla": {"projection_dim": 16}, "stacked-gen": {"projection_dim": 16}}  # predict folds it
