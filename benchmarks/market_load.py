@@ -69,7 +69,7 @@ def _server(database: str, in_process: bool):
     port = free_port()
     exe = Path(sys.executable).with_name("walla")
     proc = subprocess.Popen(
-        [str(exe), "market", "serve", "--db", database, "--port", str(port)],
+        [str(exe), "market", "serve", "--db", database, "--port", str(port), "--unsigned"],
         env={**os.environ, "WALLA_MARKET_OPERATOR_TOKEN": OP_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -118,7 +118,7 @@ class Agent:
                     self.skip(rnd["id"], str(e))  # closed meanwhile (409), over a limit, ...
                 except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
                     self.skip(rnd["id"], f"{type(e).__name__}: {e}")
-            if len(page) < 100:
+            if not page:  # a page may stop short of its limit (routes.LIST_BUDGET): page on until empty
                 return n
             after = page[-1]["id"]
 

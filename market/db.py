@@ -150,7 +150,11 @@ events = Table(  # append-only, hash-chained: hash = sha256(prev_hash + canonica
     Column("data", Text, nullable=False),  # canonical JSON (sorted keys, floats as repr)
     Column("prev_hash", String(64), nullable=False),
     Column("hash", String(64), nullable=False, unique=True),
+    Column("mac", String(64)),  # HMAC of hash under the market's key (_keys.py); NULL: written unsigned
 )
+# columns added after ledgers were in use, nullable: added to such a ledger when a writer opens it, and read
+# as NULL by the audit (which never writes) until then
+LATER_COLUMNS = {("events", "mac")}
 
 SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")  # the databases the ledger supports
 
@@ -221,6 +225,7 @@ def make_engine(db: str | Path, create: bool = True) -> Engine:
         )  # no pre-ping: it doubled the round trips; a dropped connection fails one transaction, which _write retries
     if create:
         metadata.create_all(engine)
+        _add_later_columns(engine)
         _check_schema(engine)
         _add_missing_indexes(engine)
     return engine
@@ -243,6 +248,17 @@ def _add_missing_indexes(engine: Engine) -> None:
             for index in table.indexes:
                 if index.name not in have:
                     conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def _add_later_columns(engine: Engine) -> None:
+    """Add LATER_COLUMNS to a ledger made before them (NULL in its old rows: events.mac, unsigned)."""
+    found = inspect(engine)
+    for table, column in sorted(LATER_COLUMNS):
+        if column not in {c["name"] for c in found.get_columns(table)}:
+            col = metadata.tables[table].c[column]
+            kind = col.type.compile(dialect=engine.dialect)
+            with engine.begin() as conn:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind}"))
 
 
 def _check_schema(engine: Engine) -> None:

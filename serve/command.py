@@ -17,8 +17,8 @@ import typer
 import uvicorn
 from walla.cli.exits import DATA, answered, fail
 from walla.market.api import ClientError
-from walla.market.cli import check_port, operator_token
-from walla.market.commands import open_ledger, setup_operator
+from walla.market.cli import check_heads_every, check_port, market_keys, operator_token
+from walla.market.commands import open_ledger, setup_operator, sign_ledger, start_heads
 from walla.market.ledger import Ledger
 from walla.serve.app import create_serve_app
 from walla.serve.check import TOLERANCE, check_served
@@ -32,8 +32,11 @@ PROG = f"walla {SUB}"
 
 def run(cfg: ServeConfig, t0: float) -> None:
     """Serve `cfg`'s pool until stopped, or check it (`cfg.check`); `t0` is when the command started."""
-    if not cfg.check:
+    keys = []
+    if not cfg.check:  # the market's key, or --unsigned, before minutes of model loading
+        check_heads_every(cfg.head_file, cfg.head_every, SUB)
         check_port(cfg.host, cfg.port, SUB)
+        keys = market_keys(cfg.key_file, cfg.unsigned, SUB)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     ledger = open_ledger(cfg.db, SUB) if not cfg.check and "://" in cfg.db else None
     try:
@@ -49,6 +52,7 @@ def run(cfg: ServeConfig, t0: float) -> None:
         try:
             if not cfg.check:
                 token = operator_token(cfg.operator_token_file, SUB)
+                sign_ledger(ledger, keys, SUB)
                 setup_operator(ledger, token, cfg.operator_token_file, SUB)
             fc = Forecaster(pool, ledger, cfg.learn, **cfg.batching()).start()
         except ClientError as e:
@@ -63,7 +67,7 @@ def run(cfg: ServeConfig, t0: float) -> None:
         if cfg.check:
             check(fc, cfg.limit)
             return
-    serve_forever(fc, cfg.host, cfg.port, cfg.open_access, t0)
+    serve_forever(fc, cfg.host, cfg.port, cfg.open_access, t0, (cfg.head_file, cfg.head_every))
 
 
 def check(fc: Forecaster, limit: int | None) -> None:
@@ -82,8 +86,12 @@ def check(fc: Forecaster, limit: int | None) -> None:
         raise fail(SUB, f"--check: served differs from offline by {res['pool']:.3e} > {TOLERANCE:g}", DATA)
 
 
-def serve_forever(fc: Forecaster, host: str, port: int, open_access: bool, t0: float) -> None:
-    """The HTTP server until Ctrl-C; prints one `ready in ... s` line once it listens."""
+def serve_forever(
+    fc: Forecaster, host: str, port: int, open_access: bool, t0: float, heads: tuple = (None, 60.0)
+) -> None:
+    """The HTTP server until Ctrl-C; prints one `ready in ... s` line once it listens. `heads`: (head file,
+    seconds), the chain's head appended there as `walla market serve --head-file` does."""
+    writer = start_heads(fc.ledger, heads, SUB)
     app = create_serve_app(fc, open_access)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
     ready = server.startup
@@ -100,6 +108,8 @@ def serve_forever(fc: Forecaster, host: str, port: int, open_access: bool, t0: f
     try:
         server.run()
     finally:
+        if writer is not None:
+            writer.stop()
         fc.stop()
         fc.pool.close()
         fc.ledger.close()

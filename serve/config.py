@@ -41,6 +41,12 @@ class ServeConfig:
     operator_token_file: Path | None = option(
         None, "file holding the operator token (or $WALLA_MARKET_OPERATOR_TOKEN)", metavar="FILE"
     )
+    key_file: Path | None = option(
+        None, "the market's key: signs every event written (or $WALLA_MARKET_KEY)", metavar="FILE"
+    )
+    unsigned: bool = option(False, "serve without a key: the ledger's events are not signed")
+    head_file: Path | None = option(None, "append the chain's signed head to this file", metavar="FILE")
+    head_every: float = option(60.0, "seconds between two heads written to --head-file")
     # dynamic batching (serve/batcher.py)
     max_wait_ms: float = option(10.0, "how long a pass waits for more requests")
     max_batch: int = option(64, "prompts per scoring pass")

@@ -12,8 +12,17 @@ on the connections one client address holds open (issue 37, finding 8).
 - **Connections per address.** A client address with `per_client` connections open gets a 429 JSON line
   with Retry-After on any further one, which is closed at once: 400 idle sockets from one host cannot hold
   the server. Clients behind one proxy or NAT share an address (raise `--max-client-connections` there).
+- **Connections in all.** With `total` connections open, any further one gets a 503 JSON line with
+  Retry-After and is closed at once: many addresses together cannot hold more (issue 46, finding 3).
+- **Write deadline.** What the server has written to a connection must be taken by the client within
+  `write_timeout` seconds: a client that stops reading (a slow reader holding a large answer in the
+  server's memory) has its connection aborted, its buffer freed. The kernel holds at most SEND_BUFFER
+  bytes of a connection (fixed, not autotuned), the server WRITE_HIGH more before it waits for the client,
+  and a listing answers at most routes.LIST_BUDGET bytes: the answers held for slow readers are at most
+  about total x (LIST_BUDGET + WRITE_HIGH + SEND_BUFFER), and each for write_timeout seconds.
 
-The limits come from create_app's app.state (read_timeout, max_client_connections); `walla market serve`
+The limits come from create_app's app.state (read_timeout, write_timeout, max_client_connections,
+max_connections); `walla market serve`
 and LocalServer build their uvicorn.Config here. Only the h11 protocol (uvicorn's pure-Python one) is
 guarded, and it is the one used, whether or not httptools is installed.
 """
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import h11
@@ -29,6 +39,10 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 RETRY_AFTER_S = 1  # a refused connection's Retry-After
+WRITE_HIGH = 64 * 1024  # bytes buffered for a connection before the server waits for the client to read
+SEND_BUFFER = (
+    64 * 1024
+)  # the kernel's send buffer of a connection (fixed: autotuned, it took a 256 KiB answer whole)
 
 
 def raw_error(status: int, reason: str, message: str, retry_after: int | None = None) -> bytes:
@@ -50,12 +64,15 @@ class GuardedH11(H11Protocol):
     guarded_protocol() binds its limits and its table of open connections."""
 
     read_timeout: float
+    write_timeout: float
     per_client: int
+    total: int
     open_per_client: dict[str, int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.deadline: asyncio.TimerHandle | None = None
+        self.write_deadline: asyncio.TimerHandle | None = None
         self.address: str | None = None  # counted in open_per_client while this connection is open
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -67,12 +84,46 @@ class GuardedH11(H11Protocol):
             transport.write(raw_error(429, "Too Many Requests", what, RETRY_AFTER_S))
             transport.close()
             return
+        in_all = sum(self.open_per_client.values())
+        if in_all >= self.total:
+            what = f"connection: the server holds {in_all} open connections (at most {self.total})"
+            transport.write(raw_error(503, "Service Unavailable", what, RETRY_AFTER_S))
+            transport.close()
+            return
         self.open_per_client[address] = held + 1
         self.address = address
+        transport.set_write_buffer_limits(high=WRITE_HIGH, low=0)  # resumed once the client took it all
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._arm()
+
+    def pause_writing(self) -> None:
+        """The client has not taken WRITE_HIGH bytes yet: it must take all of them within write_timeout."""
+        super().pause_writing()
+        if self.write_deadline is None and self.address is not None:
+            self.write_deadline = self.loop.call_later(self.write_timeout, self._write_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write()
+
+    def _disarm_write(self) -> None:
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+
+    def _write_expired(self) -> None:
+        """A slow reader: the answer is dropped, the connection aborted (close() would wait for the buffer)."""
+        self.write_deadline = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_write()
         if self.address is not None:
             left = self.open_per_client.get(self.address, 1) - 1
             if left > 0:
@@ -123,16 +174,32 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
-def guarded_protocol(read_timeout: float, per_client: int) -> type[GuardedH11]:
-    """A GuardedH11 subclass with these limits and its own table of open connections (one per server)."""
-    if not read_timeout > 0 or per_client < 1:
-        raise ValueError(f"expected read_timeout > 0 and per_client >= 1, got {read_timeout}, {per_client}")
-    attrs = {"read_timeout": float(read_timeout), "per_client": int(per_client), "open_per_client": {}}
+def guarded_protocol(
+    read_timeout: float, per_client: int, write_timeout: float | None = None, total: int | None = None
+) -> type[GuardedH11]:
+    """A GuardedH11 subclass with these limits and its own table of open connections (one per server);
+    `write_timeout` None: read_timeout's; `total` None: 16 x per_client."""
+    write_timeout = read_timeout if write_timeout is None else write_timeout
+    total = 16 * per_client if total is None else total
+    if not read_timeout > 0 or not write_timeout > 0 or per_client < 1 or total < 1:
+        raise ValueError(
+            f"expected timeouts > 0 and connection limits >= 1, got {read_timeout}, {write_timeout}, "
+            f"{per_client}, {total}"
+        )
+    attrs = {
+        "read_timeout": float(read_timeout),
+        "write_timeout": float(write_timeout),
+        "per_client": int(per_client),
+        "total": int(total),
+        "open_per_client": {},
+    }
     return type("GuardedH11Server", (GuardedH11,), attrs)
 
 
 def guarded_config(app: Any, **uvicorn_kwargs: Any) -> uvicorn.Config:
-    """uvicorn.Config serving `app` (create_app's) through GuardedH11 with the app's read_timeout and
-    max_client_connections."""
-    protocol = guarded_protocol(app.state.read_timeout, app.state.max_client_connections)
+    """uvicorn.Config serving `app` (create_app's) through GuardedH11 with the app's limits."""
+    st = app.state
+    protocol = guarded_protocol(
+        st.read_timeout, st.max_client_connections, st.write_timeout, st.max_connections
+    )
     return uvicorn.Config(app, http=protocol, **uvicorn_kwargs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 _ROOMS = {
-    "_heads": ("head_line", "key_from", "read_heads"),
+    "_heads": ("head_line", "holds_noted", "identity", "noted_in", "parse_heads", "read_heads"),
     "_prove": ("audit", "not_a_ledger", "open_readonly"),
 }
 _EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}

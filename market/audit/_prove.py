@@ -2,22 +2,25 @@
 against the heads the operator recorded, so neither an edited row nor a rewritten chain passes.
 
     engine = open_readonly("market.db")          # never writes, never creates a table
-    problem, summary = audit(engine, heads=read_heads(Path("market.heads")), key=b"...")  # audit/heads.py
+    problem, summary = audit(engine, read_heads(Path("m.heads")), read_keys(None), "m.heads")  # audit/heads.py
 
 Checked, in this order (the first failure is reported, as one line naming the table, row and column):
     values   every stored value has its column's type, and JSON columns their shape (audit/values.py)
     events   the hash chain links (events.first_break): no event edited, deleted or inserted in place
+    MACs     from the ledger's key_set event on, every event has a MAC, and with the key each verifies
+             (events.first_unsigned): no event appended or rewritten by someone without the key
     heads    every recorded head `ID HASH [HMAC]` is the chain's event ID: a chain rewritten (hashes
              recomputed after an edit, a deletion, a renumbering or a reordering) is caught up to the last
-             head recorded; with a key, each head line's HMAC-SHA256 verifies (the head file was not edited)
+             head recorded; with a key, each head line's HMAC-SHA256 (chained to the line before) verifies;
+             heads only move forward, and the file holds the last line the ledger noted (not cut, not gone)
     state    the event log replayed (audit_replay.rebuild: payouts recomputed with the mechanism from the
              replayed reports and the settings each round's opening event recorded) equals every row of
              agents, rounds, reports, resolutions and payouts, field by field (audit_replay.compare)
 
-The chain has no key of its own: whoever can write the database can recompute every hash. What anchors it is
-the head file, kept off the database's machine (or append-only), and the key, kept outside the database:
-`walla market audit --head FILE` appends the current head after each clean audit (docs/market.md); the head
-file and the key are read and checked by audit/heads.py.
+The chain's hashes have no key: whoever can write the database can recompute every one. What anchors it is
+the key, held outside the database by the server that signs each event and by the audit, and the head file,
+kept off the database's machine (or append-only): a server with --head-file and `walla market audit --head
+FILE` append the current head to it (docs/market.md); the head file is read and checked by audit/heads.py.
 """
 
 from __future__ import annotations
@@ -71,7 +74,11 @@ def not_a_ledger(engine: Engine) -> str | None:
         if table.name not in tables:
             return f"no table {table.name}"
         have = {c["name"] for c in found.get_columns(table.name)}
-        missing = [c.name for c in table.columns if c.name not in have]
+        missing = [
+            c.name
+            for c in table.columns
+            if c.name not in have and (table.name, c.name) not in db.LATER_COLUMNS
+        ]
         if missing:
             return (
                 f"table {table.name} has no column {missing[0]} (made by another program, or an older walla)"
@@ -80,12 +87,20 @@ def not_a_ledger(engine: Engine) -> str | None:
 
 
 def audit(
-    source, heads: list | None = None, key: bytes | None = None, head_source: str = "head file"
+    source,
+    heads: list | None = None,
+    keys: list[bytes] | None = None,
+    head_source: str | None = None,
+    new_head_file: bool = False,
 ) -> tuple[str | None, dict]:
-    """(the first problem as one line, or None; counts, the largest payout difference and the chain's head).
+    """(the first problem as one line, or None; counts, the largest payout difference, the chain's head and
+    what anchored it: `signed_from`, `checked` (MACs verified), `anchored` (a head file checked)).
 
-    `source`: a Ledger or an Engine (open_readonly); `heads`: read_heads' records to check the chain against.
+    `source`: a Ledger or an Engine (open_readonly); `keys`: the market's keys (keys.read_keys), which verify
+    the events' MACs and the head lines; `head_source`: the --head file, `heads` its records (read_heads;
+    None when it does not exist, which `new_head_file` allows).
     """
+    keys = list(keys or [])
     engine = getattr(source, "engine", source)
     with engine.connect() as conn:
         rows, problem = read_rows(conn)
@@ -96,9 +111,14 @@ def audit(
         "rounds": len(rows["rounds"]),
         "max_diff": 0.0,
         "head": (last.id, last.hash) if last is not None else (0, events.GENESIS),
+        "anchored": head_source is not None,
     }
     problem = problem or events.first_break(rows["events"])
-    problem = problem or check_heads(rows["events"], heads or [], key, head_source)
+    if problem is None:
+        problem, signed = events.first_unsigned(rows["events"], keys)
+        summary.update(signed)
+    if problem is None and head_source is not None:
+        problem = check_heads(rows["events"], heads, keys, head_source, new_head_file)
     if problem is not None:
         return problem, summary
     try:

@@ -198,7 +198,15 @@ def _entry(s: State, e, d: dict) -> None:
         r["closed_at"] = r["closed_at"] or e.at
 
 
+def _chain_only(s: State, e, d: dict) -> None:
+    """key_set, key_rotated, head_recorded: about the chain itself (events.first_unsigned and audit_heads
+    check them), no table row."""
+
+
 APPLY = {
+    "key_set": _chain_only,
+    "key_rotated": _chain_only,
+    "head_recorded": _chain_only,
     "agent_added": _agent,
     "operator_added": _agent,
     "operator_token_set": _agent,

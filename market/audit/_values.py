@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 
-from sqlalchemy import Connection, Double, Integer, String, Table
+from sqlalchemy import Connection, Double, Integer, String, Table, inspect
 from walla.market import db
 
 TABLES = (db.agents, db.rounds, db.reports, db.resolutions, db.payouts, db.events)
@@ -73,6 +73,8 @@ def check_value(table: Table, row, col) -> str | None:
             parsed = json.loads(v)
         except ValueError:
             return f"{at}: {_short(v)} is not {expected} (not JSON)"
+        except RecursionError:  # JSON nested deeper than the parser's stack (issue 47, item 5)
+            return f"{at}: {_short(v)} is not {expected} (nested too deeply to parse)"
         if not fits(parsed):
             return f"{at}: {_short(v)} is not {expected}"
     return None
@@ -81,8 +83,9 @@ def check_value(table: Table, row, col) -> str | None:
 def read_rows(conn: Connection) -> tuple[dict[str, list], str | None]:
     """Every row of every ledger table, raw; and the first malformed value as one line (None: all well-typed)."""
     out: dict[str, list] = {}
-    for t in TABLES:
-        cols = ", ".join(c.name for c in t.columns)
+    have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)} for t in TABLES}
+    for t in TABLES:  # a column added later (db.LATER_COLUMNS) reads as NULL in a ledger that lacks it
+        cols = ", ".join(c.name if c.name in have[t.name] else f"NULL AS {c.name}" for c in t.columns)
         order = f" ORDER BY {ORDER.get(t.name, 'id')}"
         out[t.name] = list(conn.exec_driver_sql(f"SELECT {cols} FROM {t.name}{order}"))
     for t in TABLES:

@@ -45,8 +45,8 @@ COMMANDS = {  # command -> its module's app; the help line is the command's own 
     ),
     "audit": Lazy(
         "walla.market.cli._audit:app",
-        "Prove the ledger's state from its event chain, the chain from the recorded heads, and recompute every "
-        "payout from the reports (train/mechanism.py). Opens the database read-only.",
+        "Prove the ledger's state from its event chain, the chain from its MACs and the recorded heads, and "
+        "recompute every payout from the reports (train/mechanism.py). Opens the database read-only.",
         "audit",
     ),
     "export": Lazy(
@@ -77,7 +77,7 @@ def run_market(argv: list[str], prog: str = "walla market") -> int:
 
 _ROOMS = {
     "_agent": ("agent_token",),
-    "_operator": ("TOKEN_ENV", "check_port", "operator_token"),
+    "_operator": ("TOKEN_ENV", "check_heads_every", "check_port", "market_keys", "operator_token"),
     "_voice": ("fail", "first_line"),
 }
 _EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}

@@ -22,6 +22,7 @@ import typer
 from walla.cli import exits, options
 from walla.cli.exits import DATA, USAGE
 from walla.market.cli._voice import fail
+from walla.market.keys import KEY_ENV, read_keys
 from walla.market.text import agent_name
 
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
@@ -32,6 +33,48 @@ DB = typer.Option("market.db", "--db", help="SQLite file or SQLAlchemy URL (post
 TOKEN_FILE = typer.Option(
     None, "--operator-token-file", help=f"file holding the operator token (or ${TOKEN_ENV})"
 )
+KEY_FILE = typer.Option(
+    None,
+    "--key-file",
+    help=f"the market's key, kept outside the database: signs every event written (or ${KEY_ENV})",
+)
+UNSIGNED = typer.Option(False, "--unsigned", help="serve without a key: the events are not signed")
+HEAD_FILE = typer.Option(
+    None, "--head-file", help="append the chain's signed head to this file every --head-every seconds"
+)
+HEAD_EVERY = typer.Option(60.0, "--head-every", help="seconds between two heads written to --head-file")
+
+
+def market_keys(key_file: Path | None, unsigned: bool | None, sub: str = "market") -> list[bytes]:
+    """The market's keys from `key_file` or $WALLA_MARKET_KEY (keys.read_keys); [] with neither. A server
+    (`unsigned` False) refuses to start without one unless told --unsigned (`unsigned` None: a one-shot
+    command, which signs when it has a key). Errors are one line of `walla <sub>`."""
+    try:
+        keys = read_keys(key_file)
+    except (OSError, UnicodeDecodeError) as e:
+        raise exits.fail(sub, f"--key-file: {exits.message_of(e)}", DATA) from None
+    except ValueError as e:
+        raise exits.fail(sub, e, USAGE) from None
+    if keys and unsigned:
+        raise exits.fail(
+            sub, f"--unsigned: a key is given ({key_file or KEY_ENV}); leave out one of them", USAGE
+        )
+    if not keys and unsigned is False:
+        raise exits.fail(
+            sub,
+            f"no key to sign the ledger's events: give --key-file FILE or ${KEY_ENV} (or --unsigned to serve "
+            "without one: anyone who can write the database could then append events the audit cannot tell "
+            "from the server's)",
+            USAGE,
+        )
+    return keys
+
+
+def check_heads_every(head_file: Path | None, every: float, sub: str = "market") -> None:
+    if not 0.01 <= every <= 86400:  # NaN too
+        raise exits.fail(sub, f"--head-every: expected 0.01..86400 seconds, got {every:g}", USAGE)
+    if head_file is not None and not head_file.parent.is_dir():
+        raise exits.fail(sub, f"--head-file {head_file}: directory {head_file.parent} does not exist", DATA)
 
 
 def operator_token(token_file: Path | None, sub: str = "market") -> str | None:
@@ -69,27 +112,31 @@ def check_port(host: str, port: int, sub: str = "market") -> None:
 
 
 @app.command()
-def init(db: str = DB, operator_token_file: Path = TOKEN_FILE) -> None:
+def init(db: str = DB, operator_token_file: Path = TOKEN_FILE, key_file: Path = KEY_FILE) -> None:
     """Create the ledger's tables and the operator (its token is printed once)."""
     token = operator_token(operator_token_file)
+    keys = market_keys(key_file, None)
     # each command imports its one implementation module when it runs, once its options hold: walla.cli.lazy
     from walla.market.commands import _operator as impl
 
-    impl.init(db, token, operator_token_file)
+    impl.init(db, token, operator_token_file, keys)
 
 
 @app.command("add-agent")
 def add_agent(
-    name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"), db: str = DB
+    name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"),
+    db: str = DB,
+    key_file: Path = KEY_FILE,
 ) -> None:
     """Register an agent; prints its token once (only a hash is stored)."""
     try:
         name = agent_name(name)  # market/text.py: light, so a bad name answers before the ledger loads
     except ValueError as e:
         raise fail(e, USAGE) from None
+    keys = market_keys(key_file, None)
     from walla.market.commands import _operator as impl
 
-    impl.add_agent(name, db)
+    impl.add_agent(name, db, keys)
 
 
 @app.command()
@@ -118,6 +165,21 @@ def serve(
         help="open connections per client address (default: the server's MAX_CLIENT_CONNECTIONS); "
         "more are refused with 429",
     ),
+    write_timeout: float = typer.Option(
+        None,
+        "--write-timeout",
+        help="seconds a client may take to read what the server wrote to it (default: the server's "
+        "WRITE_TIMEOUT_S); else its connection is closed",
+    ),
+    max_connections: int = typer.Option(
+        None,
+        "--max-connections",
+        help="open connections in all (default: the server's MAX_CONNECTIONS); else 503",
+    ),
+    key_file: Path = KEY_FILE,
+    unsigned: bool = UNSIGNED,
+    head_file: Path = HEAD_FILE,
+    head_every: float = HEAD_EVERY,
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
     # the options are checked before the server stack (FastAPI, SQLAlchemy, torch) is imported
@@ -129,10 +191,27 @@ def serve(
         raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
     if max_client_connections is not None and not 1 <= max_client_connections <= 100_000:
         raise fail(f"--max-client-connections: expected 1..100000, got {max_client_connections}", USAGE)
+    if write_timeout is not None and not 0 < write_timeout <= 3600:
+        raise fail(f"--write-timeout: expected 0 < seconds <= 3600, got {write_timeout}", USAGE)
+    if max_connections is not None and not 1 <= max_connections <= 100_000:
+        raise fail(f"--max-connections: expected 1..100000, got {max_connections}", USAGE)
+    check_heads_every(head_file, head_every)
     check_port(host, port)
     token = operator_token(operator_token_file)
+    keys = market_keys(key_file, unsigned)
     from walla.market.commands import _operator as impl
 
     impl.serve(
-        db, host, port, token, operator_token_file, max_body, rate, read_timeout, max_client_connections
+        db,
+        host,
+        port,
+        token,
+        operator_token_file,
+        max_body,
+        rate,
+        read_timeout,
+        max_client_connections,
+        keys=keys,
+        heads=(head_file, head_every),
+        limits=(write_timeout, max_connections),
     )

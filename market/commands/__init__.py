@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 _ROOMS = {
-    "_operator": ("open_ledger", "setup_operator"),
+    "_operator": ("open_ledger", "setup_operator", "sign_ledger", "start_heads"),
 }
 _EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}
 __all__ = sorted(_EXPORTS)

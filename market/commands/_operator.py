@@ -11,6 +11,7 @@ ledger and sets up its operator here too. Every error is one line of `walla <sub
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import typer
@@ -21,13 +22,16 @@ from walla.cli.exits import DATA, UNREACHABLE, USAGE
 from walla.market.api import (
     MAX_BODY,
     MAX_CLIENT_CONNECTIONS,
+    MAX_CONNECTIONS,
     RATE,
     READ_TIMEOUT_S,
+    WRITE_TIMEOUT_S,
     ClientError,
     create_app,
     guarded_protocol,
 )
 from walla.market.cli import TOKEN_ENV, fail, first_line
+from walla.market.keys import KEY_ENV
 from walla.market.ledger import Ledger
 
 
@@ -67,9 +71,80 @@ def setup_operator(ledger: Ledger, token: str | None, token_file: Path | None, s
         typer.echo(f"operator token (shown once, store it): {made}")
 
 
-def init(db: str, token: str | None, token_file: Path | None) -> None:
+def sign_ledger(ledger: Ledger, keys: list[bytes], sub: str = "market", serving: bool = True) -> None:
+    """Every event this ledger writes from now on signed with keys[0] (cli_operator.market_keys read them),
+    a line printed when events before were unsigned or the key rotates (ledger/chain.py); without keys, a
+    ledger already signed is refused (its next event would fail the audit), and a server says in one line
+    that it serves unsigned."""
+    if not keys:
+        signed_from, current = ledger.signing()
+        if signed_from is not None:
+            ledger.close()
+            raise exits.fail(
+                sub,
+                f"the ledger's events are signed from event {signed_from} on (key {current}): give its key "
+                f"(--key-file FILE or ${KEY_ENV}); an unsigned event would fail its audit",
+                USAGE,
+            )
+        if serving:
+            typer.echo(
+                f"walla {sub}: serving unsigned (--unsigned): the audit cannot tell a forged event", err=True
+            )
+        return
+    try:
+        line = ledger.sign_with(keys)
+    except ValueError as e:
+        ledger.close()
+        raise exits.fail(sub, f"--key-file: {e}", DATA) from None
+    if line is not None:
+        typer.echo(f"walla {sub}: {line}", err=True)
+
+
+class HeadWriter:
+    """Appends the chain's signed head to a head file every `every` seconds (ledger.record_head), from a
+    daemon thread; once at start (a file that cannot be written stops the server there) and once at stop.
+    A failure later is one line on stderr, and it tries again at the next interval."""
+
+    def __init__(self, ledger: Ledger, path: Path, every: float, sub: str = "market") -> None:
+        self.ledger, self.path, self.every, self.sub = ledger, path, every, sub
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="walla-market-heads", daemon=True)
+
+    def start(self) -> HeadWriter:
+        try:
+            self.ledger.record_head(self.path)
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            self.ledger.close()
+            raise exits.fail(self.sub, f"--head-file {self.path}: {exits.message_of(e)}", DATA) from None
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.write()
+
+    def write(self) -> None:
+        try:
+            self.ledger.record_head(self.path)
+        except Exception as e:  # a server keeps serving; the line says why its head file fell behind
+            typer.echo(f"walla {self.sub}: --head-file {self.path}: cannot record the head ({e})", err=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.write()
+
+
+def start_heads(ledger: Ledger, heads: tuple[Path | None, float], sub: str = "market") -> HeadWriter | None:
+    """A HeadWriter on (head file, seconds), started; None without a head file."""
+    path, every = heads
+    return HeadWriter(ledger, path, every, sub).start() if path is not None else None
+
+
+def init(db: str, token: str | None, token_file: Path | None, keys: list[bytes] = ()) -> None:
     """`walla market init`: the ledger's tables and its operator."""
     ledger = open_ledger(db)
+    sign_ledger(ledger, list(keys), serving=False)
     try:
         setup_operator(ledger, token, token_file)
     finally:
@@ -77,9 +152,10 @@ def init(db: str, token: str | None, token_file: Path | None) -> None:
     typer.echo(f"walla market: ledger ready at {db}")
 
 
-def add_agent(name: str, db: str) -> None:
+def add_agent(name: str, db: str, keys: list[bytes] = ()) -> None:
     """`walla market add-agent NAME` (a name agent_name already checked): its token, printed once."""
     ledger = open_ledger(db)
+    sign_ledger(ledger, list(keys), serving=False)
     try:
         token = ledger.add_agent(name)
     except ClientError as e:
@@ -99,18 +175,37 @@ def serve(
     rate: float | None,
     read_timeout: float | None,
     max_client_connections: int | None,
+    keys: list[bytes] = (),
+    heads: tuple[Path | None, float] = (None, 60.0),
+    limits: tuple[float | None, int | None] = (None, None),
 ) -> None:
     """`walla market serve` (options checked, the port free): the HTTP API and the dashboard until Ctrl-C.
-    An option left None is the server's default (api/server.py)."""
+    An option left None is the server's default (api/server.py); `keys` sign the events (none: --unsigned),
+    `heads` (file, seconds) where and how often the chain's head is appended; `limits` (write timeout,
+    connections in all)."""
     max_body = MAX_BODY if max_body is None else max_body
     rate = RATE if rate is None else rate
     read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
     per_client = MAX_CLIENT_CONNECTIONS if max_client_connections is None else max_client_connections
+    write_timeout = WRITE_TIMEOUT_S if limits[0] is None else limits[0]
+    total = MAX_CONNECTIONS if limits[1] is None else limits[1]
     ledger = open_ledger(db)
+    sign_ledger(ledger, list(keys))
     setup_operator(ledger, token, token_file)
+    writer = start_heads(ledger, heads)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
     app = create_app(
-        ledger, max_body, rate=rate, read_timeout=read_timeout, max_client_connections=per_client
+        ledger,
+        max_body,
+        rate=rate,
+        read_timeout=read_timeout,
+        max_client_connections=per_client,
+        write_timeout=write_timeout,
+        max_connections=total,
     )
-    http = guarded_protocol(read_timeout, per_client)  # api/guard.py: whole-request deadline, connections cap
-    uvicorn.run(app, http=http, host=host, port=port, log_level="warning", access_log=False)
+    http = guarded_protocol(read_timeout, per_client, write_timeout, total)  # api/guard.py: deadlines, caps
+    try:
+        uvicorn.run(app, http=http, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        if writer is not None:
+            writer.stop()

@@ -26,6 +26,7 @@ are plain functions of the modules along the ledger's seams, bound below:
     reports.py      submit a report (limits and floor), read and pool the reports
     resolution.py   resolve, correct or void a round: the resolutions entry, its payout rows and event
     tokens.py       the cache of tokens found valid, which a revoke or rotation empties after its commit
+    chain.py        the chain's own events: the key that signs them (key_set, key_rotated), head lines
     common.py       the shared constants, Principal, token hashing, row helpers
 """
 
@@ -41,7 +42,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from walla.market import db, events
-from walla.market.ledger import accounts, reports, resolution, rounds
+from walla.market.ledger import accounts, chain, reports, resolution, rounds
 from walla.market.ledger.common import (
     AUTH_TTL_S,
     OPEN_STATES,
@@ -93,6 +94,7 @@ class Ledger:
         # then fails on the events' primary key and the transaction is retried with the link read afresh.
         self._sqlite = sqlite
         self._tokens = TokenCache()  # the tokens authenticate found valid (tokens.py)
+        self.key: bytes | None = None  # signs every event appended (chain.sign_with sets it); None: unsigned
         self._head: tuple[int, str] | None = None
         self._pending: tuple[int, str] | None = None
 
@@ -124,10 +126,11 @@ class Ledger:
                 time.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _append(self, conn: Connection, kind: str, at: float, **kw) -> None:
-        """Append one event to the hash chain inside the caller's write transaction (events.py)."""
+    def _append(self, conn: Connection, kind: str, at: float, key: bytes | None = None, **kw) -> None:
+        """Append one event to the hash chain inside the caller's write transaction (events.py), signed with
+        `key` (a rotation's old key), else the ledger's key when it has one."""
         head = (self._pending or self._head) if self._sqlite else None
-        link = events.append(conn, kind, at, head=head, **kw)
+        link = events.append(conn, kind, at, head=head, key=key or self.key, **kw)
         if self._sqlite:
             self._pending = link
 
@@ -162,6 +165,10 @@ class Ledger:
     get_report = reports.get_report
     round_reports = reports.round_reports
     pooled = reports.pooled
+    # the chain's key and heads (chain.py)
+    signing = chain.signing
+    sign_with = chain.sign_with
+    record_head = chain.record_head
     # resolution and payouts (resolution.py)
     resolve = resolution.resolve
     correct = resolution.correct

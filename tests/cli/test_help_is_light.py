@@ -121,6 +121,7 @@ def _market_mistakes(tmp: str, ledger: str) -> list[list[str]]:
         ["market", "audit", "--db", ledger, "--key-file", f"{tmp}/no-key"],
         ["market", "audit", "--db", ledger, "--head", ledger],  # a head file that is not one
         ["market", "serve", "--db", db, "--max-body", "10"],
+        ["market", "serve", "--db", db, "--port", "8769"],  # no key and no --unsigned (issue 46)
         ["market", "add-agent", "bad/name", "--db", db],
         ["market", "agent", *agent, "--batch-size", "0"],
         ["market", "replay", "--limit", "0"],

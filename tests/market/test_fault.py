@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from walla.market import db
 from walla.market.cli import TOKEN_ENV
 from walla.market.client import MarketClient, MarketError, wait_ready
+from walla.market.keys import KEY_ENV
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
 
@@ -29,7 +30,7 @@ def _serve(database: str) -> tuple[subprocess.Popen, str]:
     # root CLI spends importing the agent's extraction stack (tests/market/test_market_cli.py runs the root)
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVE, "serve", "--db", database, "--port", str(port)],
-        env={**os.environ, TOKEN_ENV: OP_TOKEN},
+        env={**os.environ, TOKEN_ENV: OP_TOKEN, KEY_ENV: "a market key for the fault test"},  # signed
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

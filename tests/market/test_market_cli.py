@@ -82,8 +82,8 @@ def test_sqlite_file_is_private(tmp_path, monkeypatch):
 
 def test_agent_token_sources(tmp_path, monkeypatch, capfd):
     """Issue 29, finding 7: the agent's token from a file or the environment, not only the command line."""
-    from walla.market.cli._agent import TOKEN_ENV as AGENT_ENV
     from walla.market.cli import agent_token
+    from walla.market.cli._agent import TOKEN_ENV as AGENT_ENV
 
     monkeypatch.delenv(AGENT_ENV, raising=False)
     (tmp_path / "tok").write_text("wm_from-file\n")

@@ -28,7 +28,9 @@ from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
 
 READ_TIMEOUT = 1.0
+WRITE_TIMEOUT = 1.0
 PER_CLIENT = 6
+IN_ALL = 12
 DRIP_EVERY = 0.25  # s between bytes: well inside the read timeout, so only a whole-request deadline trips
 SERVE = "from walla.market.cli import app; app(prog_name='walla market')"  # as test_fault.py
 
@@ -36,7 +38,13 @@ SERVE = "from walla.market.cli import app; app(prog_name='walla market')"  # as 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     ledger = Ledger.open(str(tmp_path_factory.mktemp("slow") / "market.db"))
-    srv = LocalServer(ledger, read_timeout=READ_TIMEOUT, max_client_connections=PER_CLIENT).start()
+    srv = LocalServer(
+        ledger,
+        read_timeout=READ_TIMEOUT,
+        max_client_connections=PER_CLIENT,
+        write_timeout=WRITE_TIMEOUT,
+        max_connections=IN_ALL,
+    ).start()
     yield srv, ledger
     srv.stop()
     ledger.close()
@@ -187,7 +195,7 @@ def test_walla_market_serve_is_guarded(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVE, "serve", "--db", str(tmp_path / "m.db"), "--port", str(port)]
-        + ["--read-timeout", "1", "--max-client-connections", "2"],
+        + ["--read-timeout", "1", "--max-client-connections", "2", "--unsigned"],
         env={**os.environ, TOKEN_ENV: OP_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -251,3 +259,81 @@ def test_the_body_deadline_holds_under_any_asgi_server(tmp_path):
         assert sent[0]["status"] == 408 and b"body: not received within 0.3 s" in sent[1]["body"]
     finally:
         ledger.close()
+
+
+def _big_rounds(srv, n: int = 30, size: int = 9_900) -> None:
+    """n open rounds of a `size`-character question each: GET /rounds?limit=1000 would be n x size bytes."""
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {OP_TOKEN}"}) as c:
+        for i in range(n):
+            r = c.post("/rounds", json={"question": f"q{i} " + "x" * size, "options": ["a", "b"]})
+            assert r.status_code == 201, r.text
+
+
+def _slow_reader(port: int, source: str, token: str) -> socket.socket:
+    """A client that asks for a large listing and takes one byte of it (a small receive buffer: the kernel
+    holds little of the answer for it)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET /rounds?limit=1000 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    assert s.recv(1)
+    return s
+
+
+def test_slow_readers_are_cut_off_at_the_write_deadline(market):
+    """Issue 46 finding 3, at a small size: 10 clients from two addresses ask for a large listing and read
+    one byte. Before: every connection was still held (its answer in the server's memory) long after; now
+    each is aborted WRITE_TIMEOUT after the server stopped being able to write to it."""
+    srv, _, token, _ = market
+    _big_rounds(srv)
+    readers = [_slow_reader(srv.port, f"127.0.0.{2 + i % 2}", token) for i in range(10)]
+    try:
+        t0 = time.monotonic()
+        assert wait_until(lambda: not srv.server.server_state.connections, timeout=WRITE_TIMEOUT + 4)
+        assert time.monotonic() - t0 < WRITE_TIMEOUT + 4
+    finally:
+        for s in readers:
+            s.close()
+    auth = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(f"{srv.url}/rounds?limit=1", headers=auth).status_code == 200  # others are served
+
+
+def test_connections_in_all_are_capped(market):
+    """IN_ALL idle connections from three addresses (each under PER_CLIENT): one more, from a fourth, gets
+    503 with Retry-After and is closed at once."""
+    srv, _, token, _ = market
+    held = []
+    try:
+        for i in range(IN_ALL):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 3}", 0))
+            s.connect(("127.0.0.1", srv.port))
+            held.append(s)
+        assert wait_until(lambda: len(srv.server.server_state.connections) >= IN_ALL, timeout=5)
+        with socket.create_connection(("127.0.0.1", srv.port), source_address=("127.0.0.9", 0)) as extra:
+            answer = read_all(extra, time.monotonic() + READ_TIMEOUT / 2)
+        status, headers, error = status_and_error(answer)
+        assert status == 503 and headers["retry-after"] == "1", answer
+        assert error["error"] == f"connection: the server holds {IN_ALL} open connections (at most {IN_ALL})"
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_listing_answers_within_its_byte_budget(market):
+    """GET /rounds?limit=1000 over 30 rounds of 10 kB: pages of at most LIST_BUDGET bytes, which page on
+    (after = the last id) to every round; /me/payouts likewise, cut between rounds."""
+    from walla.market.api.routes import LIST_BUDGET
+
+    srv, _, token, _ = market
+    _big_rounds(srv)
+    seen, after = [], 0
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {token}"}) as c:
+        while page := c.get("/rounds", params={"limit": 1000, "after": after}).raise_for_status():
+            assert len(page.content) <= LIST_BUDGET, len(page.content)
+            if not page.json():
+                break
+            seen += [r["id"] for r in page.json()]
+            after = seen[-1]
+    assert len(seen) == 31 and seen == sorted(seen)  # the fixture's round and the 30

@@ -23,7 +23,11 @@ THREADS = 6
 def _start(tiny_pool: dict, db: str, port: int) -> subprocess.Popen:
     args = ["serve", "--runs", str(tiny_pool["runs"]), "--scenario", tiny_pool["scenario"]]
     args += ["--store", str(tiny_pool["store"]), "--db", db, "--port", str(port), "--open"]
-    env = {**os.environ, "WALLA_MARKET_OPERATOR_TOKEN": OP_TOKEN}
+    env = {
+        **os.environ,
+        "WALLA_MARKET_OPERATOR_TOKEN": OP_TOKEN,
+        "WALLA_MARKET_KEY": "a key for the kill test",
+    }
     code = "import sys; from walla.cli.main import main; sys.argv[0] = 'walla'; main()"
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stderr=subprocess.DEVNULL)
 

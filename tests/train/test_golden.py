@@ -47,10 +47,7 @@ def test_moved_numbers_fail_and_say_to_bump_the_schema(current):
     (line,) = golden.check(stored, current, schema=TRAIN_SCHEMA + 1)  # bumped: the digests are regenerated
     assert f"holds digests of TRAIN_SCHEMA {TRAIN_SCHEMA}, the code is schema {TRAIN_SCHEMA + 1}" in line
     (line,) = golden.check(stored, current, setup="another")  # golden/setup.py changed: regenerate
-    assert (
-        line.startswith("golden.json holds digests of another golden setup")
-        and "bump" not in line.lower()
-    )
+    assert line.startswith("golden.json holds digests of another golden setup") and "bump" not in line.lower()
     fewer = {**stored, "methods": {k: v for k, v in current.items() if k != "uniform"}}
     (line,) = golden.check(fewer, current)  # a new method: its digest is added, no bump needed
     assert line.startswith("golden digests missing for ['uniform']")

@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from walla.market.api._deps import AfterId, CurrentPrincipal, LedgerDep, Operator
 from walla.market.api._models import DIGITS, AgentIn, AgentOut, AgentToken, MeOut, PayoutOut
+from walla.market.api.routes import within_budget
 from walla.market.stats import market_stats
 from walla.market.text import NAME_PATTERN
 
@@ -34,7 +35,7 @@ def my_payouts(
     after: AfterId = 0,
     limit: Annotated[int, Query(ge=1, le=10000), DIGITS] = 1000,
 ) -> list[PayoutOut]:
-    return ledger.agent_payouts(who, after, limit)
+    return within_budget(ledger.agent_payouts(who, after, limit), group="round")
 
 
 @router.post("/agents", status_code=201)

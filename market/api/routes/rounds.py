@@ -1,6 +1,6 @@
 """Rounds: list, open, read, close, resolve, and the pooled forecast (the operator's while the round is open).
 
-GET  /rounds?status=open|closed|resolved&after=ID&limit=N     everyone
+GET  /rounds?status=open|closed|resolved&after=ID&limit=N     everyone (at most LIST_BUDGET bytes a page)
 POST /rounds                  operator   RoundIn -> RoundOut
 GET  /rounds/{id}                        one round (its resolution once resolved)
 POST /rounds/{id}/close       operator
@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query
 from walla.market.api._deps import AfterId, CurrentPrincipal, LedgerDep, Operator, RoundId
 from walla.market.api._errors import bad
 from walla.market.api._models import DIGITS, PoolOut, ResolutionIn, ResolutionOut, RoundIn, RoundOut, VoidIn
+from walla.market.api.routes import within_budget
 from walla.market.ledger import Principal
 
 router = APIRouter(prefix="/rounds", tags=["rounds"])
@@ -38,7 +39,7 @@ def list_rounds(
     after: AfterId = 0,
     limit: Annotated[int, Query(ge=1, le=1000), DIGITS] = 100,
 ) -> list[RoundOut]:
-    return [for_viewer(r, who) for r in ledger.list_rounds(status, after, limit)]
+    return within_budget([for_viewer(r, who) for r in ledger.list_rounds(status, after, limit)])
 
 
 @router.post("", status_code=201)
