@@ -23,6 +23,7 @@ from walla.train.methods import REGISTRY
 from walla.train.runs import (
     METHOD_GROUPS,
     SCENARIO_META,
+    STATE,
     TRAIN_SCHEMA,
     VALIDITY,
     RunDir,
@@ -37,8 +38,8 @@ from walla.train.runs import (
     read_key_file,
     read_run,
     read_scenario_table,
+    retrain_command,
     stale_run_reason,
-    train_command,
 )
 
 Run = RunRecord  # evaluation reads RunRecords; the alias keeps plots/report signatures short
@@ -94,7 +95,8 @@ def _counted(d: RunDir, table: ScenarioTable, problems: list[Problem]) -> RunRec
     """The run of directory `d` if it counts; else None, with the reason appended to `problems`."""
     name = table.name
     kdir = d.path.parent if d.key_id is not None else None
-    retrain = f"rerun {train_command(table.meta, name, kdir)} --methods {d.method} --seed-list {d.seed}"
+    states = (d.path / STATE).exists()  # its rerun keeps the heads it has
+    retrain = f"rerun {retrain_command(table.meta, name, kdir, d.method, d.seed, states)}"
     if d.key_id is None:
         why = "written by a walla train without run keys (layout <method>/seed=<s>)"
         problems.append(_stale(name, d, why, f"{retrain}, then delete this directory"))

@@ -3,6 +3,7 @@
 
     settled, backend = open_for(ExtractConfig(model="smollm2-135m", dataset="facts"))
     settled, backend = open_for(cfg, expect=recorded_identity)   # one line naming the field that differs
+    cfg = recorded_config("smollm2-135m", "facts", recorded_identity, device=None)  # reopen as recorded
     target = target_for(cfg); settled = settle_for(cfg, target)  # decide only (walla extract, before resume)
 
 Three steps, each a plain function: `target_for` resolves what the config names (the model's catalog entry
@@ -26,6 +27,7 @@ from walla.extract.backends.registry import (
     backend_names,
     identity_difference,
     open_backend,
+    recorded_options,
     settle_backend,
     unknown_backend,
 )
@@ -152,3 +154,28 @@ def open_for(
 def with_pinned(target: Target, model: ResolvedModel) -> Target:
     """The same target with its model as pinned by the caller."""
     return dataclasses.replace(target, model=model)
+
+
+def recorded_config(name: str, dataset: str, identity: Mapping, device: str | None) -> ExtractConfig:
+    """The config that opens model `name` as a feature set recorded it (`walla serve`, `walla market agent`):
+    its backend, device (unless `device`), dtype and the options its backend kind says settle to `identity`
+    (the registry's `recorded_options`); a local model is its recorded directory.
+
+    Raises:
+        ValueError: the identity names a backend not registered here (one line).
+    """
+    try:
+        args = recorded_options(identity)
+    except KeyError as e:
+        raise ValueError(
+            f"{name}: its feature set recorded backend {identity.get('backend')!r}: {e.args[0]}"
+        ) from None
+    model = identity.get("model") or {}
+    return ExtractConfig(
+        model=model.get("path") if model.get("source") == "local" else name,
+        dataset=dataset,
+        backend=identity.get("backend"),
+        device=device or identity.get("device"),
+        dtype=identity.get("dtype"),
+        backend_args=args,
+    )

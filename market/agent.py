@@ -1,35 +1,80 @@
 """The live agent: features of a round's question -> its head's wager -> a report; learns from its own payouts.
 
-    agent = Agent(MarketClient(url, token), AgentHead.from_run(run, slot), LLMFeatures("smollm2-135m", "facts"))
+    features = LLMFeatures("smollm2-135m", "facts", expect=run_identity(run, slot, store))  # or refused
+    agent = Agent(MarketClient(url, token), AgentHead.from_run(run, slot), features)
     agent.run(poll=2.0)              # until interrupted: report on every open round, learn after resolutions
 
 An agent sees only what its token may see: the open rounds, its own reports and its own payouts
 (decentralized). Features come from walla's extraction code (LLMFeatures: an extraction backend, the dataset's
 prompt template and option tokens, exactly as walla extract scores a question) or, in replay, from the
-feature store (replay.StoreFeatures).
+feature store (replay.StoreFeatures). A head is played only on features of the identity it was trained on:
+`run_identity` reads the one its run's feature set recorded, and LLMFeatures(expect=...) settles the LLM through
+extraction's door to it (extract/door.py `open_for`, as `walla serve` does): another dtype, device kind,
+kernel path, model file or library stops there with one line naming the field, unless `other_identity`
+(then `differs` names it and the agent labels every report with it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
+from walla.extract.backends import BATCHING_KEY
+from walla.extract.backends.registry import identity_difference
 from walla.extract.config import ExtractConfig
 from walla.extract.datasets import default_template
-from walla.extract.door import open_for
+from walla.extract.door import IdentityMismatch, open_for, recorded_config  # noqa: F401 (cli_agent's)
 from walla.extract.prompts import get_template, option_strings, render
+from walla.extract.run import settled_identity
 from walla.extract.scoring import renormalize, resolve_option_token_ids
 from walla.manifests.catalog import load_datasets
 from walla.market.client import MarketClient, MarketError
-from walla.market.head import AgentHead
+from walla.market.head import AgentHead, HeadError
+from walla.store.features import FEATURES_DIR, META_FILE, StoreError
+from walla.store.files import read_json
+from walla.train.runs import read_scenario_meta
 
 Features = Callable[[dict], tuple[list[float], np.ndarray]]  # round -> (probabilities [K], hidden [H])
 log = logging.getLogger("walla.market.agent")
+
+
+def recorded_identity(store: Path, meta: dict, key: str) -> dict:
+    """The settled backend identity of the feature set `key` (<model>/<dataset>/<variant>) of a scenario
+    (`meta`: its scenario.json), read from that set's fingerprint inputs in `store`.
+
+    Raises:
+        HeadError: the scenario recorded no such set, or `store` does not hold it complete.
+    """
+    rec = (meta.get("meta") or {}).get("feature_sets", {}).get(key)
+    if not rec:
+        raise HeadError(f"scenario.json: no feature set {key} recorded (train the run again)")
+    model, dataset, variant = key.rsplit("/", 2)
+    path = Path(store) / FEATURES_DIR / model / dataset / variant / rec["fingerprint"]
+    try:
+        inputs = read_json(path / META_FILE)["inputs"]
+    except (StoreError, KeyError) as e:
+        raise HeadError(
+            f"--store {store}: feature set {key} {rec['fingerprint']} the run was trained on is not complete "
+            f"there ({e}): pass the store it was extracted into"
+        ) from None
+    return settled_identity(inputs)
+
+
+def run_identity(run: str | Path, slot: int, store: Path) -> dict:
+    """The identity of the features slot `slot`'s head was trained on: its model's context-free feature
+    set, as the run's scenario.json records it (runs/<scenario>/<method>/<key-id>/seed=<s>)."""
+    meta = read_scenario_meta(Path(run).parent.parent.parent)
+    agents = list(meta.get("agents") or [])
+    if not 0 <= slot < len(agents):
+        raise HeadError(f"{run}: slot {slot} out of range (the run has {len(agents)} agents)")
+    return recorded_identity(store, meta, f"{agents[slot]}/{meta.get('dataset')}/none")
 
 
 class LLMFeatures:
@@ -40,6 +85,11 @@ class LLMFeatures:
     the backend is the one walla extract would choose (`backend`, else the model's manifest hint, else hf;
     extract/backends/registry.py) in the model's manifest dtype, settled and opened through the registry's
     door as walla extract does (`self.settled.identity` is what walla extract's fingerprint would record).
+
+    `expect`: the identity the head's features recorded (`run_identity`): the model is settled as that set
+    recorded it (extract/door.py `recorded_config`; `backend`, `device` and `dtype` override it) and opened
+    only when it settles to it (else door.IdentityMismatch, one line); with `other_identity` it opens anyway
+    and `differs` names the first field that differs.
     """
 
     def __init__(
@@ -49,6 +99,9 @@ class LLMFeatures:
         device: str | None = None,
         dtype: str | None = None,
         backend: str | None = None,
+        *,
+        expect: Mapping | None = None,
+        other_identity: bool = False,
     ) -> None:
         datasets = load_datasets()
         if dataset not in datasets:
@@ -56,8 +109,15 @@ class LLMFeatures:
         self.d_entry = datasets[dataset]
         self.template = get_template(default_template(self.d_entry.loader, self.d_entry.prompt))
         cfg = ExtractConfig(model=model, dataset=dataset, backend=backend, device=device, dtype=dtype)
-        # settled and opened through walla extract's door (extract/door.py): the same identity
-        self.settled, self.backend = open_for(cfg)
+        if expect is not None:
+            again = recorded_config(model, dataset, expect, device)
+            if backend in (None, again.backend):  # the recorded backend's own options settle to it
+                cfg = dataclasses.replace(again, model=model, dtype=dtype or again.dtype)
+        # settled and opened through walla extract's door (extract/door.py): the same identity, or one line
+        check = None if other_identity else expect
+        batching = (expect or {}).get(BATCHING_KEY) or None
+        self.settled, self.backend = open_for(cfg, expect=check, recorded=batching)
+        self.differs = None if expect is None else identity_difference(dict(expect), self.settled.identity)
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
         prompt = self.backend.format_prompt(render(self.template, rnd["question"], rnd["options"]))
@@ -84,12 +144,17 @@ class Agent:
     last_payout_round: int = 0
     pending: list[tuple[np.ndarray, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    label: str | None = None  # --other-identity: how its features differ from the head's; on every report
 
     def report(self, rnd: dict) -> dict:
         """Features -> wager -> submit (or replace) the report for one open round."""
         probs, hidden = self.features(rnd)
         wager = self.head.wager(hidden)
         out = self.client.submit(rnd["id"], probs, wager)
+        if self.label:
+            log.warning(
+                "round %s: reported on another identity than the head's features: %s", rnd["id"], self.label
+            )
         self.hidden[rnd["id"]] = hidden
         self.reported.add(rnd["id"])
         return out

@@ -26,7 +26,7 @@ from walla.train.calibration import CalibrationConfig
 from walla.train.engine import TrainEnv, make_fabric, make_optimizer
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
-from walla.train.runs import STATE, read_current_run_meta, read_scenario_meta, train_command
+from walla.train.runs import STATE, read_current_run_meta, read_scenario_meta, retrain_command, run_seed
 from walla.train.wagers import StackedHeads, optimizer_step, wager_loss
 
 
@@ -89,10 +89,10 @@ class AgentHead:
             )
         if not (run / STATE).exists():
             scenario = run.parent.parent.parent
-            command = train_command(read_scenario_meta(scenario), scenario.name, run.parent)
+            meta_s = read_scenario_meta(scenario)
+            command = retrain_command(meta_s, scenario.name, run.parent, method, run_seed(run), states=True)
             raise HeadError(
-                f"{run}: no {STATE}: walla train writes one only with --save-states; rerun {command} "
-                f"--methods {method} --save-states {method}"
+                f"{run}: no {STATE}: walla train writes one only with --save-states; rerun {command}"
             )
         # engine.save_checkpoint wrote it with a single-device Fabric, i.e. torch.save of this dict: read it
         # with torch.load (engine.load_checkpoint would import Lightning, seconds per agent process)

@@ -27,18 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, Settled
-from walla.extract.backends.registry import identity_difference, recorded_options
-from walla.extract.config import ExtractConfig
+from walla.extract.backends.registry import identity_difference
 from walla.extract.datasets import default_template
-from walla.extract.door import IdentityMismatch, open_for, settle_for, target_for
+from walla.extract.door import IdentityMismatch, open_for, recorded_config, settle_for, target_for
 from walla.extract.prompts import PromptTemplate, get_template
-from walla.extract.run import settled_identity
 from walla.manifests.catalog import load_datasets
+from walla.market.agent import recorded_identity
 from walla.market.api import RoundSettings
 from walla.market.head import AgentHead
 from walla.serve.config import ServeConfig
-from walla.store.features import FEATURES_DIR, META_FILE, StoreError
-from walla.store.files import read_json
 from walla.train.runs import RunChoice, choose_runs
 
 log = logging.getLogger("walla.serve")
@@ -103,52 +100,11 @@ def agent_name(model_id: str, slot: int, model: str) -> str:
     return f"serve-{tag}-{slot + 1}-{clean}"
 
 
-def recorded_identity(store: Path, meta: dict, key: str) -> dict:
-    """The settled backend identity of the feature set `key` (<model>/<dataset>/<variant>) of a scenario."""
-    rec = (meta.get("meta") or {}).get("feature_sets", {}).get(key)
-    if not rec:
-        raise ServeError(f"scenario.json: no feature set {key} recorded (train the run again)")
-    model, dataset, variant = key.rsplit("/", 2)
-    path = Path(store) / FEATURES_DIR / model / dataset / variant / rec["fingerprint"]
-    try:
-        inputs = read_json(path / META_FILE)["inputs"]
-    except (StoreError, KeyError) as e:
-        raise ServeError(
-            f"--store {store}: feature set {key} {rec['fingerprint']} the run was trained on is not complete "
-            f"there ({e}): pass the store it was extracted into"
-        ) from None
-    return settled_identity(inputs)
-
-
-def extract_config_for(name: str, dataset: str, identity: dict, device: str | None) -> ExtractConfig:
-    """The config that opens model `name` as the feature set recorded it: its backend, device, dtype and the
-    options its backend kind says settle to `identity` (the registry's `recorded_options`).
-
-    Raises:
-        ServeError: the identity names a backend not registered here.
-    """
-    try:
-        args = recorded_options(identity)
-    except KeyError as e:
-        raise ServeError(
-            f"{name}: its feature set recorded backend {identity.get('backend')!r}: {e.args[0]}"
-        ) from None
-    model = identity.get("model") or {}
-    return ExtractConfig(
-        model=model.get("path") if model.get("source") == "local" else name,
-        dataset=dataset,
-        backend=identity.get("backend"),
-        device=device or identity.get("device"),
-        dtype=identity.get("dtype"),
-        backend_args=args,
-    )
-
-
 def open_model(
     name: str, dataset: str, identity: dict, device: str | None, other: bool, ray=None
 ) -> ModelSlot:
     """The model through the one door, settled to `identity` (module docstring)."""
-    cfg = extract_config_for(name, dataset, identity, device)
+    cfg = recorded_config(name, dataset, identity, device)
     recorded = identity.get(BATCHING_KEY) or None
     try:
         if ray is None:

@@ -16,7 +16,7 @@ _ROOMS = {
     "_deps": ("UNKNOWN_TOKEN_BURST", "bearer", "current_principal", "install_auth", "require_operator"),
     "_errors": ("ClientError", "bad"),
     "_guard": ("guarded_config", "guarded_protocol"),
-    "_models": ("Id", "Line", "MAX_OPTIONS", "Note", "Question", "ResolutionIn", "RoundSettings"),
+    "_models": ("Id", "Line", "MAX_ID", "MAX_OPTIONS", "Note", "Question", "ResolutionIn", "RoundSettings"),
     "_server": (
         "BodyLimit",
         "MAX_BODY",

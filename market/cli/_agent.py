@@ -1,7 +1,11 @@
 """`walla market agent`: one live agent -- its LLM's forecast, its trained head's wager, learning from payouts.
 
     WALLA_MARKET_AGENT_TOKEN=wm_... walla market agent --url http://127.0.0.1:8765 --model smollm2-135m \
-        --dataset facts --head runs/<scenario>/walla-i/<key-id>/seed=18 --slot 0
+        --dataset facts --head runs/<scenario>/walla-i/<key-id>/seed=18 --slot 0 --store walla-store
+
+The LLM is settled to the identity the head's features recorded (read from --store): another dtype, device
+kind, kernel path, model file or library stops the agent with one line naming the field, unless
+--other-identity (then every report is logged with how its features differ).
 
 The token: --token-file FILE (its first word) or the environment variable WALLA_MARKET_AGENT_TOKEN; --token
 on the command line still works but shows in `ps` and shell history.
@@ -60,7 +64,16 @@ def agent(
     backend: str = typer.Option(
         None, "--backend", help="extraction backend (hf | vllm; default: the model's manifest hint, else hf)"
     ),
-    device: str = typer.Option(None, "--device", help="cpu | cuda (default: the backend's)"),
+    device: str = typer.Option(None, "--device", help="cpu | cuda (default: the one the features recorded)"),
+    dtype: str = typer.Option(
+        None, "--dtype", help="the LLM's dtype (default: the one the features recorded)"
+    ),
+    store: Path = typer.Option(
+        Path("walla-store"), "--store", help="the feature store the head's run was trained from"
+    ),
+    other_identity: bool = typer.Option(
+        False, "--other-identity", help="play even on features of another identity (every report labelled)"
+    ),
     learn: bool = typer.Option(True, "--learn/--frozen", help="update the head from its own payouts"),
     batch_size: int = typer.Option(1, "--batch-size", help="resolved rounds per head update"),
     poll: float = typer.Option(2.0, "--poll", help="seconds between polls"),
@@ -82,12 +95,32 @@ def agent(
         h = live.AgentHead.from_run(head, slot)
         client = live.MarketClient(url, token)
         who = client.me()
-        features = live.LLMFeatures(model, dataset, device=device, backend=backend)
+        try:
+            expect = live.run_identity(head, slot, store)
+        except ValueError:
+            if not other_identity:
+                raise
+            expect = None
+        features = live.LLMFeatures(
+            model, dataset, device, dtype, backend, expect=expect, other_identity=other_identity
+        )
+        label = (
+            features.differs
+            if expect is not None
+            else f"not checked (no identity recorded in --store {store})"
+        )
         typer.echo(
             f"walla market agent: {who['name']} on {url}, {model} ({dataset} prompts), head {head} slot {slot}",
             err=True,
         )
-        live.Agent(client, h, features, learn, batch_size).run(poll, max_rounds)
+        if other_identity and label:
+            typer.echo(
+                f"walla market agent: playing another identity than the head's features: {label}", err=True
+            )
+        agent = live.Agent(client, h, features, learn, batch_size, label=label if other_identity else None)
+        agent.run(poll, max_rounds)
+    except live.IdentityMismatch as e:
+        raise fail(f"--head {head} slot {slot}: {e} (or pass --other-identity to play it labelled)") from None
     except (ValueError, KeyError, OSError) as e:  # a run's format (RunFormatError), a name, a file
         raise fail(e.args[0] if isinstance(e, KeyError) and e.args else e) from None
     except live.MarketError as e:

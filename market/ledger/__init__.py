@@ -33,6 +33,7 @@ are plain functions of the modules along the ledger's seams, bound below:
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from walla.market import db, events
 from walla.market.ledger import accounts, chain, reports, resolution, rounds
 from walla.market.ledger.common import (
@@ -54,10 +55,22 @@ from walla.market.ledger.common import (
     Principal,
     check_finite,
     hash_token,
+    ids_used_up,
     new_token,
     walla_version,
 )
 from walla.market.ledger.tokens import TokenCache
+
+# PostgreSQL's SQLSTATEs of an id past its integer column: a sequence at its maximum (a serial column's is
+# 2^31 - 1), a value past the column's type
+IDS_USED_UP = ("2200H", "22003")
+
+
+def _table_of(e: DataError) -> str:
+    """'round' of a failed 'INSERT INTO rounds ...' (the row kind an error names)."""
+    m = re.match(r"\s*INSERT INTO (\w+)", str(e.statement or ""), re.IGNORECASE)
+    return m.group(1).removesuffix("s") if m else "row"
+
 
 __all__ = [
     "AUTH_TTL_S",
@@ -114,6 +127,10 @@ class Ledger:
                     try:
                         with self.writer.begin() as conn:
                             out = fn(conn)
+                    except DataError as e:  # PostgreSQL: a sequence past its integer column
+                        if getattr(e.orig, "sqlstate", None) in IDS_USED_UP:
+                            raise ids_used_up(_table_of(e)) from None
+                        raise
                     except (IntegrityError, OperationalError):
                         self._head = None  # maybe a stale link (another process appended): read it again
                         raise

@@ -14,6 +14,7 @@ from walla.market.ledger.common import (
     OPERATOR,
     Principal,
     check_finite,
+    checked_id,
     hash_token,
     new_token,
     token_check,
@@ -54,6 +55,7 @@ def add_agent(
                 floor=floor,
             )
         ).inserted_primary_key[0]
+        checked_id("agent", aid)
         limits = {"name": name, "role": role, "max_wager": max_wager, "floor": floor}
         limits["token"] = token_check(hash_token(token))
         ledger._append(conn, "agent_added", now, agent_id=aid, data=limits)
@@ -92,6 +94,7 @@ def ensure_operator(ledger: Ledger, token: str | None = None) -> str | None:
                     name=OPERATOR, token_hash=hash_token(new), role=OPERATOR, created_at=now
                 )
             ).inserted_primary_key[0]
+            checked_id("agent", aid)
             data = {"name": OPERATOR, "token": token_check(hash_token(new))}
             ledger._append(conn, "operator_added", now, agent_id=aid, data=data)
         elif row.token_hash != hash_token(new):
@@ -156,14 +159,16 @@ def agent_row(conn: Connection, name: str):
 def authenticate(ledger: Ledger, token: str) -> Principal | None:
     """Who holds `token`; None for an unknown or revoked token. A known token is remembered for
     AUTH_TTL_S (cached_principal); this process's revoke/rotate forget it for every lookup after they
-    answered, this one included when it read the row before their commit (tokens.TokenCache)."""
+    answered, this one included when it read the row before their commit (tokens.TokenCache). Another
+    process's revoke or rotation: its reads accept the old token for at most AUTH_TTL_S, its reports not
+    at all (reports.agent_lock compares the token with the locked row's)."""
     key = hash_token(token)
     generation = ledger._tokens.generation()  # before the read: a change committed after it wins
     with ledger.engine.connect() as conn:
         row = conn.execute(select(db.agents).where(db.agents.c.token_hash == key)).first()
     if row is None or row.revoked_at is not None:
         return None
-    who = Principal(row.id, row.name, row.role, row.max_wager, row.floor)
+    who = Principal(row.id, row.name, row.role, row.max_wager, row.floor, token_hash=key)
     ledger._tokens.put(key, who, generation)
     return who
 

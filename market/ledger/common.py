@@ -12,7 +12,7 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from walla.market.api import RoundSettings
+from walla.market.api import MAX_ID, ClientError, RoundSettings
 
 OPERATOR = "operator"
 OPEN_STATES = ("open", "closed")  # a round whose reports are not yet paid (or voided)
@@ -80,6 +80,7 @@ class Principal:
     role: str
     max_wager: float | None = None
     floor: float | None = None
+    token_hash: str | None = None  # of the token it authenticated with: a write checks it is still the row's
 
     @property
     def is_operator(self) -> bool:
@@ -98,3 +99,20 @@ def settings_of(row) -> RoundSettings:
     return RoundSettings.model_construct(  # stored values: checked when they were written
         variant=row.variant, c1=row.c1, c2=row.c2, c3=row.c3, pooling=row.pooling
     )
+
+
+def ids_used_up(table: str) -> ClientError:
+    """409: a row of `table` would take an id past MAX_ID, where the ledger's integer columns end."""
+    return ClientError(
+        409,
+        f"id: this ledger's {table} ids are used up (its id columns end at {MAX_ID}); nothing was written: "
+        "export it (walla market export) and start a new ledger",
+    )
+
+
+def checked_id(table: str, new_id: int) -> int:
+    """`new_id` of a row just inserted into `table`, or ids_used_up (raised inside the transaction, so the
+    row is rolled back): SQLite's ids go on past MAX_ID, where the API could no longer name the row."""
+    if new_id > MAX_ID:
+        raise ids_used_up(table)
+    return new_id

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from walla.market import db
 from walla.market.api import ClientError, bad
-from walla.market.ledger.common import OPEN_STATES, Principal, check_finite, dumps
+from walla.market.ledger.common import OPEN_STATES, Principal, check_finite, checked_id, dumps
 from walla.market.ledger.rounds import round_row, status
 from walla.market.payouts import pooled_forecast, worst_payout
 
@@ -43,7 +43,7 @@ def submit_report(ledger: Ledger, rid: int, agent: Principal, probs: list[float]
         if old is None:
             version = 1
             new = conn.execute(REPORT_INSERT, {"round_id": rid, "agent_id": agent.id, "version": 1, **values})
-            report_id = new.inserted_primary_key[0]
+            report_id = checked_id("report", new.inserted_primary_key[0])
         else:
             version, report_id = old.version + 1, old.id
             conn.execute(REPORT_UPDATE, {"report_id": report_id, "version": version, **values})
@@ -70,9 +70,11 @@ def submit_report(ledger: Ledger, rid: int, agent: Principal, probs: list[float]
 def agent_lock(conn: Connection, agent: Principal):
     """The agent's row, locked FOR UPDATE until the transaction ends (SQLite: the writer lock already is):
     the agent's reports are checked against its limits one at a time, each seeing the one before committed.
-    401 when the token was revoked meanwhile (another server's revoke, within its AUTH_TTL_S)."""
+    401 when the token was revoked or rotated meanwhile: another server's change, which this server's cache
+    of tokens may not have seen yet (AUTH_TTL_S), is seen here, in the database, at once."""
     row = conn.execute(select(db.agents).where(db.agents.c.id == agent.id).with_for_update()).first()
-    if row is None or row.revoked_at is not None:
+    stale = agent.token_hash is not None and row is not None and row.token_hash != agent.token_hash
+    if row is None or row.revoked_at is not None or stale:
         raise ClientError(401, "authorization: unknown or revoked token")
     return row
 

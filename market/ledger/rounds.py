@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, func, insert, select, update
 from walla.market import db
 from walla.market.api import ClientError, RoundSettings, bad
-from walla.market.ledger.common import ROUND_STAMP, check_finite, settings_of
+from walla.market.ledger.common import ROUND_STAMP, check_finite, checked_id, settings_of
 
 if TYPE_CHECKING:
     from walla.market.ledger import Ledger
@@ -119,6 +119,7 @@ def open_round(
                 **values,
             )
         ).inserted_primary_key[0]
+        checked_id("round", rid)
         rnd = round_dict(ledger, conn, round_row(conn, rid))
         stamped = {k: rnd[k] for k in ROUND_STAMP}
         ledger._append(conn, "round_opened", now, round_id=rid, data=stamped)

@@ -6,7 +6,9 @@
 
 A revoke or rotation by this process is effective for every request that starts after it answered: the
 cache is emptied after the change commits, and a lookup that read the old row before (its generation is
-older) cannot put it back. Another process's change is seen within AUTH_TTL_S.
+older) cannot put it back. Another process's change is seen within AUTH_TTL_S of this process's last
+database read of the token (tested: tests/market/test_concurrency.py), and by a report at once (the write
+compares the token with the agent's locked row, ledger/reports.py agent_lock).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ and connection, as separate server processes would have), on SQLite and on the s
     issue 37 finding 5: an agent's floor held against 16 reports sent to 16 rounds at once
     issue 37 finding 6: a revoked or rotated token refused by every request that starts after the revoke
                         or rotation answered, also when a lookup of the token raced the change's commit
+    issue 47 item 5:    on a second server sharing the ledger, such a token's reports are refused at once
+                        and its reads within AUTH_TTL_S of that server's last look at the token
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import threading
 import time
 
-from market_fixtures import wait_until
+import pytest
+from market_fixtures import OP_TOKEN, wait_until
 from sqlalchemy import event
 from walla.market.api import ClientError, RoundSettings
 from walla.market.client import MarketClient, MarketError
-from walla.market.ledger import Ledger, Principal, hash_token
+from walla.market.ledger import AUTH_TTL_S, Ledger, Principal, hash_token
+from walla.market.local import LocalServer
 from walla.market.payouts import worst_payout
 
 N = 16
@@ -145,3 +149,44 @@ def test_a_lookup_older_than_the_invalidation_cannot_cache():
     assert cache.get("k") is None
     cache.put("k", who, cache.generation())
     assert cache.get("k") == who
+
+
+def test_a_second_server_refuses_a_rotated_token_within_its_bound(database):
+    """Two servers on one ledger (two processes' Ledgers). Server B has just checked alice's token when the
+    operator rotates (or revokes) it on server A: B refuses the old token's report at once (the write compares
+    the token with the agent's locked row), and every other request within AUTH_TTL_S of B's last database
+    read of it; the new token works on B at once. Before issue 47 B took reports for up to 1.77 s."""
+    a, b = Ledger.open(database), Ledger.open(database)
+    a.ensure_operator(OP_TOKEN)
+    try:
+        with LocalServer(a) as sa, LocalServer(b) as sb, MarketClient(sa.url, OP_TOKEN) as op:
+            for change in ("rotate", "revoke"):
+                name = f"moved-{change}"
+                old = op.add_agent(name)
+                rid = op.open_round(f"{change}?", ["a", "b"])["id"]
+                with MarketClient(sb.url, old) as there:
+                    there.me()  # B reads the token from the database and keeps it for AUTH_TTL_S
+                    seen = time.monotonic()
+                    answer = op.request("POST", f"/agents/{name}/{change}")  # on A
+                    with pytest.raises(MarketError) as e:
+                        there.submit(rid, [0.5, 0.5], 0.1)
+                    assert e.value.status == 401, e.value
+                    while True:  # reads: B's cache, until it expires
+                        started = time.monotonic()
+                        try:
+                            there.me()
+                        except MarketError as e:
+                            assert e.status == 401, e
+                            break
+                        assert started < seen + AUTH_TTL_S, (
+                            f"{change}: old token read {started - seen:.2f} s on"
+                        )
+                        time.sleep(0.05)
+                if change == "rotate":
+                    with MarketClient(sb.url, answer["token"]) as new:
+                        assert new.me()["name"] == name
+                        new.submit(rid, [0.5, 0.5], 0.1)
+            assert b.counts()["reports"] == 1  # the new token's; none of an old one
+    finally:
+        a.close()
+        b.close()

@@ -17,7 +17,7 @@ def test_a_run_without_its_state_names_the_flag(trained, tmp_path):
     shutil.copytree(trained["runs"], runs)
     copy = runs / run.relative_to(trained["runs"])
     (copy / STATE).unlink()
-    with pytest.raises(HeadError, match=r"--methods walla-i --save-states walla-i") as err:
+    with pytest.raises(HeadError, match=r"--methods walla-i --seed-list 18 --save-states walla-i") as err:
         AgentHead.from_run(copy, slot=0)
     # the command that trained it (a kind: its scenario name is no manifest), not `--scenario homo-...-x3`
     assert "rerun walla train --scenario homo --model " in str(err.value) and "--agents 3" in str(err.value)

@@ -7,10 +7,14 @@ On SQLite and on the suite's PostgreSQL (the `market` fixture), over a live serv
 
 from __future__ import annotations
 
+import random
+import sys
+import unicodedata
+
 import httpx
 import pytest
 from market_fixtures import OP_TOKEN, snapshot
-from walla.market.text import check_distinct, clean_text, visible_key
+from walla.market.text import check_distinct, clean_text, is_invisible, skeleton, visible_key
 
 OP = {"Authorization": f"Bearer {OP_TOKEN}"}
 
@@ -93,16 +97,125 @@ def test_text_helpers_for_other_apps():
         check_distinct(["x", "x\u00ad"], "opts")
 
 
-@pytest.mark.parametrize("rid", ["%2B1", "%201", "1%20", "1.0", "1_0", "1e0", "%D9%A1", "0x1", "-0"])
+# ------------------------------------------------ homoglyphs and blank-looking options (issue 47, item 5)
+
+
+def _confusable_pairs() -> list[tuple[str, str]]:
+    """Every pair of Unicode's confusables data (confusable-homoglyphs' copy of confusables.txt: each line
+    stored both ways) whose two sides are in NFD, where UTS #39's skeleton maps them (it decomposes first)."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    pairs = set()
+    for a, entries in confusables_data.items():
+        for e in entries:
+            x, y = (t.replace("\u200e", "").replace("\u200f", "") for t in (a, e["c"]))
+            if x != y and all(unicodedata.is_normalized("NFD", t) for t in (x, y)):
+                pairs.add((min(x, y), max(x, y)))
+    return sorted(pairs)
+
+
+LOOKALIKES = [  # options a reader takes for each other (UTS #39 skeleton); NFKC alone kept all these apart
+    ["paypal", "p\u0430ypal"],  # Cyrillic a
+    ["yes", "\u0443\u0435\u0455"],  # Cyrillic u, ie, dze
+    ["no", "n\u03bf"],  # Greek omicron
+    ["Apple", "\u0410pple"],  # Cyrillic A
+    ["B", "\u0392"],  # Greek Beta
+    ["cat", "\u0441\u0430t"],  # Cyrillic es, a
+    ["hello", "\u04bb\u0435llo"],  # Cyrillic shha, ie
+    ["modern", "modem"],  # rn and m
+    ["w", "\u051d"],  # Cyrillic we
+    ["0", "O"],
+    ["l", "1"],
+    ["I", "l"],
+    ["x", "\u00d7"],  # multiplication sign
+    ["a-b", "a\u2010b"],  # hyphen
+    ["ok", "\u03bfk"],  # Greek omicron
+    ["Tea", "\u13a2ea"],  # Cherokee TA
+    ["a", "\u0251"],  # Latin alpha
+    ["i", "\u0456"],  # Cyrillic i
+    ["p", "\u0440"],  # Cyrillic er
+    ["S", "\u0405"],  # Cyrillic dze
+    ["y", "\u0443"],  # Cyrillic u
+]
+# blank-looking: the blank braille pattern, Hangul fillers, a reserved default-ignorable, a tag, a
+# variation selector, a musical-notation format character
+BLANKS = ["\u2800", "\u3164", "\uffa0", "\u115f", "\u2065", "\U000e0020", "\U000e0100", "\U0001d173"]
+
+
+def test_every_confusable_pair_of_unicodes_data_reads_the_same():
+    """Generated from the data: each of its ~5,000 NFD pairs, inside a word, is refused as two options."""
+    pairs = _confusable_pairs()
+    assert len(pairs) > 4000
+    missed = []
+    for x, y in pairs:
+        try:
+            check_distinct([f"a{x}b", f"a{y}b"], "options")
+            missed.append((x, y))
+        except ValueError as e:
+            assert "read the same" in str(e)
+    assert not missed, [tuple(map(ascii, p)) for p in missed[:20]]
+
+
+def test_skeletons_keep_what_looks_different():
+    rng = random.Random(47)
+    words = ["".join(rng.choice("abcdefghjkpqstuxyz") for _ in range(rng.randint(1, 6))) for _ in range(300)]
+    words = sorted(set(words))
+    assert len({skeleton(w) for w in words}) == len(words)  # letters that do not look alike stay apart
+    check_distinct(["Yes", "yes", "y es", "No", "Maybe"], "options")
+
+
+def test_blank_looking_characters_are_invisible():
+    """Generated: every format character, and the blank-looking BLANKS: alone it is no text, beside a letter
+    it makes no new option."""
+    chars = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"] + BLANKS
+    for ch in chars:
+        if ch in "\u061c\u200e\u200f" or "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069":
+            continue  # the bidirectional controls: refused for what they are
+        assert is_invisible(ch), ascii(ch)
+        with pytest.raises(ValueError, match="non-empty string"):
+            clean_text(ch * 2)
+        with pytest.raises(ValueError, match="read the same"):
+            check_distinct(["ok", f"o{ch}k"], "options")
+
+
+@pytest.mark.parametrize("options", LOOKALIKES, ids=[ascii(o[1]) for o in LOOKALIKES])
+def test_lookalike_options_are_refused(market, options):
+    before = snapshot(market.ledger)
+    r = httpx.post(f"{market.url}/rounds", json={"question": "q?", "options": options}, headers=OP)
+    _one_line(r, 400, "options")
+    assert "read the same" in r.json()["error"]
+    assert snapshot(market.ledger) == before
+
+
+def test_generated_confusable_and_blank_options_are_refused(market):
+    """A seeded sample of the generated pairs and every blank-looking option, over HTTP on both databases."""
+    before = snapshot(market.ledger)
+    for x, y in random.Random(47).sample(_confusable_pairs(), 40):
+        body = {"question": "q?", "options": [f"a{x}b", f"a{y}b"]}  # some are marks: inside a word
+        _one_line(httpx.post(f"{market.url}/rounds", json=body, headers=OP), 400, "options")
+    for ch in BLANKS:
+        body = {"question": "q?", "options": ["a", ch]}
+        _one_line(httpx.post(f"{market.url}/rounds", json=body, headers=OP), 400, "options[1]")
+        body = {"question": "q?", "options": ["a", f"a{ch}"]}
+        _one_line(httpx.post(f"{market.url}/rounds", json=body, headers=OP), 400, "options")
+    assert snapshot(market.ledger) == before
+
+
+@pytest.mark.parametrize(
+    "rid", ["%2B1", "%201", "1%20", "1.0", "1_0", "1e0", "%D9%A1", "0x1", "-0", "01", "001", "00"]
+)
 def test_round_ids_are_plain_decimal_digits(market, rid):
-    """/rounds/%2B1 used to be round 1 (pydantic's int parsing takes '+1', ' 1', '1.0', '1_0', '١')."""
+    """/rounds/%2B1 used to be round 1 (pydantic's int parsing takes '+1', ' 1', '1.0', '1_0', '١'), and
+    /rounds/01 until issue 47: an id is written one way."""
     market.op.open_round("one?", ["a", "b"])
     r = httpx.get(f"{market.url}/rounds/{rid}", headers=OP)
     _one_line(r, 404, "round")
     assert httpx.get(f"{market.url}/rounds/1", headers=OP).status_code == 200
 
 
-@pytest.mark.parametrize("query", ["after=%2B0", "after=0.0", "after=1_0", "limit=%2010", "limit=1e2"])
+@pytest.mark.parametrize(
+    "query", ["after=%2B0", "after=0.0", "after=1_0", "limit=%2010", "limit=1e2", "after=00", "limit=010"]
+)
 def test_query_ids_are_plain_decimal_digits(market, query):
     field = query.split("=")[0]
     _one_line(httpx.get(f"{market.url}/rounds?{query}", headers=OP), 400, field)
@@ -186,3 +299,28 @@ def test_head_is_answered_where_get_is(market):
     assert httpx.head(f"{market.url}/rounds", headers={}).status_code == 401  # the same rules as GET
     assert httpx.head(f"{market.url}/rounds/{rid}/close", headers=OP).status_code == 405  # POST only
     assert market.op.round(rid)["status"] == "open"
+
+
+def test_ids_past_the_id_columns_are_refused_with_a_4xx(market):
+    """Issue 47, item 5: with the round id sequence at 2^31 - 1 (PostgreSQL's integer, the API's MAX_ID) the
+    next round was a 500 on PostgreSQL (and on SQLite a round id the API cannot name). Now: 409, one line,
+    nothing written; the last id still works."""
+    from sqlalchemy import text
+    from walla.market.api import MAX_ID
+
+    first = market.op.open_round("first?", ["a", "b"])["id"]
+    with market.ledger.engine.begin() as conn:  # the next round id is MAX_ID
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"SELECT setval(pg_get_serial_sequence('rounds', 'id'), {MAX_ID - 1})"))
+        else:  # SQLite: max(rowid) + 1
+            conn.execute(text(f"UPDATE rounds SET id = {MAX_ID - 1} WHERE id = {first}"))
+    assert market.op.open_round("last?", ["a", "b"])["id"] == MAX_ID
+    assert httpx.get(f"{market.url}/rounds/{MAX_ID}", headers=OP).json()["question"] == "last?"
+    before = snapshot(market.ledger)
+    r = httpx.post(
+        f"{market.url}/rounds", json={"question": "one too many?", "options": ["a", "b"]}, headers=OP
+    )
+    _one_line(r, 409, "id")
+    assert "round ids are used up" in r.json()["error"]
+    assert snapshot(market.ledger) == before
+    _one_line(httpx.get(f"{market.url}/rounds/{MAX_ID + 1}", headers=OP), 404, "round")

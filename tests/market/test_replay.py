@@ -7,7 +7,10 @@ features are walla extract's; a head update is one step of the run's loss and op
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -135,6 +138,46 @@ def test_live_agent_with_llm(trained, tmp_path):
         assert len(agent.collect_payouts()) == 2 and agent.head.steps == 2
         client.close()
     ledger.close()
+
+
+def test_agent_plays_a_head_only_on_features_of_its_identity(trained, tmp_path, capfd, caplog):
+    """Issue 47, item 1: `walla market agent` settles its LLM through extraction's door to the identity the
+    head's features recorded (as walla serve does). Played with features of another identity (another dtype
+    here) it stops with one line naming the field; with --other-identity it plays, every report labelled."""
+    run = choose_runs(trained["runs"], trained["scenario"]).seeds[18].path
+    ledger = Ledger.open(str(tmp_path / "m.db"))
+    ledger.ensure_operator(OP_TOKEN)
+    with LocalServer(ledger) as srv, MarketClient(srv.url, OP_TOKEN) as op:
+        args = ["agent", "--url", srv.url, "--token", op.add_agent("tiny"), "--model", str(trained["model"])]
+        args += ["--dataset", "facts", "--head", str(run), "--slot", "0", "--store", str(trained["store"])]
+        args += ["--frozen", "--poll", "0.05", "--max-rounds", "0"]
+        assert run_market([*args, "--dtype", "bfloat16"]) == 1
+        err = capfd.readouterr().err.strip()
+        # bfloat16 is the bitwise tier, which records the CPU and kernel path float32 does not: the first field
+        assert len(err.splitlines()) == 1 and "another identity than the feature set recorded: " in err, err
+        assert "accelerator: None != " in err
+        assert "--other-identity" in err
+        assert run_market(args) == 0, capfd.readouterr().err  # the recorded identity: it plays, unlabelled
+        assert "another identity" not in capfd.readouterr().err
+        rid = op.open_round("Is the door of room 42 painted red?", ["Yes", "No"])["id"]
+        resolver = threading.Thread(target=_resolve_once_reported, args=(op, rid))
+        resolver.start()
+        with caplog.at_level(logging.WARNING, logger="walla.market.agent"):
+            rc = run_market([*args[:-1], "1", "--dtype", "bfloat16", "--other-identity"])
+        resolver.join()
+        err = capfd.readouterr().err
+        assert rc == 0, err
+        assert "playing another identity than the head's features: accelerator: None != " in err
+        assert f"round {rid}: reported on another identity than the head's features: accel" in caplog.text
+    ledger.close()
+
+
+def _resolve_once_reported(op: MarketClient, rid: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not op.reports(rid):
+        time.sleep(0.05)
+    op.close_round(rid)
+    op.resolve(rid, label=0)
 
 
 def test_replay_cli(trained, capfd):

@@ -1,5 +1,6 @@
-"""walla serve reopens a feature set's model with the options that settle to the identity it recorded: the
-backend kind that recorded it says which (the registry's `recorded_options`); serve names no backend."""
+"""walla serve (and walla market agent) reopens a feature set's model with the options that settle to the
+identity it recorded: the backend kind that recorded it says which (the registry's `recorded_options`,
+through extract/door.py `recorded_config`); serve names no backend."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 from walla.extract import device as devices
 from walla.extract.backends import BackendRequest
 from walla.extract.backends.registry import settle_backend
+from walla.extract.door import recorded_config
 from walla.extract.models import ResolvedModel
-from walla.serve.loading import ServeError, extract_config_for
 
 RM = ResolvedModel("m", "/models/m", None, None, {"source": "local", "path": "/models/m"})
 
@@ -22,7 +23,7 @@ def h100(monkeypatch):
 
 def reopened(identity: dict):
     """What serve's config for `identity` settles to, as extract/door.py `settle_for` settles it."""
-    cfg = extract_config_for("m", "facts", identity, None)
+    cfg = recorded_config("m", "facts", identity, None)
     request = BackendRequest(RM, cfg.dtype, cfg.device, identity["chat_template"], 32)
     return cfg, settle_backend(cfg.backend, request, cfg.backend_args, recorded=identity.get("batching"))
 
@@ -57,6 +58,6 @@ def test_a_recorded_identity_reopens_with_its_own_backends_options(h100, backend
 
 
 def test_an_identity_of_a_backend_not_registered_here_is_one_line():
-    with pytest.raises(ServeError, match=r"backend 'tgi'.*unknown backend 'tgi'.*available: hf, vllm") as e:
-        extract_config_for("m", "facts", {"backend": "tgi", "dtype": "float16", "device": "cpu"}, None)
+    with pytest.raises(ValueError, match=r"backend 'tgi'.*unknown backend 'tgi'.*available: hf, vllm") as e:
+        recorded_config("m", "facts", {"backend": "tgi", "dtype": "float16", "device": "cpu"}, None)
     assert "\n" not in str(e.value)

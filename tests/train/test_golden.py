@@ -4,6 +4,7 @@ current schema, and a change of the numbers fails with the instruction to bump i
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from walla.train.golden import _setup as golden_setup
 from walla.train.methods import REGISTRY
 from walla.train.runs import TRAIN_SCHEMA
 from walla.train.wagers import StackedHeads
+from walla.train.wagers import _stopping as online_stop
+from walla.train.wagers import _training as wager_training
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +98,7 @@ def test_every_selectable_numeric_path_has_a_digest():
         "projection",
         "batched-seeds",
         "early-stopping",
+        "unstandardized",
         "calibrated",
         "join",
     }
@@ -140,7 +144,59 @@ def test_a_projection_bias_dropped_in_predict_fails_the_golden_check(monkeypatch
 
 def test_the_early_stopping_path_stops_early():
     (runs_stopped,) = golden.compute_paths(["early-stopping"]).values()  # _check_stopped raised otherwise
-    assert runs_stopped["walla-i"]["n"] == golden.read_golden()["methods"]["walla-i"]["n"]
+    one_seed = golden.read_golden()["methods"]["walla-i"]["n"]
+    assert runs_stopped["walla-i"]["n"] == 3 * one_seed + 3  # three seeds, and where each stopped
+    assert runs_stopped["walla-i"]["columns"][-1] == "logged_steps"
+
+
+@pytest.mark.parametrize("by", [1, -1])
+def test_early_stopping_patience_off_by_one_fails_the_golden_check(monkeypatch, by):
+    """Issue 47, item 2: walla's online early stopping counting its patience one batch long or short."""
+    real = online_stop.OnlineStop.__init__
+
+    def init(self, cfg, *args, **kwargs):
+        real(self, dataclasses.replace(cfg, patience=cfg.patience + by), *args, **kwargs)
+
+    monkeypatch.setattr(online_stop.OnlineStop, "__init__", init)
+    moved = golden.changes(golden.read_golden(), _path_digests("early-stopping"))
+    assert any(line.startswith("walla-i@early-stopping: moved by") for line in moved), moved
+
+
+def test_the_pooled_forecasts_alone_see_patience_off_by_one(monkeypatch):
+    """Not only where the runs stopped: their predictions move too (the path's settings were chosen so)."""
+    monkeypatch.setitem(
+        golden_setup.PATHS, "early-stopping", {**golden_setup.PATHS["early-stopping"], "steps": False}
+    )
+    stored = {"methods": _path_digests("early-stopping")}
+    real = online_stop.OnlineStop.__init__
+    for by in (1, -1):
+
+        def init(self, cfg, *args, by=by, **kwargs):
+            real(self, dataclasses.replace(cfg, patience=cfg.patience + by), *args, **kwargs)
+
+        monkeypatch.setattr(online_stop.OnlineStop, "__init__", init)
+        moved = golden.changes(stored, _path_digests("early-stopping"))
+        assert any(line.startswith("walla-i@early-stopping: moved by") for line in moved), (by, moved)
+
+
+def test_the_standardize_false_path_standardized_anyway_fails_the_golden_check(monkeypatch):
+    """Issue 47, item 2: the heads trained on standardized hidden states though `standardize: false`."""
+    real = wager_training._train_rows
+
+    def train_rows(data, cfg, *args, **kwargs):
+        return real(data, dataclasses.replace(cfg, standardize=True), *args, **kwargs)
+
+    monkeypatch.setattr(wager_training, "_train_rows", train_rows)
+    moved = golden.changes(golden.read_golden(), _path_digests("unstandardized"))
+    assert any(line.startswith("walla-i@unstandardized: moved by") for line in moved), moved
+
+
+def test_float32_features_rounded_to_float16_fail_the_golden_check(monkeypatch):
+    """Issue 47, item 2: the unstandardized path feeding float32 features to the heads through float16."""
+    real = wager_training.stack_hidden
+    monkeypatch.setattr(wager_training, "stack_hidden", lambda *a, **k: real(*a, **k).half())
+    moved = golden.changes(golden.read_golden(), _path_digests("unstandardized"))
+    assert any(line.startswith("walla-i@unstandardized: moved by") for line in moved), moved
 
 
 @pytest.mark.gpu

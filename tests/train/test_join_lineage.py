@@ -6,11 +6,12 @@ read_current_run_meta). And every join refusal names a `walla train` command tha
 The issue's sequence, through the real commands on dummy-extracted feature sets:
 
     walla train --scenario hetero --models smollm2-135m,gemma3-270m ... --save-states walla-i  # the base
-    walla train ... --seed-list 18 --add-agent smollm2-135m --drop-agent gemma3-270m          # join seed 18
+    walla train ... --seed-list 18 --add-agent smollm2-135m --drop-agent gemma3-270m --save-states walla-i
     (gemma3 re-extracted: other features) walla train ... (the base's plain command: same key id, retrained)
     walla train ... --seed-list 19 --add-agent smollm2-135m --drop-agent gemma3-270m          # join seed 19
 
-Seed 18 continued the old base: it must not be averaged with seed 19 into one WALLA I row.
+Seed 18 continued the old base: it must not be averaged with seed 19 into one WALLA I row. Every fix a
+message prints (walla eval's, a market head's, the join's) is run as printed, to its end (issue 47, item 3).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from typer.testing import CliRunner
 from walla.evaluate.load import load_scenario_runs
 from walla.extract.cli import app as extract_app
+from walla.market.head import AgentHead, HeadError
 from walla.store.cli import app as store_app
 from walla.store.listing import list_feature_sets
 from walla.train import cli as train_cli
@@ -73,7 +75,7 @@ def sequence(tmp_path_factory):
     base = ["--scenario", "hetero", "--models", "smollm2-135m,gemma3-270m", "--store", str(store)]
     base += ["--runs", str(runs), "--methods", "walla-i", "--set", "walla.epochs=2"]
     train([*base, "--seed-list", "18,19", "--save-states", "walla-i"])
-    train([*base, "--seed-list", "18", *JOIN])
+    train([*base, "--seed-list", "18", *JOIN, "--save-states", "walla-i"])  # a join a market head can play
     # gemma3 extracted again, otherwise (another backend seed: the float32 re-extraction of the issue)
     for info in list_feature_sets(store):
         if info.model == "gemma3-270m":
@@ -110,10 +112,12 @@ def test_the_suggested_fix_rejoins_and_the_row_holds_both_seeds(sequence, tmp_pa
     (stale,) = [p for p in load_scenario_runs(mine, JOINED).problems if p.method == "walla-i"]
     argv = fix_command(stale.detail.replace(str(runs), str(mine)), "not counted: rerun ")
     assert argv[argv.index("--scenario") + 1] == "hetero" and "--drop-agent" in argv  # the join's own command
-    assert argv[-4:] == ["--methods", "walla-i", "--seed-list", "18"]
+    # the run holds its heads: the rerun keeps them (issue 47, item 3: without --save-states it dropped them)
+    assert argv[-6:] == ["--methods", "walla-i", "--seed-list", "18", "--save-states", "walla-i"]
     train(argv)  # run as suggested (the real resolver): rejoins seed 18
     found = load_scenario_runs(mine, JOINED)
     assert sorted(found.runs["walla-i"]) == [18, 19] and not found.problems
+    AgentHead.from_run(found.runs["walla-i"][18].path, slot=0)  # its heads, for the market, still there
     (base18,) = (mine / BASE / "walla-i").glob("*/seed=18")
     continued = read_current_run_meta(found.runs["walla-i"][18].path)["continued"]
     assert continued["inputs_id"] == read_run_meta(base18)["inputs_id"]
@@ -134,3 +138,28 @@ def test_a_join_refusal_names_a_command_that_trains_the_missing_base_run(sequenc
     train(fix)  # the suggested command, through the real resolver: trains the base run of seed 20
     train([*argv, "--seed-list", "20", *JOIN])  # now the join goes through
     assert sorted(load_scenario_runs(mine, JOINED).runs["walla-i"]) == [19, 20]
+
+
+def test_a_market_heads_printed_fixes_run_as_printed_to_their_end(sequence, tmp_path):
+    """Issue 47, item 3: a stale joined seed's fix (walla market agent --head, read_current_run_meta) kept
+    --save-states, and the follow-up for a run without heads (AgentHead.from_run) names --seed-list: each,
+    run as printed, ends in a head the market can play. Before, the first deleted the run's state.pt and
+    the second trained the joined scenario's default seeds, whose base runs do not exist, and failed."""
+    _, runs, _ = sequence
+    mine = tmp_path / "runs"
+    shutil.copytree(runs, mine)
+    kdir = next(iter((mine / JOINED / "walla-i").iterdir()))
+    with pytest.raises(RunFormatError, match="stale run: ") as e:
+        AgentHead.from_run(kdir / "seed=18", slot=0)
+    argv = fix_command(str(e.value).replace(str(runs), str(mine)), "not used: rerun ")  # the copy's runs
+    assert argv[-6:] == ["--methods", "walla-i", "--seed-list", "18", "--save-states", "walla-i"]
+    train(argv)
+    AgentHead.from_run(kdir / "seed=18", slot=0)  # current, with its heads
+    with pytest.raises(HeadError, match="no state.pt: ") as e:  # seed 19 was joined without its heads
+        AgentHead.from_run(kdir / "seed=19", slot=0)
+    argv = fix_command(str(e.value).replace(str(runs), str(mine)), "--save-states; rerun ")
+    assert argv[-6:] == ["--methods", "walla-i", "--seed-list", "19", "--save-states", "walla-i"]
+    train(argv)
+    AgentHead.from_run(kdir / "seed=19", slot=0)
+    found = load_scenario_runs(mine, JOINED)
+    assert sorted(found.runs["walla-i"]) == [18, 19] and not found.problems

@@ -12,8 +12,9 @@ synthetic scenario (CPU, 32-true, one thread, a few epochs: seconds), reads back
 numbers (train/golden/_setup.py holds that scenario and HPARAMS). Every other numeric path a user can
 select is a variant of that run (PATHS), digested as
 "<method>@<path>": bf16-mixed precision, the paper preset's projection (folded into the first layer by
-StackedHeads.predict), seeds batched in one fit, early stopping that fires, plan-level --calibrated, and a
-continued fit (an agent joining, train/join.py). train/golden/golden.json stores the digests with the schema they
+StackedHeads.predict), seeds batched in one fit, early stopping that fires (its runs' logged batches
+digested too: where each stopped), walla's default standardize: false on float32 features, plan-level
+--calibrated, and a continued fit (an agent joining, train/join.py). train/golden/golden.json stores the digests with the schema they
 were written under. If a digest moves
 and TRAIN_SCHEMA did not, the check fails and says to bump it; `--write` refuses to store moved digests
 under an unchanged schema, so the file cannot be regenerated around the rule. Changing what is trained
@@ -89,9 +90,10 @@ def sketch(values: np.ndarray) -> dict:
     }
 
 
-def _digests(runs: str | Path, scenario: str) -> dict[str, dict]:
+def _digests(runs: str | Path, scenario: str, steps: bool = False) -> dict[str, dict]:
     """method -> digest of its runs of `scenario` under `runs` (seeds in order, every column of
-    predictions.parquet as walla-train wrote it, every row of every split)."""
+    predictions.parquet as walla-train wrote it, every row of every split; with `steps`, each run's number
+    of logged training batches too, as column "logged_steps")."""
     values: dict[str, list] = {}
     names: dict[str, list[str]] = {}
     for d in list_run_dirs(runs, scenario):
@@ -104,6 +106,9 @@ def _digests(runs: str | Path, scenario: str) -> dict[str, dict]:
         }
         names[d.method] = sorted(c for c, v in cols.items() if v is not None)  # all-null extras: not computed
         values.setdefault(d.method, []).extend(cols[c].ravel() for c in names[d.method])
+        if steps:
+            names[d.method].append("logged_steps")
+            values[d.method].append(np.array([_logged_steps(d.path)], dtype=np.float64))
     return {m: {"columns": names[m], **sketch(np.concatenate(values[m]))} for m in sorted(values)}
 
 
@@ -136,7 +141,7 @@ def train_path(name: str, runs: Path, device: str = "cpu") -> str:
     plan = golden_plan(
         spec["methods"], spec.get("seeds", (SEED,)), spec.get("hparams"), spec.get("calibrated", False)
     )
-    data = golden_scenario()
+    data = golden_scenario(spec.get("hidden", "float16"))
     if not spec.get("join"):
         run_plan(plan, data, runs, env, note=lambda s: None)
         return data.name
@@ -157,15 +162,20 @@ def compute_paths(names=None, device: str = "cpu") -> dict[str, dict[str, dict]]
     for name in names or PATHS:
         with tempfile.TemporaryDirectory(prefix=f"walla-golden-{name}-") as tmp:
             scenario = _one_thread(lambda name=name, tmp=tmp: train_path(name, Path(tmp), device))
-            out[name] = _digests(tmp, scenario)
+            out[name] = _digests(tmp, scenario, steps=PATHS[name].get("steps", False))
             if name == "early-stopping":
                 _check_stopped(Path(tmp), scenario)
     return out
 
 
+def _logged_steps(run: Path) -> int:
+    """The training batches a run logged (logs/metrics.csv rows): where its early stopping stopped it."""
+    return len((run / TRAIN_LOG).read_text().splitlines()) - 1
+
+
 def _check_stopped(runs: Path, scenario: str) -> None:
     for d in list_run_dirs(runs, scenario):
-        steps = len((d.path / TRAIN_LOG).read_text().splitlines()) - 1
+        steps = _logged_steps(d.path)
         epochs = PATHS["early-stopping"]["hparams"]["walla"]["epochs"]
         full = epochs * math.ceil(48 / HPARAMS["walla"]["batch_size"])  # 48 training rows
         if steps >= full:

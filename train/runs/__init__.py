@@ -36,7 +36,14 @@ _ROOMS = {
         "run_dir",
         "scenario_dir",
     ),
-    "_lineage": ("lineage_reason", "read_current_run_meta", "stale_run_reason", "train_command"),
+    "_lineage": (
+        "lineage_reason",
+        "read_current_run_meta",
+        "retrain_command",
+        "run_seed",
+        "stale_run_reason",
+        "train_command",
+    ),
     "_pending": ("keys_beside", "pending_runs"),
     "_reader": (
         "RunRecord",

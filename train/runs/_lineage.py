@@ -96,6 +96,29 @@ def train_command(scenario_meta: dict, name: str, key_dir_path: str | Path | Non
     return str(recorded or scenario_meta.get("command") or f"walla train --scenario {name}")
 
 
+def retrain_command(
+    scenario_meta: dict,
+    name: str,
+    key_dir_path: str | Path | None,
+    method: str,
+    seed: int | None,
+    states: bool,
+) -> str:
+    """The `walla train` command that retrains one run: train_command of its scenario and key, then
+    `--methods <method>`, `--seed-list <seed>` and, with `states`, `--save-states <method>` -- a rerun
+    without it writes the run without its heads (state.pt), so a fix of a run that has them, or that a
+    market head needs, must not drop it. Every message that says to rerun a run prints this."""
+    out = f"{train_command(scenario_meta, name, key_dir_path)} --methods {method}"
+    out += f" --seed-list {seed}" if seed is not None else ""
+    return out + (f" --save-states {method}" if states else "")
+
+
+def run_seed(path: str | Path) -> int | None:
+    """The seed of a run directory named seed=<s> (None: another name)."""
+    m = SEED_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def read_current_run_meta(path: str | Path) -> dict:
     """run.json of a run another run may start from (a live market head): complete, its run key that of
     its directory <runs>/<scenario>/<method>/<key-id>/seed=<s>, and current for the scenario's
@@ -110,8 +133,8 @@ def read_current_run_meta(path: str | Path) -> dict:
     kdir = path.parent
     scenario = kdir.parent.parent
     scen = read_json(scenario / SCENARIO_META)
-    seed = f" --seed-list {m.group(1)}" if (m := SEED_DIR.match(path.name)) else ""
-    retrain = f"rerun {train_command(scen, scenario.name, kdir)} --methods {kdir.parent.name}{seed}"
+    method = kdir.parent.name  # a run another starts from: its heads are the point
+    retrain = f"rerun {retrain_command(scen, scenario.name, kdir, method, run_seed(path), states=True)}"
     why = stale_run_reason(path, meta, scen.get("inputs_id"))
     if why is None and (key_id(key) != kdir.name or key.get("method") != kdir.parent.name):
         why = f"its run key is not the one of directory {kdir.parent.name}/{kdir.name} (moved or edited by hand)"
