@@ -5,12 +5,23 @@
 
 The pool is loaded once (walla serve's own loading: the run's heads, the LLMs through the backend door) and
 served in this process on a free loopback port, over a fresh temporary ledger (every forecast is a round).
-For each concurrency C, C client threads (one HTTP connection each) send `--requests` distinct new questions
-in the dataset's form, after a warm-up; forecasts/s = answers / wall time, latencies per request. Then the
-ratio of forecasts/s at the largest concurrency to the first (batching at work: the goal is >= 4x at 32 vs
-1 on a CPU), and the prompt tokens the models scored per second (a prompt several agents share counts once)
-next to `walla extract`'s on the same models (the feature sets' recorded prompt tokens / wall seconds; the
-GPU goal is >= 0.8x). Prints one JSON line of the figures last.
+For each concurrency C, C client threads (one HTTP connection each) send `--requests` (`--n`) distinct new
+questions in the dataset's form, after a warm-up; forecasts/s = answers / wall time, latencies per request.
+Then, in the same run (issue 45's goals):
+
+- the latency at the first concurrency (1) over the bare forward of the same prompts through the same models:
+  per question, the sum over the distinct models of one scoring pass of that model's distinct prompts
+  (serve/features.py, what a forecast needs, without HTTP, the queue, the heads, the pool or the ledger),
+  medians compared (goal <= 1.5x on this CPU);
+- the ledger's share of a forecast: its `timings.ledger_s` (one transaction) over the request's latency,
+  summed at the first concurrency (goal <= 10%);
+- the ratio of forecasts/s at the largest concurrency to the first (batching at work: >= 4x at 32 vs 1 on a
+  CPU), and the prompt tokens the models scored per second at the largest concurrency (a prompt several
+  agents share counts once) over `walla extract`'s on the same models (the feature sets' recorded prompt
+  tokens / wall seconds; goals >= 0.7x on this CPU, >= 0.8x on a GPU).
+
+The 1-minute load average is printed with the figures (compare runs only on a quiet machine). Prints one
+JSON line of the figures last.
 """
 
 # ruff: noqa: E402 (the options are read before the imports that load torch)
@@ -18,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -41,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
         help="cpu | cuda | cuda:N (default: the device kind the feature sets recorded)",
     )
     ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--requests", type=int, default=64, help="forecasts per concurrency level")
+    ap.add_argument("--requests", "--n", type=int, default=64, help="forecasts per concurrency level")
     ap.add_argument("--max-wait-ms", type=float, default=10.0)
     return ap
 
@@ -87,6 +99,21 @@ def extract_tokens_per_s(pool) -> float | None:
     return tokens / seconds if seconds else None
 
 
+def bare_forward(fc: Forecaster, qs: list[dict]) -> list[float]:
+    """Per question: seconds of one scoring pass of each distinct model over its distinct prompts, summed
+    (the forward passes a forecast needs, nothing else)."""
+    from walla.serve.features import score_prompts
+
+    out = []
+    for q in qs:
+        job = fc.prepare(q["question"], q["options"])
+        t = time.perf_counter()
+        for k, prompts in job.per_model.items():
+            score_prompts(fc.llms[k].backend, [(p, job.strings) for p in prompts])
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def scored_tokens(fc: Forecaster) -> int:
     """Prompt tokens the models scored (a prompt several agents share is scored once)."""
     return sum(b.stats.tokens for b in fc.batchers.values())
@@ -95,6 +122,7 @@ def scored_tokens(fc: Forecaster) -> int:
 def level(url: str, c: int, n: int, offset: int, fc: Forecaster) -> dict:
     qs = questions(n, offset)
     lat: list[float] = []
+    ledger: list[float] = []
     tokens = [0]
     lock = threading.Lock()
 
@@ -107,6 +135,7 @@ def level(url: str, c: int, n: int, offset: int, fc: Forecaster) -> dict:
                 with lock:
                     lat.append(time.perf_counter() - t)
                     tokens[0] += r.json()["usage"]["prompt_tokens"]
+                    ledger.append(r.json()["timings"].get("ledger_s", 0.0))
 
     t0, scored0 = time.perf_counter(), scored_tokens(fc)
     with ThreadPoolExecutor(c) as ex:
@@ -120,6 +149,7 @@ def level(url: str, c: int, n: int, offset: int, fc: Forecaster) -> dict:
         "p99_s": float(np.percentile(lat, 99)),
         "prompt_tokens_per_s": tokens[0] / wall,  # usage: summed over the agents
         "scored_tokens_per_s": (scored_tokens(fc) - scored0) / wall,  # what the models computed
+        "ledger_share": sum(ledger) / sum(lat),
     }
 
 
@@ -161,6 +191,7 @@ def main() -> int:
                 f"concurrency {c:3d}: {r['forecasts_per_s']:7.2f} forecasts/s, p50 {r['p50_s'] * 1000:8.1f} ms, "
                 f"p99 {r['p99_s'] * 1000:8.1f} ms, {r['scored_tokens_per_s']:7.0f} prompt tokens scored/s"
             )
+        bare = bare_forward(fc, questions(args.requests, 2 * 10**6))  # the batchers idle: these alone
         stats = {b.name: vars(b.stats) for b in fc.batchers.values()}
         server.should_exit = True
         thread.join(10)
@@ -169,11 +200,21 @@ def main() -> int:
         ledger.close()
     ratio = rows[-1]["forecasts_per_s"] / rows[0]["forecasts_per_s"]
     ext = extract_tokens_per_s(pool)
-    best = max(r["scored_tokens_per_s"] for r in rows)
+    top = rows[-1]["scored_tokens_per_s"]
+    bare_p50 = float(np.median(bare))
+    over_bare = rows[0]["p50_s"] / bare_p50
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average {load:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"concurrency {levels[0]}: p50 {rows[0]['p50_s'] * 1000:.1f} ms vs the bare forward's "
+        f"{bare_p50 * 1000:.1f} ms: {over_bare:.2f}x (CPU goal <= 1.5x); ledger {rows[0]['ledger_share']:.1%} "
+        "of a forecast (goal <= 10%)"
+    )
     print(f"throughput at concurrency {levels[-1]} vs {levels[0]}: {ratio:.2f}x (CPU goal >= 4x)")
     if ext:
         print(
-            f"served prompt tokens scored/s {best:.0f} vs walla extract's {ext:.0f}: {best / ext:.2f}x (GPU goal >= 0.8x)"
+            f"concurrency {levels[-1]}: served prompt tokens scored/s {top:.0f} vs walla extract's {ext:.0f}: "
+            f"{top / ext:.2f}x (CPU goal >= 0.7x, GPU >= 0.8x)"
         )
     print(
         json.dumps(
@@ -182,6 +223,11 @@ def main() -> int:
                 "load_s": load_s,
                 "levels": rows,
                 "ratio": ratio,
+                "bare_forward_p50_s": bare_p50,
+                "c1_over_bare": over_bare,
+                "ledger_share_c1": rows[0]["ledger_share"],
+                "served_over_extract": top / ext if ext else None,
+                "load_average": load,
                 "extract_tokens_per_s": ext,
                 "batcher": stats,
             }

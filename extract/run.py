@@ -11,7 +11,8 @@
    The backend settles first (extract/backends/registry.py: dtype, compile, batch invariance, batch
    tokens and shard rows, device) and prints why; the fingerprint is what it settled (`Settled.identity`).
    Where the batch sizes are part of it, sizes a store already recorded for the same inputs are reused
-   rather than measured again; a store set of the same inputs settled on another machine (device,
+   rather than measured again, and so is the dtype when `--dtype auto` now decides another one than those
+   sets hold (a changed verdict never silently starts a second set); a store set of the same inputs settled on another machine (device,
    accelerator, libraries) stops the run with one line naming the field.
 4. Load the model ONCE, then per remaining variant: render prompts, resolve option tokens, open the
    store writer, resume after its durable rows, score shard by shard (bounded memory), commit. On a GPU
@@ -25,6 +26,7 @@ asks it, never compares its name. Rows are computed by extract/variant.py, here 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
 import json
@@ -147,6 +149,12 @@ def run(cfg: ExtractConfig, out=print, timeline: Timeline | None = None) -> list
         with tl.phase("settle"):
             settled = settle_for(cfg, target, est_tokens=est_tokens, recorded=batching)
         inputs = {v: _inputs(v, qfp, source, settled.identity, d_entry, template, cfg) for v in variants}
+    kept = _recorded_dtype(
+        cfg, target, est_tokens, model_name, settled, inputs, (qfp, source, d_entry, template)
+    )
+    if kept is not None:  # `auto` decides otherwise than when the store's sets were made: theirs is kept
+        settled, inputs, why = kept
+        out(why)
     _refuse_other_machine(cfg, model_name, inputs, settled)
     specs = [FeatureSetSpec(model_name, cfg.dataset, v, inputs[v]) for v in variants]
     with contextlib.ExitStack() as locks:
@@ -239,17 +247,80 @@ def _recorded_batching(
         return None
     if len(found) > 1:
         recorded = [json.loads(k) for k in sorted(found)]
-        sizes = " and ".join(f"{b['batch_tokens']} tokens/{b['shard_rows']} rows" for b in recorded)
+        sizes = " and ".join(
+            f"{b.get('batch_tokens', '-')} tokens/{b.get('shard_rows', '-')} rows" for b in recorded
+        )
         raise ValueError(
             f"the store {cfg.store} holds feature sets of {model_name}/{cfg.dataset} that differ only in their "
             f"batch sizes ({sizes}); pass --batch-tokens and --shard-rows to say which to continue"
         )
     ((key, infos),) = found.items()
     b, info = json.loads(key), infos[0]
+    sizes = ", ".join(f"{k.replace('_', ' ')} {b[k]:,}" for k in ("batch_tokens", "shard_rows") if k in b)
     return b, (
-        f"batch tokens {b['batch_tokens']:,}, shard rows {b['shard_rows']:,}: as the {info.status} feature set "
+        f"{sizes}: as the {info.status} feature set "
         f"{info.model}/{info.dataset}/{info.variant} {info.fingerprint} in the store recorded them (auto sizes "
         "that are part of a fingerprint are reused, not measured again)"
+    )
+
+
+def _recorded_dtype(
+    cfg: ExtractConfig, target, est_tokens, model_name: str, settled: Settled, inputs: dict[str, dict], data
+) -> tuple[Settled, dict[str, dict], str] | None:
+    """(settled, inputs, why) for the dtype the store's sets of these inputs hold, when `--dtype auto` now
+    decides another one (extract/dtype_probe.py: a machine whose verdict changed). Without this the same
+    command would silently start a second set of other numbers beside the first; `--dtype X` still asks
+    for X. None when the dtype was given, when a set of this run's inputs exists, or when none matches.
+
+    Raises:
+        ValueError: sets of these inputs exist in two or more other dtypes (say which with --dtype).
+    """
+    if (cfg.dtype or target.entry.dtype or "auto") != "auto":
+        return None
+    qfp, source, d_entry, template = data
+    mine = {v: canonical(ours) for v, ours in inputs.items()}
+    others: set[str] = set()
+    for variant in inputs:
+        for info in list_feature_sets(cfg.store, model_name, cfg.dataset, variant):
+            theirs = _recorded_inputs(info)
+            if theirs == mine[variant]:
+                return None  # the store already has this verdict's set: nothing changes
+            if theirs is not None and theirs.get("dtype") not in (None, settled.request.dtype):
+                others.add(str(theirs["dtype"]))
+    found = []
+    for dtype in sorted(others):
+        c = dataclasses.replace(cfg, dtype=dtype)
+        s = settle_for(c, target, est_tokens=est_tokens)
+        ins = {v: _inputs(v, qfp, source, s.identity, d_entry, template, c) for v in inputs}
+        recorded = _recorded_batching(c, model_name, ins)
+        if recorded is not None:
+            s = settle_for(c, target, est_tokens=est_tokens, recorded=recorded[0])
+            ins = {v: _inputs(v, qfp, source, s.identity, d_entry, template, c) for v in inputs}
+        hits = [
+            info
+            for v, ours in ins.items()
+            for info in list_feature_sets(cfg.store, model_name, cfg.dataset, v)
+            if _recorded_inputs(info) == canonical(ours)
+        ]
+        if hits:
+            found.append((dtype, s, ins, hits[0]))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(
+            f"the store {cfg.store} holds feature sets of {model_name}/{cfg.dataset} in "
+            f"{' and '.join(f[0] for f in found)}, and `--dtype auto` now says {settled.request.dtype}: "
+            "pass --dtype to say which to continue"
+        )
+    ((dtype, s, ins, info),) = found
+    return (
+        s,
+        ins,
+        (
+            f"dtype {dtype}: as the {info.status} feature set {info.model}/{info.dataset}/{info.variant} "
+            f"{info.fingerprint} in the store recorded it (`auto` says {settled.request.dtype} now; "
+            f"--dtype {settled.request.dtype} makes new sets beside it)"
+        ),
     )
 
 

@@ -7,7 +7,8 @@ POST /v1/chat/completions    OpenAI's chat body -> the chosen option as content,
                              logprobs.content[0].top_logprobs, usage summed over the agents
 POST /v1/outcomes            the operator's token: resolve a forecast's round (payouts; --learn: a step)
 
-Auth: `Authorization: Bearer <token>` of the ledger (the operator's or an agent's, `walla market add-agent`);
+Auth: `Authorization: Bearer <token>` of the ledger: the operator's or a caller's (`walla market add-agent NAME
+--caller`; a market agent's token is refused, and the market's API refuses a caller's);
 none needed with `open` (a local server), except for outcomes. Errors: `{"error": "<field>: <what>"}` on one
 line (4xx), OpenAI error objects on /v1/chat/completions; 404 an unknown model id or question_id; 429 with
 Retry-After when a model's queue is full; 503 when every agent failed on the question. A caller that
@@ -40,8 +41,10 @@ from walla.market.api import (
     require_operator,
     validation_message,
 )
+from walla.market.ledger import CALLER, OPERATOR
 from walla.serve.batcher import QueueFull
 from walla.serve.forecast import Forecaster, Job, identity_tag
+from walla.serve.loading import pool_promise
 from walla.serve.models import ChatIn, ForecastIn, ForecastsIn, OutcomeIn, message_text, split_options
 
 MAX_BODY = 1024 * 1024  # bytes: 64 forecasts of long questions
@@ -76,7 +79,8 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
         description="A trained pool of LLMs answering new questions: calibrated, wager-weighted (docs/serve.md).",
         version=fc.ledger.version,
     )
-    install_auth(app, fc.ledger, rate=0.0, burst=1)  # no per-token rate (the queue bounds the work)
+    # no per-token rate (the queue bounds the work); callers' tokens, never a market agent's (issue 45)
+    install_auth(app, fc.ledger, rate=0.0, burst=1, roles=(CALLER, OPERATOR))
     app.state.open_access = open_access
     _error_handlers(app)
 
@@ -142,6 +146,7 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
                 "settings": pool.settings.as_dict(),
                 "head_version": pool.head_version,
                 "learning": fc.learn,
+                "promise": pool_promise(pool.agents),
                 "agents": [
                     {
                         "name": a.name,
@@ -150,6 +155,7 @@ def create_serve_app(fc: Forecaster, open_access: bool = False, max_body: int = 
                         "identity": a.llm.settled.identity,
                         "identity_tag": identity_tag(a.llm.settled.identity),
                         "tier": a.llm.tier,
+                        "promise": a.llm.promise,
                         "identity_differs": a.llm.differs,
                         "head_version": a.head_version,
                     }

@@ -78,12 +78,20 @@ def check(fc: Forecaster, limit: int | None) -> None:
         fc.stop()
         fc.pool.close()
         fc.ledger.close()
+    for a in res["agents"]:
+        typer.echo(
+            f"{PROG} --check: {a['name']} ({a['tier']}): features vs the store: max |d log p| "
+            f"{a['logprobs']:.3e}, hidden {a['hidden']:.3e}, {'bit-identical' if a['equal'] else 'not identical'} "
+            f"(promise: {a['bound']}; {'holds' if a['holds'] else 'BROKEN'})"
+        )
+    bound = f"bound {res['pool_bound']:g}" if res["pool_bound"] is not None else "bound: the features' above"
     typer.echo(
         f"{PROG} --check: {fc.pool.model_id}: {res['n']} test questions: max |served - offline| pooled "
-        f"probabilities {res['pool']:.3e}, wagers {res['wagers']:.3e} (tolerance {TOLERANCE:g})"
+        f"probabilities {res['pool']:.3e}, wagers {res['wagers']:.3e} ({bound}); heads and pool on the stored "
+        f"features {res['path_pool']:.3e}, wagers {res['path_wagers']:.3e} (bound {TOLERANCE:g})"
     )
-    if res["pool"] > TOLERANCE:
-        raise fail(SUB, f"--check: served differs from offline by {res['pool']:.3e} > {TOLERANCE:g}", DATA)
+    if res["problems"]:
+        raise fail(SUB, f"--check: {res['problems'][0]}", DATA)
 
 
 def serve_forever(

@@ -12,11 +12,12 @@ scoring path), wagers the trained heads (market/head.py AgentHead), the pool mar
 `pooled_forecast` (train/mechanism.py `pool`), payouts the ledger's resolution (train/mechanism.py
 `payout`), a learning step AgentHead.update (walla-train's own step, as the market's learning agents take).
 
-A round: opened with the run's mechanism settings, `publish_pool="never"` and the caller named in its
-`source`; every working agent's report written (the ledger's own transactions: each whole or absent, the
-chain checked by `walla market audit`); closed at once, so no market agent can report on it. A round still
-open when the server starts again was cut short by a kill: it is voided then (`void_interrupted`), so a
-closed served round always holds every working agent's report. A served agent whose model fails is listed in `failed_agents` and the pool
+A round: opened with the run's mechanism settings, `publish_pool="operator"` (the operator's alone: the
+market's API shows it to no agent, ledger/common.py OPERATOR_ONLY) and the caller named in its `source`;
+every working agent's report written; closed at once: one ledger transaction (`record_closed_round`), whole
+or absent, with the events of an opening, each report and a close (the chain checked by `walla market
+audit`). A served round left open by a server killed before this was one transaction is voided at the
+next start (`void_interrupted`). A served agent whose model fails is listed in `failed_agents` and the pool
 uses the others; with none left the request fails with one line.
 """
 
@@ -36,7 +37,7 @@ from walla.market.api import ClientError
 from walla.market.ledger import Ledger, Principal
 from walla.market.payouts import pooled_forecast
 from walla.serve.batcher import Batcher
-from walla.serve.loading import ServedAgent, ServedPool, stored_question
+from walla.serve.loading import ServedAgent, ServedPool, pool_promise, stored_question
 
 SOURCE = "walla serve"  # the `source` of every served round: `<SOURCE> <model id>; caller <name>`
 KEEP_HIDDEN = 10_000  # rounds whose hidden states are kept for --learn (oldest forgotten first)
@@ -68,6 +69,7 @@ class Forecaster:
         self.batchers = {k: Batcher(m.backend, m.name, **batching) for k, m in self.llms.items()}
         self.principals = [self._principal(a) for a in pool.agents]
         self.hidden: OrderedDict[int, list[np.ndarray | None]] = OrderedDict()  # round -> [M] (learn)
+        self.promise = pool_promise(pool.agents)  # what every answer promises (its tier, in each answer)
         self.head_lock = threading.Lock()
 
     def _principal(self, agent: ServedAgent) -> Principal:
@@ -189,7 +191,9 @@ class Forecaster:
         if not reports:
             why = "; ".join(f"{f['name']}: {f['error']}" for f in failed)
             raise ClientError(503, f"agents: every agent failed on this question ({why})")
+        t_ledger = time.perf_counter()
         rid = self._record(job, reports, caller)
+        ledger_s = time.perf_counter() - t_ledger
         if self.learn:
             self.hidden[rid] = hidden
             while len(self.hidden) > KEEP_HIDDEN:
@@ -208,6 +212,7 @@ class Forecaster:
             "choice": pooled["choice"],
             "answer": job.options[pooled["choice"]],
             "pooling": pooled["pooling"],
+            "promise": self.promise["tier"],
             "agents": [
                 {
                     "name": a.name,
@@ -226,23 +231,23 @@ class Forecaster:
             "run_key": f"{self.pool.choice.method}/{self.pool.choice.key_id}",
             "head_version": self.pool.head_version,
             "usage": {"prompt_tokens": sum(r[3] for r in reports), "completion_tokens": 0},
-            "timings": {"features_s": t_feat - job.started, "total_s": done - job.started},
+            "timings": {
+                "features_s": t_feat - job.started,
+                "ledger_s": ledger_s,
+                "total_s": done - job.started,
+            },
         }
 
     def _record(self, job: Job, reports: list, caller: str) -> int:
-        """The round in the ledger: opened, every report, closed (each write whole, see module docstring)."""
-        led = self.ledger
+        """The round in the ledger, opened, every report and closed in one transaction (module docstring)."""
         text = job.question if job.question_id is None else f"{job.question_id}\n{job.question}"
-        rnd = led.open_round(
+        rnd = self.ledger.record_closed_round(
             text,
             job.options,
             self.pool.settings,
-            publish_pool="never",
+            [(self.principals[a.slot], probs, wager) for a, probs, wager, _ in reports],
             source=f"{SOURCE} {self.pool.model_id}; caller {caller}",
         )
-        for a, probs, wager, _ in reports:
-            led.submit_report(rnd["id"], self.principals[a.slot], probs, wager)
-        led.close_round(rnd["id"])
         return int(rnd["id"])
 
     # ------------------------------------------------------------------------------------------ outcome

@@ -59,6 +59,54 @@ class ModelSlot:
     def tier(self) -> str:
         return str(self.settled.identity.get(TIER_KEY, "?"))
 
+    @property
+    def promise(self) -> dict:
+        """What this model's served features promise against its feature set's: the scope of its tier."""
+        return feature_promise(self.tier, self.settled.identity.get("tolerance"))
+
+
+# a served hidden state is rounded to the store's float16, as the stored one was: half an ulp of the row's
+# largest value apart from its unrounded self, on each side
+FLOAT16_ROUNDING = 2.0**-11
+
+
+def feature_promise(tier: str, bound: dict | None = None) -> dict:
+    """{"tier", "features", "bound"}: bitwise: the stored bits, in any batch; tolerance: within the bound its
+    feature set recorded (option log-probs absolute, hidden states relative to the row's largest value);
+    batch-recorded: no bound (the numbers depend on the batch they were scored in)."""
+    if tier == "bitwise":
+        return {
+            "tier": tier,
+            "features": "equal to the feature set's, bit for bit, in any batch",
+            "bound": 0.0,
+        }
+    if tier == "tolerance" and bound:
+        return {
+            "tier": tier,
+            "features": "within the bound the feature set recorded (option log-probs absolute, hidden "
+            "states relative to the row's largest value)",
+            "bound": {k: float(v) for k, v in bound.items()},
+        }
+    return {
+        "tier": tier,
+        "features": "depend on the batch they were scored in; no bound recorded",
+        "bound": None,
+    }
+
+
+def pool_promise(agents: list) -> dict:
+    """The promise of a pool's answers: its weakest agent's tier (bitwise < tolerance < batch-recorded)."""
+    order = ["bitwise", "tolerance", "batch-recorded"]
+    tiers = [a.llm.tier for a in agents]
+    weakest = max(tiers, key=lambda t: order.index(t) if t in order else len(order))
+    text = {
+        "bitwise": "bit-identical whatever it is batched with; a stored question equals walla train's pool to "
+        "its float32 storage (1e-6)",
+        "tolerance": "each agent's features within the bound its feature set recorded, so an answer moves "
+        "with its batch by at most what that bound allows",
+    }.get(weakest, "answers move with the batch; no bound recorded")
+    return {"tier": weakest, "answers": text}
+
 
 @dataclass
 class ServedAgent:

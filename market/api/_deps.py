@@ -5,14 +5,20 @@ per-token rate limit.
     def open_round(body: RoundIn, ledger: LedgerDep, op: Operator) -> RoundOut: ...
 
 The dependencies are async: current_principal reads the ledger in the threadpool only for a token it has
-not seen in the last AUTH_TTL_S (ledger.py); an address that sent more than UNKNOWN_TOKEN_BURST unknown
-tokens (UNKNOWN_TOKEN_RATE per second after them) gets a 429 before that read. The bearer scheme is
-documented in the OpenAPI schema. Every refusal is a ClientError: 401 no or unknown token, 403 not the
-operator, 429 over the token's rate or the address's unknown tokens (with Retry-After).
+not seen in the last AUTH_TTL_S (ledger/tokens.py). The unknown-token limit never refuses a valid token
+(issue 45: a revoked token hammered from one address locked the operator out of it): it counts only tokens
+that FAILED their lookup, per token (a refused token is answered from the cache, without a read, and gets a
+429 after UNKNOWN_TOKEN_BURST of them) and per address (after UNKNOWN_TOKEN_BURST distinct failed tokens,
+at UNKNOWN_TOKEN_RATE per second, the address's failures answer 429 and its lookups of tokens not seen
+before wait their turn, one at a time for all such addresses: a flood of random tokens costs one database
+connection, and a valid token among them still passes). The bearer scheme is documented in the OpenAPI
+schema. Every refusal is a ClientError: 401 no or unknown token, 403 not the operator (or a token of
+another API's principals: `roles`), 429 over the token's rate or the unknown-token limits (with Retry-After).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -23,11 +29,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from walla.market.api._errors import ClientError
 from walla.market.api._models import DIGITS, MAX_ID
-from walla.market.ledger import Ledger, Principal, hash_token
+from walla.market.ledger import AGENT, CALLER, OPERATOR, Ledger, Principal, hash_token
 
 MAX_BUCKETS = 100_000
-UNKNOWN_TOKEN_BURST = 20  # unknown tokens a client address may send at once (each is a database read) ...
-UNKNOWN_TOKEN_RATE = 1.0  # ... and per second after them; then 429 before the read
+UNKNOWN_TOKEN_BURST = 20  # failed lookups a token, or a client address, may cause at once ...
+UNKNOWN_TOKEN_RATE = 1.0  # ... and per second after them; then 429 (a valid token is never refused by it)
 bearer = HTTPBearer(auto_error=False, description="an agent's or the operator's token")
 
 
@@ -81,18 +87,31 @@ class RateLimit:
 
 
 def install_auth(
-    app, ledger: Ledger, rate: float, burst: int, unknown_token_rate: float = UNKNOWN_TOKEN_RATE
+    app,
+    ledger: Ledger,
+    rate: float,
+    burst: int,
+    unknown_token_rate: float = UNKNOWN_TOKEN_RATE,
+    roles: tuple[str, ...] = (AGENT, OPERATOR),
 ) -> None:
-    """What current_principal reads from an app's state: the ledger, the per-token rate limit and the per-address
-    limit on unknown tokens (0: no limit). Every app that authenticates through these dependencies (the market's,
-    walla serve's) installs them here."""
+    """What current_principal reads from an app's state: the ledger, the per-token rate limit, the limits on
+    failed lookups (per token and per address; 0: no limit) and the roles whose tokens this API takes (the
+    market: agents and the operator; walla serve: its callers and the operator). Every app that
+    authenticates through these dependencies installs them here."""
     app.state.ledger = ledger
     app.state.rate_limit = RateLimit(rate, burst)
+    app.state.refused_token = RateLimit(
+        unknown_token_rate,
+        UNKNOWN_TOKEN_BURST,
+        "authorization: unknown or revoked token, sent over the limit",
+    )
     app.state.unknown_tokens = RateLimit(
         unknown_token_rate,
         UNKNOWN_TOKEN_BURST,
         "authorization: too many unknown tokens from this address, over",
     )
+    app.state.unknown_lookups = asyncio.Lock()  # the lookups of addresses over their unknown-token budget
+    app.state.roles = tuple(roles)
 
 
 async def get_ledger(request: Request) -> Ledger:
@@ -109,23 +128,49 @@ async def current_principal(
     cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     """The agent or operator whose bearer token the request carries (401 otherwise). A token seen in the
-    last AUTH_TTL_S needs no database read and no threadpool hop (Ledger.cached_principal)."""
+    last AUTH_TTL_S needs no database read and no threadpool hop (Ledger.cached_principal), and so does
+    one refused in that time (Ledger.recently_refused); the unknown-token limits (module docstring) count
+    only refusals."""
     if cred is None:
         if request.headers.get("authorization"):
             raise ClientError(401, "authorization: expected 'Bearer <token>'")
         raise ClientError(401, "authorization: missing bearer token (header 'Authorization: Bearer <token>')")
     token = cred.credentials.strip()
     key = hash_token(token)
-    request.app.state.rate_limit.take(key)
+    state = request.app.state
+    state.rate_limit.take(key)
     who = ledger.cached_principal(key)
-    if who is None:  # a database read: an address sending unknown tokens gets a 429 before it, not 401s
-        unknown, address = request.app.state.unknown_tokens, request.client.host if request.client else "?"
-        unknown.check(address)
-        who = await run_in_threadpool(ledger.authenticate, token)
-        if who is None:
-            unknown.take(address)
+    if who is None:
+        address = request.client.host if request.client else "?"
+        if ledger.recently_refused(key):  # no read: the same refusal, then 429 past the token's own budget
+            state.refused_token.take(key)
             raise ClientError(401, "authorization: unknown or revoked token")
+        try:
+            state.unknown_tokens.check(address)
+            over = False
+        except ClientError:
+            over = True
+        if over:  # this address sent many failing tokens: its new ones are looked up one at a time
+            async with state.unknown_lookups:
+                who = await run_in_threadpool(ledger.authenticate, token)
+        else:
+            who = await run_in_threadpool(ledger.authenticate, token)
+        if who is None:
+            state.unknown_tokens.take(address)
+            raise ClientError(401, "authorization: unknown or revoked token")
+    if who.role not in state.roles:
+        raise ClientError(
+            403, f"authorization: {ROLE_REFUSAL.get(who.role, 'this token is not accepted here')}"
+        )
     return who
+
+
+# why a known token of another API's principals is refused (install_auth's `roles`)
+ROLE_REFUSAL = {
+    CALLER: "this is a walla serve caller's token; the market's API takes agents' and the operator's tokens",
+    AGENT: "this is a market agent's token; walla serve takes callers' tokens (`walla market add-agent NAME "
+    "--caller`) and the operator's",
+}
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

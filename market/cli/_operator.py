@@ -3,6 +3,7 @@
     walla market init --db market.db                 # tables + the operator's token (printed once)
     walla market serve --db market.db --port 8765    # the HTTP API and the dashboard at /
     walla market add-agent alice --db market.db      # an agent's token (printed once)
+    walla market add-agent bob --caller --db serve.db   # a walla serve caller's token (printed once)
 
 The operator's token: `init` (or the first `serve` of a new database) creates one and prints it once;
 set WALLA_MARKET_OPERATOR_TOKEN (or pass --operator-token-file FILE) to choose it instead, e.g. in CI.
@@ -127,8 +128,12 @@ def add_agent(
     name: str = typer.Argument(..., help="agent name (1-64 of A-Z a-z 0-9 _ . -)"),
     db: str = DB,
     key_file: Path = KEY_FILE,
+    caller: bool = typer.Option(
+        False, "--caller", help="a caller of `walla serve` (the market's API refuses its token), not an agent"
+    ),
 ) -> None:
-    """Register an agent; prints its token once (only a hash is stored)."""
+    """Register an agent (or, with --caller, a walla serve caller); prints its token once (only a hash is
+    stored)."""
     try:
         name = agent_name(name)  # market/text.py: light, so a bad name answers before the ledger loads
     except ValueError as e:
@@ -136,7 +141,7 @@ def add_agent(
     keys = market_keys(key_file, None)
     from walla.market.commands import _operator as impl
 
-    impl.add_agent(name, db, keys)
+    impl.add_agent(name, db, keys, caller=caller)
 
 
 @app.command()

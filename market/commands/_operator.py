@@ -152,17 +152,19 @@ def init(db: str, token: str | None, token_file: Path | None, keys: list[bytes] 
     typer.echo(f"walla market: ledger ready at {db}")
 
 
-def add_agent(name: str, db: str, keys: list[bytes] = ()) -> None:
-    """`walla market add-agent NAME` (a name agent_name already checked): its token, printed once."""
+def add_agent(name: str, db: str, keys: list[bytes] = (), caller: bool = False) -> None:
+    """`walla market add-agent NAME [--caller]` (a name agent_name already checked): its token, printed once."""
+    from walla.market.ledger import AGENT, CALLER
+
     ledger = open_ledger(db)
     sign_ledger(ledger, list(keys), serving=False)
     try:
-        token = ledger.add_agent(name)
+        token = ledger.add_agent(name, role=CALLER if caller else AGENT)
     except ClientError as e:
         raise fail(e.message) from None
     finally:
         ledger.close()
-    typer.echo(f"agent {name} token (shown once, store it): {token}")
+    typer.echo(f"{'caller' if caller else 'agent'} {name} token (shown once, store it): {token}")
 
 
 def serve(

@@ -23,7 +23,8 @@ The Ledger class holds the connection, the transaction loop and the event chain'
 are plain functions of the modules along the ledger's seams, bound below:
     accounts.py     agents, the operator, tokens (add, revoke, rotate, authenticate), balances and payouts
     rounds.py       open, read, list and close rounds
-    reports.py      submit a report (limits and floor), read and pool the reports
+    reports.py      submit a report (limits and floor), read and pool the reports; a closed round with its
+                    reports in one transaction (walla serve's forecasts)
     resolution.py   resolve, correct or void a round: the resolutions entry, its payout rows and event
     tokens.py       the cache of tokens found valid, which a revoke or rotation empties after its commit
     chain.py        the chain's own events: the key that signs them (key_set, key_rotated), head lines
@@ -45,9 +46,12 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from walla.market import db, events
 from walla.market.ledger import accounts, chain, reports, resolution, rounds
 from walla.market.ledger.common import (
+    AGENT,
     AUTH_TTL_S,
+    CALLER,
     OPEN_STATES,
     OPERATOR,
+    OPERATOR_ONLY,
     RETRIES,
     ROUND_STAMP,
     SAME_ANSWER_ATOL,
@@ -73,9 +77,12 @@ def _table_of(e: DataError) -> str:
 
 
 __all__ = [
+    "AGENT",
     "AUTH_TTL_S",
+    "CALLER",
     "OPEN_STATES",
     "OPERATOR",
+    "OPERATOR_ONLY",
     "RETRIES",
     "ROUND_STAMP",
     "SAME_ANSWER_ATOL",
@@ -166,6 +173,7 @@ class Ledger:
     rotate = accounts.rotate
     authenticate = accounts.authenticate
     cached_principal = accounts.cached_principal
+    recently_refused = accounts.recently_refused
     agent_summary = accounts.agent_summary
     agent_payouts = accounts.agent_payouts
     agents_overview = accounts.agents_overview
@@ -178,6 +186,7 @@ class Ledger:
     is_resolved = rounds.is_resolved
     # reports (reports.py)
     submit_report = reports.submit_report
+    record_closed_round = reports.record_closed_round
     report_history = reports.report_history
     get_report = reports.get_report
     round_reports = reports.round_reports

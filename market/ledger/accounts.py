@@ -19,6 +19,7 @@ from walla.market.ledger.common import (
     new_token,
     token_check,
 )
+from walla.market.ledger.rounds import market_rounds
 
 if TYPE_CHECKING:
     from walla.market.ledger import Ledger
@@ -61,6 +62,7 @@ def add_agent(
         ledger._append(conn, "agent_added", now, agent_id=aid, data=limits)
 
     ledger._write(txn)
+    ledger._tokens.allow(hash_token(token))  # a chosen token refused before is valid from now on
     return token
 
 
@@ -69,6 +71,8 @@ def ensure_operator(ledger: Ledger, token: str | None = None) -> str | None:
 
     Returns the token when this call created or set it, None when an operator already existed.
     """
+
+    changed: list[int] = []  # the operator's id, once its token is set
 
     def txn(conn: Connection) -> str | None:
         row = conn.execute(select(db.agents).where(db.agents.c.role == OPERATOR)).first()
@@ -97,16 +101,23 @@ def ensure_operator(ledger: Ledger, token: str | None = None) -> str | None:
             checked_id("agent", aid)
             data = {"name": OPERATOR, "token": token_check(hash_token(new))}
             ledger._append(conn, "operator_added", now, agent_id=aid, data=data)
+            changed.append(aid)
         elif row.token_hash != hash_token(new):
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new)))
             data = {"token": token_check(hash_token(new))}
             ledger._append(conn, "operator_token_set", now, agent_id=row.id, data=data)
+            changed.append(row.id)
         return new
 
+    new = None
     try:
-        return ledger._write(txn)
-    finally:  # after the commit: the operator's old token is forgotten too
-        ledger._tokens.invalidate()
+        new = ledger._write(txn)
+        return new
+    finally:  # after the commit: the operator's old token is forgotten, its new one no longer refused
+        for aid in changed:
+            ledger._tokens.invalidate(aid)
+        if new is not None:
+            ledger._tokens.allow(hash_token(new))
 
 
 def revoke(ledger: Ledger, name: str) -> dict:
@@ -119,12 +130,15 @@ def revoke(ledger: Ledger, name: str) -> dict:
         now = ledger.clock()
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(revoked_at=now))
         ledger._append(conn, "token_revoked", now, agent_id=row.id)
+        changed.append(row.id)
         return {"name": row.name, "revoked_at": now}
 
+    changed: list[int] = []
     try:
         return ledger._write(txn)
-    finally:  # after the commit: a lookup that read the old row before it cannot re-cache it (tokens.py)
-        ledger._tokens.invalidate()
+    finally:  # after the commit: that agent's token only; a lookup that read its old row cannot re-cache it
+        for aid in changed:
+            ledger._tokens.invalidate(aid)
 
 
 def rotate(ledger: Ledger, name: str) -> str:
@@ -137,11 +151,15 @@ def rotate(ledger: Ledger, name: str) -> str:
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
         data = {"token": token_check(values["token_hash"])}
         ledger._append(conn, "token_rotated", ledger.clock(), agent_id=row.id, data=data)
+        changed.append(row.id)
 
+    changed: list[int] = []
     try:
         ledger._write(txn)
     finally:  # after the commit, as revoke
-        ledger._tokens.invalidate()
+        for aid in changed:
+            ledger._tokens.invalidate(aid)
+    ledger._tokens.allow(hash_token(token))
     return token
 
 
@@ -167,6 +185,7 @@ def authenticate(ledger: Ledger, token: str) -> Principal | None:
     with ledger.engine.connect() as conn:
         row = conn.execute(select(db.agents).where(db.agents.c.token_hash == key)).first()
     if row is None or row.revoked_at is not None:
+        ledger._tokens.put_refused(key, generation)  # the next AUTH_TTL_S answer it without a read
         return None
     who = Principal(row.id, row.name, row.role, row.max_wager, row.floor, token_hash=key)
     ledger._tokens.put(key, who, generation)
@@ -177,6 +196,11 @@ def cached_principal(ledger: Ledger, token_hash: str) -> Principal | None:
     """The principal authenticate found for this token hash less than AUTH_TTL_S ago (no database read:
     the API's hot path), else None."""
     return ledger._tokens.get(token_hash)
+
+
+def recently_refused(ledger: Ledger, token_hash: str) -> bool:
+    """Whether authenticate refused this token hash less than AUTH_TTL_S ago (no database read)."""
+    return ledger._tokens.refused(token_hash)
 
 
 def agent_summary(ledger: Ledger, agent: Principal) -> dict:
@@ -196,15 +220,16 @@ def agent_summary(ledger: Ledger, agent: Principal) -> dict:
     }
 
 
-def agent_payouts(ledger: Ledger, agent: Principal, after: int = 0, limit: int = 1000) -> list[dict]:
-    """The agent's own payouts, by round id (`after`: rounds with a larger id only)."""
+def agent_payouts(
+    ledger: Ledger, agent: Principal, after: int = 0, limit: int = 1000, market_only: bool = False
+) -> list[dict]:
+    """The agent's own payouts, by round id (`after`: rounds with a larger id only); `market_only`: none of
+    a round that is the operator's alone (what the market's API shows)."""
     p = db.payouts.c
-    q = (
-        select(db.payouts)
-        .where((p.agent_id == agent.id) & (p.round_id > after))
-        .order_by(p.round_id, p.id)
-        .limit(limit)
-    )
+    q = select(db.payouts).where((p.agent_id == agent.id) & (p.round_id > after))
+    if market_only:
+        q = q.join(db.rounds, db.rounds.c.id == p.round_id).where(market_rounds())
+    q = q.order_by(p.round_id, p.id).limit(limit)
     with ledger.engine.connect() as conn:
         return [payout_dict(row) for row in conn.execute(q)]
 

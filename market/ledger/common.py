@@ -15,6 +15,14 @@ from dataclasses import dataclass
 from walla.market.api import MAX_ID, ClientError, RoundSettings
 
 OPERATOR = "operator"
+AGENT = "agent"  # reports on the market's rounds (the market's API)
+CALLER = "caller"  # asks walla serve for forecasts; the market's API refuses its token (issue 45)
+ROLES = (AGENT, CALLER, OPERATOR)
+# a round's publish_pool when the round is the operator's alone: no agent endpoint lists, shows, pools or
+# reports on it (walla serve's forecasts); before this value, served rounds were "never" rounds with a
+# source starting with SERVED_SOURCE, and those are the operator's alone too
+OPERATOR_ONLY = "operator"
+SERVED_SOURCE = "walla serve "
 OPEN_STATES = ("open", "closed")  # a round whose reports are not yet paid (or voided)
 RETRIES = 5  # a write that lost a race (unique key, deadlock, serialization) is retried from scratch
 SAME_ANSWER_ATOL = 1e-12

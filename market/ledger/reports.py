@@ -10,9 +10,17 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from walla.market import db
-from walla.market.api import ClientError, bad
-from walla.market.ledger.common import OPEN_STATES, Principal, check_finite, checked_id, dumps
-from walla.market.ledger.rounds import round_row, status
+from walla.market.api import ClientError, RoundSettings, bad
+from walla.market.ledger.common import (
+    AGENT,
+    OPEN_STATES,
+    OPERATOR_ONLY,
+    Principal,
+    check_finite,
+    checked_id,
+    dumps,
+)
+from walla.market.ledger.rounds import close_row, insert_round, round_dict, round_row, status
 from walla.market.payouts import pooled_forecast, worst_payout
 
 if TYPE_CHECKING:
@@ -23,46 +31,93 @@ REPORT_INSERT = insert(db.reports)
 REPORT_UPDATE = update(db.reports).where(db.reports.c.id == bindparam("report_id"))
 
 
-def submit_report(ledger: Ledger, rid: int, agent: Principal, probs: list[float], wager: float) -> dict:
-    """Write or replace `agent`'s report; 409 when the round is no longer open (checked in the txn)."""
-    if agent.is_operator:
-        raise ClientError(403, "authorization: the operator does not submit reports; use an agent's token")
+def submit_report(
+    ledger: Ledger, rid: int, agent: Principal, probs: list[float], wager: float, *, served: bool = False
+) -> dict:
+    """Write or replace `agent`'s report; 409 when the round is no longer open (checked in the txn), 404
+    when it is the operator's alone, unless `served` (walla serve writing its own agents' reports)."""
+    if agent.role != AGENT:
+        raise ClientError(
+            403, f"authorization: the {agent.role} does not submit reports; use an agent's token"
+        )
 
     def txn(conn: Connection) -> dict:
-        row = round_row(conn, rid, lock="share")
+        row = round_row(conn, rid, lock="share", viewer=None if served else agent)
         now = status(row, ledger.clock())
         if now != "open":
             raise ClientError(409, f"round: round {rid} is {now}; reports are accepted only while open")
-        if len(probs) != row.n_options:
-            raise bad("probabilities", f"expected {row.n_options} numbers (one per option), got {len(probs)}")
-        check_finite("report", [*probs, wager])
-        check_limits(conn, row, agent_lock(conn, agent), wager)
-        r = db.reports.c
-        old = conn.execute(select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))).first()
-        values = {"probabilities": dumps(probs), "wager": wager, "submitted_at": ledger.clock()}
-        if old is None:
-            version = 1
-            new = conn.execute(REPORT_INSERT, {"round_id": rid, "agent_id": agent.id, "version": 1, **values})
-            report_id = checked_id("report", new.inserted_primary_key[0])
-        else:
-            version, report_id = old.version + 1, old.id
-            conn.execute(REPORT_UPDATE, {"report_id": report_id, "version": version, **values})
-        ledger._append(
-            conn,
-            "report",
-            values["submitted_at"],
-            round_id=rid,
-            agent_id=agent.id,
-            data={"probabilities": probs, "wager": wager, "version": version, "id": report_id},
+        return write_report(ledger, conn, row, agent, probs, wager)
+
+    return ledger._write(txn)
+
+
+def write_report(
+    ledger: Ledger, conn: Connection, row, agent: Principal, probs: list[float], wager: float
+) -> dict:
+    """Write or replace `agent`'s report on the open round `row` and append its event, inside the caller's
+    write transaction (the limits and the floor checked there, against the agent's locked row)."""
+    rid = row.id
+    if len(probs) != row.n_options:
+        raise bad("probabilities", f"expected {row.n_options} numbers (one per option), got {len(probs)}")
+    check_finite("report", [*probs, wager])
+    check_limits(conn, row, agent_lock(conn, agent), wager)
+    r = db.reports.c
+    old = conn.execute(select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))).first()
+    values = {"probabilities": dumps(probs), "wager": wager, "submitted_at": ledger.clock()}
+    if old is None:
+        version = 1
+        new = conn.execute(REPORT_INSERT, {"round_id": rid, "agent_id": agent.id, "version": 1, **values})
+        report_id = checked_id("report", new.inserted_primary_key[0])
+    else:
+        version, report_id = old.version + 1, old.id
+        conn.execute(REPORT_UPDATE, {"report_id": report_id, "version": version, **values})
+    ledger._append(
+        conn,
+        "report",
+        values["submitted_at"],
+        round_id=rid,
+        agent_id=agent.id,
+        data={"probabilities": probs, "wager": wager, "version": version, "id": report_id},
+    )
+    return {
+        "round": rid,
+        "agent": agent.name,
+        "probabilities": probs,
+        "wager": wager,
+        "version": version,
+        "submitted_at": values["submitted_at"],
+    }
+
+
+def record_closed_round(
+    ledger: Ledger,
+    question: str,
+    options: list[str],
+    settings: RoundSettings,
+    reports: list[tuple[Principal, list[float], float]],
+    *,
+    source: str,
+    publish_pool: str = OPERATOR_ONLY,
+) -> dict:
+    """A round opened, every (agent, probabilities, wager) report written and the round closed, in ONE write
+    transaction: whole or absent (walla serve's forecasts). The events are those of open_round, each
+    submit_report and close_round, in that order, so the audit reads it as any other round."""
+    for agent, _, _ in reports:
+        if agent.role != AGENT:
+            raise ClientError(403, f"authorization: the {agent.role} does not submit reports")
+    values = settings.as_dict()
+    check_finite("round settings", [values["c1"], values["c2"], values["c3"]])
+
+    def txn(conn: Connection) -> dict:
+        now = ledger.clock()
+        rnd = insert_round(
+            ledger, conn, question, options, settings, None, now, publish_pool, None, None, source
         )
-        return {
-            "round": rid,
-            "agent": agent.name,
-            "probabilities": probs,
-            "wager": wager,
-            "version": version,
-            "submitted_at": values["submitted_at"],
-        }
+        row = round_row(conn, rnd["id"], lock="update")
+        for agent, probs, wager in reports:
+            write_report(ledger, conn, row, agent, probs, wager)
+        close_row(ledger, conn, row)
+        return round_dict(ledger, conn, round_row(conn, rnd["id"]))
 
     return ledger._write(txn)
 
@@ -134,7 +189,7 @@ def report_history(ledger: Ledger, rid: int) -> list[dict]:
 
 def get_report(ledger: Ledger, rid: int, agent: Principal) -> dict:
     with ledger.engine.connect() as conn:
-        round_row(conn, rid)
+        round_row(conn, rid, viewer=agent)
         r = db.reports.c
         row = conn.execute(select(db.reports).where((r.round_id == rid) & (r.agent_id == agent.id))).first()
     if row is None:
@@ -164,10 +219,11 @@ def reports_of(conn: Connection, rid: int) -> list:
     return list(conn.execute(q))
 
 
-def round_reports(ledger: Ledger, rid: int) -> list[dict]:
-    """Every report of a round (the server shows them to agents only after resolution)."""
+def round_reports(ledger: Ledger, rid: int, viewer: Principal | None = None) -> list[dict]:
+    """Every report of a round (the server shows them to agents only after resolution, and never those of a
+    round that is the operator's alone: 404 to an agent `viewer`)."""
     with ledger.engine.connect() as conn:
-        round_row(conn, rid)
+        round_row(conn, rid, viewer=viewer)
         return [report_dict(row, row.name) for row in reports_of(conn, rid)]
 
 
@@ -179,7 +235,7 @@ def pooled(ledger: Ledger, rid: int, viewer: Principal) -> dict:
     with the pool, the weights and its own report an agent could solve for another's open report.
     """
     with ledger.engine.connect() as conn:
-        row = round_row(conn, rid)
+        row = round_row(conn, rid, viewer=viewer)
         if not viewer.is_operator:
             now = status(row, ledger.clock())
             published = (row.publish_pool == "close" and now in ("closed", "resolved")) or (

@@ -292,7 +292,7 @@ def test_fixed_shapes_with_softcap_and_sliding_window_on_cuda(tmp_path, monkeypa
 
 def test_dtype_probe_measures_a_realistic_gemm_on_cuda(tmp_path):
     choice = dtype_probe.probe("cuda", tmp_path, refresh=True)
-    assert choice.n == 8192 and "(8192x8192x8192, best of 3)" in choice.why() and "TFLOP/s" in choice.why()
+    assert choice.n == 8192 and "(8192x8192x8192, 3 pairs)" in choice.why() and "TFLOP/s" in choice.why()
     low = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     assert choice.gflops[low] > choice.gflops["float32"] > 0  # tensor cores vs plain fp32 (no TF32)
 

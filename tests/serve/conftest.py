@@ -28,6 +28,15 @@ def served_pool(tiny_pool):
     pool.close()
 
 
+@pytest.fixture(scope="session")
+def tolerance_pool(tmp_path_factory):
+    """The same tiny pool extracted in float32: hf's tier `tolerance` on a CPU (a recorded bound)."""
+    tiny = train_tiny_pool(tmp_path_factory.mktemp("serve-fp32"), dtype="float32")
+    pool = load_pool(ServeConfig(scenario=tiny["scenario"], runs=tiny["runs"], store=tiny["store"]))
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
 def serving(served_pool, tmp_path):
     srv, s = start_serving(served_pool, tmp_path)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "market"))
 
 import trained_market  # noqa: E402
 from walla.market.head import AgentHead  # noqa: E402
-from walla.market.ledger import Ledger  # noqa: E402
+from walla.market.ledger import CALLER, Ledger  # noqa: E402
 from walla.market.local import free_port  # noqa: E402
 from walla.serve.app import create_serve_app  # noqa: E402
 from walla.serve.forecast import Forecaster  # noqa: E402
@@ -31,9 +31,10 @@ from walla.serve.forecast import Forecaster  # noqa: E402
 OP_TOKEN = "operator-token-for-serve-tests-0123456789"
 
 
-def train_tiny_pool(tmp: Path) -> dict:
-    """The market tests' tiny trained scenario, extracted in bfloat16 (tier `bitwise`), WALLA I only."""
-    return trained_market.train_tiny_market(tmp, dtype="bfloat16", methods="walla-i")
+def train_tiny_pool(tmp: Path, dtype: str = "bfloat16") -> dict:
+    """The market tests' tiny trained scenario, extracted in bfloat16 (tier `bitwise`; float32: `tolerance`),
+    WALLA I only."""
+    return trained_market.train_tiny_market(tmp, dtype=dtype, methods="walla-i")
 
 
 def wait_answering(url: str, timeout: float = 120.0, proc=None) -> None:
@@ -97,7 +98,7 @@ def start_serving(pool, tmp_path, learn: bool = False, open_access: bool = False
     db = str(tmp_path / "serve.db")
     ledger = Ledger.open(db)
     ledger.ensure_operator(OP_TOKEN)
-    token = ledger.add_agent("alice")
+    token = ledger.add_agent("alice", role=CALLER)
     fc = Forecaster(pool, ledger, learn, **batching).start()
     srv = AppServer(create_serve_app(fc, open_access)).__enter__()
     return srv, Serving(srv.url, fc, ledger, db, token)

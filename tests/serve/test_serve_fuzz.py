@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serve_fixtures import OP_TOKEN
 from starlette.testclient import TestClient
-from walla.market.ledger import Ledger
+from walla.market.ledger import CALLER, Ledger
 from walla.serve.app import create_serve_app
 from walla.serve.forecast import Forecaster
 
@@ -100,7 +100,7 @@ def body(draw, pool):
 def client(served_pool, tmp_path_factory):
     ledger = Ledger.open(str(tmp_path_factory.mktemp("fuzz") / "serve.db"))
     ledger.ensure_operator(OP_TOKEN)
-    token = ledger.add_agent("alice")
+    token = ledger.add_agent("alice", role=CALLER)
     fc = Forecaster(served_pool, ledger).start()
     with TestClient(create_serve_app(fc), raise_server_exceptions=False) as c:
         yield c, token

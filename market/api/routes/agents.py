@@ -35,7 +35,7 @@ def my_payouts(
     after: AfterId = 0,
     limit: Annotated[int, Query(ge=1, le=10000), DIGITS] = 1000,
 ) -> list[PayoutOut]:
-    return within_budget(ledger.agent_payouts(who, after, limit), group="round")
+    return within_budget(ledger.agent_payouts(who, after, limit, market_only=True), group="round")
 
 
 @router.post("/agents", status_code=201)

@@ -29,9 +29,9 @@ def own_report(rid: RoundId, ledger: LedgerDep, who: CurrentPrincipal) -> Report
 
 @router.get("/{rid}/reports")
 def all_reports(rid: RoundId, ledger: LedgerDep, who: CurrentPrincipal) -> list[ReportOut]:
-    if not who.is_operator and not ledger.is_resolved(rid):
+    if not who.is_operator and not ledger.is_resolved(rid, viewer=who):
         raise ClientError(403, f"round: reports of round {rid} are private until it is resolved")
-    return ledger.round_reports(rid)
+    return ledger.round_reports(rid, viewer=who)
 
 
 @router.get("/{rid}/history")

@@ -1,6 +1,7 @@
 """Rounds: list, open, read, close, resolve, and the pooled forecast (the operator's while the round is open).
 
-GET  /rounds?status=open|closed|resolved&after=ID&limit=N     everyone (at most LIST_BUDGET bytes a page)
+GET  /rounds?status=open|closed|resolved&after=ID&limit=N     everyone (agents: not the operator's own rounds;
+                                                              at most LIST_BUDGET bytes a page)
 POST /rounds                  operator   RoundIn -> RoundOut
 GET  /rounds/{id}                        one round (its resolution once resolved)
 POST /rounds/{id}/close       operator
@@ -39,7 +40,7 @@ def list_rounds(
     after: AfterId = 0,
     limit: Annotated[int, Query(ge=1, le=1000), DIGITS] = 100,
 ) -> list[RoundOut]:
-    return within_budget([for_viewer(r, who) for r in ledger.list_rounds(status, after, limit)])
+    return within_budget([for_viewer(r, who) for r in ledger.list_rounds(status, after, limit, viewer=who)])
 
 
 @router.post("", status_code=201)
@@ -58,7 +59,7 @@ def open_round(body: RoundIn, ledger: LedgerDep, _: Operator) -> RoundOut:
 
 @router.get("/{rid}")
 def get_round(rid: RoundId, ledger: LedgerDep, who: CurrentPrincipal) -> RoundOut:
-    return for_viewer(ledger.get_round(rid), who)
+    return for_viewer(ledger.get_round(rid, viewer=who), who)
 
 
 @router.post("/{rid}/close")
