@@ -1,5 +1,5 @@
 # walla — every user-facing command. `make test` and `make demo` each set up first.
-# Usage: make setup | test | demo | demo-real | extract MODEL=.. DATASET=.. | train SCENARIO=.. | eval | bench | lint | paper
+# Usage: make setup | test | demo | demo-real | study | extract MODEL=.. DATASET=.. | train SCENARIO=.. | eval | bench | lint | paper
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -38,7 +38,7 @@ UV = $(call uv_install,$(BIN))
 # Stamp file: re-install only when the project's dependency list changes.
 STAMP := $(VENV)/.walla-setup-stamp
 
-.PHONY: setup setup-vllm setup-market check-vllm test demo demo-real extract train eval bench lint paper paper-extract clean
+.PHONY: setup setup-vllm setup-market setup-study check-vllm test demo demo-real study extract train eval bench lint paper paper-extract clean
 
 setup: $(STAMP)
 
@@ -149,6 +149,31 @@ demo-real: setup
 	done; \
 	$(BIN)/walla eval --report $(DEMO_REAL_OUT)/tables.md --runs $(DEMO_REAL_OUT)/runs
 
+# `make study` (`walla study`, cli/study.py): four embedded LLM families (SmolLM2-135M, Gemma-3-270M,
+# Qwen2.5-Coder-0.5B and -1.5B, the last two from numbered PyPI chunk packages: the `study` extra) on real
+# questions: heterogeneous without context on MMLU's study subjects, on ARC-Challenge (trained on MMLU) and on
+# MedMCQA, and with a private context (the abstract) on PubMedQA; every method x 5 seeds; the report and
+# study.md under $(STUDY_OUT). The draws per file are cli/study.py's LIMITS (docs/study.md: sized to ~45 min on
+# this 2-core CPU); STUDY_LIMIT=N caps each at N (a quick try: make study STUDY_LIMIT=12).
+STUDY_OUT ?= study-out
+STUDY_LIMIT ?=
+STUDY_ARGS ?=
+STUDY_ARC ?= $(REAL_DATA)/arc/ARC-Challenge-Dev.jsonl
+STUDY_MMLU ?= $(REAL_DATA)/mmlu/study
+STUDY_MEDMCQA ?= $(REAL_DATA)/medmcqa/dev-sample-300.jsonl
+STUDY_PUBMEDQA ?= $(REAL_DATA)/pubmedqa/ori_pqal.json
+STUDY_STAMP := $(VENV)/.walla-study-stamp
+
+setup-study: $(STUDY_STAMP)
+
+$(STUDY_STAMP): $(STAMP)
+	$(UV) -e ".[dev,embedded,study]"
+	@touch $(STUDY_STAMP)
+
+study: setup-study
+	@$(BIN)/walla study --out $(STUDY_OUT) --seeds $(SEEDS) --arc $(STUDY_ARC) --mmlu $(STUDY_MMLU) \
+	  --medmcqa $(STUDY_MEDMCQA) --pubmedqa $(STUDY_PUBMEDQA) $(if $(STUDY_LIMIT),--limit $(STUDY_LIMIT),) $(STUDY_ARGS)
+
 extract: setup
 	$(BIN)/walla extract --model $(MODEL) --dataset $(DATASET) --store $(STORE) --backend $(BACKEND) \
 	  $(if $(VARIANTS),--variants $(VARIANTS),) $(if $(DATA_FILE),--data-file $(DATA_FILE),) $(if $(LIMIT),--limit $(LIMIT),) $(if $(SIZE),--size $(SIZE),)
@@ -188,4 +213,4 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(DEMO_OUT) $(DEMO_REAL_OUT) runs .pytest_cache
+	rm -rf $(DEMO_OUT) $(DEMO_REAL_OUT) $(STUDY_OUT) runs .pytest_cache

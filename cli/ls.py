@@ -37,8 +37,15 @@ def rows(what: str, runs: Path) -> list[tuple[str, str]]:
     """(name, what it is) for every name of one registry."""
     if what == "models":
         out = []
+        parts = None
         for name, m in catalog.load_models().items():
             where = {"hub": m.hub_id, "package": f"embedded ({m.package})", "local": m.path}[m.source]
+            if m.source == "package" and m.gguf == "parts()":
+                from walla.extract.models import EXTRA, load_parts
+
+                parts = load_parts() if parts is None else parts
+                pm = parts.get(name)
+                where = f"embedded ({pm.packages()}, pip extra {EXTRA})" if pm else where
             out.append((name, f"{where}; backend {m.backend}, dtype {m.dtype}"))
         return out
     if what == "datasets":

@@ -8,6 +8,7 @@
     walla market init | serve | add-agent | agent | replay walla.market.cli (the live market)
     walla serve --runs runs --scenario demo-hetero-facts   walla.serve.cli (a trained pool, live)
     walla demo                                             walla.cli.demo (what `make demo` runs)
+    walla study                                            walla.cli.study (what `make study` runs)
     walla ls models | datasets | scenarios | backends | methods   walla.cli.ls (the names walla accepts)
 
 Each subcommand's module is imported when it runs (cli/lazy.py), so `walla --help` and `walla SUB --help`
@@ -58,6 +59,10 @@ COMMANDS = {  # the one list of walla's subcommands: name -> where it lives, its
     "demo": Lazy(
         "walla.cli.demo:app",
         "The offline demo of `make demo`: extract two embedded LLMs, train three scenarios, report.",
+    ),
+    "study": Lazy(
+        "walla.cli.study:app",
+        "Four embedded LLM families on real ARC, MMLU, MedMCQA and PubMedQA: extract, train, report.",
     ),
     "ls": Lazy(
         "walla.cli.ls:app", "List the names walla accepts: models, datasets, scenarios, backends or methods."

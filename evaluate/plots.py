@@ -303,6 +303,21 @@ def compute_plot(sc: ScenarioCompute, scenario: str, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def selective_plot(curves: dict, scenario: str, path: Path) -> Path | None:
+    """Accuracy of the most confident answers vs coverage, one line per method (evaluate/selective.py)."""
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, (cov, acc) in curves.items():
+        style = "-" if label.startswith("WALLA") else "--" if "LENS" in label else ":"
+        ax.plot(cov * 100, acc * 100, style, lw=1.2, label=label)
+    ax.set_xlabel("coverage: share of test questions answered (most confident first), %")
+    ax.set_ylabel("accuracy on the answered questions, %")
+    ax.set_title(f"Selective answers: accuracy vs coverage, {scenario}\n(seed mean)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2, loc="best")
+    return _save(fig, path)
+
+
 def scenario_plots(
     data: ScenarioRuns, prefix: Path, compute: ScenarioCompute | None = None
 ) -> list[tuple[Path, str]]:

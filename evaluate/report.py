@@ -40,6 +40,7 @@ from walla.evaluate.load import Problem, list_scenarios, load_scenario_runs, orp
 from walla.evaluate.output import write_file
 from walla.evaluate.scenario_eval import ScenarioEval, evaluate_scenario
 from walla.evaluate.scenario_tables import scenario_tables
+from walla.evaluate.selective import selective_curves
 from walla.evaluate.significance import MULTIPLICITY_RULE, REFERENCE_RULE
 from walla.evaluate.tables import (
     CSV_FIELDS,
@@ -149,6 +150,9 @@ def _run(cfg: EvalConfig) -> ReportResult:
             prefix = cfg.report.parent / f"{cfg.report.stem}-{name}"
             compute = ev.compute if isinstance(ev.compute, ScenarioCompute) else None
             figures[name] = plots.scenario_plots(data, prefix, compute)
+            curve = plots.selective_plot(selective_curves(ev), name, Path(f"{prefix}-selective.png"))
+            if curve is not None:
+                figures[name].append((curve, "Selective answers: accuracy vs coverage"))
             result.files += [p for p, _ in figures[name]]
     if not result.scenarios:
         raise ValueError(

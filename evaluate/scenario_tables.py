@@ -15,9 +15,11 @@ import numpy as np
 from walla.evaluate.aggregate import summarize
 from walla.evaluate.bootstrap import row_draws, row_resamples
 from walla.evaluate.compute import ScenarioCompute, compute_table
+from walla.evaluate.diagnostics import diagnostics_table
 from walla.evaluate.load import Run
 from walla.evaluate.metrics import EXTRA_COLUMNS, MAIN_COLUMNS, METRICS, EvalArrays, mean_per_agent
 from walla.evaluate.scenario_eval import ScenarioEval
+from walla.evaluate.selective import selective_table
 from walla.evaluate.significance import annotate
 from walla.evaluate.tables import GROUP_TITLES, Cell, Column, Row, Table
 from walla.evaluate.validation import row_validation
@@ -207,4 +209,5 @@ def scenario_tables(ev: ScenarioEval) -> list[Table]:
     wagers = wager_table(ev)
     if isinstance(ev.compute, ScenarioCompute):
         tables.append(compute_table(ev.compute, s.name, _caption(ev, len(s.label))))
-    return tables + ([wagers] if wagers else [])
+    tables += [wagers] if wagers else []
+    return tables + [t for t in (selective_table(ev), diagnostics_table(ev)) if t is not None]

@@ -175,6 +175,7 @@ def annotate(table: Table, questions: str, validation: str | None = None, *, n: 
         for col in table.columns
         if (c := row.cells.get(col.key)) is not None
     )
+    table.power = power
     table.notes.append(bootstrap_note(table, questions, validation, missing, power))
 
 

@@ -84,6 +84,7 @@ class Table:
     group_rows: bool = True  # separator rows between method groups
     notes: list[str] = field(default_factory=list)  # fixed notes printed under the table
     baselines: dict[str, str] = field(default_factory=dict)  # column key -> label of its ‡ reference row
+    power: dict[str, float] = field(default_factory=dict)  # column label -> difference found 80% of the time
 
 
 # ----------------------------------------------------------------------------------------- cells

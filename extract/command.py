@@ -28,6 +28,7 @@ def reproduce_command(
         "--split": cfg.split,
         "--hub-config": cfg.hub_config,
         "--limit": cfg.limit,
+        "--sample": cfg.sample,
         "--size": cfg.size,
     }  # --device, --dtype and the batching come with the backend's args: they are part of its identity
     for flag, value in optional.items():

@@ -51,6 +51,11 @@ class ExtractConfig:
     limit: int | None = option(
         None, "keep the first N questions (after split assignment): a different question table"
     )
+    sample: int | None = option(
+        None,
+        "keep N questions drawn at random (seeded by the split protocol's seed; file order kept) after split "
+        "assignment: a subset that spans the whole file, unlike --limit",
+    )
     size: int | None = option(None, "rows of a generated dataset (bayesx, facts; overrides generator.n)")
     store: Path | str = option(
         Path("walla-store"), "feature store directory, or an fsspec URL (s3://bucket/prefix, file:///dir)"
@@ -120,6 +125,7 @@ class ExtractConfig:
             problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in (
             "limit",
+            "sample",
             "size",
             "batch_tokens",
             "shard_rows",

@@ -101,6 +101,7 @@ def dataset_request(entry, cfg: ExtractConfig) -> DatasetRequest:
         split_protocol=SplitProtocol.from_dict(entry.split_protocol),
         generator=generator,
         limit=cfg.limit,
+        sample=cfg.sample,
     )
 
 

@@ -89,6 +89,8 @@ class MethodPlan:
             notes.append("log pool")
         if getattr(self.config, "calibrated", False):
             notes.append("calibrated")
+        if getattr(self.config, "diagnostics", False):
+            notes.append("augmented")
         return self.info.display + (f" ({', '.join(notes)})" if notes else "")
 
 

@@ -27,6 +27,7 @@ class DatasetRequest:
     split_protocol: SplitProtocol = field(default_factory=SplitProtocol)
     generator: dict | None = None  # {n, seed, ...} for generated datasets
     limit: int | None = None  # keep the first N rows (after split assignment)
+    sample: int | None = None  # keep N rows drawn at random (split protocol's seed), file order kept
 
 
 @dataclass

@@ -14,11 +14,12 @@ import logging
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 import polars as pl
 from walla.extract.datasets.registry import get_loader
 from walla.extract.datasets.rows import DatasetRequest, Loaded, check_row, source_name
-from walla.extract.splits import SplitProtocol, assign_splits
-from walla.store.schema import QUESTION_COLUMNS
+from walla.extract.splits import SplitProtocol, assign_splits, split_counts
+from walla.store.schema import QUESTION_COLUMNS, SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,32 @@ def _check_rows(loaded: Loaded) -> None:
         )
 
 
+def _sample(keep: list, n: int, seed: int) -> list:
+    """`n` of the rows drawn at random, the splits' shares kept (largest remainders: each split keeps at least
+    what its share rounds to, and at least one row while n allows), each split's rows by one seeded
+    permutation; file order kept."""
+    splits = [s for s in SPLITS if any(k[1] == s for k in keep)]
+    pos = {s: [i for i, k in enumerate(keep) if k[1] == s] for s in splits}
+    want = split_counts(n, tuple(len(pos[s]) / len(keep) for s in splits))
+    for j in range(len(want)):  # every split keeps a row where n allows: an empty val/test is refused later
+        if want[j] == 0 and n >= len(want):
+            big = int(np.argmax(want))
+            want[big], want[j] = want[big] - 1, 1
+    rng = np.random.RandomState(seed)
+    chosen = [
+        i
+        for s, k in zip(splits, want, strict=True)
+        for i in np.asarray(pos[s])[rng.permutation(len(pos[s]))[:k]]
+    ]
+    return [keep[i] for i in sorted(chosen)]
+
+
 def build_table(
-    loaded: Loaded, protocol: SplitProtocol, limit: int | None = None, where: str = "dataset"
+    loaded: Loaded,
+    protocol: SplitProtocol,
+    limit: int | None = None,
+    where: str = "dataset",
+    sample: int | None = None,
 ) -> tuple[pl.DataFrame, dict]:
     """Validate rows, assign splits, apply the limit; return (question table, source metadata).
 
@@ -86,6 +111,8 @@ def build_table(
     if res.dropped:
         dropped["balanced_binary majority surplus"] += res.dropped
     keep = [(r, s) for r, s in zip(loaded.rows, res.split, strict=True) if s is not None]
+    if sample is not None and sample < len(keep):
+        keep = _sample(keep, sample, protocol.seed)
     if limit is not None:
         keep = keep[:limit]
     counts = Counter(s for _, s in keep)
@@ -104,6 +131,7 @@ def build_table(
             "split_protocol": {"mode": protocol.mode, "ratios": list(protocol.ratios), "seed": protocol.seed},
             "dropped": dict(dropped),
             "limit": limit,
+            **({"sample": sample} if sample is not None else {}),
         }
     )
     return df, source
@@ -140,7 +168,9 @@ def load_dataset_table(req: DatasetRequest) -> tuple[pl.DataFrame, dict]:
         )
     loaded = loader.load(req)
     try:
-        return build_table(loaded, req.split_protocol, req.limit, where=f"dataset {req.name!r}")
+        return build_table(
+            loaded, req.split_protocol, req.limit, where=f"dataset {req.name!r}", sample=req.sample
+        )
     except SplitTooSmallError as e:
         if not loader.generated:
             hint = "raise --limit" if req.limit is not None else "add rows to the data"

@@ -1,6 +1,7 @@
 """Where a model's files come from: the catalog entry resolved, the hub, GGUF copies, the user cache.
 
 Rooms (private: import their public names from this door):
+- `_parts`: a model published as numbered chunk packages (PyPI), joined in part order and sha256-checked.
 - `_cache`: The per-user cache folder, `$WALLA_CACHE` (default ~/.cache/walla): the GGUF copies, the load-time checks' verdicts and the model files' sha256 live under it. A module of its own so that what needs only the folder (a model file's digest in `walla extract`'s inputs phase) imports neither torch nor transformers (gguf_cache does).
 - `_gguf`: The per-user cache under `$WALLA_CACHE` (default ~/.cache/walla) and the GGUF -> safetensors copies in it.
 - `_hub`: Hugging Face Hub access that fails fast and in one line.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 _ROOMS = {
+    "_parts": ("EXTRA", "load_parts"),
     "_cache": ("cache_root",),
     "_gguf": ("converted_gguf_dir", "local_weights_dir", "quiet_transformers"),
     "_resolve": ("ResolvedModel", "pin_revision", "resolve_model"),

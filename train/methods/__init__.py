@@ -99,6 +99,8 @@ REGISTRY: dict[str, MethodInfo] = {
             router=True,
             default=False,
         ),
+        # beyond the paper: the nearest published per-agent confidence weighting (arXiv 2507.23167)
+        MethodInfo("lens", "walla.train.methods.lens", "LENS (beyond the paper)", "learning_based"),
         MethodInfo("walla-i", "walla.train.methods.walla", "WALLA I", "walla", {"variant": "I"}),
         MethodInfo("walla-ii", "walla.train.methods.walla", "WALLA II", "walla", {"variant": "II"}),
         MethodInfo(
@@ -110,6 +112,16 @@ REGISTRY: dict[str, MethodInfo] = {
             "WALLA I",
             "walla",
             {"variant": "I", "calibrated": True},
+        ),
+        # the reference's walla_v1_augmented (SPEC §5.3; the paper's headline 4-model runs use it): WALLA I plus
+        # two diagnostic heads per agent predicting its own score and its leave-one-out baseline, trained beside
+        # the wager head, never read by a wager (its wagers are WALLA I's function class; its own fit)
+        MethodInfo(
+            "walla-i-aug",
+            "walla.train.methods.walla",
+            "WALLA I",
+            "walla",
+            {"variant": "I", "diagnostics": True},
         ),
     ]
 }
