@@ -106,3 +106,18 @@ def run(command: typer.Typer | Any, argv: Sequence[str], prog: str) -> int:
     except (KeyboardInterrupt, EOFError):
         return 130
     return rv if isinstance(rv, int) else 0
+
+
+def door(package: str, rooms: Mapping[str, Sequence[str]]) -> tuple[Any, list[str]]:
+    """A package door's lazy exports (PEP 562): `__getattr__, __all__ = door(__name__, _ROOMS)`.
+
+    `rooms` maps each private room (`_layout`) to the public names it defines; a name loads its room when it
+    is first asked for, so a door never imports torch for `--help` (the same deferred import as `load`)."""
+    exports = {name: room for room, names in rooms.items() for name in names}
+
+    def __getattr__(name: str) -> object:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+
+    return __getattr__, sorted(exports)

@@ -20,10 +20,8 @@ Rooms (private: import their public names from this door):
 
 from __future__ import annotations
 
-import importlib
-
 import typer
-from walla.cli.lazy import Lazy, lazy_group, run
+from walla.cli.lazy import Lazy, door, lazy_group, run
 
 _OPERATOR = "walla.market.cli._operator:app"
 COMMANDS = {  # command -> its module's app; the help line is the command's own (tests/cli checks)
@@ -80,11 +78,4 @@ _ROOMS = {
     "_operator": ("TOKEN_ENV", "check_heads_every", "check_port", "market_keys", "operator_token"),
     "_voice": ("fail", "first_line"),
 }
-_EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> object:  # PEP 562: a room loads when a name of it is first asked for
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+__getattr__, __all__ = door(__name__, _ROOMS)

@@ -10,7 +10,7 @@ Rooms (private: import their public names from this door):
 
 from __future__ import annotations
 
-import importlib
+from walla.cli.lazy import door
 
 _ROOMS = {
     "_dropout": ("DropoutMasks", "keep_mask", "raw_limit"),
@@ -19,11 +19,4 @@ _ROOMS = {
     "_stopping": ("OnlineStop",),
     "_training": ("_Layout", "_dropout", "hidden_stats", "init_heads", "train_heads"),
 }
-_EXPORTS = {name: room for room, names in _ROOMS.items() for name in names}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> object:  # PEP 562: a room loads when a name of it is first asked for
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+__getattr__, __all__ = door(__name__, _ROOMS)
