@@ -10,16 +10,33 @@ per CPU-second of this process (process_time): on a machine shared with other jo
 a quiet run's `--threads` cores would each give. RESULT lines are one JSON object per model.
 """
 
+# ruff: noqa: E402 (the options are read before the imports that load torch)
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 
-import torch
-import typer
-
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options, built before torch loads: --help and a mistyped flag answer at once (one line, exit 2)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=24, help="ARC-Challenge dev prompts scored (after a warm-up)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument(
+        "--model", action="append", help=f"a model to measure (repeatable; default: {', '.join(MODELS)})"
+    )
+    ap.add_argument("--data-file", type=Path, default=Path("../shared/data/arc/ARC-Challenge-Dev.jsonl"))
+    return ap
+
+
+if __name__ == "__main__":
+    ARGS = parser().parse_args()
+
+import torch
 
 
 def measure(model: str, data_file: Path, n: int) -> dict:
@@ -61,16 +78,11 @@ def measure(model: str, data_file: Path, n: int) -> dict:
     }
 
 
-def main(
-    n: int = typer.Option(24, "--n", help="ARC-Challenge dev prompts scored (after a warm-up)"),
-    threads: int = typer.Option(2, "--threads", help="torch threads"),
-    models: list[str] = typer.Option(list(MODELS), "--model", help="models to measure"),
-    data_file: Path = typer.Option(Path("../shared/data/arc/ARC-Challenge-Dev.jsonl"), "--data-file"),
-) -> None:
-    torch.set_num_threads(threads)
-    for m in models:
-        print("RESULT " + json.dumps(measure(m, data_file, n)), flush=True)
+def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    for m in args.model or MODELS:
+        print("RESULT " + json.dumps(measure(m, args.data_file, args.n)), flush=True)
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    main(ARGS)

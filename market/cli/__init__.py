@@ -29,7 +29,9 @@ COMMANDS = {  # command -> its module's app; the help line is the command's own 
         _OPERATOR, "Create the ledger's tables and the operator (its token is printed once).", "init"
     ),
     "add-agent": Lazy(
-        _OPERATOR, "Register an agent; prints its token once (only a hash is stored).", "add-agent"
+        _OPERATOR,
+        "Register an agent (or, with --caller, a walla serve caller); prints its token once (only a hash is stored).",
+        "add-agent",
     ),
     "serve": Lazy(_OPERATOR, "Serve the market's HTTP API and dashboard (GET /) on one ledger.", "serve"),
     "agent": Lazy(

@@ -54,7 +54,11 @@ CASES = [
     ("market audit --db nowhere.db", DATA, "no such ledger file"),
     # UNREACHABLE: a service that does not answer
     ("market audit --db postgresql://walla@127.0.0.1:1/none", UNREACHABLE, "Connection refused"),
-    ("serve --scenario toy --db postgresql://walla@127.0.0.1:1/none", UNREACHABLE, "Connection refused"),
+    (
+        "serve --scenario toy --unsigned --db postgresql://walla@127.0.0.1:1/none",
+        UNREACHABLE,
+        "Connection refused",
+    ),
 ]
 
 

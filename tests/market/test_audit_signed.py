@@ -28,7 +28,7 @@ from walla.market.local import free_port
 
 KEY = b"the market's key, kept off the database's machine"
 OLD = b"the key the market was signed with before"
-SERVE = "from walla.market.cli import app; app(prog_name='walla market')"  # as test_fault.py
+SERVE = "from walla.market.cli._operator import app; app(prog_name='walla market')"  # as test_fault.py
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
 
 N_ROUNDS, N_AGENTS = 24, 3
-SERVE = "from walla.market.cli import app; app(prog_name='walla market')"
+SERVE = "from walla.market.cli._operator import app; app(prog_name='walla market')"
 KILL_AFTER = 4  # acknowledged resolutions before the kill: the rest of the burst is in flight or queued
 
 

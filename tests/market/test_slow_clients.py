@@ -31,7 +31,7 @@ WRITE_TIMEOUT = 1.0
 PER_CLIENT = 6
 IN_ALL = 12
 DRIP_EVERY = 0.25  # s between bytes: well inside the read timeout, so only a whole-request deadline trips
-SERVE = "from walla.market.cli import app; app(prog_name='walla market')"  # as test_fault.py
+SERVE = "from walla.market.cli._operator import app; app(prog_name='walla market')"  # as test_fault.py
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def _reference(seeds, m, n_kinds, widths, keep, sizes):
 
 @pytest.mark.parametrize(("seeds", "n_kinds"), [([18], 1), ([18, 19, 20], 1), ([18, 19], 3)])
 def test_stream_equals_the_old_masks(seeds, n_kinds):
-    from walla.train.wagers import _dropout, _Layout
+    from walla.train.wagers._training import _dropout, _Layout
 
     m, widths, sizes = 3, (16, 7), [10, 10, 5, 10, 10, 5]
 

@@ -79,8 +79,8 @@ def test_paper_scenario_settings_are_the_papers(name):
 def _sources(module) -> str:
     """The method module's source and that of the walla.train modules it imports (one level)."""
     text = inspect.getsource(module)
-    for dep in re.findall(r"from walla\.train\.(\w+) import", text):
-        path = Path(module.__file__).parents[1] / f"{dep}.py"
+    for dep in re.findall(r"from walla\.train\.([\w.]+) import", text):
+        path = Path(module.__file__).parents[1] / f"{dep.replace('.', '/')}.py"
         if path.exists():
             text += path.read_text()
     return text
