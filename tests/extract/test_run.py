@@ -225,7 +225,11 @@ def test_tiny_local_hf_model_end_to_end(tmp_path, monkeypatch):
     paths = run_mod.run(cfg, out=out)
     assert len(paths) == 3
     assert any(
-        x.startswith("dtype auto -> float32") and "float32 100" in x and "bfloat16 25" in x for x in lines
+        x.startswith(
+            "dtype auto -> float32: no feature prior; GEMM probe on cpu (512x512x512, 3 pairs) "
+            "bfloat16/float32 0.25, float32 100, bfloat16 25 GFLOP/s, quiet"
+        )
+        for x in lines
     )
     fs = read_feature_set(paths[0])  # none
     assert fs.meta["inputs"]["dtype"] == "float32"  # the fingerprint records the dtype actually used
