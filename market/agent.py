@@ -52,6 +52,16 @@ def recorded_identity(store: Path, meta: dict, key: str) -> dict:
     Raises:
         HeadError: the scenario recorded no such set, or `store` does not hold it complete.
     """
+    return settled_identity(recorded_inputs(store, meta, key)[1])
+
+
+def recorded_inputs(store: Path, meta: dict, key: str) -> tuple[str, dict]:
+    """(fingerprint, fingerprint inputs) of the feature set `key` of a scenario: what recorded_identity
+    settles, and the fingerprint that names the set (walla serve's pool id carries it).
+
+    Raises:
+        HeadError: as recorded_identity.
+    """
     rec = (meta.get("meta") or {}).get("feature_sets", {}).get(key)
     if not rec:
         raise HeadError(f"scenario.json: no feature set {key} recorded (train the run again)")
@@ -64,7 +74,7 @@ def recorded_identity(store: Path, meta: dict, key: str) -> dict:
             f"--store {store}: feature set {key} {rec['fingerprint']} the run was trained on is not complete "
             f"there ({e}): pass the store it was extracted into"
         ) from None
-    return settled_identity(inputs)
+    return str(rec["fingerprint"]), inputs
 
 
 def run_identity(run: str | Path, slot: int, store: Path) -> dict:

@@ -27,17 +27,13 @@ from pathlib import Path
 
 import numpy as np
 from walla.evaluate.metrics import EvalArrays, compute_metrics
-from walla.manifests.catalog import collect_tables
-from walla.manifests.scenario import Scenario, ScenarioSpec
-from walla.manifests.validate import ConfigError, build
 from walla.market.agent import Agent
 from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
-from walla.store.scenario import assemble_scenario
 from walla.train import mechanism
-from walla.train.runs import RunFormatError, RunRecord, choose_runs
+from walla.train.runs import RunFormatError, RunRecord, choose_runs, scenario_data
 
 TOLERANCE = 1e-5  # live vs offline: the offline predictions are stored as float32 (relative 6e-8)
 WAVE = 20  # rounds open at once with frozen heads
@@ -100,16 +96,6 @@ class StoreFeatures:
         n = len(rnd["options"])
         probs = np.asarray(self.data.probs[row, self.slot], dtype=np.float64)[:n]
         return probs.tolist(), np.asarray(self.data.hidden[self.slot][row])
-
-
-def scenario_data(table, store: Path):
-    """The scenario's ScenarioData from the store (its resolved spec as scenario.json recorded it)."""
-    problems: list[str] = []
-    models, datasets = collect_tables(None, problems)
-    if problems:
-        raise ConfigError(problems)
-    spec = build(ScenarioSpec, table.meta["spec"], where=f"{table.path}/scenario.json: spec")
-    return assemble_scenario(Scenario(spec, models, datasets), store)
 
 
 def _metrics(agg: np.ndarray, weights: np.ndarray, table, rows: np.ndarray) -> dict[str, float]:

@@ -6,9 +6,10 @@
 One worker thread per loaded model takes the oldest waiting job, then every job that arrives within
 `max_wait` seconds, while the batch holds at most `max_rows` prompts and about `max_tokens` prompt tokens
 (estimated as characters / 4, as walla-extract estimates a job), and scores them in one `backend.score`
-call. A job whose caller went away (its future cancelled) is dropped before the pass. A pass that fails is
-retried job by job, so one bad prompt fails only its own request. The queue is bounded: `submit` raises
-QueueFull when `max_queue` jobs wait (the API answers 429 with Retry-After).
+call. A job whose caller went away (its future cancelled) is dropped before the pass, and holds no place in
+the queue from then on. A pass that fails is retried job by job, so one bad prompt fails only its own
+request. The queue is bounded: `submit` raises QueueFull when `max_queue` live jobs wait (the API answers 429
+with Retry-After).
 
 Batch invariance: with a `bitwise` backend a prompt's numbers do not depend on which prompts share its
 pass, so an answer does not depend on which requests it was batched with (tests/serve/test_serve_batching.py).
@@ -17,9 +18,9 @@ pass, so an answer does not depend on which requests it was batched with (tests/
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -72,7 +73,10 @@ class Batcher:
     ) -> None:
         self.backend, self.name = backend, name
         self.max_wait, self.max_tokens, self.max_rows = max_wait, max_tokens, max_rows
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self.jobs: deque[Job] = deque()  # waiting, oldest first; a cancelled one holds no place
+        self.ready = threading.Condition()
+        self.stopping = False
         self.stats = BatchStats()
         self.thread = threading.Thread(target=self._run, name=f"walla-serve-{name}", daemon=True)
         self._held: Job | None = None  # a job taken that did not fit the last batch
@@ -82,32 +86,58 @@ class Batcher:
         return self
 
     def stop(self) -> None:
-        self.jobs.put(None)
+        with self.ready:
+            self.stopping = True
+            self.ready.notify_all()
         self.thread.join(timeout=30)
+        with self.ready:
+            for j in self.jobs:  # never scored: their callers hear so instead of waiting
+                j.future.cancel()
+            self.jobs.clear()
+
+    def waiting(self) -> int:
+        """Jobs waiting whose callers still wait (a cancelled job is dropped here: its place is free)."""
+        with self.ready:
+            self._drop_cancelled()
+            return len(self.jobs)
+
+    def _drop_cancelled(self) -> None:
+        if any(j.future.cancelled() for j in self.jobs):
+            self.jobs = deque(j for j in self.jobs if not j.future.cancelled())
 
     def submit(self, items: Sequence[Item]) -> Future:
         job = Job(list(items))
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self.name}: {self.jobs.maxsize} requests are waiting") from None
+        with self.ready:
+            if len(self.jobs) >= self.max_queue:
+                self._drop_cancelled()  # callers that went away free their places
+            if len(self.jobs) >= self.max_queue:
+                raise QueueFull(f"{self.name}: {self.max_queue} requests are waiting")
+            self.jobs.append(job)
+            self.ready.notify()
         return job.future
 
+    def _next(self, timeout: float | None) -> Job | None:
+        """The oldest waiting job within `timeout` seconds (None: wait as long as it takes); None when there is
+        none by then or the batcher stops."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        with self.ready:
+            while not self.jobs and not self.stopping:
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    return None
+                self.ready.wait(left)
+            return self.jobs.popleft() if self.jobs and not self.stopping else None
+
     def _take(self) -> list[Job] | None:
-        first = self._held or self.jobs.get()
+        first = self._held or self._next(None)
         self._held = None
         if first is None:
             return None
         batch, rows, tokens = [first], len(first.items), first.tokens
         deadline = time.perf_counter() + self.max_wait
         while rows < self.max_rows:
-            left = deadline - time.perf_counter()
-            try:
-                job = self.jobs.get(timeout=left) if left > 0 else self.jobs.get_nowait()
-            except queue.Empty:
-                break
+            job = self._next(max(0.0, deadline - time.perf_counter()))
             if job is None:
-                self.jobs.put(None)
                 break
             if rows + len(job.items) > self.max_rows or tokens + job.tokens > self.max_tokens:
                 self._held = job

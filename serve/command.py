@@ -16,9 +16,16 @@ from pathlib import Path
 import typer
 import uvicorn
 from walla.cli.exits import DATA, answered, fail
-from walla.market.api import ClientError
-from walla.market.cli import check_heads_every, check_port, market_keys, operator_token
-from walla.market.commands import open_ledger, setup_operator, sign_ledger, start_heads
+from walla.market.api import ClientError, guarded_config
+from walla.market.commands import sign_ledger, start_heads
+from walla.market.launch import (
+    check_heads_every,
+    check_port,
+    market_keys,
+    open_ledger,
+    operator_token,
+    setup_operator,
+)
 from walla.market.ledger import Ledger
 from walla.serve.app import create_serve_app
 from walla.serve.check import TOLERANCE, check_served
@@ -41,7 +48,7 @@ def run(cfg: ServeConfig, t0: float) -> None:
     ledger = open_ledger(cfg.db, SUB) if not cfg.check and "://" in cfg.db else None
     try:
         with answered(SUB):
-            pool = load_pool(cfg)
+            pool = load_pool(cfg, say=lambda line: typer.echo(f"{PROG}: {line}", err=True))
     except BaseException:
         if ledger is not None:
             ledger.close()
@@ -67,6 +74,12 @@ def run(cfg: ServeConfig, t0: float) -> None:
         if cfg.check:
             check(fc, cfg.limit)
             return
+        t = time.perf_counter()
+        fc.warm_up()  # the first caller's answer is not the one that pays for the first pass
+        typer.echo(
+            f"{PROG}: warmed up (one question through every model and head) in {time.perf_counter() - t:.1f} s",
+            err=True,
+        )
     serve_forever(fc, cfg.host, cfg.port, cfg.open_access, t0, (cfg.head_file, cfg.head_every))
 
 
@@ -94,14 +107,21 @@ def check(fc: Forecaster, limit: int | None) -> None:
         raise fail(SUB, f"--check: {res['problems'][0]}", DATA)
 
 
+def http_server(app, host: str, port: int, **uvicorn_kwargs) -> uvicorn.Server:
+    """uvicorn serving `app` behind the market's slow-client guard (market/api/_guard.py: a request whole within
+    the app's read_timeout of its first byte, else 408; answers written within its write_timeout; caps on one
+    address's and all open connections)."""
+    kwargs = {"log_level": "warning", "access_log": False, **uvicorn_kwargs}
+    return uvicorn.Server(guarded_config(app, host=host, port=port, **kwargs))
+
+
 def serve_forever(
     fc: Forecaster, host: str, port: int, open_access: bool, t0: float, heads: tuple = (None, 60.0)
 ) -> None:
     """The HTTP server until Ctrl-C; prints one `ready in ... s` line once it listens. `heads`: (head file,
     seconds), the chain's head appended there as `walla market serve --head-file` does."""
     writer = start_heads(fc.ledger, heads, SUB)
-    app = create_serve_app(fc, open_access)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    server = http_server(create_serve_app(fc, open_access), host, port)
     ready = server.startup
 
     async def startup(sockets=None):

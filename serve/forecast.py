@@ -23,8 +23,6 @@ uses the others; with none left the request fails with one line.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -36,8 +34,16 @@ from walla.extract.prompts import option_strings, render
 from walla.market.api import ClientError
 from walla.market.ledger import Ledger, Principal
 from walla.market.payouts import pooled_forecast
+from walla.market.text import visible_key
 from walla.serve.batcher import Batcher
-from walla.serve.loading import ServedAgent, ServedPool, pool_promise, stored_question
+from walla.serve.loading import (
+    ServedAgent,
+    ServedPool,
+    identity_tag,
+    pool_promise,
+    run_file,
+    stored_question,
+)
 
 SOURCE = "walla serve"  # the `source` of every served round: `<SOURCE> <model id>; caller <name>`
 KEEP_HIDDEN = 10_000  # rounds whose hidden states are kept for --learn (oldest forgotten first)
@@ -53,11 +59,8 @@ class Job:
     prompts: list[str]  # [M] each agent's formatted prompt
     strings: list[str]  # the scored option strings
     per_model: dict[int, list[str]] = field(default_factory=dict)  # id(llm) -> distinct prompts
+    abstain_below: float | None = None  # the pool abstains when its top probability is below this
     started: float = field(default_factory=time.perf_counter)
-
-
-def identity_tag(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class Forecaster:
@@ -84,6 +87,11 @@ class Forecaster:
         assert who is not None
         return who
 
+    @property
+    def max_queue(self) -> int:
+        """The most jobs one model's queue holds (--max-queue): a request of more forecasts never fits."""
+        return min((b.max_queue for b in self.batchers.values()), default=0)
+
     def start(self) -> Forecaster:
         self.voided = self.void_interrupted()
         for b in self.batchers.values():
@@ -108,6 +116,51 @@ class Forecaster:
         for b in self.batchers.values():
             b.stop()
 
+    def warm_up(self) -> None:
+        """One question through every model, head and the pool's torch calls before the first caller's (a
+        process's first pass is seconds slower: kernels chosen, caches filled); no round is recorded."""
+        from walla.market.api import warm_up as warm_payouts  # torch's first payout and pool
+
+        names = [visible_key(t) for t in strings_of(self.pool)] or ["Yes", "No"]
+        job = self.prepare(question="Is this a warm-up question?", options=names)
+        futs = self.submit(job)
+        for a, prompt in zip(self.pool.agents, job.prompts, strict=True):
+            _, h, _ = dict(zip(job.per_model[id(a.llm)], futs[id(a.llm)].result(), strict=True))[prompt]
+            with self.head_lock:
+                a.head.wager(h)
+        warm_payouts()
+
+    def check_run(self) -> None:
+        """The served run is still the one loaded: its heads file and identity (run.json) as they were, by stat
+        then, where the stat moved, by digest. A retrained run key (state.pt rewritten) or a run directory
+        removed stops the answers (ClientError 503, one line): stale heads are never served under its name.
+
+        Raises:
+            ClientError: 503 naming the file and what changed.
+        """
+        pool = self.pool
+        for name, was in pool.files.items():
+            path = pool.run_dir / name
+            try:
+                st = path.stat()
+                if (st.st_mtime_ns, st.st_size, st.st_ino) == was.stat:
+                    continue
+                now = run_file(path)
+            except OSError as e:
+                raise ClientError(
+                    503,
+                    f"run: {path} cannot be read ({e.strerror or e}): the served run is gone; restart walla "
+                    "serve on a current run",
+                ) from None
+            if now.digest != was.digest:
+                raise ClientError(
+                    503,
+                    f"run: {name} of the served run {pool.choice.method}/{pool.choice.key_id} changed on disk "
+                    f"(digest {now.digest}, served {was.digest}): stale heads are not served; restart walla "
+                    "serve to serve the new run",
+                )
+            pool.files[name] = now  # touched, same bytes
+
     # ------------------------------------------------------------------------------------------ prepare
 
     def prepare(
@@ -116,10 +169,12 @@ class Forecaster:
         options: list[str] | None = None,
         context: str | None = None,
         question_id: str | None = None,
+        abstain_below: float | None = None,
     ) -> Job:
         """Each agent's prompt: a stored question's extracted prompt, else the dataset's template rendered
         with the question, options and context (ClientError 400/404 naming the field)."""
         pool = self.pool
+        self.check_run()
         if question_id is not None:
             try:
                 row, prompts, labels = stored_question(pool, question_id)
@@ -129,20 +184,18 @@ class Forecaster:
                     f"question_id: no stored question {ascii(question_id)[:80]} in {pool.choice.scenario}",
                 ) from None
             strings = option_strings(pool.template, len(labels), pool.option_tokens)
+            if strings_of(pool):  # fixed option strings: the answer names what each one says
+                labels = [visible_key(t) for t in strings]
             text = str(pool.data.question[row])
             job = Job(text, labels, question_id, prompts, strings)
         else:
-            try:
-                strings = option_strings(pool.template, len(options), pool.option_tokens)
-            except ValueError as e:
-                raise ClientError(
-                    400, f"options: {e} (the {pool.dataset} template scores {len(strings_of(pool))})"
-                ) from None
+            strings = scored_strings(pool, list(options))
             if context is not None and pool.template.with_context is None:
                 raise ClientError(400, f"context: the {pool.dataset} prompt template has no context form")
             body = render(pool.template, question, options, context)
             prompts = [a.llm.backend.format_prompt(body) for a in pool.agents]
             job = Job(question, list(options), None, prompts, strings)
+        job.abstain_below = abstain_below
         for a, p in zip(pool.agents, job.prompts, strict=True):
             job.per_model.setdefault(id(a.llm), [])
             if p not in job.per_model[id(a.llm)]:
@@ -203,14 +256,17 @@ class Forecaster:
             [r[1] for r in reports], [r[2] for r in reports], self.pool.settings.pooling, k
         )
         done = time.perf_counter()
+        top = max(pooled["probabilities"])
+        abstained = job.abstain_below is not None and top < job.abstain_below
         return {
             "model": self.pool.model_id,
             "round": rid,
             "question_id": job.question_id,
             "options": job.options,
             "probabilities": pooled["probabilities"],
-            "choice": pooled["choice"],
-            "answer": job.options[pooled["choice"]],
+            "choice": None if abstained else pooled["choice"],
+            "answer": None if abstained else job.options[pooled["choice"]],
+            "abstained": abstained,
             "pooling": pooled["pooling"],
             "promise": self.promise["tier"],
             "agents": [
@@ -230,6 +286,7 @@ class Forecaster:
             "failed_agents": failed,
             "run_key": f"{self.pool.choice.method}/{self.pool.choice.key_id}",
             "head_version": self.pool.head_version,
+            "head_digest": self.pool.head_digest,
             "usage": {"prompt_tokens": sum(r[3] for r in reports), "completion_tokens": 0},
             "timings": {
                 "features_s": t_feat - job.started,
@@ -295,4 +352,33 @@ class Forecaster:
 
 
 def strings_of(pool: ServedPool) -> list[str]:
+    """The option strings the pool's template scores whatever the options ([] : letters by position)."""
     return list(pool.option_tokens or pool.template.option_tokens or [])
+
+
+def scored_strings(pool: ServedPool, options: list[str]) -> list[str]:
+    """The string scored for each option given, in the order given: where the template's option strings are
+    fixed (facts: " Yes", " No"), each option is the one it reads as (visible text, any case), so options in
+    another order score the same strings in that order, and an option the template cannot score is refused;
+    a template that lists the options ({choices}) scores their display letters by position.
+
+    Raises:
+        ClientError: 400 naming the options the template scores.
+    """
+    fixed = strings_of(pool)
+    if not fixed:
+        try:
+            return option_strings(pool.template, len(options), None)
+        except ValueError as e:
+            raise ClientError(400, f"options: {e}") from None
+    by_text = {visible_key(t).casefold(): t for t in fixed}
+    got = [by_text.get(visible_key(o).casefold()) for o in options]
+    if len(options) != len(fixed) or None in got or len(set(got)) != len(fixed):
+        wanted = ", ".join(ascii(visible_key(t)) for t in fixed)
+        given = ", ".join(ascii(o)[:40] for o in options[:8])
+        raise ClientError(
+            400,
+            f"options: the {pool.dataset} template scores exactly the options {wanted} (in any order), "
+            f"got {given}",
+        )
+    return got

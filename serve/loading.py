@@ -1,7 +1,7 @@
 """What `walla serve` loads, from the parts that exist: the current run, each agent's LLM and wager head.
 
     pool = load_pool(ServeConfig(scenario="demo-hetero-facts", runs=Path("runs"), store=Path("walla-store")))
-    pool.model_id        # walla:demo-hetero-facts/walla-i/seed18
+    pool.model_id        # walla:demo-hetero-facts/walla-i/seed18@3f9c01ab (the pool's tag: pool_tag)
     pool.agents[0].head  # AgentHead: that agent's own slot of the run's state.pt
 
 - the run: train/runs/_choice.py `choose_runs` (the runs walla-eval counts: current, lineage checked, one key);
@@ -14,14 +14,17 @@
 - each agent's head: market/head.py `AgentHead.from_run` (its slot only), the mechanism settings the run's
   resolved config holds (variant, c1, c2, c3, pooling);
 - the stored questions (for `question_id` and `walla serve --check`): the scenario assembled from the store
-  as walla-train assembled it (market/replay.py `scenario_data`), with each agent's own extracted prompt.
+  as walla-train assembled it (train/runs `scenario_data`), with each agent's own extracted prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +34,13 @@ from walla.extract.backends.registry import identity_difference
 from walla.extract.datasets import default_template
 from walla.extract.door import IdentityMismatch, open_for, recorded_config, settle_for, target_for
 from walla.extract.prompts import PromptTemplate, get_template
+from walla.extract.run import settled_identity
 from walla.manifests.catalog import load_datasets
-from walla.market.agent import recorded_identity
+from walla.market.agent import recorded_inputs
 from walla.market.api import RoundSettings
 from walla.market.head import AgentHead
 from walla.serve.config import ServeConfig
-from walla.train.runs import RunChoice, choose_runs
+from walla.train.runs import RUN_META, STATE, RunChoice, choose_runs, scenario_data
 
 log = logging.getLogger("walla.serve")
 
@@ -120,7 +124,7 @@ class ServedAgent:
 
 @dataclass
 class ServedPool:
-    model_id: str  # walla:<scenario>/<method>/seed<s>
+    model_id: str  # walla:<scenario>/<method>/seed<s>@<pool tag> (pool_tag)
     choice: RunChoice
     seed: int
     run_dir: Path
@@ -131,6 +135,13 @@ class ServedPool:
     agents: list[ServedAgent]
     data: object | None = None  # ScenarioData of the stored questions (None: no store given)
     row_of: dict[str, int] = field(default_factory=dict)  # question_id -> row of `data`
+    files: dict[str, RunFile] = field(default_factory=dict)  # the run's watched files as loaded (WATCHED)
+    created: int = 0  # the heads file's mtime when loaded (seconds): /v1/models' `created`
+
+    @property
+    def head_digest(self) -> str:
+        """The sha256 (16 hex digits) of the state.pt whose heads this pool loaded."""
+        return self.files[STATE].digest if STATE in self.files else "?"
 
     @property
     def head_version(self) -> str:
@@ -139,6 +150,41 @@ class ServedPool:
     def close(self) -> None:
         for m in {id(a.llm): a.llm for a in self.agents}.values():
             m.backend.close()
+
+
+WATCHED = (STATE, RUN_META)  # the run's heads and its identity: retraining the run key rewrites both
+
+
+@dataclass
+class RunFile:
+    """What a run file was when the pool loaded it: its stat (a cheap check per request) and its digest."""
+
+    stat: tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
+    digest: str  # sha256, 16 hex digits
+
+
+def run_file(path: Path) -> RunFile:
+    """`path`'s stat and digest (OSError when it cannot be read)."""
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return RunFile((st.st_mtime_ns, st.st_size, st.st_ino), h.hexdigest()[:16])
+
+
+def identity_tag(identity: dict) -> str:
+    """A settled identity's tag: 16 hex digits of the sha256 of its canonical JSON."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def pool_tag(fingerprints: list[str], served: list[str], head_digest: str) -> str:
+    """What makes a pool this pool, beyond its run key (8 hex digits): the feature sets its agents were
+    trained on (their fingerprints: model files, dtype, backend), the identities its models are served with,
+    and the digest of its heads. An fp32 and a bf16 pool of one run key differ here, so their model ids,
+    ledger agents and rounds differ."""
+    blob = json.dumps({"features": fingerprints, "served": served, "heads": head_digest}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def agent_name(model_id: str, slot: int, model: str) -> str:
@@ -172,11 +218,21 @@ def open_model(
     return ModelSlot(name, settled, backend, identity, identity_difference(identity, settled.identity))
 
 
-def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
-    """The run, its agents' LLMs and heads, and the stored questions (module docstring)."""
-    from walla.market.replay import scenario_data  # the scenario as walla-train assembled it
+def load_pool(
+    cfg: ServeConfig, with_models: bool = True, say: Callable[[str], None] | None = None
+) -> ServedPool:
+    """The run, its agents' LLMs and heads, and the stored questions (module docstring). `say` hears one line
+    per load step with its time (walla serve prints them)."""
 
-    choice = choose_runs(cfg.runs, cfg.scenario, cfg.method, cfg.key, seeds=None)
+    clock = [time.perf_counter()]
+
+    def step(what: str) -> None:
+        now = time.perf_counter()
+        if say is not None:
+            say(f"{what} in {now - clock[0]:.1f} s")
+        clock[0] = now
+
+    choice = choose_runs(cfg.runs, cfg.scenario, cfg.method, cfg.key, seeds=None, run_flag=False)
     seeds = sorted(choice.seeds)
     seed = seeds[0] if cfg.seed is None else cfg.seed
     if seed not in choice.seeds:
@@ -186,16 +242,18 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
         )
     record = choice.seeds[seed]
     table = choice.table
-    model_id = f"walla:{choice.scenario}/{choice.method}/seed{seed}"
+    step(f"run {choice.method}/{choice.key_id} seed {seed} chosen (lineage checked)")
     datasets = load_datasets()
     if table.dataset not in datasets:
         raise ServeError(f"scenario {choice.scenario}: dataset {table.dataset!r} is not in datasets.yaml")
     d_entry = datasets[table.dataset]
     template = get_template(default_template(d_entry.loader, d_entry.prompt))
     wanted: dict[tuple, tuple[str, dict]] = {}  # one loaded model per (model, recorded identity)
-    keys = []
+    keys, fingerprints = [], []
     for model in table.agents:
-        identity = recorded_identity(cfg.store, table.meta, f"{model}/{table.dataset}/none")
+        fp, inputs = recorded_inputs(cfg.store, table.meta, f"{model}/{table.dataset}/none")
+        identity = settled_identity(inputs)
+        fingerprints.append(fp)
         keys.append((model, repr(sorted(identity.items()))))
         wanted.setdefault(keys[-1], (model, identity))
     ray = None
@@ -207,8 +265,18 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
     # whole process while it builds the modules (transformers' from_pretrained), so a head or another model
     # built beside it may come out in the other dtype (seen: a bf16 head, pools 0.02 off the offline ones).
     # Ray workers load in their own processes, side by side.
+    try:
+        files = {name: run_file(Path(record.path) / name) for name in WATCHED}
+    except OSError as e:
+        raise ServeError(f"{record.path}: cannot read the run ({e.strerror or e})") from None
     heads = [AgentHead.from_run(record.path, i) for i in range(len(table.agents))]
+    if run_file(Path(record.path) / STATE).digest != files[STATE].digest:  # rewritten while it loaded
+        raise ServeError(
+            f"{record.path}: {STATE} changed while loading (walla train rewriting it?): try again"
+        )
+    step(f"{len(heads)} heads read from {STATE} ({files[STATE].digest})")
     data = scenario_data(table, Path(cfg.store))
+    step(f"{len(table.question_id)} test questions read from the store")
     wanted = wanted if with_models else {}
     workers = max(1, len(wanted)) if ray is not None else 1
     with ThreadPoolExecutor(workers) as ex:
@@ -216,7 +284,12 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
             k: ex.submit(open_model, m, table.dataset, ident, cfg.device, cfg.other_identity, ray)
             for k, (m, ident) in wanted.items()
         }
-        models = {k: f.result() for k, f in futs.items()}
+        models = {}
+        for k, f in futs.items():
+            models[k] = f.result()
+            step(f"model {models[k].name} loaded ({models[k].tier})")
+    served = [identity_tag(m.settled.identity) for m in (models.get(k) for k in keys) if m is not None]
+    model_id = f"walla:{choice.scenario}/{choice.method}/seed{seed}@{pool_tag(fingerprints, served, files[STATE].digest)}"
     s = heads[0].cfg
     settings = RoundSettings(variant=s.variant, c1=s.c1, c2=s.c2, c3=s.c3, pooling=s.pooling)
     agents = [
@@ -241,6 +314,8 @@ def load_pool(cfg: ServeConfig, with_models: bool = True) -> ServedPool:
         agents,
         data,
         row_of,
+        files,
+        files[STATE].stat[0] // 1_000_000_000,
     )
 
 

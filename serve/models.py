@@ -25,6 +25,13 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class ForecastOptions(_In):
+    abstain_below: Probability | None = None  # the pool abstains when its top probability is below this
+
+
 class ForecastIn(_In):
     """POST /v1/forecast: a new question with its options (and an optional context), or a stored one."""
 
@@ -33,6 +40,7 @@ class ForecastIn(_In):
     options: Options | None = None
     context: Note | None = None
     question_id: QuestionId | None = None  # a stored question of the scenario's dataset
+    walla: ForecastOptions | None = None  # {"abstain_below": p}
 
     @model_validator(mode="after")
     def _one(self) -> ForecastIn:
@@ -62,6 +70,7 @@ class OutcomeIn(ResolutionIn):
 class WallaExtension(_In):
     options: Options | None = None
     context: Note | None = None
+    abstain_below: Probability | None = None
 
 
 class ChatIn(BaseModel):
@@ -74,6 +83,29 @@ class ChatIn(BaseModel):
     messages: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_MESSAGES)]
     walla: WallaExtension | None = None
     stream: bool | None = None
+    n: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+
+def schema_options(response_format: dict | None) -> list[str] | None:
+    """The options a `response_format` names: a JSON schema whose `enum` lists strings (OpenAI's
+    {"type": "json_schema", "json_schema": {"schema": {"enum": [...]}}}); None for any other format.
+
+    Raises:
+        ValueError: a json_schema format whose schema is not an enum of strings (names the field).
+    """
+    if not response_format or response_format.get("type") != "json_schema":
+        return None
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if not isinstance(enum, list) or not all(isinstance(x, str) for x in enum):
+        raise ValueError(
+            "response_format: the pool answers with one of the options: give a json_schema whose schema is "
+            '{"enum": [the options, as strings]}'
+        )
+    return list(enum)
 
 
 OPTION_LINE = re.compile(r"^\s*\(?([A-Z])[.):]\s+(\S.*)$")

@@ -136,7 +136,7 @@ def create_app(
     install_auth(app, ledger, rate, burst, unknown_token_rate)  # per token, and per address for unknown ones
     app.state.read_timeout, app.state.max_client_connections = read_timeout, max_client_connections
     app.state.write_timeout, app.state.max_connections = write_timeout, max_connections
-    _error_handlers(app)
+    error_handlers(app)
     for module in (rounds, reports, agents):
         app.include_router(module.router)
 
@@ -192,7 +192,10 @@ def validation_message(errors: list[dict]) -> tuple[int, str]:
     return 400, f"{field}: {msg}"
 
 
-def _error_handlers(app: FastAPI) -> None:
+def error_handlers(app: FastAPI) -> None:
+    """The API's one-line errors (module docstring): a ClientError, a bad body, an unknown path or method; any
+    other exception a 500 `internal error` with its traceback in the log."""
+
     @app.exception_handler(ClientError)
     async def _client(_req: Request, e: ClientError) -> Response:
         return error_response(e.status, e.message, e.headers)

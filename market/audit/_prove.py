@@ -86,6 +86,16 @@ def not_a_ledger(engine: Engine) -> str | None:
     return None
 
 
+SERVED_SOURCE = "walla serve "  # the `source` of a round walla serve opened (serve/forecast.py SOURCE)
+
+
+def open_served(rounds: list) -> list[int]:
+    """The ids of rounds `walla serve` opened that are still open. A served round is closed in the request that
+    opened it, so an open one was cut short (a kill, a database fault) and holds only some reports: the
+    server voids its own when it starts again or its database returns."""
+    return [int(r.id) for r in rounds if r.status == "open" and str(r.source or "").startswith(SERVED_SOURCE)]
+
+
 def audit(
     source,
     heads: list | None = None,
@@ -112,6 +122,7 @@ def audit(
         "max_diff": 0.0,
         "head": (last.id, last.hash) if last is not None else (0, events.GENESIS),
         "anchored": head_source is not None,
+        "open_served": open_served(rows["rounds"]),
     }
     problem = problem or events.first_break(rows["events"])
     if problem is None:

@@ -7,7 +7,9 @@
 
 The group is lazy (walla.cli.lazy): `walla market --help` and `walla market serve --help` import neither
 FastAPI nor SQLAlchemy nor torch. Each command checks its options first, then imports its one
-implementation module (market/commands/, market/agent.py, market/replay.py), so a mistake answers at once too. `walla-market ...` is `walla market ...`. Every error is one line on
+implementation module (market/commands/, market/agent.py, market/replay.py), so a mistake answers at once
+too; what starting a server needs (port, operator token, keys, ledger) is market/launch.py's, which walla
+serve shares. `walla-market ...` is `walla market ...`. Every error is one line on
 stderr with the exit codes of cli/exits.py (1 data or state, 2 usage, 3 a server that does not answer).
 
 Rooms (private: import their public names from this door):
@@ -77,7 +79,6 @@ def run_market(argv: list[str], prog: str = "walla market") -> int:
 
 _ROOMS = {
     "_agent": ("agent_token",),
-    "_operator": ("TOKEN_ENV", "check_heads_every", "check_port", "market_keys", "operator_token"),
-    "_voice": ("fail", "first_line"),
+    "_voice": ("fail",),
 }
 __getattr__, __all__ = door(__name__, _ROOMS)

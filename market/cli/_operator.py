@@ -15,18 +15,15 @@ commands/operator.py (the ledger and the server stack), once.
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import typer
-from walla.cli import exits, options
-from walla.cli.exits import DATA, USAGE
+from walla.cli import options
+from walla.cli.exits import USAGE
 from walla.market.cli._voice import fail
-from walla.market.keys import KEY_ENV, read_keys
+from walla.market.keys import KEY_ENV
+from walla.market.launch import TOKEN_ENV, check_heads_every, check_port, market_keys, operator_token
 from walla.market.text import agent_name
-
-TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
 app = options.app()
 
@@ -44,72 +41,6 @@ HEAD_FILE = typer.Option(
     None, "--head-file", help="append the chain's signed head to this file every --head-every seconds"
 )
 HEAD_EVERY = typer.Option(60.0, "--head-every", help="seconds between two heads written to --head-file")
-
-
-def market_keys(key_file: Path | None, unsigned: bool | None, sub: str = "market") -> list[bytes]:
-    """The market's keys from `key_file` or $WALLA_MARKET_KEY (keys.read_keys); [] with neither. A server
-    (`unsigned` False) refuses to start without one unless told --unsigned (`unsigned` None: a one-shot
-    command, which signs when it has a key). Errors are one line of `walla <sub>`."""
-    try:
-        keys = read_keys(key_file)
-    except (OSError, UnicodeDecodeError) as e:
-        raise exits.fail(sub, f"--key-file: {exits.message_of(e)}", DATA) from None
-    except ValueError as e:
-        raise exits.fail(sub, e, USAGE) from None
-    if keys and unsigned:
-        raise exits.fail(
-            sub, f"--unsigned: a key is given ({key_file or KEY_ENV}); leave out one of them", USAGE
-        )
-    if not keys and unsigned is False:
-        raise exits.fail(
-            sub,
-            f"no key to sign the ledger's events: give --key-file FILE or ${KEY_ENV} (or --unsigned to serve "
-            "without one: anyone who can write the database could then append events the audit cannot tell "
-            "from the server's)",
-            USAGE,
-        )
-    return keys
-
-
-def check_heads_every(head_file: Path | None, every: float, sub: str = "market") -> None:
-    if not 0.01 <= every <= 86400:  # NaN too
-        raise exits.fail(sub, f"--head-every: expected 0.01..86400 seconds, got {every:g}", USAGE)
-    if head_file is not None and not head_file.parent.is_dir():
-        raise exits.fail(sub, f"--head-file {head_file}: directory {head_file.parent} does not exist", DATA)
-
-
-def operator_token(token_file: Path | None, sub: str = "market") -> str | None:
-    """The operator's token from `token_file` or $WALLA_MARKET_OPERATOR_TOKEN, checked (>= 16 characters);
-    None: neither is set (the ledger then makes one). Errors are one line of `walla <sub>`: these helpers
-    serve `walla market` and `walla serve` alike."""
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise exits.fail(sub, f"--operator-token-file {token_file}: {e.strerror}", DATA) from None
-        if len(token) < 16:
-            raise exits.fail(
-                sub, f"--operator-token-file {token_file}: expected a token of >= 16 characters", USAGE
-            )
-        return token
-    token = os.environ.get(TOKEN_ENV)
-    if token is not None and len(token.strip()) < 16:
-        raise exits.fail(sub, f"{TOKEN_ENV}: expected a token of >= 16 characters", USAGE)
-    return token.strip() if token else None
-
-
-def check_port(host: str, port: int, sub: str = "market") -> None:
-    """One line of `walla <sub>` unless `host:port` can be listened on (checked before the server loads)."""
-    if not 1 <= port <= 65535:
-        raise exits.fail(sub, f"--port: expected 1..65535, got {port}", USAGE)
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as e:
-        raise exits.fail(
-            sub, f"--host {host} --port {port}: cannot listen ({e.strerror or e})", DATA
-        ) from None
 
 
 @app.command()

@@ -14,9 +14,3 @@ def fail(message: object, code: int = exits.DATA) -> typer.Exit:
     `code`: walla's exit-code table (cli/exits.py): DATA by default, USAGE for a bad option, UNREACHABLE
     for a market URL or database server that does not answer."""
     return exits.fail("market", message, code)
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of what a database error says (SQLAlchemy's wrapped driver error, `orig`, where it has
-    one): the reason an error line quotes; the error's type where it says nothing."""
-    return (str(getattr(e, "orig", e) or e).splitlines() or [type(e).__name__])[0]

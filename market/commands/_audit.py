@@ -23,8 +23,9 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from walla.cli.exits import DATA, UNREACHABLE
 from walla.market.audit import audit, head_line, not_a_ledger, open_readonly, parse_heads
-from walla.market.cli import fail, first_line
+from walla.market.cli import fail
 from walla.market.export import export
+from walla.market.launch import first_line
 
 
 @contextmanager
@@ -73,6 +74,12 @@ def audit_ledger(
         except ValueError as e:
             raise fail(f"--head {e}") from None
     typer.echo(f"walla market audit: OK ({', '.join(summary_parts(s))}; head {eid} {h})")
+    if s["open_served"]:
+        ids = ", ".join(map(str, s["open_served"][:20])) + (" ..." if len(s["open_served"]) > 20 else "")
+        typer.echo(
+            f"walla market audit: {len(s['open_served'])} served rounds still open (cut short, only some "
+            f"reports: walla serve voids its own when it starts again or its database returns): {ids}"
+        )
 
 
 def summary_parts(s: dict) -> list[str]:

@@ -5,8 +5,8 @@
 
 cli/operator.py parses and checks the options without importing anything heavy (`--help` and a bad option
 answer at once); each of its commands then imports this module, once, which brings the ledger
-(SQLAlchemy, torch through the mechanism) and the server stack (FastAPI, uvicorn). `walla serve` opens its
-ledger and sets up its operator here too. Every error is one line of `walla <sub>` (cli/exits.py).
+(SQLAlchemy, torch through the mechanism) and the server stack (FastAPI, uvicorn). The ledger is opened and
+its operator set by launch.py, as `walla serve` does. Every error is one line of `walla market` (cli/exits.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import typer
 import uvicorn
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 from walla.cli import exits
-from walla.cli.exits import DATA, UNREACHABLE, USAGE
+from walla.cli.exits import DATA, USAGE
 from walla.market.api import (
     MAX_BODY,
     MAX_CLIENT_CONNECTIONS,
@@ -30,45 +29,10 @@ from walla.market.api import (
     create_app,
     guarded_protocol,
 )
-from walla.market.cli import TOKEN_ENV, fail, first_line
+from walla.market.cli import fail
 from walla.market.keys import KEY_ENV
+from walla.market.launch import open_ledger, setup_operator
 from walla.market.ledger import Ledger
-
-
-def open_ledger(db: str, sub: str = "market") -> Ledger:
-    """The ledger at `db` (its tables and indexes created if missing), or one clear error line of
-    `walla <sub>` (unreachable server, unwritable path, bad URL, a ledger of an older walla)."""
-    path = Path(db)
-    if "://" not in db and path.is_dir():
-        raise exits.fail(
-            sub, f"--db {db}: is a directory, expected a database file (e.g. market.db) or a URL", DATA
-        )
-    if "://" not in db and not path.parent.is_dir():
-        raise exits.fail(sub, f"--db {db}: directory {path.parent} does not exist", DATA)
-    try:
-        return Ledger.open(db)
-    # a URL of a database the ledger does not support (db.database_url), a ledger of an older walla
-    except ValueError as e:
-        raise exits.fail(sub, f"--db {db}: {e}", DATA) from None
-    except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise exits.fail(sub, f"--db {db}: not a database path or URL ({first_line(e)})", USAGE) from None
-    except OperationalError as e:  # a database server that does not answer (a SQLite file: its directory)
-        code = UNREACHABLE if "://" in db else DATA
-        raise exits.fail(sub, f"--db {db}: cannot open ({first_line(e)})", code) from None
-    except SQLAlchemyError as e:
-        raise exits.fail(sub, f"--db {db}: cannot open ({first_line(e)})", DATA) from None
-
-
-def setup_operator(ledger: Ledger, token: str | None, token_file: Path | None, sub: str = "market") -> None:
-    """The operator's credentials: `token` (cli_operator.operator_token read it from `token_file` or
-    $WALLA_MARKET_OPERATOR_TOKEN), or a new token printed once when the ledger has no operator yet."""
-    try:
-        made = ledger.ensure_operator(token)
-    except ClientError as e:
-        where = f"--operator-token-file {token_file}" if token_file is not None else TOKEN_ENV
-        raise exits.fail(sub, f"{where}: {e.message}", DATA) from None
-    if made is not None and token is None:
-        typer.echo(f"operator token (shown once, store it): {made}")
 
 
 def sign_ledger(ledger: Ledger, keys: list[bytes], sub: str = "market", serving: bool = True) -> None:

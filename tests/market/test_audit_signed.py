@@ -20,9 +20,10 @@ from sqlalchemy import text
 from test_audit import _busy_market, _db_arg
 from test_audit_state import _audit, _fails_with, _rechain, _zero_a_settled_wager
 from walla.market import events
-from walla.market.cli import TOKEN_ENV, run_market
+from walla.market.cli import run_market
 from walla.market.client import MarketClient, wait_ready
 from walla.market.keys import key_id
+from walla.market.launch import TOKEN_ENV
 from walla.market.ledger.common import hash_token, token_check
 from walla.market.local import free_port
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import httpx
 from market_fixtures import OP_TOKEN, snapshot
-from walla.market.cli import TOKEN_ENV, run_market
+from walla.market.cli import run_market
+from walla.market.launch import TOKEN_ENV
 
 
 def _setup(market):

@@ -13,9 +13,9 @@ import httpx
 from market_fixtures import OP_TOKEN
 from sqlalchemy import func, select
 from walla.market import db
-from walla.market.cli import TOKEN_ENV
 from walla.market.client import MarketClient, MarketError, wait_ready
 from walla.market.keys import KEY_ENV
+from walla.market.launch import TOKEN_ENV
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
 

@@ -10,7 +10,8 @@ import typer
 from market_fixtures import snapshot
 from walla.cli.lazy import run
 from walla.cli.main import app as walla_app
-from walla.market.cli import TOKEN_ENV, run_market
+from walla.market.cli import run_market
+from walla.market.launch import TOKEN_ENV
 from walla.market.ledger import Ledger
 
 

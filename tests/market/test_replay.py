@@ -23,9 +23,16 @@ from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
-from walla.market.replay import ReplayConfig, _compare, replay, scenario_data
+from walla.market.replay import ReplayConfig, _compare, replay
 from walla.store.schema import VARIANTS
-from walla.train.runs import RUN_META, TRAIN_SCHEMA, RunFormatError, choose_runs, read_scenario_table
+from walla.train.runs import (
+    RUN_META,
+    TRAIN_SCHEMA,
+    RunFormatError,
+    choose_runs,
+    read_scenario_table,
+    scenario_data,
+)
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from market_fixtures import OP_TOKEN, reset_ledger, snapshot, wait_until
 from walla.market.api import create_app
-from walla.market.cli import TOKEN_ENV
 from walla.market.client import wait_ready
+from walla.market.launch import TOKEN_ENV
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer, free_port
 

@@ -15,7 +15,9 @@ def test_models_lists_the_pool_with_identities_and_tiers(serving):
     assert r.status_code == 200, r.text
     (card,) = r.json()["data"]
     pool = serving.fc.pool
-    assert card["id"] == pool.model_id == f"walla:{pool.choice.scenario}/walla-i/seed18"
+    assert card["id"] == pool.model_id and pool.model_id.startswith(
+        f"walla:{pool.choice.scenario}/walla-i/seed18@"
+    )
     agents = card["walla"]["agents"]
     assert len(agents) == 3 and {a["tier"] for a in agents} == {"bitwise"}
     assert agents[0]["identity"]["dtype"] == "bfloat16" and agents[0]["identity_differs"] is None

@@ -98,7 +98,7 @@ def test_a_full_queue_answers_429_with_retry_after(gated):
     second.start()
     (batcher,) = s.fc.batchers.values()
     deadline = time.monotonic() + 10
-    while batcher.jobs.qsize() < 1 and time.monotonic() < deadline:
+    while len(batcher.jobs) < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     r = httpx.post(s.url + "/v1/forecast", json=QUESTION, headers=s.auth)
     assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
@@ -124,12 +124,49 @@ def test_a_caller_that_leaves_frees_its_place(gated):
     gate.gate.set()
     first.join(60)
     deadline = time.monotonic() + 10
-    while batcher.jobs.qsize() and time.monotonic() < deadline:
+    while len(batcher.jobs) and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
     assert gate.prompts == 1  # the second request was never scored
     r = httpx.post(s.url + "/v1/forecast", json=QUESTION, headers=s.auth)  # and the queue has room
     assert r.status_code == 200
+
+
+def test_a_caller_that_leaves_frees_its_place_while_the_model_is_busy(gated):
+    s, gate = gated  # a queue of one place; the worker held in the first pass
+    gate.gate.clear()
+    results = {}
+
+    def ask(i, question):
+        results[i] = httpx.post(
+            s.url + "/v1/forecast", json={**QUESTION, "question": question}, headers=s.auth, timeout=60
+        )
+
+    first = threading.Thread(target=ask, args=(1, QUESTION["question"]))
+    first.start()
+    assert gate.entered.wait(30)
+    with pytest.raises(httpx.TimeoutException):  # the second caller gives up while it waits in the queue
+        httpx.post(
+            s.url + "/v1/forecast", json={**QUESTION, "question": "Another?"}, headers=s.auth, timeout=0.5
+        )
+    time.sleep(1.0)  # the server notices within POLL_S
+    third = threading.Thread(target=ask, args=(3, "A third?"))
+    third.start()  # its place is free although the worker is still busy
+    third.join(2.0)
+    assert 3 not in results, results[3].text  # waiting, not refused with 429
+    gate.gate.set()
+    first.join(60), third.join(60)
+    assert results[1].status_code == results[3].status_code == 200, results[3].text
+
+
+def test_a_batch_larger_than_the_queue_is_413_with_the_limit(gated):
+    s, _ = gated  # --max-queue 1
+    body = {"forecasts": [QUESTION, {**QUESTION, "question": "Another?"}]}
+    r = httpx.post(s.url + "/v1/forecasts", json=body, headers=s.auth)
+    assert r.status_code == 413 and "\n" not in r.text, r.text
+    assert r.json()["error"] == (
+        "forecasts: 2 forecasts in one request, more than this server queues (1, --max-queue)"
+    )
 
 
 def test_a_failing_agent_is_reported_and_the_others_pool(served_pool, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -63,3 +64,73 @@ def test_openai_client_sees_errors_as_openai_errors(serving):
     bad = openai.OpenAI(base_url=serving.url + "/v1", api_key="not-a-token-of-this-ledger", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_openai_client_streams_the_answer(serving):
+    """issue 45 item 5: `stream=True` is a valid SSE stream: one chunk with the answer and its logprobs, then
+    [DONE], read by the official client's streaming call."""
+    client = openai.OpenAI(base_url=serving.url + "/v1", api_key=serving.caller_token, max_retries=0)
+    messages = [{"role": "user", "content": f"{QUESTION}\nA. Yes\nB. No"}]
+    whole = client.chat.completions.create(model=serving.fc.pool.model_id, messages=messages, logprobs=True)
+    chunks = list(
+        client.chat.completions.create(
+            model=serving.fc.pool.model_id, messages=messages, logprobs=True, stream=True
+        )
+    )
+    assert len(chunks) == 1 and chunks[0].object == "chat.completion.chunk"
+    (choice,) = chunks[0].choices
+    assert choice.delta.role == "assistant" and choice.delta.content == whole.choices[0].message.content
+    assert choice.finish_reason == "stop"
+    top = [(t.token, t.logprob) for t in choice.logprobs.content[0].top_logprobs]
+    assert top == [(t.token, t.logprob) for t in whole.choices[0].logprobs.content[0].top_logprobs]
+
+
+def test_tools_and_n_are_refused_response_format_names_the_options(serving):
+    """issue 45 item 5: a body with `tools` (an agent loop) or n > 1 is a 400 OpenAI error, not silently
+    ignored; a JSON-schema `enum` in response_format gives the options, and the content is that JSON."""
+    client = openai.OpenAI(base_url=serving.url + "/v1", api_key=serving.caller_token, max_retries=0)
+    model, messages = serving.fc.pool.model_id, [{"role": "user", "content": f"{QUESTION}\nA. Yes\nB. No"}]
+    tool = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+    with pytest.raises(
+        openai.BadRequestError, match="tools: the pool answers multiple-choice questions only"
+    ):
+        client.chat.completions.create(model=model, messages=messages, tools=[tool])
+    with pytest.raises(openai.BadRequestError, match="n: the pool gives one answer"):
+        client.chat.completions.create(model=model, messages=messages, n=2)
+    plain = client.chat.completions.create(model=model, messages=messages).choices[0].message.content
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"enum": ["Yes", "No"]}}}
+    resp = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], response_format=schema
+    )
+    assert json.loads(resp.choices[0].message.content) == plain
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        bad = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+        client.chat.completions.create(model=model, messages=messages, response_format=bad)
+
+
+def test_the_pool_abstains_below_the_callers_threshold(serving):
+    """issue 45 item 4: `"walla": {"abstain_below": p}`: below p the answer abstains (choice and answer null,
+    the pool still given; in chat the content ABSTAIN); at or above p it answers."""
+    body = {"question": QUESTION, "options": ["Yes", "No"]}
+    url, auth = serving.url + "/v1/forecast", serving.auth
+    plain = httpx.post(url, json=body, headers=auth).json()
+    top = max(plain["probabilities"])
+    below = httpx.post(
+        url, json={**body, "walla": {"abstain_below": min(1.0, top + 1e-6)}}, headers=auth
+    ).json()
+    assert below["abstained"] is True and below["choice"] is None and below["answer"] is None
+    assert below["probabilities"] == plain["probabilities"]
+    above = httpx.post(url, json={**body, "walla": {"abstain_below": top}}, headers=auth).json()
+    assert above["abstained"] is False and above["answer"] == plain["answer"]
+    assert httpx.post(url, json={**body, "walla": {"abstain_below": 1.5}}, headers=auth).status_code == 400
+    client = openai.OpenAI(base_url=serving.url + "/v1", api_key=serving.caller_token, max_retries=0)
+    resp = client.chat.completions.create(
+        model=serving.fc.pool.model_id,
+        messages=[{"role": "user", "content": f"{QUESTION}\nA. Yes\nB. No"}],
+        extra_body={"walla": {"abstain_below": 1.0}},
+    )
+    assert resp.choices[0].message.content == "ABSTAIN" and resp.choices[0].finish_reason == "stop"
+    assert resp.model_extra["walla"]["abstained"] is True

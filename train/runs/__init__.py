@@ -7,7 +7,7 @@ Rooms (private: import their public names from this door):
 - `_layout`: Where training runs live on disk: file and directory names, and listing them.
 - `_lineage`: Whether a saved run still counts: staleness (its inputs and schema) and lineage (a joined run's base).
 - `_pending`: Which runs of a run key are still to train, and what else lies beside them (train/run.py's step 4).
-- `_reader`: The ONE reader of the run format (walla eval, the market, joining): scenario tables, runs, key files.
+- `_reader`: The ONE reader of the run format (walla eval, the market, serve, joining): scenario tables, runs, key files, a scenario's data.
 - `_writer`: The ONE writer of the run format (walla train): scenario table, key file, run (layout: train/runs/_layout.py).
 """
 
@@ -54,6 +54,7 @@ _ROOMS = {
         "read_run_meta",
         "read_scenario_meta",
         "read_scenario_table",
+        "scenario_data",
     ),
     "_writer": ("write_key_file", "write_run", "write_scenario_table"),
 }

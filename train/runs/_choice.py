@@ -103,13 +103,15 @@ def _no_runs(where: str, method: str, runs: dict, problems: list[Problem]) -> Ru
     )
 
 
-def _pick_key(keys: dict[str, dict[int, RunRecord]], where: str, method: str, key: str | None) -> str:
+def _pick_key(
+    keys: dict[str, dict[int, RunRecord]], where: str, method: str, key: str | None, run_flag: bool = True
+) -> str:
     if key is None:
         if len(keys) == 1:
             return next(iter(keys))
+        flags = "--key KEY_ID or --run DIR" if run_flag else "--key KEY_ID"
         raise RunChoiceError(
-            f"{where}: {method} has {len(keys)} run keys, name one with --key KEY_ID or --run DIR: "
-            + _listing(keys)
+            f"{where}: {method} has {len(keys)} run keys, name one with {flags}: " + _listing(keys)
         )
     found = [kid for kid in keys if kid.startswith(key)]
     if key in keys:
@@ -127,9 +129,11 @@ def choose_runs(
     key: str | None = None,
     run: Path | None = None,
     seeds: list[int] | None = None,
+    run_flag: bool = True,
 ) -> RunChoice:
     """The runs to replay (module docstring). `method`: None for walla-i (or the --run's); `seeds`: None for
-    every counted seed of the chosen key.
+    every counted seed of the chosen key; `run_flag`: whether the command has --run (walla serve has not), so
+    an error suggests only flags the caller has.
 
     Raises:
         RunChoiceError: no counted run of the method, several keys and none named, an unknown key, a seed
@@ -160,7 +164,7 @@ def choose_runs(
     keys = _keys(found.runs, method)
     if not keys:
         raise _no_runs(where, method, found.runs, found.problems)
-    kid = _pick_key(keys, where, method, key)
+    kid = _pick_key(keys, where, method, key, run_flag)
     by_seed = keys[kid]
     chosen = sorted(by_seed) if seeds is None else list(seeds)
     missing = [s for s in chosen if s not in by_seed]

@@ -15,6 +15,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from walla.manifests.catalog import collect_tables
+from walla.manifests.scenario import Scenario, ScenarioSpec
+from walla.manifests.validate import ConfigError, build
+from walla.store.scenario import assemble_scenario
 from walla.train.runs._layout import (
     EXTRAS,
     KEY_FILE,
@@ -232,3 +236,15 @@ def read_scenario_meta(path: str | Path) -> dict:
 def read_key_file(path: str | Path) -> dict:
     """A key directory's key.json (see write_key_file)."""
     return read_json(Path(path) / KEY_FILE)
+
+
+def scenario_data(table, store: Path):
+    """The scenario's ScenarioData from `store`, assembled from the resolved spec its scenario.json recorded
+    (`table`: read_scenario_table's): the features a run was trained on, as walla train assembled them (the
+    market's replay and walla serve read a run's questions this way)."""
+    problems: list[str] = []
+    models, datasets = collect_tables(None, problems)
+    if problems:
+        raise ConfigError(problems)
+    spec = build(ScenarioSpec, table.meta["spec"], where=f"{table.path}/scenario.json: spec")
+    return assemble_scenario(Scenario(spec, models, datasets), store)
