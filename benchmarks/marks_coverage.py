@@ -42,8 +42,8 @@ if __name__ == "__main__":
 
 import numpy as np
 from threadpoolctl import threadpool_limits
-from walla.evaluate.bootstrap import power_difference
-from walla.evaluate.simulate import (
+from walla.evaluate.intervals.bootstrap import power_difference
+from walla.evaluate.intervals.simulate import (
     ROWS,
     Rate,
     correlated_outcomes,

@@ -4,7 +4,7 @@
     class_auc(p_agg, label)                # the usual class AUROC of a binary task
     weighted_auc(score, positive, counts)  # either, on every resample of counts [N, B] -> [B]
 
-An AUROC is not a mean over questions, so the bootstrap over questions (bootstrap.py) cannot re-weight
+An AUROC is not a mean over questions, so the bootstrap over questions (intervals/bootstrap.py) cannot re-weight
 per-question terms: the `*_resampled` forms recompute it on every resample, and agree with the plain
 function on the resampled questions (tests/evaluate/test_eval_bootstrap.py). Registered as the metrics
 `auc` and `class_auc` in metrics.py.

@@ -11,7 +11,7 @@ with a soft y (BayesX) it is the expected Brier 1 + sum p^2 - 2 <p, y> (SPEC §5
 per-question constant, so D-Regret, MRR and Kendall tau are the same under either reading.
 
 Most metrics are a mean over questions of a per-question term (`*_terms` below; the registry's value is
-their mean): the bootstrap over questions (bootstrap.py) re-weights those terms. AUC and ECE are not such
+their mean): the bootstrap over questions (intervals/bootstrap.py) re-weights those terms. AUC and ECE are not such
 means; they have `*_resampled` forms that recompute them on every resample at once; either form agrees
 with the plain function on the resampled questions (tests/evaluate/test_eval_bootstrap.py). The AUROC
 estimators are evaluate/auroc.py; the ECE estimators, and why the tables' ECE is the debiased one,

@@ -5,7 +5,7 @@
 
 Reads top to bottom: find scenarios, load their runs (load.py), compute every metric of every run on the
 test split and on the hard subset (scenario_eval.py, metrics.py), summarize over seeds (aggregate.py) and
-over question resamples (bootstrap.py, significance.py), lay out the paper's tables (scenario_tables.py;
+over question resamples (intervals/bootstrap.py, significance.py), lay out the paper's tables (scenario_tables.py;
 tables.py formats them), draw the plots (plots.py), write the files. Missing, interrupted or unreadable runs
 are listed in a "Missing runs" section instead of stopping the report; runs trained from other inputs than
 the scenario's current ones are listed under "Stale runs" and never counted (load.py). When scenario.json
@@ -33,15 +33,15 @@ from pathlib import Path
 import torch
 from threadpoolctl import threadpool_limits
 from walla.evaluate import plots
-from walla.evaluate.bootstrap import N_RESAMPLES, RESAMPLE_SEED
 from walla.evaluate.compute import ScenarioCompute
 from walla.evaluate.config import EvalConfig
+from walla.evaluate.intervals.bootstrap import N_RESAMPLES, RESAMPLE_SEED
+from walla.evaluate.intervals.significance import MULTIPLICITY_RULE, REFERENCE_RULE
 from walla.evaluate.load import Problem, list_scenarios, load_scenario_runs, orphan_runs
 from walla.evaluate.output import write_file
 from walla.evaluate.scenario_eval import ScenarioEval, evaluate_scenario
 from walla.evaluate.scenario_tables import scenario_tables
 from walla.evaluate.selective import selective_curves
-from walla.evaluate.significance import MULTIPLICITY_RULE, REFERENCE_RULE
 from walla.evaluate.tables import (
     CSV_FIELDS,
     CellText,

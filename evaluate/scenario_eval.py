@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from walla.evaluate.bootstrap import calibrated_uniforms, counts_from_indices, resample_indices
 from walla.evaluate.compute import ScenarioCompute, scenario_compute
+from walla.evaluate.intervals.bootstrap import calibrated_uniforms, counts_from_indices, resample_indices
 from walla.evaluate.load import Problem, Run, ScenarioRuns
 from walla.evaluate.metrics import EvalArrays, compute_metrics, hard_subset, per_agent_brier
 from walla.evaluate.validation import Validation, validation_scores
@@ -70,7 +70,7 @@ def _scores(views: Views) -> dict[str, dict[str, float]]:
 
 
 def _resample_counts(n: int) -> np.ndarray:
-    """[n, B] counts of the fixed question resamples of an n-question table (bootstrap.py)."""
+    """[n, B] counts of the fixed question resamples of an n-question table (intervals/bootstrap.py)."""
     return counts_from_indices(resample_indices(n), n)
 
 

@@ -5,7 +5,7 @@
 Rows are the agents, then the methods in group order, then the methods scored against their own
 (calibrated) agents in a block of their own with a footnote (their agent-scored columns are neither bold
 nor compared); each cell holds its seed interval, question interval and significance marks
-(significance.py). MRR is not shown for methods whose weights are equal on every question (UniformAvg;
+(intervals/significance.py). MRR is not shown for methods whose weights are equal on every question (UniformAvg;
 SPEC §10.10).
 """
 
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 from walla.evaluate.aggregate import summarize
-from walla.evaluate.bootstrap import row_draws, row_resamples
 from walla.evaluate.compute import ScenarioCompute, compute_table
 from walla.evaluate.diagnostics import diagnostics_table
+from walla.evaluate.intervals.bootstrap import row_draws, row_resamples
+from walla.evaluate.intervals.significance import annotate
 from walla.evaluate.load import Run
 from walla.evaluate.metrics import EXTRA_COLUMNS, MAIN_COLUMNS, METRICS, EvalArrays, mean_per_agent
 from walla.evaluate.scenario_eval import ScenarioEval
 from walla.evaluate.selective import selective_table
-from walla.evaluate.significance import annotate
 from walla.evaluate.tables import GROUP_TITLES, Cell, Column, Row, Table
 from walla.evaluate.validation import row_validation
 from walla.store.schema import VARIANT_CODE
@@ -62,7 +62,7 @@ def _column(name: str) -> Column:
 def metric_table(ev: ScenarioEval, key: str, subset: str, names: list[str], title: str) -> Table:
     """Rows: agents, then methods in group order, then the methods scored against their own (calibrated)
     agents in a block of their own; columns: `names` (registered metrics), each cell with its seed
-    interval, question interval and significance marks (significance.py)."""
+    interval, question interval and significance marks (intervals/significance.py)."""
     s = ev.data.scenario
     cols = [_column(n) for n in names]
     n_rows = int(ev.hard_mask.sum()) if subset == "hard" else len(s.label)

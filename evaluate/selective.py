@@ -12,7 +12,7 @@ agent). Two ways to abstain, each a pair of columns:
   first); the column is their accuracy.
 
 Each cell is the seed mean ± the 95% t-interval over seeds, then [lo, hi] the 95% percentile interval over
-the same paired question resamples as every other table of the scenario (bootstrap.py: on a resample a
+the same paired question resamples as every other table of the scenario (intervals/bootstrap.py: on a resample a
 question counts as often as it is drawn; at a coverage c the ceil(c n) most confident draws are answered).
 The thresholds and coverages are fixed here, before any result: they are not chosen per scenario.
 """
@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 from walla.evaluate.aggregate import summarize
-from walla.evaluate.bootstrap import percentile_interval, seed_mean
+from walla.evaluate.intervals.bootstrap import percentile_interval, seed_mean
 from walla.evaluate.scenario_eval import ScenarioEval
 from walla.evaluate.tables import Cell, Column, Row, Table
 

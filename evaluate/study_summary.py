@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from walla.evaluate.bootstrap import difference_interval
+from walla.evaluate.intervals.bootstrap import difference_interval
 from walla.evaluate.tables import Row, Table, cell_parts
 
 ROWS = ("UniformAvg", "StackedGen", "LENS (beyond the paper)", "WALLA I", "WALLA II", "WALLA I (augmented)")

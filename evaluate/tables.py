@@ -1,7 +1,7 @@
 """Paper-layout tables: a small table model and its Markdown, LaTeX (booktabs) and CSV renderings.
 
 The report recipe (`report.py`, through `scenario_tables.py`) fills `Table`s with `Summary`s (mean, 95% CI
-over seeds) and, from the bootstrap over questions (`significance.py`), a question interval and
+over seeds) and, from the bootstrap over questions (`intervals/significance.py`), a question interval and
 paired-difference intervals per cell; this module only formats: the display scale (x100),
 `mean ± CI [lo, hi]` with 2 decimals, the significance marks († ‡), bold for the best aggregation method
 per column (individual agents are references, not candidates; the paper's tables bold nothing, we add
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from walla.evaluate.aggregate import Summary
-from walla.evaluate.bootstrap import Interval
+from walla.evaluate.intervals.bootstrap import Interval
 
 GROUP_TITLES = {
     "individual": "Individual agents",
@@ -54,7 +54,9 @@ class Cell:
     vs: dict[str, Interval] = field(default_factory=dict)  # MARKS key -> unadjusted 95% interval of the
     # paired difference
     sim: dict[str, Interval] = field(default_factory=dict)  # MARKS key -> simultaneous (family-wise) interval
-    significant: set[str] = field(default_factory=set)  # MARKS keys whose mark is shown (significance.py)
+    significant: set[str] = field(
+        default_factory=set
+    )  # MARKS keys whose mark is shown (intervals/significance.py)
     comparable: bool = True  # False: scored against other agents than the column's other rows
 
     @property

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from walla.evaluate.aggregate import summarize
+from walla.evaluate.intervals.significance import BASELINE_GROUPS
 from walla.evaluate.load import ScenarioRuns
 from walla.evaluate.metrics import EvalArrays, compute_metrics, hard_subset
-from walla.evaluate.significance import BASELINE_GROUPS
 from walla.train.runs import RunFormatError, read_run, read_scenario_table
 
 Means = dict[str, float]  # metric -> seed mean

@@ -10,7 +10,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 from walla.evaluate import metrics as M
 from walla.evaluate.auroc import weighted_auc
-from walla.evaluate.bootstrap import (
+from walla.evaluate.intervals.bootstrap import (
     Interval,
     calibration_bounds,
     calibration_interval,

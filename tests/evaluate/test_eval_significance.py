@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from eval_fixtures import write_run, write_scenario
-from walla.evaluate.bootstrap import calibration_interval, percentile_interval, resample_indices
+from walla.evaluate.intervals.bootstrap import calibration_interval, percentile_interval, resample_indices
 from walla.evaluate.metrics import EvalArrays, compute_metrics
 from walla.evaluate.report import EvalConfig, run
 from walla.evaluate.tables import to_latex, to_markdown

@@ -5,7 +5,7 @@
 * power: a row that is clearly better gets its marks;
 * coverage: the ECE interval holds the population ECE of simulated 2- and 4-option predictors.
 
-The simulations (walla.evaluate.simulate, also behind benchmarks/marks_coverage.py) run the tables' own
+The simulations (walla.evaluate.intervals.simulate, also behind benchmarks/marks_coverage.py) run the tables' own
 code: significance.family_marks, which `annotate` calls per column (test_annotate_marks_as_the_simulation
 checks they agree), and the ECE functions every ECE cell runs, with the report's resamples and label draws.
 
@@ -25,11 +25,11 @@ import math
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
-from walla.evaluate import significance, simulate
 from walla.evaluate.aggregate import Summary
-from walla.evaluate.bootstrap import power_difference
-from walla.evaluate.significance import annotate, best_baseline
-from walla.evaluate.simulate import (
+from walla.evaluate.intervals import significance, simulate
+from walla.evaluate.intervals.bootstrap import power_difference
+from walla.evaluate.intervals.significance import annotate, best_baseline
+from walla.evaluate.intervals.simulate import (
     CANDIDATES,
     ROWS,
     column_marks,

@@ -16,7 +16,7 @@ individual agent, no WALLA row) with the best seed mean on the scenario's VALIDA
 column's direction; a scenario without validation questions gets no ‡. Columns without a direction
 (Inv. HHI) get intervals but no marks, and so do cells scored against other agent probabilities than the
 rest of the column (`Cell.comparable`, the calibrated block) or not shown (UniformAvg's MRR). The marks'
-error rate, their power and the ECE interval's coverage are checked by simulation (evaluate/simulate.py:
+error rate, their power and the ECE interval's coverage are checked by simulation (evaluate/intervals/simulate.py:
 tests/evaluate/test_eval_simulation.py, benchmarks/marks_coverage.py).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from walla.evaluate.bootstrap import (
+from walla.evaluate.intervals.bootstrap import (
     DRAW_SEED,
     LEVEL,
     N_RESAMPLES,

@@ -23,15 +23,15 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from walla.evaluate.bootstrap import (
+from walla.evaluate.calibration_error import ECE_BINS, ece_calibrated_draws, ece_debiased_resampled
+from walla.evaluate.intervals.bootstrap import (
     N_RESAMPLES,
     calibrated_uniforms,
     calibration_bounds,
     counts_from_indices,
     resample_indices,
 )
-from walla.evaluate.calibration_error import ECE_BINS, ece_calibrated_draws, ece_debiased_resampled
-from walla.evaluate.significance import family_marks
+from walla.evaluate.intervals.significance import family_marks
 
 ROWS = 9  # UniformAvg (row 0), 7 baselines (rows 1-7), WALLA I (row 8)
 CANDIDATES = 8  # rows 0-7 may be the ‡ reference (learning-free or learning-based)

@@ -211,7 +211,7 @@ def max_t_critical(
     n - 1 degrees of freedom from the questions, combined with B - 1 from the resamples that estimate it.
     With `null_se`, marking the rows with |d_h| > c null_se_h makes any false mark in the family a
     <= 1 - level event: checked by simulation for independent and correlated rows on 140 and 1000
-    questions (evaluate/simulate.py); the plain bootstrap quantile with the resamples' sd gave 6-7% on
+    questions (evaluate/intervals/simulate.py); the plain bootstrap quantile with the resamples' sd gave 6-7% on
     140 questions.
     """
     se = differences.std(axis=-1, ddof=1) if se is None else se  # [..., H]
