@@ -27,7 +27,7 @@ from walla.evaluate.calibration_error import ECE_BINS, ece, reliability  # noqa:
 from walla.evaluate.compute import ScenarioCompute  # noqa: E402
 from walla.evaluate.load import Run, ScenarioRuns  # noqa: E402
 from walla.evaluate.metrics import METRICS  # noqa: E402
-from walla.evaluate.output import write_file  # noqa: E402
+from walla.store.atomic import write_file  # noqa: E402
 from walla.store.schema import VARIANTS  # noqa: E402
 from walla.train.mechanism import brier_score  # noqa: E402
 

@@ -38,7 +38,6 @@ from walla.evaluate.config import EvalConfig
 from walla.evaluate.intervals.bootstrap import N_RESAMPLES, RESAMPLE_SEED
 from walla.evaluate.intervals.significance import MULTIPLICITY_RULE, REFERENCE_RULE
 from walla.evaluate.load import Problem, list_scenarios, load_scenario_runs, orphan_runs
-from walla.evaluate.output import write_file
 from walla.evaluate.scenario_eval import ScenarioEval, evaluate_scenario
 from walla.evaluate.scenario_tables import scenario_tables
 from walla.evaluate.selective import selective_curves
@@ -52,6 +51,7 @@ from walla.evaluate.tables import (
     to_latex,
     to_markdown,
 )
+from walla.store.atomic import write_file
 
 
 @dataclass

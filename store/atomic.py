@@ -64,3 +64,13 @@ def write_json(path: Path, obj: dict, indent: int | None = 2) -> Path:
 def write_parquet(path: Path, df: pl.DataFrame) -> Path:
     # statistics off: they embed nothing we read, and keep identical data -> identical bytes
     return write_atomic(path, lambda p: df.write_parquet(p, compression="zstd", statistics=False))
+
+
+def write_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """Atomically write one output file (a report's table or PNG), its directory made; an OSError becomes one
+    line naming `path` (a ValueError: walla eval's one-line errors)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_atomic(path, write)
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
