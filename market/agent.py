@@ -41,7 +41,9 @@ from walla.store.features import FEATURES_DIR, META_FILE, StoreError
 from walla.store.files import read_json
 from walla.train.runs import read_scenario_meta
 
-Features = Callable[[dict], tuple[list[float], np.ndarray]]  # round -> (probabilities [K], hidden [H])
+# round -> (probabilities [K], hidden [H]); a features object may also say, by `relevant(round)`, whether the
+# agent held the round's relevant context (replay's stored features do: a walla-i-cal head's role)
+Features = Callable[[dict], tuple[list[float], np.ndarray]]
 log = logging.getLogger("walla.market.agent")
 
 
@@ -159,6 +161,9 @@ class Agent:
     def report(self, rnd: dict) -> dict:
         """Features -> wager -> submit (or replace) the report for one open round."""
         probs, hidden = self.features(rnd)
+        if self.head.calibrate is not None:  # walla-i-cal: the agent's own temperatures first, as walla train
+            relevant = getattr(self.features, "relevant", None)  # held the round's relevant context (replay)
+            probs = self.head.calibrate(probs, hidden, bool(relevant(rnd)) if relevant else False).tolist()
         wager = self.head.wager(hidden)
         out = self.client.submit(rnd["id"], probs, wager)
         if self.label:

@@ -2,11 +2,14 @@
 
     head = AgentHead.from_run(run_dir, slot=2)           # decentralized: agent 2's parameters, nothing else
     w = head.wager(hidden)                               # eval mode, float64: = walla.predict's wager
+    p = head.calibrate(probs, hidden, relevant) if head.calibrate else probs   # walla-i-cal's temperatures
     head.update([(hidden, advantage), ...])              # one training step from the agent's own payouts
 
 Wager (exactly walla.train.methods.walla.predict for one row): x = the agent's hidden state as float32
 (standardized with the agent's own train statistics when the run did), r = head(x) in eval mode,
-w = sigmoid(r / T) in float64. Update (the run's loss and optimizer settings, walla.train_heads for one
+w = sigmoid(r / T) in float64. A walla-i-cal run also calibrates the agent's probabilities first, with its own
+temperature head(s) (train/calibration agent_calibrator: softmax(log p / T(x)), as walla.predict pooled them).
+Update (the run's loss and optimizer settings, walla.train_heads for one
 agent): w* = clip(A / 2c3, 0, 1) from the agent's OWN advantage A (the payout record carries it; equally
 A = pi / w + c3 w), loss = mean (w - w*)^2 over the batch with dropout masks on
 (walla.train.wagers._step.wager_loss), then walla train's own step: per-head gradient-norm clipping at the
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from walla.train.calibration import CalibrationConfig
+from walla.train.calibration import CalibrationConfig, agent_calibrator
 from walla.train.engine import TrainEnv, make_fabric, make_optimizer
 from walla.train.methods import get_method
 from walla.train.methods.walla import Config
@@ -46,13 +49,13 @@ class AgentHead:
     def __init__(self, state: dict, slot: int, where: str = "state", seed: int | None = None) -> None:
         self.cfg = walla_config(state)
         dims = [int(d) for d in state["in_dims"]]
-        if state.get("calibration") is not None:
-            raise HeadError(f"{where}: calibrated runs (walla-i-cal) are not supported by live agents yet")
         if not 0 <= slot < len(dims):
             raise HeadError(
                 f"{where}: slot {slot} out of range (the run has {len(dims)} agents: 0..{len(dims) - 1})"
             )
         self.slot, self.in_dim = slot, dims[slot]
+        cal = state.get("calibration")  # walla-i-cal: the agent's fitted temperature head(s)
+        self.calibrate = None if cal is None else agent_calibrator(cal, slot)
         cfg = self.cfg
         # float32 whatever torch's default dtype is now: a model loading in another thread sets it process-wide
         heads = StackedHeads([self.in_dim], cfg.hidden, cfg.dropout, cfg.projection_dim, init=False)
@@ -86,6 +89,12 @@ class AgentHead:
         if family != "walla":
             raise HeadError(
                 f"{run}: a {method} run; live agents need a WALLA run (walla-i, walla-ii, walla-i-log)"
+            )
+        if meta.get("calibration") is not None:  # train.calibrated: fitted temperatures not saved
+            raise HeadError(
+                f"{run}: trained with train.calibrated (every agent calibrated before every method), whose "
+                "fitted temperatures walla train does not save, so a live agent cannot report what it pooled; "
+                "use walla-i-cal (its temperatures are in its state.pt)"
             )
         if not (run / STATE).exists():
             scenario = run.parent.parent.parent

@@ -32,6 +32,7 @@ from walla.market.client import MarketClient
 from walla.market.head import AgentHead
 from walla.market.ledger import Ledger
 from walla.market.local import LocalServer
+from walla.store.schema import VARIANT_CODE
 from walla.train import mechanism
 from walla.train.runs import RunFormatError, RunRecord, choose_runs, scenario_data
 
@@ -90,6 +91,11 @@ class StoreFeatures:
 
     def __init__(self, data, slot: int, row_of: dict[str, int], k: int) -> None:
         self.data, self.slot, self.row_of, self.k = data, slot, row_of, k
+
+    def relevant(self, rnd: dict) -> bool:
+        """Whether this agent's stored prompt held the round's relevant context (a calibration role)."""
+        row = self.row_of[rnd["question"].split("\n", 1)[0]]
+        return bool(self.data.variant[row, self.slot] == VARIANT_CODE["relevant"])
 
     def __call__(self, rnd: dict) -> tuple[list[float], np.ndarray]:
         row = self.row_of[rnd["question"].split("\n", 1)[0]]

@@ -72,6 +72,10 @@ def check_served(fc: Forecaster, limit: int | None = None, caller: str = "check"
             st["hidden"] = max(st["hidden"], _hidden_gap(h, sh))
             with fc.head_lock:
                 stored_wagers.append(float(a.head.wager(sh)))
+                if (
+                    a.head.calibrate is not None
+                ):  # walla-i-cal: the stored probabilities calibrated, as offline
+                    sp = a.head.calibrate(sp, sh, job.relevant[a.slot])
             stored_probs.append([float(x) for x in sp])
         offline = record.agg_probs[r, :k]
         pool_diff = max(pool_diff, float(np.abs(np.array(ans["probabilities"]) - offline).max()))

@@ -44,6 +44,7 @@ from walla.serve.loading import (
     run_file,
     stored_question,
 )
+from walla.store.schema import VARIANT_CODE
 
 SOURCE = "walla serve"  # the `source` of every served round: `<SOURCE> <model id>; caller <name>`
 KEEP_HIDDEN = 10_000  # rounds whose hidden states are kept for --learn (oldest forgotten first)
@@ -60,6 +61,7 @@ class Job:
     strings: list[str]  # the scored option strings
     per_model: dict[int, list[str]] = field(default_factory=dict)  # id(llm) -> distinct prompts
     abstain_below: float | None = None  # the pool abstains when its top probability is below this
+    relevant: list[bool] = field(default_factory=list)  # [M] the agent's prompt holds relevant context
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -188,6 +190,9 @@ class Forecaster:
                 labels = [visible_key(t) for t in strings]
             text = str(pool.data.question[row])
             job = Job(text, labels, question_id, prompts, strings)
+            job.relevant = [
+                bool(pool.data.variant[row, a.slot] == VARIANT_CODE["relevant"]) for a in pool.agents
+            ]
         else:
             strings = scored_strings(pool, list(options))
             if context is not None and pool.template.with_context is None:
@@ -195,6 +200,7 @@ class Forecaster:
             body = render(pool.template, question, options, context)
             prompts = [a.llm.backend.format_prompt(body) for a in pool.agents]
             job = Job(question, list(options), None, prompts, strings)
+            job.relevant = [context is not None] * len(pool.agents)  # the caller's context: every agent's
         job.abstain_below = abstain_below
         for a, p in zip(pool.agents, job.prompts, strict=True):
             job.per_model.setdefault(id(a.llm), [])
@@ -235,6 +241,8 @@ class Forecaster:
             probs, h, n_tok = scored[k][prompt]
             try:
                 with self.head_lock:
+                    if a.head.calibrate is not None:  # walla-i-cal: its temperatures, as walla train pooled
+                        probs = a.head.calibrate(probs, h, job.relevant[a.slot])
                     wager = float(a.head.wager(h))
             except (ValueError, RuntimeError) as e:
                 failed.append({"name": a.name, "model": a.model, "error": f"head: {e}"})

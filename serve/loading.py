@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from walla.extract.backends import BATCHING_KEY, TIER_KEY, Backend, Settled
 from walla.extract.backends.registry import identity_difference
 from walla.extract.datasets import default_template
@@ -137,6 +138,7 @@ class ServedPool:
     row_of: dict[str, int] = field(default_factory=dict)  # question_id -> row of `data`
     files: dict[str, RunFile] = field(default_factory=dict)  # the run's watched files as loaded (WATCHED)
     created: int = 0  # the heads file's mtime when loaded (seconds): /v1/models' `created`
+    selective: dict = field(default_factory=dict)  # offline accuracy-coverage (offline_selective)
 
     @property
     def head_digest(self) -> str:
@@ -316,7 +318,28 @@ def load_pool(
         row_of,
         files,
         files[STATE].stat[0] // 1_000_000_000,
+        offline_selective(record.agg_probs, table.label),
     )
+
+
+def offline_selective(agg_probs, label) -> dict:
+    """The served run's accuracy-coverage on its test questions, offline (walla train's pool of the served
+    seed; evaluate/selective.py's fixed thresholds and coverages): what a caller reads to choose
+    `abstain_below` from data. Point values of this seed; walla eval's tables give the intervals."""
+    from walla.evaluate.selective import COVERAGES, THRESHOLDS, coverage_values, threshold_values
+
+    agg = np.asarray(agg_probs, dtype=np.float64)
+    conf, correct = agg.max(-1), (agg.argmax(-1) == np.asarray(label)).astype(np.float64)
+    at = [threshold_values(conf, correct, t) for t in THRESHOLDS]
+    return {
+        "n": len(conf),
+        "questions": "the run's test questions, walla train's pool of this seed",
+        "thresholds": [
+            {"abstain_below": t, "accuracy": None if a != a else a, "coverage": c}
+            for t, (a, c) in zip(THRESHOLDS, at, strict=True)
+        ],
+        "coverages": [{"coverage": c, "accuracy": coverage_values(conf, correct, c)} for c in COVERAGES],
+    }
 
 
 def stored_question(pool: ServedPool, question_id: str) -> tuple[int, list[str], list[str]]:

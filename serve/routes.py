@@ -135,6 +135,7 @@ def model_card(fc: Forecaster) -> dict:
             "head_digest": pool.head_digest,
             "learning": fc.learn,
             "promise": fc.promise,
+            "selective": pool.selective,
             "agents": [
                 {
                     "name": a.name,

@@ -28,7 +28,7 @@ def _train(model: Path, store: Path, runs: Path, methods: str, settings: tuple[s
     args = ["--scenario", "homo", "--model", str(model), "--agents", "3", "--store", str(store)]
     args += ["--runs", str(runs), "--methods", methods, "--seed-list", "18", "--save-states", "walla"]
     for s in settings:
-        args += ["--set", s]
+        args += [s] if s.startswith("--") else ["--set", s]  # a flag (--calibrated) or a --set key=value
     res = CliRunner().invoke(train_cli.app, args)
     assert res.exit_code == 0, res.output
 

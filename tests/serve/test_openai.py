@@ -6,6 +6,7 @@ import json
 import math
 
 import httpx
+import numpy as np
 import pytest
 
 openai = pytest.importorskip(
@@ -134,3 +135,20 @@ def test_the_pool_abstains_below_the_callers_threshold(serving):
     )
     assert resp.choices[0].message.content == "ABSTAIN" and resp.choices[0].finish_reason == "stop"
     assert resp.model_extra["walla"]["abstained"] is True
+
+
+def test_models_carry_the_runs_offline_accuracy_coverage(serving):
+    """issue 45 item 4: /v1/models gives the run's accuracy-coverage table (its test questions, offline), so a
+    caller chooses abstain_below from data; each row is the answered share and accuracy of walla train's pool."""
+    card = httpx.get(serving.url + "/v1/models", headers=serving.auth).json()["data"][0]["walla"]["selective"]
+    pool = serving.fc.pool
+    record, table = pool.choice.seeds[pool.seed], pool.choice.table
+    agg = np.asarray(record.agg_probs, dtype=np.float64)
+    conf, right = agg.max(-1), agg.argmax(-1) == np.asarray(table.label)
+    assert card["n"] == len(table.question_id) > 0
+    for row in card["thresholds"]:
+        answered = conf >= row["abstain_below"] - 1e-12
+        assert row["coverage"] == pytest.approx(answered.mean())
+        assert row["accuracy"] == (pytest.approx(right[answered].mean()) if answered.any() else None)
+    assert [r["coverage"] for r in card["coverages"]] == [0.5, 0.8]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in card["coverages"])

@@ -11,6 +11,12 @@ from walla.cli.lazy import door
 
 _ROOMS = {
     "_heads": ("TempHeads",),
-    "_temperature": ("CalibrationConfig", "apply_calibration", "fit_calibration", "temperatures"),
+    "_temperature": (
+        "CalibrationConfig",
+        "agent_calibrator",
+        "apply_calibration",
+        "fit_calibration",
+        "temperatures",
+    ),
 }
 __getattr__, __all__ = door(__name__, _ROOMS)

@@ -327,3 +327,38 @@ def apply_calibration(state: dict, data, rows: np.ndarray, env: TrainEnv = Train
     with torch.no_grad():
         out = scaled(log_probs(probs, mask), temps, mask).exp()  # [n, M, K]
     return out.cpu().numpy().astype(np.float32)
+
+
+def agent_calibrator(state: dict, agent: int):
+    """Agent `agent`'s calibration of one question at a time, from a run's calibration state: a function
+    (probs [K], hidden [H], relevant) -> calibrated probs [K] float32, softmax(log p / T(hidden)) with the head
+    apply_calibration uses for that agent and role (`relevant`: the agent held the question's relevant
+    context; one head per role only where the run fitted them so). A live agent or a served pool reports
+    what walla train pooled: the same heads, float32 inputs and scaling, on its own hidden state alone."""
+    cfg = CalibrationConfig(**state["cfg"])
+    heads = _heads(state["in_dims"], cfg, torch.device("cpu"), init=False).float()
+    heads.load_stacked([p.float().cpu() for p in state["params"]])
+    heads.eval()
+    mine = [g for g, a in enumerate(state["agent"]) if a == agent]  # its heads: one, or one per role
+    h_max = max(state["in_dims"])
+
+    def calibrate(probs: np.ndarray, hidden: np.ndarray, relevant: bool = False) -> np.ndarray:
+        p = torch.as_tensor(np.asarray(probs, dtype=np.float32))[None, None, :]  # [1, 1, K]
+        mask = torch.ones_like(p, dtype=torch.bool)
+        role = 0 if relevant else 1
+        g = next((g for g in mine if state["role"][g] in (-1, role)), None)
+        if g is None:  # an agent the run did not calibrate: T = 1, as apply_calibration leaves it
+            t = torch.ones(1, 1)
+        elif not state["fitted"][g]:  # too few rows for this role: T = t0
+            t = torch.full((1, 1), float(cfg.t0))
+        else:
+            h = torch.as_tensor(np.asarray(hidden)).float().reshape(-1)[:h_max]
+            x = torch.zeros(len(state["agent"]), 1, h_max)  # [G, 1, Hmax]: head g reads slice g
+            x[g, 0, : h.numel()] = h
+            with torch.no_grad():
+                t = heads(x)[g : g + 1, :]  # [1, 1]
+        with torch.no_grad():
+            out = scaled(log_probs(p, mask), t, mask).exp()  # [1, 1, K]
+        return out[0, 0].numpy().astype(np.float32)
+
+    return calibrate
