@@ -123,8 +123,7 @@ def scenario_section(ev, main: Table) -> tuple[list[str], list[str]]:
     power = main.power.get(next((c.label for c in main.columns if c.key == "accuracy"), "ACC"))
     lines += [
         "",
-        f"Accuracy difference detected with 80% power on these {n} questions: "
-        + (f"{power:g} points." if power is not None else "not computed."),
+        f"Accuracy difference detected with 80% power on these {n} questions: {_power_text(power)}.",
         "",
     ]
     best = max(agents, key=lambda r: r.cells["accuracy"].summary.mean) if agents else None
@@ -143,8 +142,9 @@ def scenario_section(ev, main: Table) -> tuple[list[str], list[str]]:
             d, iv = _diff(r, other)
             shown = iv is not None and (iv[0] > 0 or iv[1] < 0)
             ivs = f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "[–]"
+            named = name if other.label == name else f"{name} ({other.label})"
             words.append(
-                f"vs {name} ({other.label}): {_fmt(d)} points {ivs} "
+                f"vs {named}: {_fmt(d)} points {ivs} "
                 + ("(the interval excludes 0)" if shown else "(not shown)")
             )
         lines.append("- " + "; ".join(words) + ".")
@@ -161,10 +161,19 @@ def scenario_section(ev, main: Table) -> tuple[list[str], list[str]]:
             if any(u for _, u in said)
             else "the test questions show no accuracy difference between WALLA and UniformAvg"
         )
-        + (f" (80% power only for differences of about {power:g} points)" if power is not None else "")
+        + (f" (80% power only for differences of {_power_text(power)})" if power is not None else "")
         + "."
     )
     return lines, sentences
+
+
+def _power_text(power: float | None) -> str:
+    """The 80%-power difference in words: past 100 points no accuracy difference can be detected at all."""
+    if power is None:
+        return "not computed"
+    if power > 100:
+        return f"more than 100 points ({power:.0f} by the normal approximation): none can be detected"
+    return f"about {power:g} points"
 
 
 def write_summary(
