@@ -161,9 +161,10 @@ class Agent:
     def report(self, rnd: dict) -> dict:
         """Features -> wager -> submit (or replace) the report for one open round."""
         probs, hidden = self.features(rnd)
-        if self.head.calibrate is not None:  # walla-i-cal: the agent's own temperatures first, as walla train
+        calibrate = getattr(self.head, "calibrate", None)
+        if calibrate is not None:  # walla-i-cal: the agent's own temperatures first, as walla train
             relevant = getattr(self.features, "relevant", None)  # held the round's relevant context (replay)
-            probs = self.head.calibrate(probs, hidden, bool(relevant(rnd)) if relevant else False).tolist()
+            probs = calibrate(probs, hidden, bool(relevant(rnd)) if relevant else False).tolist()
         wager = self.head.wager(hidden)
         out = self.client.submit(rnd["id"], probs, wager)
         if self.label:

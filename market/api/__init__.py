@@ -29,6 +29,7 @@ _ROOMS = {
         "error_handlers",
         "error_response",
         "validation_message",
+        "warm_up",
     ),
 }
 __getattr__, __all__ = door(__name__, _ROOMS)

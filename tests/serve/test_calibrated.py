@@ -29,7 +29,12 @@ def cal_market(tmp_path_factory):
 
 def test_a_calibrated_pool_is_served_as_walla_train_pooled_it(cal_market, tmp_path):
     pool = load_pool(
-        ServeConfig(scenario=cal_market["scenario"], runs=cal_market["runs"], store=cal_market["store"])
+        ServeConfig(
+            scenario=cal_market["scenario"],
+            runs=cal_market["runs"],
+            store=cal_market["store"],
+            method="walla-i-cal",
+        )
     )
     try:
         assert pool.choice.method == "walla-i-cal" and all(a.head.calibrate is not None for a in pool.agents)
