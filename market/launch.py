@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 TOKEN_ENV = "WALLA_MARKET_OPERATOR_TOKEN"
 
 
+def fail(message: object, code: int = DATA) -> typer.Exit:
+    """`walla market: error: <message>` as one line on stderr; the caller raises the returned Exit. The voice of
+    every `walla market` command, its options (market/cli/) and its work (market/commands/) alike.
+
+    `code`: walla's exit-code table (cli/exits.py): DATA by default, USAGE for a bad option, UNREACHABLE
+    for a market URL or database server that does not answer."""
+    return exits.fail("market", message, code)
+
+
 def operator_token(token_file: Path | None, sub: str = "market") -> str | None:
     """The operator's token from `token_file` or $WALLA_MARKET_OPERATOR_TOKEN, checked (>= 16 characters);
     None: neither is set (the ledger then makes one)."""

@@ -17,7 +17,6 @@ Rooms (private: import their public names from this door):
 - `_audit`: `walla market audit | export`: check a ledger end to end, or write it out as Parquet.
 - `_operator`: The operator's commands: `walla market init | serve | add-agent` (the ledger and its HTTP server).
 - `_replay`: `walla market replay`: a trained scenario's test split through a live market, checked against walla train.
-- `_voice`: What every `walla market` command module shares: its name in messages and the one-line error.
 """
 
 from __future__ import annotations
@@ -79,6 +78,5 @@ def run_market(argv: list[str], prog: str = "walla market") -> int:
 
 _ROOMS = {
     "_agent": ("agent_token",),
-    "_voice": ("fail",),
 }
 __getattr__, __all__ = door(__name__, _ROOMS)

@@ -20,7 +20,7 @@ from pathlib import Path
 import typer
 from walla.cli import options
 from walla.cli.exits import UNREACHABLE, USAGE
-from walla.market.cli._voice import fail
+from walla.market.launch import fail
 
 app = options.app()
 TOKEN_ENV = "WALLA_MARKET_AGENT_TOKEN"

@@ -16,8 +16,8 @@ import typer
 from walla.cli import options
 from walla.cli.exits import USAGE, message_of
 from walla.market.audit import read_heads
-from walla.market.cli._voice import fail
 from walla.market.keys import KEY_ENV, read_keys
+from walla.market.launch import fail
 
 app = options.app()
 

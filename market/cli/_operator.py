@@ -20,9 +20,8 @@ from pathlib import Path
 import typer
 from walla.cli import options
 from walla.cli.exits import USAGE
-from walla.market.cli._voice import fail
 from walla.market.keys import KEY_ENV
-from walla.market.launch import TOKEN_ENV, check_heads_every, check_port, market_keys, operator_token
+from walla.market.launch import TOKEN_ENV, check_heads_every, check_port, fail, market_keys, operator_token
 from walla.market.text import agent_name
 
 app = options.app()

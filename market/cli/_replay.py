@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 from walla.cli import options
 from walla.cli.exits import USAGE
-from walla.market.cli._voice import fail
+from walla.market.launch import fail
 
 if TYPE_CHECKING:
     from walla.market.replay import ReplayResult

@@ -23,9 +23,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from walla.cli.exits import DATA, UNREACHABLE
 from walla.market.audit import audit, head_line, not_a_ledger, open_readonly, parse_heads
-from walla.market.cli import fail
 from walla.market.export import export
-from walla.market.launch import first_line
+from walla.market.launch import fail, first_line
 
 
 @contextmanager

@@ -29,9 +29,8 @@ from walla.market.api import (
     create_app,
     guarded_protocol,
 )
-from walla.market.cli import fail
 from walla.market.keys import KEY_ENV
-from walla.market.launch import open_ledger, setup_operator
+from walla.market.launch import fail, open_ledger, setup_operator
 from walla.market.ledger import Ledger
 
 

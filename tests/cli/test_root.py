@@ -36,12 +36,11 @@ def test_every_market_command_is_listed():
     listed = {(e.target.split(":")[0], e.command or n) for n, e in MARKET_COMMANDS.items()}
     found = set()
     for mod in pkgutil.iter_modules(walla.market.cli.__path__):
-        if mod.name != "_voice":
-            module = importlib.import_module(f"walla.market.cli.{mod.name}")
-            if isinstance(getattr(module, "app", None), typer.Typer):
-                cmd = typer.main.get_command(module.app)
-                names = cmd.commands if hasattr(cmd, "commands") else [cmd.name]
-                found |= {(module.__name__, n) for n in names}
+        module = importlib.import_module(f"walla.market.cli.{mod.name}")
+        if isinstance(getattr(module, "app", None), typer.Typer):
+            cmd = typer.main.get_command(module.app)
+            names = cmd.commands if hasattr(cmd, "commands") else [cmd.name]
+            found |= {(module.__name__, n) for n in names}
     assert found and listed == found
     assert all(e.command is None or e.command == n for n, e in MARKET_COMMANDS.items())
 
