@@ -113,7 +113,7 @@ class Ledger:
         # is kept here and an append is one INSERT; another process's append makes it stale, and the insert
         # then fails on the events' primary key and the transaction is retried with the link read afresh.
         self._sqlite = sqlite
-        self._tokens = TokenCache()  # the tokens authenticate found valid (tokens.py)
+        self.token_cache = TokenCache()  # the tokens authenticate found valid (tokens.py)
         self.key: bytes | None = None  # signs every event appended (chain.sign_with sets it); None: unsigned
         self._head: tuple[int, str] | None = None
         self._pending: tuple[int, str] | None = None
@@ -125,8 +125,9 @@ class Ledger:
     def close(self) -> None:
         self.engine.dispose()
 
-    def _write(self, fn: Callable[[Connection], Any]) -> Any:
-        """fn(conn) in one write transaction, retried when it lost a race to another writer."""
+    def transaction(self, fn: Callable[[Connection], Any]) -> Any:
+        """fn(conn) in one write transaction, retried when it lost a race to another writer: the one way the
+        ledger's modules (accounts, rounds, reports, resolution, chain) write."""
         for attempt in range(RETRIES):
             try:
                 with self._queue:
@@ -150,7 +151,7 @@ class Ledger:
                 time.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _append(self, conn: Connection, kind: str, at: float, key: bytes | None = None, **kw) -> None:
+    def append_event(self, conn: Connection, kind: str, at: float, key: bytes | None = None, **kw) -> None:
         """Append one event to the hash chain inside the caller's write transaction (events.py), signed with
         `key` (a rotation's old key), else the ledger's key when it has one."""
         head = (self._pending or self._head) if self._sqlite else None

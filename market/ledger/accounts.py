@@ -59,10 +59,10 @@ def add_agent(
         checked_id("agent", aid)
         limits = {"name": name, "role": role, "max_wager": max_wager, "floor": floor}
         limits["token"] = token_check(hash_token(token))
-        ledger._append(conn, "agent_added", now, agent_id=aid, data=limits)
+        ledger.append_event(conn, "agent_added", now, agent_id=aid, data=limits)
 
-    ledger._write(txn)
-    ledger._tokens.allow(hash_token(token))  # a chosen token refused before is valid from now on
+    ledger.transaction(txn)
+    ledger.token_cache.allow(hash_token(token))  # a chosen token refused before is valid from now on
     return token
 
 
@@ -100,24 +100,24 @@ def ensure_operator(ledger: Ledger, token: str | None = None) -> str | None:
             ).inserted_primary_key[0]
             checked_id("agent", aid)
             data = {"name": OPERATOR, "token": token_check(hash_token(new))}
-            ledger._append(conn, "operator_added", now, agent_id=aid, data=data)
+            ledger.append_event(conn, "operator_added", now, agent_id=aid, data=data)
             changed.append(aid)
         elif row.token_hash != hash_token(new):
             conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(token_hash=hash_token(new)))
             data = {"token": token_check(hash_token(new))}
-            ledger._append(conn, "operator_token_set", now, agent_id=row.id, data=data)
+            ledger.append_event(conn, "operator_token_set", now, agent_id=row.id, data=data)
             changed.append(row.id)
         return new
 
     new = None
     try:
-        new = ledger._write(txn)
+        new = ledger.transaction(txn)
         return new
     finally:  # after the commit: the operator's old token is forgotten, its new one no longer refused
         for aid in changed:
-            ledger._tokens.invalidate(aid)
+            ledger.token_cache.invalidate(aid)
         if new is not None:
-            ledger._tokens.allow(hash_token(new))
+            ledger.token_cache.allow(hash_token(new))
 
 
 def revoke(ledger: Ledger, name: str) -> dict:
@@ -129,16 +129,16 @@ def revoke(ledger: Ledger, name: str) -> dict:
             raise ClientError(409, f"name: {row.name}'s token is already revoked")
         now = ledger.clock()
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(revoked_at=now))
-        ledger._append(conn, "token_revoked", now, agent_id=row.id)
+        ledger.append_event(conn, "token_revoked", now, agent_id=row.id)
         changed.append(row.id)
         return {"name": row.name, "revoked_at": now}
 
     changed: list[int] = []
     try:
-        return ledger._write(txn)
+        return ledger.transaction(txn)
     finally:  # after the commit: that agent's token only; a lookup that read its old row cannot re-cache it
         for aid in changed:
-            ledger._tokens.invalidate(aid)
+            ledger.token_cache.invalidate(aid)
 
 
 def rotate(ledger: Ledger, name: str) -> str:
@@ -150,16 +150,16 @@ def rotate(ledger: Ledger, name: str) -> str:
         values = {"token_hash": hash_token(token), "revoked_at": None}
         conn.execute(update(db.agents).where(db.agents.c.id == row.id).values(**values))
         data = {"token": token_check(values["token_hash"])}
-        ledger._append(conn, "token_rotated", ledger.clock(), agent_id=row.id, data=data)
+        ledger.append_event(conn, "token_rotated", ledger.clock(), agent_id=row.id, data=data)
         changed.append(row.id)
 
     changed: list[int] = []
     try:
-        ledger._write(txn)
+        ledger.transaction(txn)
     finally:  # after the commit, as revoke
         for aid in changed:
-            ledger._tokens.invalidate(aid)
-    ledger._tokens.allow(hash_token(token))
+            ledger.token_cache.invalidate(aid)
+    ledger.token_cache.allow(hash_token(token))
     return token
 
 
@@ -181,26 +181,26 @@ def authenticate(ledger: Ledger, token: str) -> Principal | None:
     process's revoke or rotation: its reads accept the old token for at most AUTH_TTL_S, its reports not
     at all (reports.agent_lock compares the token with the locked row's)."""
     key = hash_token(token)
-    generation = ledger._tokens.generation()  # before the read: a change committed after it wins
+    generation = ledger.token_cache.generation()  # before the read: a change committed after it wins
     with ledger.engine.connect() as conn:
         row = conn.execute(select(db.agents).where(db.agents.c.token_hash == key)).first()
     if row is None or row.revoked_at is not None:
-        ledger._tokens.put_refused(key, generation)  # the next AUTH_TTL_S answer it without a read
+        ledger.token_cache.put_refused(key, generation)  # the next AUTH_TTL_S answer it without a read
         return None
     who = Principal(row.id, row.name, row.role, row.max_wager, row.floor, token_hash=key)
-    ledger._tokens.put(key, who, generation)
+    ledger.token_cache.put(key, who, generation)
     return who
 
 
 def cached_principal(ledger: Ledger, token_hash: str) -> Principal | None:
     """The principal authenticate found for this token hash less than AUTH_TTL_S ago (no database read:
     the API's hot path), else None."""
-    return ledger._tokens.get(token_hash)
+    return ledger.token_cache.get(token_hash)
 
 
 def recently_refused(ledger: Ledger, token_hash: str) -> bool:
     """Whether authenticate refused this token hash less than AUTH_TTL_S ago (no database read)."""
-    return ledger._tokens.refused(token_hash)
+    return ledger.token_cache.refused(token_hash)
 
 
 def agent_summary(ledger: Ledger, agent: Principal) -> dict:

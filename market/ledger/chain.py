@@ -62,7 +62,7 @@ def sign_with(ledger, keys: list[bytes]) -> str | None:
         last = _last_key_event(conn)
         now = ledger.clock()
         if last is None:
-            ledger._append(
+            ledger.append_event(
                 conn, "key_set", now, key=keys[0], data={"key_id": new, "unsigned_through": last_id}
             )
             if last_id == 0:
@@ -79,12 +79,12 @@ def sign_with(ledger, keys: list[bytes]) -> str | None:
                 f"the ledger's events are signed by key {current}, which the key file does not hold (to rotate, "
                 "put the new key on the first line and the old one below it)"
             )
-        ledger._append(conn, "key_rotated", now, key=by_id[current], data={"key_id": new})
+        ledger.append_event(conn, "key_rotated", now, key=by_id[current], data={"key_id": new})
         return (
             f"key rotated: event {last_id + 1}, signed by the old key {current}, hands signing to key {new}"
         )
 
-    line = ledger._write(txn)
+    line = ledger.transaction(txn)
     ledger.key = keys[0]
     return line
 
@@ -142,7 +142,7 @@ def record_head(ledger, path: Path) -> int | None:
                 mac = line.split()[2] if ledger.key is not None else None
                 heads = heads or [(n, last_id, last_hash, mac)]
         data = {"file": str(path), "line": n, "head": last_id, "mac": mac, "first": identity(heads[0])}
-        ledger._append(conn, "head_recorded", ledger.clock(), data=data)
+        ledger.append_event(conn, "head_recorded", ledger.clock(), data=data)
         return n
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)

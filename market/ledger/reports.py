@@ -48,7 +48,7 @@ def submit_report(
             raise ClientError(409, f"round: round {rid} is {now}; reports are accepted only while open")
         return write_report(ledger, conn, row, agent, probs, wager)
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def write_report(
@@ -71,7 +71,7 @@ def write_report(
     else:
         version, report_id = old.version + 1, old.id
         conn.execute(REPORT_UPDATE, {"report_id": report_id, "version": version, **values})
-    ledger._append(
+    ledger.append_event(
         conn,
         "report",
         values["submitted_at"],
@@ -119,7 +119,7 @@ def record_closed_round(
         close_row(ledger, conn, row)
         return round_dict(ledger, conn, round_row(conn, rnd["id"]))
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def agent_lock(conn: Connection, agent: Principal):

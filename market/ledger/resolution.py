@@ -46,7 +46,7 @@ def resolve(
         )
         return out
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def correct(
@@ -73,7 +73,7 @@ def correct(
         out.pop("at")
         return out
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def void(ledger: Ledger, rid: int, reason: str) -> dict:
@@ -95,7 +95,7 @@ def void(ledger: Ledger, rid: int, reason: str) -> dict:
         )
         return round_dict(ledger, conn, round_row(conn, rid))
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def recorded_settings(conn: Connection, rid: int) -> RoundSettings:
@@ -182,7 +182,7 @@ def entry(
     ]
     if rows:
         conn.execute(insert(db.payouts), rows)
-    ledger._append(
+    ledger.append_event(
         conn,
         EVENT_OF[kind],
         now,

@@ -138,7 +138,7 @@ def open_round(
             source,
         )
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def insert_round(
@@ -175,7 +175,7 @@ def insert_round(
     checked_id("round", rid)
     rnd = round_dict(ledger, conn, round_row(conn, rid))
     stamped = {k: rnd[k] for k in ROUND_STAMP}
-    ledger._append(conn, "round_opened", now, round_id=rid, data=stamped)
+    ledger.append_event(conn, "round_opened", now, round_id=rid, data=stamped)
     return rnd
 
 
@@ -231,7 +231,7 @@ def close_round(ledger: Ledger, rid: int) -> dict:
             close_row(ledger, conn, row)
         return round_dict(ledger, conn, round_row(conn, rid))
 
-    return ledger._write(txn)
+    return ledger.transaction(txn)
 
 
 def close_row(ledger: Ledger, conn: Connection, row) -> None:
@@ -239,4 +239,4 @@ def close_row(ledger: Ledger, conn: Connection, row) -> None:
     now = ledger.clock()
     closed = min(now, row.close_at) if row.close_at is not None else now
     conn.execute(update(db.rounds).where(db.rounds.c.id == row.id).values(status="closed", closed_at=closed))
-    ledger._append(conn, "round_closed", now, round_id=row.id, data={"closed_at": closed})
+    ledger.append_event(conn, "round_closed", now, round_id=row.id, data={"closed_at": closed})

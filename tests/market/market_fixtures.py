@@ -151,5 +151,5 @@ def reset_ledger(ledger: Ledger) -> None:
     ledger._head = (
         None  # the event chain's last link this process keeps (ledger/__init__.py): the log is gone
     )
-    ledger._tokens.invalidate()  # and the tokens it has seen
+    ledger.token_cache.invalidate()  # and the tokens it has seen
     ledger.key = None  # a fresh ledger is unsigned until sign_with (ledger/chain.py)
