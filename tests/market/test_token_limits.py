@@ -112,7 +112,8 @@ def test_failed_lookups_are_limited_per_address_and_a_valid_token_still_passes(m
     url = f"{market.url}/rounds"
     with httpx.Client() as c:
         codes, last = [], None
-        for _ in range(UNKNOWN_TOKEN_BURST + 5):
+        # the budget refills at UNKNOWN_TOKEN_RATE per second: on a loaded machine a few more tries reach it
+        while last is None and len(codes) < UNKNOWN_TOKEN_BURST + 100:
             r = c.get(url, headers={"Authorization": f"Bearer wm_{secrets.token_hex(16)}"})
             codes.append(r.status_code)
             last = r if r.status_code == 429 else last
