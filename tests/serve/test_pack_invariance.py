@@ -28,6 +28,20 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def assert_same_bits_in_every_pack(backend, target: str, others: list[str]) -> None:
+    """`target` scored (serve/features.py score_prompts) first in packs of PACKS sizes, filled from `others`."""
+    from walla.serve.features import score_prompts
+
+    strings = [" Yes", " No"]
+    seen = {}
+    for n in PACKS:
+        (probs, hidden, _), *_ = score_prompts(
+            backend, [(target, strings)] + [(p, strings) for p in others[: n - 1]]
+        )
+        seen[n] = (probs, hidden)
+    assert_same_bits(seen)
+
+
 def assert_same_bits(seen: dict) -> None:
     probs1, hidden1 = seen[1]
     for n in PACKS[1:]:
@@ -38,7 +52,6 @@ def assert_same_bits(seen: dict) -> None:
 
 
 def test_a_long_prompt_is_the_same_bits_in_every_pack_size_on_the_tiny_bf16_pool(served_pool):
-    from walla.serve.features import score_prompts
 
     agent = served_pool.agents[0]
     backend = agent.llm.backend
@@ -51,14 +64,7 @@ def test_a_long_prompt_is_the_same_bits_in_every_pack_size_on_the_tiny_bf16_pool
         backend.format_prompt(f"Box {i} holds item {i % 7}. Does box {i} hold it?" * (1 + i % 5))
         for i in range(63)
     ]
-    strings = [" Yes", " No"]
-    seen = {}
-    for n in PACKS:
-        (probs, hidden, _), *_ = score_prompts(
-            backend, [(target, strings)] + [(p, strings) for p in others[: n - 1]]
-        )
-        seen[n] = (probs, hidden)
-    assert_same_bits(seen)
+    assert_same_bits_in_every_pack(backend, target, others)
 
 
 @pytest.mark.slow
@@ -68,7 +74,6 @@ def test_a_prompt_is_the_same_bits_in_every_pack_size():
     from walla.extract.datasets.facts import generate
     from walla.extract.door import open_for
     from walla.extract.prompts import get_template, render
-    from walla.serve.features import score_prompts
 
     settled, backend = open_for(ExtractConfig(model="gemma3-270m", dataset="facts", dtype="bfloat16"))
     try:
@@ -82,13 +87,6 @@ def test_a_prompt_is_the_same_bits_in_every_pack_size():
 
         target = prompt(rows[320], True)  # facts-00320 with its fact: the regression case
         others = [prompt(r, i % 2 == 0) for i, r in enumerate(rows[:80]) if i != 320]
-        strings = [" Yes", " No"]
-        seen = {}
-        for n in PACKS:
-            (probs, hidden, _), *_ = score_prompts(
-                backend, [(target, strings)] + [(p, strings) for p in others[: n - 1]]
-            )
-            seen[n] = (probs, hidden)
-        assert_same_bits(seen)
+        assert_same_bits_in_every_pack(backend, target, others)
     finally:
         backend.close()
