@@ -7,7 +7,8 @@ Auth: `Authorization: Bearer <token>` of the ledger: the operator's or a caller'
 --caller`; a market agent's token is refused, and the market's API refuses a caller's);
 none needed with `open` (a local server), except for outcomes. Errors: `{"error": "<field>: <what>"}` on one
 line (4xx; the market's error handlers, market/api/_server.py), OpenAI error objects on /v1/chat/completions; 404
-an unknown model id or question_id; 429 with Retry-After when a model's queue is full; 503 when every agent
+an unknown model id or question_id; 413 a prompt over --max-prompt-tokens; 429 with Retry-After when a model's
+queue is full; 503 with Retry-After when a request waited past the batcher's deadline, and when every agent
 failed on the question. A caller that disconnects while its request waits frees its place in the queue.
 """
 
@@ -35,7 +36,7 @@ from walla.market.api import (
 from walla.market.launch import first_line
 from walla.market.ledger import CALLER, OPERATOR
 from walla.serve import routes
-from walla.serve.batcher import QueueFull
+from walla.serve.batcher import QueueFull, QueueTimeout
 from walla.serve.forecast import Forecaster
 
 MAX_BODY = 1024 * 1024  # bytes: 64 forecasts of long questions
@@ -69,6 +70,7 @@ def create_serve_app(
     app.state.write_timeout, app.state.max_connections = write_timeout, max_connections
     error_handlers(app)
     app.add_exception_handler(QueueFull, _queue_full)
+    app.add_exception_handler(QueueTimeout, _queue_timeout)
     for exc in (SQLAlchemyError, OSError):  # the ledger's database, the run's files: 503, one line
         app.add_exception_handler(exc, _storage_fault)
     # on /v1/chat/completions the market's one-line errors become OpenAI error objects (what `openai` reads);
@@ -83,6 +85,13 @@ def create_serve_app(
 async def _queue_full(req: Request, e: QueueFull) -> Response:
     resp = error_response(429, f"queue: {e}; retry after {RETRY_AFTER_S} s")
     resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return openai_shaped(req, resp)
+
+
+async def _queue_timeout(req: Request, e: QueueTimeout) -> Response:
+    resp = error_response(
+        503, f"queue: {e}; retry after {RETRY_AFTER_S} s", {"Retry-After": str(RETRY_AFTER_S)}
+    )
     return openai_shaped(req, resp)
 
 

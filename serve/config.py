@@ -51,6 +51,10 @@ class ServeConfig:
     max_wait_ms: float = option(10.0, "how long a pass waits for more requests")
     max_batch: int = option(64, "prompts per scoring pass")
     max_queue: int = option(256, "waiting requests per model before 429")
+    max_prompt_tokens: int = option(2048, "a prompt's tokens (its model's tokenizer) before 413")
+    pass_tokens: int = option(4096, "prompt tokens per pass of short requests")
+    long_tokens: int = option(128, "requests of more prompt tokens are scored in passes of their own")
+    queue_deadline_s: float = option(60.0, "seconds a request may wait in the queue before 503")
     # served = offline (serve/check.py)
     check: bool = option(False, "compare served with walla train's pool; no server")
     limit: int | None = option(None, "with --check: the first N test questions")
@@ -65,6 +69,11 @@ class ServeConfig:
             problems.append(f"--max-batch must be >= 1, got {self.max_batch}")
         if self.max_queue < 1:
             problems.append(f"--max-queue must be >= 1, got {self.max_queue}")
+        for name in ("max_prompt_tokens", "pass_tokens", "long_tokens"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.queue_deadline_s > 0:  # NaN too
+            problems.append(f"--queue-deadline-s must be > 0, got {self.queue_deadline_s:g}")
         if self.limit is not None and self.limit < 1:
             problems.append(f"--limit must be >= 1, got {self.limit}")
         if self.limit is not None and not self.check:
@@ -73,5 +82,14 @@ class ServeConfig:
             raise ValueError("; ".join(problems))
 
     def batching(self) -> dict[str, float | int]:
-        """The Forecaster's batching settings (serve/forecast.py): seconds, prompts, requests."""
-        return {"max_wait": self.max_wait_ms / 1000, "max_rows": self.max_batch, "max_queue": self.max_queue}
+        """The Forecaster's batching settings (serve/forecast.py, serve/batcher.py): seconds, prompts, requests,
+        tokens."""
+        return {
+            "max_wait": self.max_wait_ms / 1000,
+            "max_rows": self.max_batch,
+            "max_queue": self.max_queue,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "pass_tokens": self.pass_tokens,
+            "long_tokens": self.long_tokens,
+            "deadline": self.queue_deadline_s,
+        }

@@ -33,10 +33,27 @@ def score_prompts(backend: Backend, items: Sequence[Item]) -> list[tuple[np.ndar
     Raises:
         ValueError: an option string with no single token for this model (names it).
     """
+    steps = score_steps(backend, items, None)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def score_steps(backend: Backend, items: Sequence[Item], chunk_tokens: int | None):
+    """score_prompts as a generator of passes: with `chunk_tokens`, a backend that scores long prompts in
+    pieces (hf `score_steps`: the same bits) yields None after each, so the batcher can run other requests'
+    passes between them; returns score_prompts' list."""
     tok = [option_token_ids(backend, p, s) for p, s in items]
     union = list(dict.fromkeys(t for d in tok for t in d.values()))  # the token ids scored in this pass
     col = {t: j for j, t in enumerate(union)}
-    res = backend.score([p for p, _ in items], union)
+    prompts = [p for p, _ in items]
+    stepped = getattr(backend, "score_steps", None) if chunk_tokens else None
+    if stepped is not None:
+        res = yield from stepped(prompts, union, chunk_tokens)
+    else:
+        res = backend.score(prompts, union)
     out = []
     for i, (_, strings) in enumerate(items):
         raw = res.raw_logprobs[i, [col[tok[i][s]] for s in strings]]  # [K]

@@ -19,6 +19,11 @@ or absent, with the events of an opening, each report and a close (the chain che
 audit`). A served round left open by a server killed before this was one transaction is voided at the
 next start (`void_interrupted`). A served agent whose model fails is listed in `failed_agents` and the pool
 uses the others; with none left the request fails with one line.
+
+Fair batching (serve/batcher.py): each prompt is counted with its model's tokenizer and refused over
+`max_prompt_tokens` (413, naming the agent and the limit: `--max-prompt-tokens`), so the one long pass a short
+request may wait behind is bounded; a request still queued after the batcher's deadline answers 503 with
+Retry-After.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from walla.market.api import ClientError
 from walla.market.ledger import Ledger, Principal
 from walla.market.payouts import pooled_forecast
 from walla.market.text import visible_key
-from walla.serve.batcher import Batcher
+from walla.serve.batcher import Batcher, QueueTimeout
 from walla.serve.loading import (
     ServedAgent,
     ServedPool,
@@ -48,6 +53,7 @@ from walla.store.schema import VARIANT_CODE
 
 SOURCE = "walla serve"  # the `source` of every served round: `<SOURCE> <model id>; caller <name>`
 KEEP_HIDDEN = 10_000  # rounds whose hidden states are kept for --learn (oldest forgotten first)
+MAX_PROMPT_TOKENS = 2048  # a formatted prompt's tokens: over it, 413 (--max-prompt-tokens)
 
 
 @dataclass
@@ -60,6 +66,7 @@ class Job:
     prompts: list[str]  # [M] each agent's formatted prompt
     strings: list[str]  # the scored option strings
     per_model: dict[int, list[str]] = field(default_factory=dict)  # id(llm) -> distinct prompts
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # id(llm) -> each distinct prompt's tokens
     abstain_below: float | None = None  # the pool abstains when its top probability is below this
     relevant: list[bool] = field(default_factory=list)  # [M] the agent's prompt holds relevant context
     started: float = field(default_factory=time.perf_counter)
@@ -68,8 +75,16 @@ class Job:
 class Forecaster:
     """The served pool's rounds (module docstring)."""
 
-    def __init__(self, pool: ServedPool, ledger: Ledger, learn: bool = False, **batching) -> None:
+    def __init__(
+        self,
+        pool: ServedPool,
+        ledger: Ledger,
+        learn: bool = False,
+        max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+        **batching,
+    ) -> None:
         self.pool, self.ledger, self.learn = pool, ledger, learn
+        self.max_prompt_tokens = max_prompt_tokens
         self.llms = {id(a.llm): a.llm for a in pool.agents}
         self.batchers = {k: Batcher(m.backend, m.name, **batching) for k, m in self.llms.items()}
         self.principals = [self._principal(a) for a in pool.agents]
@@ -206,14 +221,26 @@ class Forecaster:
             job.per_model.setdefault(id(a.llm), [])
             if p not in job.per_model[id(a.llm)]:
                 job.per_model[id(a.llm)].append(p)
+                job.tokens.setdefault(id(a.llm), []).append(self._tokens(a, p))
         return job
+
+    def _tokens(self, agent: ServedAgent, prompt: str) -> int:
+        """The prompt's tokens for the agent's model (ClientError 413 over --max-prompt-tokens)."""
+        n = len(agent.llm.backend.encode(prompt))
+        if n > self.max_prompt_tokens:
+            raise ClientError(
+                413,
+                f"prompt: {n} tokens for agent {agent.name} ({agent.model}), over this server's limit of "
+                f"{self.max_prompt_tokens} (--max-prompt-tokens)",
+            )
+        return n
 
     def submit(self, job: Job) -> dict[int, Future]:
         """Queue the job's prompts on each model's batcher (QueueFull when one is full)."""
         futs: dict[int, Future] = {}
         try:
             for k, prompts in job.per_model.items():
-                futs[k] = self.batchers[k].submit([(p, job.strings) for p in prompts])
+                futs[k] = self.batchers[k].submit([(p, job.strings) for p in prompts], job.tokens.get(k))
         except Exception:
             for f in futs.values():
                 f.cancel()
@@ -229,6 +256,8 @@ class Forecaster:
         for k, f in futs.items():
             try:
                 scored[k] = dict(zip(job.per_model[k], f.result(), strict=True))
+            except QueueTimeout:
+                raise  # not the model's failure: the server is behind (503 with Retry-After)
             except Exception as e:  # noqa: BLE001 - that model's agents fail; the pool uses the others
                 errors[k] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         t_feat = time.perf_counter()

@@ -30,6 +30,9 @@ class ModelWorker:
     def format_prompt(self, text: str) -> str:
         return self.backend.format_prompt(text)
 
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text)
+
     def features(self, items: list[Item]) -> list:
         return score_prompts(self.backend, items)
 
@@ -38,14 +41,17 @@ class ModelWorker:
 
 
 class RemoteBackend:
-    """The server's handle on a ModelWorker: what forecast.py (`format_prompt`) and the batcher
-    (`features`, one remote call per pass) use in place of a local backend."""
+    """The server's handle on a ModelWorker: what forecast.py (`format_prompt`, `encode` for the prompt cap) and
+    the batcher (`features`, one remote call per pass) use in place of a local backend."""
 
     def __init__(self, actor, ray) -> None:
         self.actor, self.ray = actor, ray
 
     def format_prompt(self, text: str) -> str:
         return self.ray.get(self.actor.format_prompt.remote(text))
+
+    def encode(self, text: str) -> list[int]:
+        return self.ray.get(self.actor.encode.remote(text))
 
     def features(self, items: list[Item]) -> list:
         return self.ray.get(self.actor.features.remote(list(items)))

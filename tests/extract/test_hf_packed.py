@@ -109,6 +109,42 @@ def test_a_cached_shared_prefix_gives_the_same_bits_as_another_shard_without_one
     assert_same_bits(rows(cached, [3]), rows(alone, [0]))
 
 
+def run_steps(steps) -> tuple[object, int]:
+    """Drive a score_steps generator: (its ScoreResult, how many passes it ran)."""
+    passes = 0
+    while True:
+        passes += 1
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, passes
+
+
+@pytest.mark.parametrize("chunk", [3, 7, hf_packed.KEY_BLOCK, 100])
+def test_long_prompts_scored_in_pieces_give_scores_bits(tok, bf16_model, chunk):
+    """Chunked prefill (HFBackend.score_steps, what walla serve runs for a long prompt between other passes):
+    each prompt's pieces after a growing prefix of its own give the bits of score() of the whole prompt, for
+    pieces shorter than, equal to and longer than a key block, and the NLL of every token on the way."""
+    be = HFBackend(bf16_model, tok, batch_tokens=400)
+    prompts = [" ".join(CORPUS[:6]), PROMPTS[0], "Answer"]  # long, medium, 2 tokens
+    whole = be.score(prompts, CAND)
+    stepped, passes = run_steps(be.score_steps(prompts, CAND, chunk))
+    assert be.chunks_exact(max(whole.n_tokens)) and be.attention_batched
+    pieces = sum(max(1, -(-int(n) // chunk)) for n in whole.n_tokens)
+    assert passes == pieces if max(whole.n_tokens) > chunk else passes == 1
+    assert_same_bits(rows(stepped, [0, 1, 2]), rows(whole, [0, 1, 2]))
+
+
+def test_a_sliding_window_shorter_than_the_prompt_is_scored_whole(tok):
+    """Gemma-2's window layers keep only the window: no pieces (one pass, score() itself)."""
+    be = HFBackend(gemma2(tok, torch.bfloat16), tok, batch_tokens=120)
+    whole = be.score(PROMPTS, CAND)
+    assert max(whole.n_tokens) > be.sliding_window and not be.chunks_exact(int(max(whole.n_tokens)))
+    stepped, passes = run_steps(be.score_steps(PROMPTS, CAND, 4))
+    assert passes == 1
+    assert_same_bits(rows(stepped, [0, 1]), rows(whole, [0, 1]))
+
+
 def test_blocked_attention_equals_sdpa_and_reads_a_cached_prefix():
     """float32: one call over packed prompts equals each prompt's own causal SDPA; after a cached prefix the
     suffix rows are the same bits as with the prefix as the prompt's own tokens."""

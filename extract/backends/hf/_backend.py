@@ -241,6 +241,42 @@ class HFBackend:
 
         return ScoreResult(*run_groups(packs, run, lengths, progress))
 
+    def chunks_exact(self, n_tokens: int) -> bool:
+        """Whether a prompt of `n_tokens` scored in pieces after its own growing prefix (`score_steps`) gives
+        score()'s bits: the packed path with the probe's batched attention and a prefix cache, no fixed shapes
+        (their own stream), and no sliding window shorter than the prompt (its layers keep only the window)."""
+        self.settle_invariance()
+        return bool(
+            self.batch_invariant
+            and not self.fixed_shapes
+            and self.prefix_cache
+            and self.attention_batched
+            and not (self.sliding_window and n_tokens > self.sliding_window)
+        )
+
+    def score_steps(self, prompts: list[str], token_ids: list[int], chunk_tokens: int):
+        """score() in passes of at most about `chunk_tokens` tokens (chunked prefill), a generator: it yields
+        None after each piece, so a server can run other passes between them (serve/batcher.py), and returns
+        the ScoreResult. Each prompt's pieces run as a growing prefix of its own (hf_forward.run_prefix_packed),
+        the last piece as a packed prompt after it: score()'s bits where `chunks_exact` holds; elsewhere, one
+        step that is score() itself."""
+        enc = self.encode_batch(prompts)
+        if max(len(e) for e in enc) <= chunk_tokens or not all(self.chunks_exact(len(e)) for e in enc):
+            return self.score(prompts, token_ids, enc=enc)
+        cand = torch.tensor(token_ids, dtype=torch.long)
+        rows = []
+        for i, e in enumerate(enc):
+            prefix, at = None, 0
+            while len(e) - at > chunk_tokens:  # the last piece keeps >= 1 token of its own
+                if i or at:
+                    yield None  # between two pieces: each step of the generator runs one
+                prefix = hf_forward.run_prefix_packed(self, e[at : at + chunk_tokens], prefix)
+                at += chunk_tokens
+            if i or at:
+                yield None
+            rows.append(self.forward_packed([e[at:]], cand, prefix))
+        return ScoreResult(*(np.concatenate(col) for col in zip(*rows, strict=True)))
+
     def settle_invariance(self) -> str:
         """Run (or read from the cache) the probes batch-invariant scoring rests on, once; returns why.
 

@@ -123,20 +123,28 @@ def padded(
 
 
 @torch.inference_mode()
-def run_prefix_packed(backend, ids: list[int]) -> PackedPrefix:
-    """The shared prefix of a batch-invariant score() call, run once as a packed prompt of its own."""
-    x, pos, lengths = hf_packed.pack_inputs([ids], backend.pad_id, backend.min_rows)
+def run_prefix_packed(backend, ids: list[int], before: PackedPrefix | None = None) -> PackedPrefix:
+    """The shared prefix of a batch-invariant score() call, run once as a packed prompt of its own; with
+    `before`, the prefix `before` then `ids` (chunked prefill: `before`'s cache is extended in place, so it is
+    the caller's alone). Either way the same bits as the whole prefix run at once (blocked attention reduces
+    keys in blocks from position 0, the GEMMs' rows are row-invariant: hf/packed.py)."""
+    p = before.length if before is not None else 0
+    x, pos, lengths = hf_packed.pack_inputs([ids], backend.pad_id, backend.min_rows, offset=p)
+    x, pos = x.to(backend.device), pos.to(backend.device)
     backend.attention = backend.attention or hf_packed.own_attention(backend.model)
-    with hf_packed.packed_decoder(backend.decoder, lengths, backend.attention, 0, backend.attention_batched):
-        out = backend.decoder(
-            input_ids=x.to(backend.device), position_ids=pos.to(backend.device), use_cache=True
-        )
+    past = {backend.cache_kw: before.cache} if before is not None else {}
+    with hf_packed.packed_decoder(backend.decoder, lengths, backend.attention, p, backend.attention_batched):
+        out = backend.decoder(input_ids=x, position_ids=pos, **past, use_cache=True)
     cache = output_cache(out)
     if x.shape[1] > len(ids):  # a pad segment of a short stream: drop it from the cache
-        cache.crop(len(ids))
-    h = out.last_hidden_state[0, : len(ids)]  # [P, d]
-    tok = backend.token_nll(h[:-1], x[0, 1 : len(ids)].to(backend.device)) if len(ids) > 1 else h.new_zeros(0)
-    return PackedPrefix(len(ids), cache, h[-1], tok.double().cpu().tolist())
+        cache.crop(p + len(ids))
+    h = out.last_hidden_state[0, : len(ids)]  # [n, d]
+    rows, targets = h[:-1], x[0, 1 : len(ids)]  # position t predicts t + 1
+    if before is not None:  # and the last position before predicts this piece's first token
+        rows, targets = torch.cat([before.h_last[None], rows]), x[0, : len(ids)]
+    tok = backend.token_nll(rows, targets) if len(targets) else h.new_zeros(0)
+    earlier = before.token_nll if before is not None else []
+    return PackedPrefix(p + len(ids), cache, h[-1], earlier + tok.double().cpu().tolist())
 
 
 @torch.inference_mode()
