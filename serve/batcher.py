@@ -11,7 +11,7 @@ given, as walla-extract estimates a job):
 - short (at most `long_tokens`): a pass takes the oldest short job, waits up to `max_wait` seconds for more,
   then adds the waiting short jobs shortest first while the pass holds at most `max_rows` prompts and
   `pass_tokens` prompt tokens;
-- long: one long job at a time, alone, in passes of at most `long_tokens` tokens where the backend scores a
+- long: one long job at a time, alone, in passes of at most `piece_tokens` tokens where the backend scores a
   prompt in pieces with the same bits (chunked prefill: hf `score_steps` after a growing prefix of its own;
   the rest, e.g. vLLM or a Ray worker, in one pass);
 - the lanes alternate while both wait, so a short request waits behind at most one long pass (one piece),
@@ -47,7 +47,8 @@ log = logging.getLogger("walla.serve")
 MAX_WAIT_S = 0.01  # how long a short pass waits for more requests after the first
 MAX_ROWS = 64  # prompts per pass
 PASS_TOKENS = 4096  # prompt tokens per short pass
-LONG_TOKENS = 128  # a job of more prompt tokens is long: alone, in pieces of at most this many
+LONG_TOKENS = 512  # a job of more prompt tokens is long: scored alone, in pieces
+PIECE_TOKENS = 128  # tokens of each piece of a long job (where the backend scores pieces)
 MAX_QUEUE = 256  # waiting jobs per model: beyond it, 429
 DEADLINE_S = 60.0  # longest wait in the queue: beyond it, 503
 
@@ -94,11 +95,13 @@ class Batcher:
         max_queue: int = MAX_QUEUE,
         pass_tokens: int = PASS_TOKENS,
         long_tokens: int = LONG_TOKENS,
+        piece_tokens: int = PIECE_TOKENS,
         deadline: float = DEADLINE_S,
     ) -> None:
         self.backend, self.name = backend, name
         self.max_wait, self.max_rows, self.max_queue = max_wait, max_rows, max_queue
         self.pass_tokens, self.long_tokens, self.deadline = pass_tokens, long_tokens, deadline
+        self.piece_tokens = piece_tokens
         self.short: deque[Job] = deque()  # waiting, oldest first; a cancelled one holds no place
         self.long: deque[Job] = deque()
         self.ready = threading.Condition()
@@ -183,7 +186,7 @@ class Batcher:
                         job = self.long.popleft()
                         if not job.future.set_running_or_notify_cancel():
                             continue  # its caller went away
-                        self.current = (job, self._steps(job.items, self.long_tokens))
+                        self.current = (job, self._steps(job.items, self.piece_tokens))
                     return []
                 if self.short:
                     break

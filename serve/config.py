@@ -53,7 +53,8 @@ class ServeConfig:
     max_queue: int = option(256, "waiting requests per model before 429")
     max_prompt_tokens: int = option(2048, "a prompt's tokens (its model's tokenizer) before 413")
     pass_tokens: int = option(4096, "prompt tokens per pass of short requests")
-    long_tokens: int = option(128, "requests of more prompt tokens are scored in passes of their own")
+    long_tokens: int = option(512, "requests of more prompt tokens are scored alone, in pieces")
+    piece_tokens: int = option(128, "prompt tokens of each piece of a long request")
     queue_deadline_s: float = option(60.0, "seconds a request may wait in the queue before 503")
     # served = offline (serve/check.py)
     check: bool = option(False, "compare served with walla train's pool; no server")
@@ -69,7 +70,7 @@ class ServeConfig:
             problems.append(f"--max-batch must be >= 1, got {self.max_batch}")
         if self.max_queue < 1:
             problems.append(f"--max-queue must be >= 1, got {self.max_queue}")
-        for name in ("max_prompt_tokens", "pass_tokens", "long_tokens"):
+        for name in ("max_prompt_tokens", "pass_tokens", "long_tokens", "piece_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.queue_deadline_s > 0:  # NaN too
@@ -91,5 +92,6 @@ class ServeConfig:
             "max_prompt_tokens": self.max_prompt_tokens,
             "pass_tokens": self.pass_tokens,
             "long_tokens": self.long_tokens,
+            "piece_tokens": self.piece_tokens,
             "deadline": self.queue_deadline_s,
         }

@@ -240,7 +240,9 @@ def test_a_long_question_scored_in_pieces_gets_the_answer_it_gets_in_one_pass(se
     answers, pieces, q = [], [], None
     for long_tokens in (64, 100_000):
         (tmp_path / str(long_tokens)).mkdir()
-        srv, s = start_serving(served_pool, tmp_path / str(long_tokens), long_tokens=long_tokens)
+        srv, s = start_serving(
+            served_pool, tmp_path / str(long_tokens), long_tokens=long_tokens, piece_tokens=64
+        )
         try:
             q = q or long_question(s.fc)
             r = httpx.post(s.url + "/v1/forecast", json=q, headers=s.auth, timeout=120)
