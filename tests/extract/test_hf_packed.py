@@ -438,20 +438,19 @@ ARC = REAL_DATA / "arc" / "ARC-Challenge-Dev.jsonl"
 @pytest.mark.slow
 @pytest.mark.skipif(not ARC.exists(), reason=f"ARC dev file not found at {ARC} (dev machine only)")
 def test_smollm2_bf16_arc_prompts_same_bits_in_two_batch_mixes():
-    """The embedded SmolLM2-135M in bfloat16 on 12 real ARC prompts: the same bits in two batch mixes and alone."""
-    cfg = ExtractConfig(
-        model="smollm2-135m", dataset="arc-challenge", data_file=ARC, limit=18, progress=False
-    )
+    """The embedded SmolLM2-135M in bfloat16 on 6 real ARC prompts: the same bits in two batch mixes and alone
+    (6, not 12: this CPU emulates bf16 at ~1 GFLOP/s; the tiny models above run many more mixes)."""
+    cfg = ExtractConfig(model="smollm2-135m", dataset="arc-challenge", data_file=ARC, limit=9, progress=False)
     prompts, rm = render_prompts(cfg), target_for(cfg).model  # as walla check renders and opens them
     be = load_hf_backend(rm, dtype="bfloat16", device="cpu", batch_tokens=1024)
     texts = [p.text for p in prompts]
     cand = [be.encode_bare(s)[0] for s in "ABCD"]
-    mine, others = texts[:12], texts[12:]
+    mine, others = texts[:6], texts[6:]
     a = be.score(mine, cand)
-    be.batch_tokens = 700
-    b = be.score(others[:3] + mine[::-1] + others[3:], cand)
+    be.batch_tokens = 500  # other packs: 2-3 prompts each, beside other prompts
+    b = be.score(others[:2] + mine[::-1] + others[2:], cand)
     be.max_batch_rows = 1
     c = be.score(mine, cand)
-    back = list(range(3 + 11, 3 - 1, -1))
-    assert_same_bits(rows(a, list(range(12))), rows(b, back))
-    assert_same_bits(rows(a, list(range(12))), rows(c, list(range(12))))
+    back = list(range(2 + 5, 2 - 1, -1))
+    assert_same_bits(rows(a, list(range(6))), rows(b, back))
+    assert_same_bits(rows(a, list(range(6))), rows(c, list(range(6))))
