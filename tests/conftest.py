@@ -1,6 +1,8 @@
 """Fixtures shared across test folders: the fake backend, and an S3-compatible server in this process.
 
-Tests marked `gpu` run only where CUDA is present (skipped with the reason elsewhere).
+Tests marked `gpu` run only where CUDA is present (skipped with the reason elsewhere). Tests marked `slow`
+(a real model) or `heavy` (worker processes, compiles, timed latencies) use every core, so under xdist they
+take turns (`_one_heavy_test_at_a_time`) while the other worker runs the light tests.
 The seeded fake backend (`--backend dummy`, extract/backends/dummy.py) is registered for every test
 (`pytest_configure`); users' walla extract does not offer it. The S3 server is moto's, loopback only:
 
@@ -21,6 +23,7 @@ import uuid
 
 import pytest
 import torch
+from filelock import FileLock
 from walla.extract.backends.dummy import DUMMY
 from walla.extract.backends.registry import register_backend
 
@@ -37,6 +40,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _one_heavy_test_at_a_time(request, tmp_path_factory):
+    """Two all-core tests at once on a 2-core machine oversubscribe torch's threads: the four real-model
+    tests took 221 s two at a time and 171 s one after the other. Under xdist the workers share
+    getbasetemp()'s parent, so a lock file there lets one `slow` or `heavy` test run at a time."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not {"slow", "heavy"} & set(request.keywords):
+        yield
+        return
+    with FileLock(tmp_path_factory.getbasetemp().parent / "heavy-tests.lock"):
+        yield
 
 
 @pytest.fixture(scope="session")

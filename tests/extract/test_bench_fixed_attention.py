@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fixed_attention.py"
 
 
+@pytest.mark.heavy
 def test_fixed_attention_benchmark_runs_and_keeps_the_bits():
     cmd = [sys.executable, str(BENCH), "--device", "cpu", "--tokens", "512", "--repeat", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -96,6 +96,7 @@ def _assert_same(a, b) -> None:
     np.testing.assert_array_equal(np.asarray(fa.hidden[:]), np.asarray(fb.hidden[:]))  # float16, exact
 
 
+@pytest.mark.heavy
 def test_killed_worker_and_killed_driver_on_s3_give_the_single_process_result(
     tmp_path, monkeypatch, s3_store, local_ray
 ):
@@ -133,6 +134,7 @@ def test_killed_worker_and_killed_driver_on_s3_give_the_single_process_result(
     assert r.exit_code == 0 and "OK" in r.output, (r.output, r.stderr)
 
 
+@pytest.mark.heavy
 def test_cli_workers_on_a_local_store_equals_one_process(tmp_path, local_ray):
     args = ["--model", "smollm2-135m", "--dataset", "facts", "--backend", "dummy", "--size", "30"]
     args += ["--shard-rows", "4", "--no-progress", "--variants", "none,irrelevant"]

@@ -382,6 +382,7 @@ def test_walla_extract_with_fixed_shapes_gives_the_same_bits_in_another_shard_si
     np.testing.assert_array_equal(np.asarray(a.hidden[:]), np.asarray(b.hidden[:]))
 
 
+@pytest.mark.heavy
 def test_compiled_fixed_path_probes_the_compiled_forward_once_then_reads_its_verdict(tmp_path, monkeypatch):
     """`--backend-arg batch_invariant=fixed --backend-arg compile=on`, run twice: the probe runs once, on the
     compiled forward, and the second run reads its verdict (the self-check used to settle the probe eager, cached

@@ -103,6 +103,7 @@ def tiny(tmp_path, monkeypatch):
     return register_tiny_catalog(tmp_path, monkeypatch, ROWS, seed=5)
 
 
+@pytest.mark.heavy
 def test_a_bf16_set_is_never_continued_or_reported_complete_on_another_cpu_kernel_path(
     tmp_path, tiny, monkeypatch
 ):
@@ -146,6 +147,7 @@ def test_a_bf16_set_is_never_continued_or_reported_complete_on_another_cpu_kerne
         run_mod.run(here_cfg, out=lambda s: None)
 
 
+@pytest.mark.heavy
 def test_float32_keeps_one_fingerprint_across_cpu_kernel_paths_within_its_bound(tmp_path, tiny):
     """The tolerance tier does not record the kernel path: another path moves float32 results by float32
     rounding only, inside FP32_PADDED_BOUND (hf/kind.py's docstring), checked here under the AVX2 cap."""

@@ -174,6 +174,7 @@ def long_question(fc) -> dict:
     return {**SHORT, "question": sentence * lo + SHORT["question"]}
 
 
+@pytest.mark.heavy
 def test_b_stays_within_twice_its_idle_latency_while_a_sends_the_longest_questions_allowed(
     served_pool, tmp_path
 ):

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import httpx
+import pytest
 from serve_fixtures import OP_TOKEN, wait_answering
 from walla.cli.lazy import run
 from walla.cli.main import app as root
@@ -36,6 +37,7 @@ def _audit(db: str) -> int:
     return run(root, ["market", "audit", "--db", db], "walla")
 
 
+@pytest.mark.heavy
 def test_kill_9_mid_burst_leaves_no_half_round(tiny_pool, tmp_path):
     db, port = str(tmp_path / "serve.db"), free_port()
     url = f"http://127.0.0.1:{port}"

@@ -27,6 +27,7 @@ def _ask(fc: Forecaster) -> dict:
     return fc.finish(job, fc.submit(job), "test")
 
 
+@pytest.mark.heavy
 def test_ray_worker_agents_answer_as_in_process(tiny_pool, served_pool, local_ray, tmp_path):
     cfg = ServeConfig(
         scenario=tiny_pool["scenario"], runs=tiny_pool["runs"], store=tiny_pool["store"], ray_address="local"
