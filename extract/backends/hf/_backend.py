@@ -46,7 +46,6 @@ and packed forward passes and their shared-prefix caches.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import numpy as np
@@ -74,7 +73,7 @@ MIN_PREFIX = 16  # shared leading tokens worth running once and caching
 HIDDEN_TOL_REDUCED = 0.15
 
 
-class HFBackend:
+class HFBackend(hf_forward.ForwardPasses):
     """See the module docstring. Core classes take flat arguments (STYLE item 3)."""
 
     name = "hf"
@@ -170,10 +169,10 @@ class HFBackend:
         self, seqs: list[list[int]], cand: torch.Tensor, prefix: hf_forward.PackedPrefix | None = None
     ) -> tuple[np.ndarray, ...]:
         """A batch-invariant forward: the fixed-shape path (hf/fixed.py: CUDA) or a packed stream
-        (hf_forward.packed, optionally after a shared prefix); each prompt's bits do not depend on the others."""
+        (`packed`, hf/_forward.py, optionally after a shared prefix); each prompt's bits do not depend on the others."""
         if self.fixed_shapes and prefix is None:  # the fixed-shape path (CUDA): its own stream and attention
             return hf_fixed.forward(self, seqs, cand)
-        return hf_forward.packed(self, seqs, cand, prefix)
+        return self.packed(seqs, cand, prefix)
 
     def head_rows(self) -> int:
         """Rows of each LM-head call of batch-invariant scoring (NLL chunks and option rows alike): the head's
@@ -216,12 +215,12 @@ class HFBackend:
         if self.batch_invariant:
             return self._score_packed(enc, lengths, token_ids, progress)
         p = self.shared_prefix(enc)
-        prefix = hf_forward.run_prefix(self, enc[0][:p]) if p else None
+        prefix = self.run_prefix(enc[0][:p]) if p else None
         batches = plan_batches(lengths, self.batch_tokens, self.max_batch_rows)  # the cache counts as tokens
         cand = torch.tensor(token_ids, dtype=torch.long)
 
         def run(idx: np.ndarray) -> tuple[np.ndarray, ...]:
-            return hf_forward.padded(self, [enc[i][p:] for i in idx], cand, prefix)
+            return self.padded([enc[i][p:] for i in idx], cand, prefix)
 
         return ScoreResult(*run_groups(batches, run, lengths, progress))
 
@@ -231,7 +230,7 @@ class HFBackend:
         no prefix cache; one prompt per pack where the GEMMs are not row-invariant). All give the same bits."""
         self.settle_invariance()
         p = self.shared_prefix(enc) if self.attention_batched else 0
-        prefix = hf_forward.run_prefix_packed(self, enc[0][:p]) if p else None
+        prefix = self.run_prefix_packed(enc[0][:p]) if p else None
         rows = self.max_batch_rows if self.rows_invariant else 1
         packs = hf_packed.plan_packs(lengths - p, self.batch_tokens, rows)
         cand = torch.tensor(token_ids, dtype=torch.long)
@@ -257,7 +256,7 @@ class HFBackend:
     def score_steps(self, prompts: list[str], token_ids: list[int], chunk_tokens: int):
         """score() in passes of at most about `chunk_tokens` tokens (chunked prefill), a generator: it yields
         None after each piece, so a server can run other passes between them (serve/batcher.py), and returns
-        the ScoreResult. Each prompt's pieces run as a growing prefix of its own (hf_forward.run_prefix_packed),
+        the ScoreResult. Each prompt's pieces run as a growing prefix of its own (`run_prefix_packed`),
         the last piece as a packed prompt after it: score()'s bits where `chunks_exact` holds; elsewhere, one
         step that is score() itself."""
         enc = self.encode_batch(prompts)
@@ -270,7 +269,7 @@ class HFBackend:
             while len(e) - at > chunk_tokens:  # the last piece keeps >= 1 token of its own
                 if i or at:
                     yield None  # between two pieces: each step of the generator runs one
-                prefix = hf_forward.run_prefix_packed(self, e[at : at + chunk_tokens], prefix)
+                prefix = self.run_prefix_packed(e[at : at + chunk_tokens], prefix)
                 at += chunk_tokens
             if i or at:
                 yield None
@@ -350,7 +349,7 @@ class HFBackend:
             # path needs no probe, and a compiled one is probed after compiling (probe_after_compile): settled
             # here, it was probed eager and cached under the eager key, so every later run probed again
             self.settle_invariance()
-        forward = self.forward_packed if self.batch_invariant else functools.partial(hf_forward.padded, self)
+        forward = self.forward_packed if self.batch_invariant else self.padded
         _opt, hid, _nll, _ = forward([ids], cand)
         ref_h = h_model[-1].float().cpu().numpy()
         herr = float(np.abs(hid[0] - ref_h).max() / (np.abs(ref_h).max() + 1e-6))
@@ -390,7 +389,7 @@ class HFBackend:
         if self.batch_invariant and self.fixed_shapes:  # one key step and more: every attention graph now
             step = hf_fixed.KEY_BLOCKS * hf_fixed.QUANTUM
             ids = (ids * step)[: step + 1]
-        forward = self.forward_packed if self.batch_invariant else functools.partial(hf_forward.padded, self)
+        forward = self.forward_packed if self.batch_invariant else self.padded
         forward([ids, ids[: max(2, len(ids) // 2)]], torch.tensor([0]))
 
     def probe_after_compile(self, compiled: bool) -> bool:

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 import transformers
 from walla.extract import dtype_probe
-from walla.extract.backends.hf import _forward as hf_forward
 from walla.extract.backends.hf import _lm_head as lm_head
 from walla.extract.backends.hf import _packed as hf_packed
 from walla.extract.models import cache_root
@@ -266,11 +265,7 @@ def _probe_packed(backend) -> tuple[bool, str]:
         cache_ok = not (window and longest > window)
         check = [i for i, n in enumerate(PROBE_LENGTHS) if n in PREFIX_CHECK_LENGTHS] if cache_ok else []
         full = {i: backend.forward_packed([pre + prompts[i]], cand) for i in check}
-        cached = (
-            backend.forward_packed(prompts, cand, hf_forward.run_prefix_packed(backend, pre))
-            if cache_ok
-            else None
-        )
+        cached = backend.forward_packed(prompts, cand, backend.run_prefix_packed(pre)) if cache_ok else None
     finally:
         backend.attention_batched = before
     n = len(prompts)
