@@ -447,7 +447,7 @@ def test_smollm2_bf16_arc_prompts_same_bits_in_two_batch_mixes():
     cand = [be.encode_bare(s)[0] for s in "ABCD"]
     mine, others = texts[:6], texts[6:]
     a = be.score(mine, cand)
-    be.batch_tokens = 500  # other packs: 2-3 prompts each, beside other prompts
+    be.batch_tokens = 500  # two packs of 4 and 5 prompts, each of mine beside other prompts
     b = be.score(others[:2] + mine[::-1] + others[2:], cand)
     be.max_batch_rows = 1
     c = be.score(mine, cand)
