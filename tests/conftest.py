@@ -33,7 +33,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests run wherever CUDA is present; elsewhere (CI) they are skipped, saying why."""
+    """`slow` and `heavy` tests first (in their order), so xdist's worksteal hands them all to the first worker,
+    which runs them one after another while the other takes light tests (and steals light ones from the end):
+    none waits for the turn-taking lock below while the other holds it. `@pytest.mark.gpu` tests run wherever
+    CUDA is present; elsewhere (CI) they are skipped, saying why."""
+    items[:] = sorted(
+        items, key=lambda item: not _is_heavy(item)
+    )  # stable: a module's heavy tests stay together
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
@@ -42,13 +48,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _is_heavy(item) -> bool:
+    return any(item.get_closest_marker(m) for m in ("slow", "heavy"))
+
+
 @pytest.fixture(autouse=True)
 def _one_heavy_test_at_a_time(request, tmp_path_factory):
     """Two all-core tests at once on a 2-core machine oversubscribe torch's threads: the four real-model
     tests took 221 s two at a time and 171 s one after the other. Under xdist the workers share
     getbasetemp()'s parent, so a lock file there lets one `slow` or `heavy` test run at a time."""
-    heavy = any(request.node.get_closest_marker(m) for m in ("slow", "heavy"))
-    if not heavy or not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not _is_heavy(request.node) or not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     with FileLock(tmp_path_factory.getbasetemp().parent / "heavy-tests.lock"):

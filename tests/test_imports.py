@@ -49,6 +49,20 @@ PRELOAD = (  # third-party only: a walla module here would hide the cycles this 
     "uvicorn",
     "sqlalchemy",
     "httpx",
+    # the heavy submodules those import lazily (each walla module of the hf path would pay ~1 s for them)
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "accelerate",
+    "boto3",
+    "gguf",
+    "tokenizers",
+    "huggingface_hub",
+    "safetensors.torch",
+    "PIL.Image",
+    "sqlite3",
+    "pydantic.v1",
+    "uvicorn.protocols.http.h11_impl",
+    "matplotlib.backends.backend_agg",
 )
 
 CHILD = r"""
