@@ -23,12 +23,9 @@ from fastapi.responses import Response
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from walla.market.api import (
-    MAX_CLIENT_CONNECTIONS,
-    MAX_CONNECTIONS,
-    READ_TIMEOUT_S,
-    WRITE_TIMEOUT_S,
     BodyLimit,
     ClientError,
+    ConnectionLimits,
     error_handlers,
     error_response,
     install_auth,
@@ -48,16 +45,11 @@ def create_serve_app(
     fc: Forecaster,
     open_access: bool = False,
     max_body: int = MAX_BODY,
-    read_timeout: float = READ_TIMEOUT_S,
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS,
-    write_timeout: float = WRITE_TIMEOUT_S,
-    max_connections: int = MAX_CONNECTIONS,
+    limits: ConnectionLimits = ConnectionLimits(),
 ) -> FastAPI:
     """The app serving `fc`'s pool: serve/routes.py's router, the ledger's auth, the market's error lines.
-    `read_timeout` and `max_client_connections` are the slow-client guard's (market/api/_guard.py guarded_config
-    reads them from app.state, as it does the market's): a request whole within `read_timeout` s of its first
-    byte, its answer read within `write_timeout` s, at most `max_client_connections` open per client address
-    and `max_connections` in all."""
+    `limits` are the market's slow-client guard's (market/api/_guard.py guarded_config reads them from
+    app.state, as it does the market's)."""
     app = FastAPI(
         title="walla serve",
         description="A trained pool of LLMs answering new questions: calibrated, wager-weighted (docs/serve.md).",
@@ -66,8 +58,7 @@ def create_serve_app(
     # no per-token rate (the queue bounds the work); callers' tokens, never a market agent's (issue 45)
     install_auth(app, fc.ledger, rate=0.0, burst=1, roles=(CALLER, OPERATOR))
     app.state.forecaster, app.state.open_access = fc, open_access
-    app.state.read_timeout, app.state.max_client_connections = read_timeout, max_client_connections
-    app.state.write_timeout, app.state.max_connections = write_timeout, max_connections
+    app.state.limits = limits
     error_handlers(app)
     app.add_exception_handler(QueueFull, _queue_full)
     app.add_exception_handler(QueueTimeout, _queue_timeout)
@@ -78,7 +69,7 @@ def create_serve_app(
     for exc in (ClientError, RequestValidationError, StarletteHTTPException):
         app.add_exception_handler(exc, _shaping(app.exception_handlers[exc]))
     app.include_router(routes.router)
-    app.add_middleware(BodyLimit, limit=max_body, timeout=read_timeout)
+    app.add_middleware(BodyLimit, limit=max_body, timeout=limits.read_timeout)
     return app
 
 

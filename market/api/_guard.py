@@ -21,9 +21,8 @@ on the connections one client address holds open (issue 37, finding 8).
   and a listing answers at most routes.LIST_BUDGET bytes: the answers held for slow readers are at most
   about total x (LIST_BUDGET + WRITE_HIGH + SEND_BUFFER), and each for write_timeout seconds.
 
-The limits come from create_app's app.state (read_timeout, write_timeout, max_client_connections,
-max_connections); `walla market serve`
-and LocalServer build their uvicorn.Config here. Only the h11 protocol (uvicorn's pure-Python one) is
+The limits are one `ConnectionLimits` value, kept as `app.state.limits` by create_app and create_serve_app;
+`walla market serve`, `walla serve` and LocalServer build their uvicorn.Config here from it. Only the h11 protocol (uvicorn's pure-Python one) is
 guarded, and it is the one used, whether or not httptools is installed.
 """
 
@@ -32,12 +31,17 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+READ_TIMEOUT_S = 10.0  # a request's headers and body must arrive within this long of its first byte
+WRITE_TIMEOUT_S = 10.0  # what the server wrote must be taken by the client within this long
+MAX_CLIENT_CONNECTIONS = 64  # open connections per client address (a load run's agents share one)
+MAX_CONNECTIONS = 512  # open connections in all
 RETRY_AFTER_S = 1  # a refused connection's Retry-After
 WRITE_HIGH = 64 * 1024  # bytes buffered for a connection before the server waits for the client to read
 SEND_BUFFER = (
@@ -174,6 +178,27 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The guard's limits of one server (module docstring), as create_app and create_serve_app keep them in
+    `app.state.limits` and guarded_config reads them."""
+
+    read_timeout: float = READ_TIMEOUT_S  # s from a request's first byte to its last, else 408
+    max_client_connections: int = MAX_CLIENT_CONNECTIONS  # open per client address, else 429
+    write_timeout: float = WRITE_TIMEOUT_S  # s for the client to take what was written, else aborted
+    max_connections: int = MAX_CONNECTIONS  # open in all, else 503
+
+    @classmethod
+    def given(cls, **values: float | int | None) -> ConnectionLimits:
+        """The limits a command line gave (None: the default)."""
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    def protocol(self) -> type[GuardedH11]:
+        return guarded_protocol(
+            self.read_timeout, self.max_client_connections, self.write_timeout, self.max_connections
+        )
+
+
 def guarded_protocol(
     read_timeout: float, per_client: int, write_timeout: float | None = None, total: int | None = None
 ) -> type[GuardedH11]:
@@ -197,9 +222,6 @@ def guarded_protocol(
 
 
 def guarded_config(app: Any, **uvicorn_kwargs: Any) -> uvicorn.Config:
-    """uvicorn.Config serving `app` (create_app's) through GuardedH11 with the app's limits."""
-    st = app.state
-    protocol = guarded_protocol(
-        st.read_timeout, st.max_client_connections, st.write_timeout, st.max_connections
-    )
-    return uvicorn.Config(app, http=protocol, **uvicorn_kwargs)
+    """uvicorn.Config serving `app` (create_app's or create_serve_app's) through GuardedH11 with the app's
+    limits (`app.state.limits`)."""
+    return uvicorn.Config(app, http=app.state.limits.protocol(), **uvicorn_kwargs)

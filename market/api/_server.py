@@ -33,18 +33,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 from walla.market.api._deps import UNKNOWN_TOKEN_RATE, install_auth
 from walla.market.api._errors import ClientError
+from walla.market.api._guard import READ_TIMEOUT_S, ConnectionLimits
 from walla.market.api._models import RoundSettings
 from walla.market.api.routes import agents, reports, rounds
 from walla.market.ledger import Ledger
 from walla.market.payouts import pooled_forecast, round_payouts
 
 MAX_BODY = 64 * 1024  # bytes; a report of 26 options is < 1 KiB
-READ_TIMEOUT_S = 10.0  # a request's headers and body must arrive within this long of its first byte
-WRITE_TIMEOUT_S = 10.0  # what the server wrote must be taken by the client within this long (api/guard.py)
-MAX_CLIENT_CONNECTIONS = (
-    64  # open connections per client address (api/guard.py; a load run's agents share one)
-)
-MAX_CONNECTIONS = 512  # open connections in all (api/guard.py)
 RATE = 0.0  # requests per second per token (0: unlimited); `walla market serve --rate` sets it
 BURST = 200
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -118,15 +113,12 @@ def create_app(
     max_body: int = MAX_BODY,
     rate: float = RATE,
     burst: int = BURST,
-    read_timeout: float = READ_TIMEOUT_S,
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS,
     unknown_token_rate: float = UNKNOWN_TOKEN_RATE,
-    write_timeout: float = WRITE_TIMEOUT_S,
-    max_connections: int = MAX_CONNECTIONS,
+    limits: ConnectionLimits = ConnectionLimits(),
 ) -> FastAPI:
     """The API over `ledger` (see module docstring); `rate` requests/s per token (0: unlimited). The
-    connection limits (read_timeout, max_client_connections) hold when it is served by api/guard.py's
-    guarded_config, as `walla market serve` and LocalServer do; so do write_timeout and max_connections."""
+    connection `limits` hold when it is served by api/_guard.py's guarded_config, as `walla market serve` and
+    LocalServer do (the body's read deadline holds in any server)."""
     warm_up()
     app = FastAPI(
         title="walla market",
@@ -134,8 +126,7 @@ def create_app(
         version=ledger.version,
     )
     install_auth(app, ledger, rate, burst, unknown_token_rate)  # per token, and per address for unknown ones
-    app.state.read_timeout, app.state.max_client_connections = read_timeout, max_client_connections
-    app.state.write_timeout, app.state.max_connections = write_timeout, max_connections
+    app.state.limits = limits
     error_handlers(app)
     for module in (rounds, reports, agents):
         app.include_router(module.router)
@@ -144,7 +135,7 @@ def create_app(
     def dashboard() -> HTMLResponse:
         return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
 
-    app.add_middleware(BodyLimit, limit=max_body, timeout=read_timeout)
+    app.add_middleware(BodyLimit, limit=max_body, timeout=limits.read_timeout)
     app.add_middleware(HeadAsGet)
     return app
 

@@ -144,9 +144,12 @@ def serve(
         operator_token_file,
         max_body,
         rate,
-        read_timeout,
-        max_client_connections,
         keys=keys,
         heads=(head_file, head_every),
-        limits=(write_timeout, max_connections),
+        limits={
+            "read_timeout": read_timeout,
+            "max_client_connections": max_client_connections,
+            "write_timeout": write_timeout,
+            "max_connections": max_connections,
+        },
     )

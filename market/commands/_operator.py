@@ -20,14 +20,10 @@ from walla.cli import exits
 from walla.cli.exits import DATA, USAGE
 from walla.market.api import (
     MAX_BODY,
-    MAX_CLIENT_CONNECTIONS,
-    MAX_CONNECTIONS,
     RATE,
-    READ_TIMEOUT_S,
-    WRITE_TIMEOUT_S,
     ClientError,
+    ConnectionLimits,
     create_app,
-    guarded_protocol,
 )
 from walla.market.keys import KEY_ENV
 from walla.market.launch import fail, open_ledger, setup_operator
@@ -138,37 +134,24 @@ def serve(
     token_file: Path | None,
     max_body: int | None,
     rate: float | None,
-    read_timeout: float | None,
-    max_client_connections: int | None,
     keys: list[bytes] = (),
     heads: tuple[Path | None, float] = (None, 60.0),
-    limits: tuple[float | None, int | None] = (None, None),
+    limits: dict[str, float | int | None] | None = None,
 ) -> None:
     """`walla market serve` (options checked, the port free): the HTTP API and the dashboard until Ctrl-C.
     An option left None is the server's default (api/server.py); `keys` sign the events (none: --unsigned),
-    `heads` (file, seconds) where and how often the chain's head is appended; `limits` (write timeout,
-    connections in all)."""
+    `heads` (file, seconds) where and how often the chain's head is appended; `limits` the connection limits
+    by ConnectionLimits' field names (api/_guard.py)."""
     max_body = MAX_BODY if max_body is None else max_body
     rate = RATE if rate is None else rate
-    read_timeout = READ_TIMEOUT_S if read_timeout is None else read_timeout
-    per_client = MAX_CLIENT_CONNECTIONS if max_client_connections is None else max_client_connections
-    write_timeout = WRITE_TIMEOUT_S if limits[0] is None else limits[0]
-    total = MAX_CONNECTIONS if limits[1] is None else limits[1]
+    guard = ConnectionLimits.given(**(limits or {}))
     ledger = open_ledger(db)
     sign_ledger(ledger, list(keys))
     setup_operator(ledger, token, token_file)
     writer = start_heads(ledger, heads)
     typer.echo(f"walla market: serving {db} on http://{host}:{port} (dashboard: /)", err=True)
-    app = create_app(
-        ledger,
-        max_body,
-        rate=rate,
-        read_timeout=read_timeout,
-        max_client_connections=per_client,
-        write_timeout=write_timeout,
-        max_connections=total,
-    )
-    http = guarded_protocol(read_timeout, per_client, write_timeout, total)  # api/guard.py: deadlines, caps
+    app = create_app(ledger, max_body, rate=rate, limits=guard)
+    http = guard.protocol()  # api/_guard.py: deadlines, caps
     try:
         uvicorn.run(app, http=http, host=host, port=port, log_level="warning", access_log=False)
     finally:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 from market_fixtures import snapshot
-from walla.market.api import create_app
+from walla.market.api import ConnectionLimits, create_app
 from walla.market.client import MarketError
 from walla.train import mechanism
 
@@ -133,7 +133,7 @@ def test_revoke_and_rotate(market):
 
 def test_body_read_timeout(market):
     """A client that sends headers and then stalls gets 408 after the read timeout, and nothing is written."""
-    app = create_app(market.ledger, read_timeout=0.2)
+    app = create_app(market.ledger, limits=ConnectionLimits(read_timeout=0.2))
     token = market.op.add_agent("alice")
     rid = market.op.open_round("q", ["x", "y"])["id"]
     before = snapshot(market.ledger)

@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 from market_fixtures import OP_TOKEN, reset_ledger, snapshot, wait_until
-from walla.market.api import create_app
+from walla.market.api import ConnectionLimits, create_app
 from walla.market.client import wait_ready
 from walla.market.launch import TOKEN_ENV
 from walla.market.ledger import Ledger
@@ -39,10 +39,7 @@ def server(tmp_path_factory):
     ledger = Ledger.open(str(tmp_path_factory.mktemp("slow") / "market.db"))
     srv = LocalServer(
         ledger,
-        read_timeout=READ_TIMEOUT,
-        max_client_connections=PER_CLIENT,
-        write_timeout=WRITE_TIMEOUT,
-        max_connections=IN_ALL,
+        limits=ConnectionLimits(READ_TIMEOUT, PER_CLIENT, WRITE_TIMEOUT, IN_ALL),
     ).start()
     yield srv, ledger
     srv.stop()
@@ -200,7 +197,7 @@ def test_the_body_deadline_holds_under_any_asgi_server(tmp_path):
     try:
         ledger.ensure_operator(OP_TOKEN)
         token = ledger.add_agent("alice")
-        app = create_app(ledger, read_timeout=0.3)
+        app = create_app(ledger, limits=ConnectionLimits(read_timeout=0.3))
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},

@@ -16,6 +16,7 @@ from serve_fixtures import OP_TOKEN
 from trained_market import train_more
 from walla.cli.lazy import run
 from walla.cli.main import app as root
+from walla.market.api import ConnectionLimits
 from walla.market.ledger import Ledger
 from walla.market.local import free_port
 from walla.serve.app import create_serve_app
@@ -32,7 +33,10 @@ def test_headers_never_finished_get_408_from_the_guard(served_pool, tmp_path):
     fc = Forecaster(served_pool, ledger).start()
     port = free_port()
     server = http_server(
-        create_serve_app(fc, open_access=True, read_timeout=0.5), "127.0.0.1", port, lifespan="off"
+        create_serve_app(fc, open_access=True, limits=ConnectionLimits(read_timeout=0.5)),
+        "127.0.0.1",
+        port,
+        lifespan="off",
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
