@@ -187,3 +187,23 @@ class BackendKind(Protocol):
     def load(self, settled: Settled) -> Backend:
         """Load the model (once per process) and return it ready to score."""
         ...
+
+
+class CheckpointKind:
+    """What every kind that runs a real checkpoint on this machine (hf, vllm) does alike: the devices
+    extract/device.py finds here, and a hub revision pinned to its commit (extract/models)."""
+
+    def default_device(self) -> str:
+        from walla.extract import device
+
+        return device.default_device()
+
+    def check_device(self, device: str) -> None:
+        from walla.extract import device as devices
+
+        devices.check_device(device)
+
+    def pin_model(self, model: ResolvedModel) -> ResolvedModel:
+        from walla.extract.models import pin_revision
+
+        return pin_revision(model)

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING
 import torch
 from walla.extract import device as devices
 from walla.extract import sizing
-from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, Settled
+from walla.extract.backends import BATCHING_KEY, TIER_KEY, BackendRequest, CheckpointKind, Settled
 from walla.extract.backends.hf import _lm_head as lm_head
-from walla.extract.models import ResolvedModel, pin_revision
+from walla.extract.models import ResolvedModel
 from walla.manifests.validate import check, config
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def _sizes(request: BackendRequest, recorded: dict, dtype_name: str) -> sizing.S
     return sizes
 
 
-class HFKind:
+class HFKind(CheckpointKind):
     """transformers on a CPU or a GPU; safetensors or GGUF weights."""
 
     name = "hf"
@@ -161,15 +161,6 @@ class HFKind:
 
     def usable(self) -> tuple[bool, str]:
         return True, ""  # transformers and torch are core dependencies
-
-    def default_device(self) -> str:
-        return devices.default_device()
-
-    def check_device(self, device: str) -> None:
-        devices.check_device(device)
-
-    def pin_model(self, model: ResolvedModel) -> ResolvedModel:
-        return pin_revision(model)
 
     def settle(self, request: BackendRequest, options: HFOptions, recorded: dict | None = None) -> Settled:
         from walla.extract.backends.hf import _fixed as hf_fixed  # scoring modules: see the imports

