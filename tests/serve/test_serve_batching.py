@@ -44,6 +44,7 @@ def test_64_concurrent_answers_keep_their_tiers_promise_against_each_asked_alone
             (batcher,) = s.fc.batchers.values()
             assert batcher.stats.largest >= 8, batcher.stats  # they were batched
             passes = batcher.stats.passes
+            batcher.max_wait = 0.0  # asked one at a time: no batch to wait for (64 x 0.2 s of sleep)
             alone = [client.post("/v1/forecast", json=q) for q in questions()]
             assert batcher.stats.passes == passes + N  # one pass each
         assert {r.json()["promise"] for r in together} == {tier}
