@@ -11,7 +11,7 @@ Then, in the same run (issue 45's goals):
 
 - the latency at the first concurrency (1) over the bare forward of the same prompts through the same models:
   per question, the sum over the distinct models of one scoring pass of that model's distinct prompts
-  (serve/features.py, what a forecast needs, without HTTP, the queue, the heads, the pool or the ledger),
+  (extract/scoring.py, what a forecast needs, without HTTP, the queue, the heads, the pool or the ledger),
   medians compared (goal <= 1.5x on this CPU);
 - the ledger's share of a forecast: its `timings.ledger_s` (one transaction) over the request's latency,
   summed at the first concurrency (goal <= 10%);
@@ -102,7 +102,7 @@ def extract_tokens_per_s(pool) -> float | None:
 def bare_forward(fc: Forecaster, qs: list[dict]) -> list[float]:
     """Per question: seconds of one scoring pass of each distinct model over its distinct prompts, summed
     (the forward passes a forecast needs, nothing else)."""
-    from walla.serve.features import score_prompts
+    from walla.extract.scoring import score_prompts
 
     out = []
     for q in qs:

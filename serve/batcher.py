@@ -1,4 +1,4 @@
-"""Dynamic batching: concurrent requests for one model coalesce into scoring passes (serve/features.py), and no
+"""Dynamic batching: concurrent requests for one model coalesce into scoring passes (extract/scoring.py), and no
 request's length holds the others behind it.
 
     b = Batcher(backend, max_wait=0.01, pass_tokens=4096, long_tokens=512, deadline=60).start()
@@ -40,7 +40,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from walla.extract.backends import Backend
-from walla.serve.features import Item, score_steps
+from walla.extract.scoring import Item, score_steps
 
 log = logging.getLogger("walla.serve")
 
@@ -230,7 +230,7 @@ class Batcher:
                 self._score(live)
 
     def _steps(self, items: Sequence[Item], chunk_tokens: int | None):
-        """A pass as a generator of its pieces (serve/features.py score_steps); on the model's Ray worker
+        """A pass as a generator of its pieces (extract/scoring.py score_steps); on the model's Ray worker
         (serve/remote.py RemoteBackend) one remote pass."""
         remote = getattr(self.backend, "features", None)
         if remote is not None:

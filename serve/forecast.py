@@ -7,7 +7,7 @@
     server.outcome(answer["round"], label=0)                               # pays every agent; --learn: a step
 
 Nothing here is a formula of its own: prompts are the dataset's template rendered by extract/prompts.py (a
-stored question: the prompt walla-extract scored for that agent), features serve/features.py (extraction's
+stored question: the prompt walla-extract scored for that agent), features extract/scoring.py (extraction's
 scoring path), wagers the trained heads (market/head.py AgentHead), the pool market/payouts.py
 `pooled_forecast` (train/mechanism.py `pool`), payouts the ledger's resolution (train/mechanism.py
 `payout`), a learning step AgentHead.update (walla-train's own step, as the market's learning agents take).

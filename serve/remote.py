@@ -6,7 +6,7 @@
 The server settles each model as without Ray (extract/door.py `settle_for`, checked against the feature
 set's recorded identity); the actor settles that `Settled` again on its own machine and stops with one line
 naming the field when it settles another identity (extract/distributed.py's rule: `open_backend(resettle=True)`),
-then scores the batcher's passes with the same code as in-process (serve/features.py `score_prompts`). Ray is
+then scores the batcher's passes with the same code as in-process (extract/scoring.py `score_prompts`). Ray is
 optional (`pip install 'walla[ray]'`): imported only when --ray-address is given.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from walla.extract.backends import Settled
 from walla.extract.backends.registry import open_backend
-from walla.serve.features import Item, score_prompts
+from walla.extract.scoring import Item, score_prompts
 
 
 class ModelWorker:

@@ -1,7 +1,7 @@
 """Bitwise for every pack (issue 48, item 2): on a `bitwise` feature set a served prompt's numbers do not
 depend on how many prompts share its scoring pass. The regression case is the demo's facts-00320 with its
 fact, scored by Gemma-3-270M in bfloat16 (130 tokens), alone and in packs of 2, 8, 32 and 64 prompts through
-serve/features.py score_prompts, as the batcher packs them.
+extract/scoring.py score_prompts, as the batcher packs them.
 
 The red team saw its hidden state move alone and with 31 or 63 others (581 of 640 values, max 0.625) while
 packs of 2 and 8 matched the store, on a CPU with native bfloat16 GEMMs. On an AVX2-only CPU (this project's
@@ -29,8 +29,8 @@ def native_bf16() -> bool:
 
 
 def assert_same_bits_in_every_pack(backend, target: str, others: list[str]) -> None:
-    """`target` scored (serve/features.py score_prompts) first in packs of PACKS sizes, filled from `others`."""
-    from walla.serve.features import score_prompts
+    """`target` scored (extract/scoring.py score_prompts) first in packs of PACKS sizes, filled from `others`."""
+    from walla.extract.scoring import score_prompts
 
     strings = [" Yes", " No"]
     seen = {}
