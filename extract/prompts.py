@@ -1,7 +1,13 @@
 """Prompt templates (SPEC §1) and the three prompt variants of a question.
 
 Raw text, no chat template (SPEC §1.1) unless `--chat-template` is given, in which case the
-rendered text becomes the single user message of the model's chat template (run.py).
+rendered text becomes the single user message of the model's chat template (`format_prompt`).
+
+The end of the module is the tokenizer half of a backend, shared by the hf and vllm backends: a prompt's
+text and ids exactly as the model is fed them (both keep the model's own transformers tokenizer, so prompts,
+option tokens and chat templates are handled alike whichever backend scores them):
+
+    fmt, encode, encode_bare, encode_batch = bind_tokenizer(tok, chat_template)
 
 Variants (schema.VARIANTS): `none` = the question alone; `relevant` = with its own context;
 `irrelevant` = with the context of ANOTHER question of the SAME split, chosen by a seeded
@@ -18,8 +24,10 @@ template a dataset uses: its datasets.yaml `prompt:`, else its loader's (extract
 
 from __future__ import annotations
 
+import functools
 import logging
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -242,3 +250,51 @@ def build_prompts(
             )
         )
     return out
+
+
+# the tokenizer half of a backend (module docstring): plain functions of (tokenizer, chat template on?)
+
+
+def check_chat_template(tok, chat_template: bool) -> None:
+    """Raises ValueError where a chat template is asked of a tokenizer that has none."""
+    if chat_template and not getattr(tok, "chat_template", None):
+        raise ValueError("--chat-template was asked but this tokenizer has no chat template")
+
+
+def format_prompt(tok, chat_template: bool, text: str) -> str:
+    """Raw text, or the model's chat template around it (one user turn, generation prompt added)."""
+    if not chat_template:
+        return text
+    return tok.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def encode(tok, chat_template: bool, text: str) -> list[int]:
+    """Token ids of a formatted prompt; with a chat template its special tokens are in the text already."""
+    return list(tok(text, add_special_tokens=not chat_template)["input_ids"])
+
+
+def encode_bare(tok, text: str) -> list[int]:
+    """Token ids of a string alone, without special tokens (option-token fallback)."""
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_batch(tok, chat_template: bool, texts: list[str]) -> list[list[int]]:
+    """`encode` of many prompts in one tokenizer call."""
+    return [list(x) for x in tok(texts, add_special_tokens=not chat_template)["input_ids"]]
+
+
+def bind_tokenizer(tok, chat_template: bool) -> tuple[Callable, Callable, Callable, Callable]:
+    """(format_prompt, encode, encode_bare, encode_batch) of one tokenizer and chat-template setting.
+
+    Raises:
+        ValueError: a chat template asked of a tokenizer without one.
+    """
+    check_chat_template(tok, chat_template)
+    return (
+        functools.partial(format_prompt, tok, chat_template),
+        functools.partial(encode, tok, chat_template),
+        functools.partial(encode_bare, tok),
+        functools.partial(encode_batch, tok, chat_template),
+    )

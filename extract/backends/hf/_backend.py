@@ -50,7 +50,7 @@ import logging
 
 import numpy as np
 import torch
-from walla.extract.backends import Progress, ScoreResult, prompt_tokens
+from walla.extract.backends import Progress, ScoreResult
 from walla.extract.backends.hf import _fixed as hf_fixed
 from walla.extract.backends.hf import _fixed_probe as hf_fixed_probe
 from walla.extract.backends.hf import _forward as hf_forward
@@ -59,6 +59,7 @@ from walla.extract.backends.hf import _packed as hf_packed
 from walla.extract.backends.hf import _probes as hf_checks
 from walla.extract.backends.hf._compile import compile_layers
 from walla.extract.backends.hf._modes import invariant_by_default, invariant_path
+from walla.extract.prompts import bind_tokenizer
 from walla.extract.scoring import plan_batches, run_groups
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class HFBackend(hf_forward.ForwardPasses):
         self.max_batch_rows = max_batch_rows
         self.chat_template = chat_template
         # text -> ids (the Backend methods), as the vllm backend has them
-        self.format_prompt, self.encode, self.encode_bare, self.encode_batch = prompt_tokens.bind(
+        self.format_prompt, self.encode, self.encode_bare, self.encode_batch = bind_tokenizer(
             tokenizer, chat_template
         )
         self.padding_side = padding_side

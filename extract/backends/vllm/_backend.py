@@ -52,9 +52,9 @@ from walla.extract.backends import (
     Progress,
     ScoreResult,
     Settled,
-    prompt_tokens,
 )
 from walla.extract.models import ResolvedModel, local_weights_dir
+from walla.extract.prompts import bind_tokenizer
 from walla.manifests.validate import check, config
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class VLLMBackend:
         )
         self.chat_template = chat_template
         # text -> ids (the Backend methods), as the hf backend has them
-        self.format_prompt, self.encode, self.encode_bare, self.encode_batch = prompt_tokens.bind(
+        self.format_prompt, self.encode, self.encode_bare, self.encode_batch = bind_tokenizer(
             self.tok, chat_template
         )
         self._dtype = dtype
