@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,12 +113,16 @@ def door(package: str, rooms: Mapping[str, Sequence[str]]) -> tuple[Any, list[st
     """A package door's lazy exports (PEP 562): `__getattr__, __all__ = door(__name__, _ROOMS)`.
 
     `rooms` maps each private room (`_layout`) to the public names it defines; a name loads its room when it
-    is first asked for, so a door never imports torch for `--help` (the same deferred import as `load`)."""
+    is first asked for, so a door never imports torch for `--help` (the same deferred import as `load`), and
+    is then kept in the package's namespace: a later `from door import name` (one inside a function runs per
+    call) is a plain attribute read, not another import through here."""
     exports = {name: room for room, names in rooms.items() for name in names}
 
     def __getattr__(name: str) -> object:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+        value = getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
 
     return __getattr__, sorted(exports)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from importlib.metadata import entry_points, version
 from pathlib import Path
 
@@ -138,3 +139,24 @@ def test_market_serve_help_states_the_servers_max_body():
     serve = load(MARKET_COMMANDS["serve"])
     (opt,) = [p for p in serve.params if p.name == "max_body"]
     assert f"default: {MAX_BODY}," in opt.help
+
+
+def test_a_door_loads_a_room_on_first_use_and_keeps_the_name(tmp_path, monkeypatch):
+    """cli/lazy.py `door`: a name's room is imported when the name is first read, the value is the room's own,
+    it is then kept in the package (a per-call `from door import name` reads it, not importlib), and a name
+    no room exports is an AttributeError naming the package."""
+    pkg = tmp_path / "doorpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from walla.cli.lazy import door\n__getattr__, __all__ = door(__name__, {'_room': ('VALUE',)})\n"
+    )
+    (pkg / "_room.py").write_text("VALUE = object()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))  # doorpkg is gone from sys.modules after the test
+    door_pkg = importlib.import_module("doorpkg")
+    assert "doorpkg._room" not in sys.modules and "VALUE" not in vars(door_pkg)
+    value = door_pkg.VALUE
+    assert value is importlib.import_module("doorpkg._room").VALUE and vars(door_pkg)["VALUE"] is value
+    assert door_pkg.__all__ == ["VALUE"]
+    with pytest.raises(AttributeError, match="'doorpkg' has no attribute 'OTHER'"):
+        _ = door_pkg.OTHER
