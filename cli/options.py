@@ -17,6 +17,7 @@ one validator before it imports any stage, so a bad option answers at once. A fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 import typing
@@ -127,6 +128,36 @@ def config_command(
     command.__name__ = name.replace("-", "_")
     command.__doc__ = help
     target.command(name=name, help=help)(command)
+
+
+def grouped_options(cls: type, name: str, sub: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator of a hand-written typer command: `cls`'s option fields become options of the command too,
+    and the command gets them as one `cls` value in its parameter `name`, built through the one validator
+    (`build_config`: a bad one is `walla <sub>: error: --flag: ...`, exit 2) before its body runs.
+
+        @app.command()
+        @options.grouped_options(ConnectionLimits, "limits", sub="market")
+        def serve(db: str = DB, limits: ConnectionLimits = None) -> None: ...   # --read-timeout ... too
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.name != name]
+        fields = option_params(cls)
+        names = {p.name for p in fields}
+
+        @functools.wraps(fn)
+        def command(**given: Any) -> Any:
+            grouped = build_config(cls, {k: given.pop(k) for k in names}, sub)
+            return fn(**given, **{name: grouped})
+
+        command.__signature__ = inspect.Signature([*own, *fields])  # type: ignore[attr-defined]
+        # typer resolves the command's own annotations in fn's module (functools.wraps: __wrapped__); the
+        # grouped parameter's is dropped unread, so `cls` may be imported anywhere
+        command.__annotations__ = {p.name: fn.__annotations__.get(p.name, p.annotation) for p in own}
+        command.__annotations__.update({p.name: p.annotation for p in fields})
+        return command
+
+    return wrap
 
 
 def build_config(cls: type, options: dict[str, Any], sub: str) -> Any:

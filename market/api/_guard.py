@@ -31,12 +31,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from walla.manifests.validate import config, option
 
 READ_TIMEOUT_S = 10.0  # a request's headers and body must arrive within this long of its first byte
 WRITE_TIMEOUT_S = 10.0  # what the server wrote must be taken by the client within this long
@@ -178,20 +178,37 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
-@dataclass(frozen=True)
+@config
 class ConnectionLimits:
     """The guard's limits of one server (module docstring), as create_app and create_serve_app keep them in
-    `app.state.limits` and guarded_config reads them."""
+    `app.state.limits` and guarded_config reads them. Each field is also its `walla market serve` option
+    (cli/options.py `grouped_options`): the flag, its default and its help are written once, here."""
 
-    read_timeout: float = READ_TIMEOUT_S  # s from a request's first byte to its last, else 408
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS  # open per client address, else 429
-    write_timeout: float = WRITE_TIMEOUT_S  # s for the client to take what was written, else aborted
-    max_connections: int = MAX_CONNECTIONS  # open in all, else 503
+    read_timeout: float = option(
+        READ_TIMEOUT_S,
+        "seconds a request (headers and body) may take to arrive, from its first byte; else 408",
+    )
+    max_client_connections: int = option(
+        MAX_CLIENT_CONNECTIONS, "open connections per client address; more are refused with 429"
+    )
+    write_timeout: float = option(
+        WRITE_TIMEOUT_S, "seconds a client may take to read what the server wrote to it; else it is closed"
+    )
+    max_connections: int = option(MAX_CONNECTIONS, "open connections in all; more are refused with 503")
 
-    @classmethod
-    def given(cls, **values: float | int | None) -> ConnectionLimits:
-        """The limits a command line gave (None: the default)."""
-        return cls(**{k: v for k, v in values.items() if v is not None})
+    def __post_init__(self) -> None:
+        problems = [
+            f"--{name.replace('_', '-')}: expected {allowed}, got {getattr(self, name):g}"
+            for name, ok, allowed in (
+                ("read_timeout", 0 < self.read_timeout <= 3600, "0 < seconds <= 3600"),
+                ("max_client_connections", 1 <= self.max_client_connections <= 100_000, "1..100000"),
+                ("write_timeout", 0 < self.write_timeout <= 3600, "0 < seconds <= 3600"),
+                ("max_connections", 1 <= self.max_connections <= 100_000, "1..100000"),
+            )
+            if not ok  # NaN too
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def protocol(self) -> type[GuardedH11]:
         return guarded_protocol(

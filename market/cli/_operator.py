@@ -20,6 +20,7 @@ from pathlib import Path
 import typer
 from walla.cli import options
 from walla.cli.exits import USAGE
+from walla.market.api import ConnectionLimits  # the guard's limits, each an option (light: uvicorn, h11)
 from walla.market.keys import KEY_ENV
 from walla.market.launch import TOKEN_ENV, check_heads_every, check_port, fail, market_keys, operator_token
 from walla.market.text import agent_name
@@ -75,6 +76,7 @@ def add_agent(
 
 
 @app.command()
+@options.grouped_options(ConnectionLimits, "limits", sub="market")
 def serve(
     db: str = DB,
     host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on"),
@@ -88,33 +90,11 @@ def serve(
         "--rate",
         help="requests per second per token, bursts of 200 (0: no limit; default: the server's RATE)",
     ),
-    read_timeout: float = typer.Option(
-        None,
-        "--read-timeout",
-        help="seconds a request (headers and body) may take to arrive, from its first byte "
-        "(default: the server's READ_TIMEOUT_S); else 408",
-    ),
-    max_client_connections: int = typer.Option(
-        None,
-        "--max-client-connections",
-        help="open connections per client address (default: the server's MAX_CLIENT_CONNECTIONS); "
-        "more are refused with 429",
-    ),
-    write_timeout: float = typer.Option(
-        None,
-        "--write-timeout",
-        help="seconds a client may take to read what the server wrote to it (default: the server's "
-        "WRITE_TIMEOUT_S); else its connection is closed",
-    ),
-    max_connections: int = typer.Option(
-        None,
-        "--max-connections",
-        help="open connections in all (default: the server's MAX_CONNECTIONS); else 503",
-    ),
     key_file: Path = KEY_FILE,
     unsigned: bool = UNSIGNED,
     head_file: Path = HEAD_FILE,
     head_every: float = HEAD_EVERY,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve the market's HTTP API and dashboard (GET /) on one ledger."""
     # the options are checked before the server stack (FastAPI, SQLAlchemy, torch) is imported
@@ -122,14 +102,6 @@ def serve(
         raise fail(f"--max-body: expected >= 1024 bytes, got {max_body}", USAGE)
     if rate is not None and not 0 <= rate < float("inf"):
         raise fail(f"--rate: expected a number >= 0, got {rate}", USAGE)
-    if read_timeout is not None and not 0 < read_timeout <= 3600:
-        raise fail(f"--read-timeout: expected 0 < seconds <= 3600, got {read_timeout}", USAGE)
-    if max_client_connections is not None and not 1 <= max_client_connections <= 100_000:
-        raise fail(f"--max-client-connections: expected 1..100000, got {max_client_connections}", USAGE)
-    if write_timeout is not None and not 0 < write_timeout <= 3600:
-        raise fail(f"--write-timeout: expected 0 < seconds <= 3600, got {write_timeout}", USAGE)
-    if max_connections is not None and not 1 <= max_connections <= 100_000:
-        raise fail(f"--max-connections: expected 1..100000, got {max_connections}", USAGE)
     check_heads_every(head_file, head_every)
     check_port(host, port)
     token = operator_token(operator_token_file)
@@ -146,10 +118,5 @@ def serve(
         rate,
         keys=keys,
         heads=(head_file, head_every),
-        limits={
-            "read_timeout": read_timeout,
-            "max_client_connections": max_client_connections,
-            "write_timeout": write_timeout,
-            "max_connections": max_connections,
-        },
+        limits=limits,
     )

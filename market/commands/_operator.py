@@ -136,15 +136,15 @@ def serve(
     rate: float | None,
     keys: list[bytes] = (),
     heads: tuple[Path | None, float] = (None, 60.0),
-    limits: dict[str, float | int | None] | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """`walla market serve` (options checked, the port free): the HTTP API and the dashboard until Ctrl-C.
     An option left None is the server's default (api/server.py); `keys` sign the events (none: --unsigned),
     `heads` (file, seconds) where and how often the chain's head is appended; `limits` the connection limits
-    by ConnectionLimits' field names (api/_guard.py)."""
+    (api/_guard.py; None: its defaults)."""
     max_body = MAX_BODY if max_body is None else max_body
     rate = RATE if rate is None else rate
-    guard = ConnectionLimits.given(**(limits or {}))
+    guard = ConnectionLimits() if limits is None else limits
     ledger = open_ledger(db)
     sign_ledger(ledger, list(keys))
     setup_operator(ledger, token, token_file)

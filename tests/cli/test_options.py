@@ -59,6 +59,38 @@ def test_a_bad_option_names_its_flag_not_the_field(capfd):
     assert "walla extract: error: --shard-rows: Input should be a valid integer" in capfd.readouterr().err
 
 
+def test_grouped_options_are_the_configs_fields_and_arrive_as_one_value(capfd):
+    """cli/options.py `grouped_options` (walla market serve's connection limits): each field of the class is
+    an option of the hand-written command, with the field's help and default; what is given arrives as one
+    validated value; a bad one is one line naming its flag, exit 2, and the body never runs."""
+    from walla.cli.options import app as new_app
+    from walla.cli.options import grouped_options
+    from walla.market.api import ConnectionLimits
+
+    got = []
+    cmd = new_app()
+
+    @cmd.command()
+    @grouped_options(ConnectionLimits, "limits", sub="market")
+    def serve(db: str = typer.Option("m.db", "--db"), limits: ConnectionLimits | None = None) -> None:
+        got.append((db, limits))
+
+    params = {p.name: p for p in typer.main.get_command(cmd).params}
+    assert set(params) - {"help"} == {"db"} | {f.name for f in dataclasses.fields(ConnectionLimits)}
+    for f in dataclasses.fields(ConnectionLimits):
+        assert params[f.name].help == f.metadata["help"] and params[f.name].default == f.default, f.name
+    assert (
+        run(cmd, ["--db", "x.db", "--read-timeout", "2.5", "--max-connections", "7"], "walla market serve")
+        == 0
+    )
+    assert got == [("x.db", ConnectionLimits(read_timeout=2.5, max_connections=7))]
+    assert run(cmd, ["--write-timeout", "0"], "walla market serve") == 2
+    assert capfd.readouterr().err.strip().splitlines() == [
+        "walla market: error: --write-timeout: expected 0 < seconds <= 3600, got 0"
+    ]
+    assert len(got) == 1
+
+
 @pytest.mark.parametrize(
     "argv", [["extract", "--help"], ["train", "--help"], ["serve", "--help"], ["market", "agent", "--help"]]
 )
