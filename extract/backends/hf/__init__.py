@@ -1,11 +1,10 @@
 """The hf backend kind: transformers models on CPU or GPU.
 
 Rooms (private: import their public names from this door):
-- `_backend`: transformers backend (CPU or GPU; safetensors or GGUF): one forward pass per prompt batch.
+- `_backend`: transformers backend (CPU or GPU; safetensors or GGUF): one forward pass per prompt batch; the class with its padded and packed forward passes as methods.
 - `_compile`: torch.compile for the hf backend: regional compilation of the decoder layers, and when `--compile auto` turns it on.
 - `_fixed`: Batch-invariant scoring by fixed shapes: every kernel sees the same shapes whatever the batch mix.
 - `_fixed_probe`: The load-time check of fixed-shape scoring (hf/fixed.py), cached per machine like hf_checks' probes.
-- `_forward`: The forward passes of the hf backend: token ids in, (option log-probs, hidden state, NLL, token count) out.
 - `_kind`: The `hf` backend kind: how walla extract settles, fingerprints and loads a transformers model.
 - `_lm_head`: The LM head applied where it is needed, never as a [batch, seq, vocab] tensor: prompt NLL over (token x vocabulary) chunks, and soft-capping (used by the hf backend).
 - `_load`: Loading a model for the hf backend: weights and tokenizer onto the device (`load_model`), then the backend built around them with the checks it rests on, timed (`load_hf_backend`: self-check, invariance probes, compiling).
