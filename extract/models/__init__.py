@@ -2,7 +2,7 @@
 
 Rooms (private: import their public names from this door):
 - `_parts`: a model published as numbered chunk packages (PyPI), joined in part order and sha256-checked.
-- `_cache`: The per-user cache folder, `$WALLA_CACHE` (default ~/.cache/walla): the GGUF copies, the load-time checks' verdicts and the model files' sha256 live under it. A module of its own so that what needs only the folder (a model file's digest in `walla extract`'s inputs phase) imports neither torch nor transformers (gguf_cache does).
+- `_cache`: The per-user cache folder, `$WALLA_CACHE` (default ~/.cache/walla): the GGUF copies, the load-time checks' verdicts and the model files' sha256 (`file_sha256`, memoized per version of the file) live under it; it imports neither torch nor transformers (`_gguf` does).
 - `_gguf`: The per-user cache under `$WALLA_CACHE` (default ~/.cache/walla) and the GGUF -> safetensors copies in it.
 - `_hub`: Hugging Face Hub access that fails fast and in one line.
 - `_resolve`: Resolve a ModelEntry (manifests/models.yaml) to something a backend can load, plus its identity.

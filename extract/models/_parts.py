@@ -116,7 +116,7 @@ def part_file(pm: PartsModel, part: Part) -> Path:
 def check_parts(pm: PartsModel) -> list[Path]:
     """Every part's file, in order, each matching its recorded size and sha256 (ValueError: one line naming
     the first package that does not)."""
-    from walla.extract.models._resolve import file_sha256
+    from walla.extract.models._cache import file_sha256
 
     files = []
     for part in pm.parts:
@@ -140,7 +140,7 @@ def cache_path(pm: PartsModel) -> Path:
 
 def check_joined(pm: PartsModel, path: Path) -> None:
     """A joined file in the cache: its size and sha256 must be the recorded ones (ValueError: one line)."""
-    from walla.extract.models._resolve import file_sha256
+    from walla.extract.models._cache import file_sha256
 
     size = path.stat().st_size
     digest = file_sha256(path) if size == pm.size else None

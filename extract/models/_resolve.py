@@ -11,7 +11,7 @@
 
 Identity (a fingerprint input of every feature set): hub id + the commit sha of its revision
 (`pin_revision`: a branch or tag such as `main` is resolved before fingerprinting, and the weights are
-then loaded at that sha), or the GGUF file's sha256 (`file_sha256`: read once per version of the file,
+then loaded at that sha), or the GGUF file's sha256 (`_cache.file_sha256`: read once per version of the file,
 then remembered under `$WALLA_CACHE/sha256/` keyed by its path, inode, size, mtime and ctime, so a package
 update, which writes a new file, is hashed again; ~0.07-0.35 s per 100 MB on the 2-core CPU, ~3 s for a
 5 GB GGUF, on every run before).
@@ -23,11 +23,11 @@ import glob
 import hashlib
 import importlib
 import importlib.util
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from walla.extract.models import _hub as hub
+from walla.extract.models._cache import file_sha256
 
 
 @dataclass(frozen=True)
@@ -39,48 +39,6 @@ class ResolvedModel:
     identity: dict  # fingerprint inputs that pin the weights
     trust_remote_code: bool = False
     hidden_size: int | None = None  # from the manifest (checked against the loaded model)
-
-
-def sha256_file(path: Path, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a weights file, read once per version of the file (module docstring); a cache that cannot be
-    read or written only costs the hash."""
-    from walla.extract.models._cache import (
-        cache_root,  # not gguf_cache's: that imports torch and transformers
-    )
-    from walla.store import atomic
-
-    st = path.stat()
-    key = {
-        "path": str(path.resolve()),
-        "dev": st.st_dev,
-        "inode": st.st_ino,
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "ctime_ns": st.st_ctime_ns,
-    }
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    memo = cache_root() / "sha256" / f"{name}.json"
-    try:
-        hit = json.loads(memo.read_text())
-        if hit.get("key") == key and len(str(hit.get("sha256", ""))) == 64:
-            return hit["sha256"]
-    except (OSError, ValueError, AttributeError):
-        pass  # absent or unreadable: hash the file
-    digest = sha256_file(path)
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(memo, {"key": key, "sha256": digest})
-    except OSError:
-        pass
-    return digest
 
 
 def _package_gguf(name: str, package: str, pattern: str | None) -> Path:

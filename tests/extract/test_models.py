@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from walla.extract.models import _cache
 from walla.extract.models import _resolve as models
 from walla.manifests import catalog
 
@@ -23,8 +24,8 @@ def test_gguf_sha256_is_remembered_per_file_version(tmp_path, monkeypatch):
     first = resolve(gguf)
     assert first == hashlib.sha256(gguf.read_bytes()).hexdigest()
     hashed = []
-    real = models.sha256_file
-    monkeypatch.setattr(models, "sha256_file", lambda p: hashed.append(p) or real(p))
+    real = _cache.sha256_file
+    monkeypatch.setattr(_cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     assert resolve(gguf) == first and hashed == []  # the second run reads nothing of the file
 
     st = gguf.stat()  # rewritten in place, same size, mtime put back: the ctime still moves
@@ -83,8 +84,8 @@ def test_an_assembled_package_file_is_checked_by_its_remembered_digest_not_rehas
     first = models.resolve_model(entry).identity["gguf_sha256"]
     assert first == hashlib.sha256(content).hexdigest() and mod.calls == [1]  # absent: assembled
     hashed = []
-    real = models.sha256_file
-    monkeypatch.setattr(models, "sha256_file", lambda p: hashed.append(p) or real(p))
+    real = _cache.sha256_file
+    monkeypatch.setattr(_cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     assert models.resolve_model(entry).identity["gguf_sha256"] == first
     assert mod.calls == [1] and hashed == []  # present and as expected: neither assembled nor read
 
