@@ -13,6 +13,7 @@ A circle closed inside a function body imports fine this way, so a static test r
 from __future__ import annotations
 
 import ast
+import graphlib
 import importlib.util
 import json
 import os
@@ -150,44 +151,13 @@ def runtime_imports(name: str, path: Path, known: set[str]) -> set[str]:
     return (out & known) - {name}
 
 
-def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan, iterative)."""
-    index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter[0]
-        counter[0] += 1
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, edges = work[-1]
-            w = next(edges, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    circles.append(sorted(comp))
-    return circles
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of modules that import each other, first module repeated last ([] when there is none)."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        return err.args[1]
+    return []
 
 
 def test_no_modules_import_each_other_even_inside_functions():
@@ -196,10 +166,8 @@ def test_no_modules_import_each_other_even_inside_functions():
     files = module_files()
     graph = {name: runtime_imports(name, path, set(files)) for name, path in files.items()}
     assert graph["walla.extract.models._resolve"], "the graph found no imports"
-    circles = import_circles(graph)
-    assert not circles, "modules that import each other (in functions too): " + "; ".join(
-        " <-> ".join(c) for c in circles
-    )
+    circle = import_circle(graph)
+    assert not circle, "modules that import each other (in functions too): " + " -> ".join(circle)
 
 
 def test_the_circle_finder_finds_a_circle_closed_inside_a_function(tmp_path):
@@ -212,7 +180,8 @@ def test_the_circle_finder_finds_a_circle_closed_inside_a_function(tmp_path):
     known = {"a", "b", "c", "d"}
     graph = {n: runtime_imports(n, tmp_path / f"{n}.py", known) for n in known}
     assert graph["d"] == set() and graph["b"] == {"c"}
-    assert import_circles(graph) == [["a", "b", "c"]]
+    circle = import_circle(graph)
+    assert circle[0] == circle[-1] and sorted(circle[:-1]) == ["a", "b", "c"]
 
 
 def test_the_module_list_covers_every_stage():
