@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from walla.extract.models._cache import file_sha256
 from walla.manifests.yaml_io import manifests_dir
 
 PARTS_FILE = "model_parts.yaml"
@@ -116,8 +117,6 @@ def part_file(pm: PartsModel, part: Part) -> Path:
 def check_parts(pm: PartsModel) -> list[Path]:
     """Every part's file, in order, each matching its recorded size and sha256 (ValueError: one line naming
     the first package that does not)."""
-    from walla.extract.models._cache import file_sha256
-
     files = []
     for part in pm.parts:
         path = part_file(pm, part)
@@ -140,8 +139,6 @@ def cache_path(pm: PartsModel) -> Path:
 
 def check_joined(pm: PartsModel, path: Path) -> None:
     """A joined file in the cache: its size and sha256 must be the recorded ones (ValueError: one line)."""
-    from walla.extract.models._cache import file_sha256
-
     size = path.stat().st_size
     digest = file_sha256(path) if size == pm.size else None
     if digest != pm.sha256:
